@@ -1,0 +1,28 @@
+# Two commands do the whole set-up on a fresh machine (README): `make demo` and `make test`.
+VENV   := .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip install -q --disable-pip-version-check
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test install fuzz clean
+
+install: $(STAMP)
+
+$(STAMP): requirements.txt pyproject.toml
+	test -x $(PY) || python3 -m venv $(VENV)
+	grep -v 'no-deps' requirements.txt | $(PIP) -r /dev/stdin
+	grep 'no-deps' requirements.txt | $(PIP) --no-deps -r /dev/stdin
+	$(PIP) --no-deps --no-build-isolation -e .
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(VENV)/bin/witcert fuzz --trials 200000
+
+test: $(STAMP)
+	$(PY) -m pytest -q
+
+fuzz: $(STAMP)
+	$(VENV)/bin/witcert fuzz --trials 500000
+
+clean:
+	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""Executable specification: pure Python + mpmath mirrors of every theorem (no torch)."""

@@ -1,0 +1,192 @@
+"""The theorem registry: one row per statement the meter relies on (DESIGN.md §4).
+
+Each row ties the paper item to its Lean declaration (``formal/``), the executable spec
+mirror (``spec/``), the torch implementation (``witcert/``), the Triton kernel
+(``kernels/``) and the tests that check it. ``tests/test_registry.py`` keeps this file in
+sync with ``formal/`` and with the Python objects it names; ``docs/theorem_map.md`` is
+generated from it.
+
+Fields hold dotted names (``module:attribute`` is not used; the last dot splits module and
+attribute). ``lean`` is ``None`` only for statements that are not theorems (the known-false
+form) and then ``note`` says why.
+"""
+from dataclasses import dataclass, field
+
+
+@dataclass(frozen=True)
+class Theorem:
+    """One registered statement and every place that serves it."""
+
+    key: str  # short id used in docstrings and test names
+    paper: str  # where the paper states it
+    statement: str  # one line, clean notation (DESIGN.md §2)
+    lean: str | None  # fully qualified Lean declaration in formal/
+    spec: str | None  # dotted name of the spec mirror (witcert.spec...)
+    torch: str | None  # dotted name of the torch implementation
+    kernel: str | None  # dotted name of the Triton kernel entry point, or None ("none yet")
+    tests: tuple[str, ...] = field(default_factory=tuple)  # test files that check it
+    note: str = ""
+
+
+THEOREMS: tuple[Theorem, ...] = (
+    Theorem(
+        key="T1",
+        paper="Theorem 1 (e-form)",
+        statement="|eps_t| <= c_t  =>  TV(p, p~) <= 1/2 (A^2 - 1),  A = sum_t p~_t e^{c_t}",
+        lean="WitCert.tv_le_eform",
+        spec="witcert.spec.bounds.bound_eform",
+        torch="witcert.bounds.eform_bound",
+        kernel=None,
+        tests=("tests/test_spec_bounds.py", "tests/test_meter.py", "tests/test_fuzz.py"),
+    ),
+    Theorem(
+        key="P1",
+        paper="Proposition 1 (two-sided)",
+        statement="TV(p, p~) <= 1/2 (A/A- - A-/A),  A- = sum_t p~_t e^{-c_t}",
+        lean="WitCert.tv_le_two_sided",
+        spec="witcert.spec.bounds.bound_two_sided",
+        torch="witcert.bounds.two_sided_bound",
+        kernel=None,
+        tests=("tests/test_spec_bounds.py", "tests/test_meter.py", "tests/test_fuzz.py"),
+    ),
+    Theorem(
+        key="P1r",
+        paper="Proposition 1 (per-token retention form)",
+        statement="TV <= 1/2 sum_t p~_t min(A e^{c_t} - 1, max(e^{c_t}/A- - 1, 1 - e^{-c_t}/A))",
+        lean="WitCert.tv_le_retention",
+        spec="witcert.spec.bounds.bound_retention",
+        torch="witcert.bounds.retention_bound",
+        kernel=None,
+        tests=("tests/test_spec_bounds.py", "tests/test_meter.py"),
+    ),
+    Theorem(
+        key="MN",
+        paper="max-norm bound (DESIGN.md §2)",
+        statement="|eps_t| <= D for all t  =>  TV(p, p~) <= tanh(D/2)",
+        lean="WitCert.tv_le_tanh_half",
+        spec="witcert.spec.bounds.bound_maxnorm",
+        torch="witcert.bounds.maxnorm_bound",
+        kernel=None,
+        tests=("tests/test_spec_bounds.py", "tests/test_meter.py", "tests/test_fuzz.py"),
+    ),
+    Theorem(
+        key="RC",
+        paper="competitor [5] Runtime-Certified shape",
+        statement="tanh(D/2) <= tanh(D)  (the competitor's tanh(max c) is sound and looser)",
+        lean="WitCert.tanh_half_le_tanh",
+        spec="witcert.spec.bounds.bound_competitor",
+        torch="witcert.bounds.competitor_bound",
+        kernel=None,
+        tests=("tests/test_spec_bounds.py",),
+    ),
+    Theorem(
+        key="UNSOUND",
+        paper="dispersion form (known false)",
+        statement="1/2 e^{2 c_max} (E|c - c_bar| + c_bar (e^{c_max} - 1)) is NOT a TV bound",
+        lean=None,
+        spec="witcert.spec.bounds.bound_unsound_dispersion",
+        torch=None,
+        kernel=None,
+        tests=("tests/test_spec_bounds.py",),
+        note="Kept as a known-false statement; the counterexample test shows it is violated.",
+    ),
+    Theorem(
+        key="L1",
+        paper="Lemma 1 (RoPE band invariance)",
+        statement="a rotation acting within each band preserves every band norm ||r_b||",
+        lean="WitCert.band_norm_rotate",
+        spec="witcert.spec.bands.band_norms",
+        torch="witcert.witness.witness_of",
+        kernel=None,
+        tests=("tests/test_tier_a.py",),
+    ),
+    Theorem(
+        key="T2",
+        paper="Theorem 2 (band Cauchy-Schwarz witness)",
+        statement="|q.r| <= sum_b ||q_b|| ||r_b||,  so c_t = (1/sqrt d) sum_b ||q_b|| w_{t,b} >= |eps_t|",
+        lean="WitCert.abs_inner_le_sum_band_norms",
+        spec="witcert.spec.bands.bound_band_witness",
+        torch="witcert.witness.logit_bound",
+        kernel=None,
+        tests=("tests/test_tier_a.py",),
+    ),
+    Theorem(
+        key="L2s",
+        paper="Lemma 2 (sinh bound)",
+        statement="x >= 0  =>  sinh x <= x exp(x^2/6)",
+        lean="WitCert.sinh_le_mul_exp_sq_div_six",
+        spec="witcert.spec.dither.sinh_bound",
+        torch=None,
+        kernel=None,
+        tests=("tests/test_tier_b.py",),
+    ),
+    Theorem(
+        key="L2",
+        paper="Lemma 2 (uniform MGF)",
+        statement="(1/(2a)) int_{-a}^{a} exp(lambda x) dx <= exp(lambda^2 a^2 / 6)",
+        lean="WitCert.uniform_mgf_le",
+        spec="witcert.spec.dither.uniform_mgf",
+        torch=None,
+        kernel=None,
+        tests=("tests/test_tier_b.py",),
+    ),
+    Theorem(
+        key="L2v",
+        paper="Lemma 2 (proxy = variance)",
+        statement="the variance of U[-s/2, s/2] is s^2/12",
+        lean="WitCert.uniform_variance",
+        spec="witcert.spec.dither.proxy_variance",
+        torch=None,
+        kernel=None,
+        tests=("tests/test_tier_b.py",),
+    ),
+    Theorem(
+        key="L3",
+        paper="Lemma 3 (request budget)",
+        statement="n events each of probability <= delta_loc, n delta_loc <= delta_req  =>  P(any) <= delta_req",
+        lean="WitCert.measure_iUnion_le_budget",
+        spec="witcert.spec.dither.delta_local",
+        torch="witcert.tier_b.tier_b_logit_bound",
+        kernel=None,
+        tests=("tests/test_tier_b.py",),
+    ),
+    Theorem(
+        key="TB",
+        paper="Theorem 3 (Tier B radius)",
+        statement="with prob >= 1 - delta_loc jointly over S tokens, |eps_t| <= sqrt(2 v_t log(2S/delta_loc))",
+        lean="WitCert.tier_b_radius",
+        spec="witcert.spec.dither.radius",
+        torch="witcert.tier_b.tier_b_logit_bound",
+        kernel=None,
+        tests=("tests/test_tier_b.py",),
+    ),
+    Theorem(
+        key="L4",
+        paper="Lemma 4 (refinement and split-KV merge)",
+        statement="blockwise A with the block radius equals per-token A; A merges across splits with LSE weights",
+        lean="WitCert.block_sum_eq_token_sum",
+        spec="witcert.spec.bounds.a_merge",
+        torch=None,
+        kernel=None,
+        tests=(),
+    ),
+    Theorem(
+        key="FP",
+        paper="rounding inflation (DESIGN.md §2, beyond the paper)",
+        statement="the fp32/fp64 meter, inflated a priori, is never below the exact-arithmetic bound",
+        lean=None,
+        spec="witcert.spec.rounding.log_sum_error_bound",
+        torch="witcert.rounding.log_sum_error",
+        kernel=None,
+        tests=("tests/test_meter.py", "tests/test_fuzz.py"),
+        note="A floating-point error analysis, checked against the mpmath golden, not a Lean theorem.",
+    ),
+)
+
+
+def by_key(key: str) -> Theorem:
+    """The registered theorem with this key."""
+    for theorem in THEOREMS:
+        if theorem.key == key:
+            return theorem
+    raise KeyError(f"no theorem registered under key {key!r}")

@@ -1,0 +1,1 @@
+"""Subcommands of the `witcert` CLI, one module each (see witcert/cli.py)."""
