@@ -4,6 +4,8 @@ Every public name below is a proved (or, for Tier B, probabilistic) upper bound 
 machinery that feeds one; ``spec/registry.py`` names the theorem behind each.
 Names resolve lazily so that ``import witcert.spec`` stays free of torch.
 """
+import sys
+import types
 from importlib import import_module
 
 __version__ = "0.1.0"
@@ -46,7 +48,19 @@ _EXPORTS = {
 __all__ = sorted(_EXPORTS)
 
 
-def __getattr__(name):
-    if name in _EXPORTS:
-        return getattr(import_module(_EXPORTS[name]), name)
-    raise AttributeError(f"module 'witcert' has no attribute {name!r}")
+class _Package(types.ModuleType):
+    """Resolve exported names before submodules: ``witcert.meter`` is the function even after
+    the module ``witcert/meter.py`` that defines it has been imported (which sets a same-named
+    attribute on the package)."""
+
+    def __getattribute__(self, name):
+        exports = super().__getattribute__("_EXPORTS")
+        if name in exports:
+            return getattr(import_module(exports[name]), name)
+        return super().__getattribute__(name)
+
+    def __getattr__(self, name):
+        raise AttributeError(f"module 'witcert' has no attribute {name!r}")
+
+
+sys.modules[__name__].__class__ = _Package

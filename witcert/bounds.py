@@ -1,0 +1,150 @@
+"""Torch implementations of every sound TV bound, sharing one pass over the tokens.
+
+Notation (DESIGN.md §2): compressed logits ``x`` (``scores``), ``p~ = softmax(x)``, per-token
+bounds ``c_t >= |eps_t|``, ``A = sum p~ e^{c}``, ``A- = sum p~ e^{-c}``, ``D = max c``.
+To avoid cancellation for small ``c`` the moments are carried as
+``k = A - 1 = sum p~ (e^{c} - 1) >= 0`` and ``j = 1 - A- = sum p~ (1 - e^{-c}) in [0, 1]``;
+every bound is then a sum/product of non-negative quantities.
+
+Each public bound validates its input, computes in the input's working dtype (fp32 or fp64;
+fp16/bf16 are widened to fp32) and returns an upper bound on the exact-arithmetic value
+(rounding inflation: ``witcert.rounding``, registry key ``FP``) in that dtype. Masked tokens
+(``-inf`` logits) carry no mass and their ``c`` is ignored.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from witcert import rounding
+from witcert.validate import check_scores_and_bounds
+
+# Above this c the e^{y}(e^{c}-1) term is formed as e^{y+c}(1-e^{-c}) so it cannot overflow early.
+_SPLIT_C = 1.0
+
+
+@dataclass(frozen=True)
+class Moments:
+    """fp64 enclosures of the meter's moments for each row (...,), plus the mass terms.
+
+    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``max_c = D`` (exact), ``mass`` (..., S) the computed
+    unnormalised ``e^{x_t - max x}`` in the working dtype with relative errors ``mass_rho``, and
+    ``total_lo`` <= their exact sum.
+    """
+
+    k_hi: torch.Tensor
+    j_hi: torch.Tensor
+    max_c: torch.Tensor
+    mass: torch.Tensor
+    mass_rho: torch.Tensor
+    total_lo: torch.Tensor
+    dtype: torch.dtype
+
+
+def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
+    """One pass over the tokens: the enclosures every bound is built from (T1, P1, MN inputs)."""
+    dtype = scores.dtype
+    u_ratio = rounding.unit_roundoff(dtype) / (1 - rounding.unit_roundoff(dtype))
+    live = scores > float("-inf")
+    c = torch.where(live, c, torch.zeros_like(c))  # a masked token's c is irrelevant (and may be inf)
+    y = scores - scores.amax(-1, keepdim=True)  # (..., S) <= 0; -inf where masked
+    y_err = torch.where(live, y.double().abs() * u_ratio, torch.zeros_like(y, dtype=torch.float64))
+
+    mass = torch.exp(y)  # e^{y_t}: p~_t times the normaliser
+    mass_rho = rounding.term_relative_error(y_err, 1, dtype)
+
+    small = c <= _SPLIT_C
+    g = y + c  # exponent of the large-c branch
+    g_err = y_err + torch.where(live, g.double().abs() * u_ratio, torch.zeros_like(y_err))
+    k_terms = torch.where(small, mass * torch.expm1(c), torch.exp(g) * -torch.expm1(-c))
+    k_rho = torch.where(
+        small,
+        rounding.term_relative_error(y_err, 3, dtype),  # exp, expm1, product
+        rounding.term_relative_error(g_err, 3, dtype),  # exp, expm1, product
+    )
+    j_terms = mass * -torch.expm1(-c)  # e^{y}(1 - e^{-c}) in [0, e^{y}]
+    j_rho = rounding.term_relative_error(y_err, 3, dtype)
+
+    total_lo = rounding.sum_lower(mass, mass_rho)  # >= 1 - tiny slack: the max token contributes 1
+    k_hi = rounding.up(rounding.sum_upper(k_terms, k_rho) / total_lo)
+    j_hi = rounding.up(rounding.sum_upper(j_terms, j_rho) / total_lo)
+    max_c = torch.where(live, c, torch.zeros_like(c)).amax(-1).double()
+    return Moments(k_hi, j_hi, max_c, mass, mass_rho, total_lo, dtype)
+
+
+def _eform(m: Moments) -> torch.Tensor:
+    """T1: 1/2 (A^2 - 1) = 1/2 k (k + 2), increasing in k."""
+    return rounding.up(0.5 * m.k_hi * (m.k_hi + 2))
+
+
+def _two_sided(m: Moments) -> torch.Tensor:
+    """P1: 1/2 (A/A- - A-/A) = (k + j)(2 + k - j) / (2 (1 + k)(1 - j)), increasing in k and j."""
+    a_minus_lo = 1 - m.j_hi
+    value = (m.k_hi + m.j_hi) * (2 + m.k_hi - m.j_hi) / (2 * (1 + m.k_hi) * a_minus_lo)
+    value = rounding.up(value, 8)
+    finite = (a_minus_lo > 0) & torch.isfinite(m.k_hi)  # else A- <= 0 or A = inf: trivial bound
+    return torch.where(finite, value, torch.full_like(value, float("inf")))
+
+
+def _maxnorm(m: Moments) -> torch.Tensor:
+    """Max-norm: tanh(D/2) (fp64 halving is exact)."""
+    return rounding.up(torch.tanh(m.max_c / 2)).clamp(max=1.0)  # tanh <= 1 exactly
+
+
+def _competitor(m: Moments) -> torch.Tensor:
+    """The Runtime-Certified competitor's shape tanh(D): sound, looser than tanh(D/2)."""
+    return rounding.up(torch.tanh(m.max_c)).clamp(max=1.0)
+
+
+def _retention(m: Moments, c: torch.Tensor) -> torch.Tensor:
+    """P1r: 1/2 sum p~_t min(A e^{c} - 1, max(e^{c}/A- - 1, 1 - e^{-c}/A)), written without cancellation.
+
+    ``A e^c - 1 = expm1(c) + k e^c``; ``e^c/A- - 1 = (expm1(c) + j)/(1 - j)``;
+    ``1 - e^{-c}/A = (k - expm1(-c))/(1 + k)``: each increasing in ``k`` and ``j``.
+    """
+    c64 = c.double()
+    k, j = m.k_hi.unsqueeze(-1), m.j_hi.unsqueeze(-1)
+    em1 = torch.expm1(c64)
+    grow = em1 + k * torch.exp(c64)
+    rise = torch.where(j < 1, (em1 + j) / (1 - j), torch.full_like(em1, float("inf")))
+    fall = (k - torch.expm1(-c64)) / (1 + k)
+    per_token = torch.minimum(grow, torch.maximum(rise, fall))  # (..., S)
+    mass = m.mass.double()
+    weighted = torch.where(mass > 0, mass * (1 + m.mass_rho) * per_token, torch.zeros_like(mass))
+    n = c.shape[-1]
+    value = rounding.up(0.5 * weighted.sum(-1) * (1 + (n + 4) * 2.0**-52) / m.total_lo, 16)
+    return torch.where(torch.isfinite(m.k_hi), value, torch.full_like(value, float("inf")))
+
+
+def _public(bound_of_moments):
+    """Wrap a moments -> fp64 bound function as a validated public bound in the working dtype."""
+
+    def bound(scores, c) -> torch.Tensor:
+        scores, c = check_scores_and_bounds(scores, c)
+        return rounding.round_up_to(bound_of_moments(moments(scores, c)), scores.dtype)
+
+    bound.__name__ = bound_of_moments.__name__.lstrip("_") + "_bound"
+    bound.__doc__ = (
+        f"{bound_of_moments.__doc__}\n\n"
+        "Parameters\n----------\nscores : Tensor (..., S)\n    compressed logits; -inf masks a token.\n"
+        "c : Tensor broadcastable to scores\n    per-token bounds c_t >= |eps_t| (>= 0, may be inf).\n\n"
+        "Returns\n-------\nTensor (...)\n    an upper bound (not clamped) in the working dtype, never below the exact value."
+    )
+    return bound
+
+
+eform_bound = _public(_eform)
+two_sided_bound = _public(_two_sided)
+maxnorm_bound = _public(_maxnorm)
+competitor_bound = _public(_competitor)
+
+
+def retention_bound(scores, c) -> torch.Tensor:
+    """P1r, the per-token retention form (sound; rarely tighter, so not in the default meter).
+
+    Parameters and returns as :func:`eform_bound`; computed in fp64 from the working-dtype masses.
+    """
+    scores, c = check_scores_and_bounds(scores, c)
+    live = scores > float("-inf")
+    m = moments(scores, c)
+    c_live = torch.where(live, c, torch.zeros_like(c))
+    return rounding.round_up_to(_retention(m, c_live), scores.dtype)

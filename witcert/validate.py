@@ -1,0 +1,46 @@
+"""Input checks shared by every public bound: clear errors that name the argument."""
+import torch
+
+
+def as_float_tensor(name: str, x) -> torch.Tensor:
+    """``x`` as a floating tensor; fp16/bf16 are widened exactly to fp32 (the meter never computes in them)."""
+    if not isinstance(x, torch.Tensor):
+        x = torch.as_tensor(x)
+    if not torch.is_floating_point(x):
+        raise ValueError(f"{name} must be a floating tensor (fp16, bf16, fp32 or fp64), got dtype {x.dtype}")
+    if x.dtype in (torch.float16, torch.bfloat16):
+        x = x.float()
+    if x.dim() == 0:
+        raise ValueError(f"{name} must have a token axis (last dim), got a scalar")
+    return x
+
+
+def check_scores_and_bounds(scores, c) -> tuple[torch.Tensor, torch.Tensor]:
+    """Validate compressed logits and per-token bounds; return them with a common shape and dtype.
+
+    ``scores`` (..., S): finite, or ``-inf`` for masked tokens; NaN and ``+inf`` are errors, and
+    so is a row with every token masked. ``c`` broadcastable to ``scores``: no NaN, no negative
+    value; ``+inf`` is allowed (it yields the trivial bound).
+    """
+    scores = as_float_tensor("scores", scores)
+    c = as_float_tensor("c", c)
+    if torch.isnan(scores).any():
+        raise ValueError("scores contains NaN")
+    if (scores == float("inf")).any():
+        raise ValueError("scores contains +inf (use -inf to mask a token; finite values otherwise)")
+    if torch.isnan(c).any():
+        raise ValueError("c contains NaN")
+    if (c < 0).any():
+        raise ValueError(f"c must be >= 0 (a per-token bound on |eps|), found minimum {c.min().item()!r}")
+    try:
+        shape = torch.broadcast_shapes(scores.shape, c.shape)
+    except RuntimeError:
+        raise ValueError(f"c of shape {tuple(c.shape)} does not broadcast to scores of shape {tuple(scores.shape)}")
+    if shape != scores.shape:
+        raise ValueError(f"c of shape {tuple(c.shape)} would enlarge scores of shape {tuple(scores.shape)}")
+    if scores.shape[-1] == 0:
+        raise ValueError("scores has no tokens (last dim is 0)")
+    if (scores == float("-inf")).all(dim=-1).any():
+        raise ValueError("scores has a row with every token masked (-inf): attention is undefined there")
+    dtype = torch.promote_types(scores.dtype, c.dtype)
+    return scores.to(dtype), c.to(dtype).expand(shape)
