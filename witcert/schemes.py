@@ -1,0 +1,133 @@
+"""Scheme registry: any cache-preserving quantizer, registered as one tensor function (Tier A).
+
+A scheme is ``fn(x) -> x_hat``: ``x`` is a cache tensor ``(..., S, d)`` (tokens on axis -2,
+channels on axis -1) and ``x_hat`` its reconstruction with the **same shape and dtype**.
+Tier A (Theorem 2, ``T2``) covers exactly such cache-preserving schemes; eviction, merging or
+latent caches store no per-token reconstruction, and :func:`apply_scheme` rejects them.
+
+A scheme may optionally take a keyword ``role`` (``"key"`` or ``"value"``) when it treats the
+two differently (e.g. KIVI: keys per-channel, values per-token); it is passed only to schemes
+whose signature accepts it.
+
+Example
+-------
+>>> import witcert
+>>> @witcert.register_scheme("halve")
+... def halve(x):
+...     '''Toy: x / 2 (for docs).'''
+...     return x / 2
+"""
+import functools
+import inspect
+import sys
+import types
+from collections.abc import Callable
+
+import torch
+
+ROLES = ("key", "value")
+_REGISTRY: dict[str, Callable] = {}
+_TAKES_ROLE: dict[str, bool] = {}
+
+
+def register_scheme(name: str, *, replace: bool = False) -> Callable[[Callable], Callable]:
+    """Decorator: register ``fn(x) -> x_hat`` under ``name`` and return ``fn`` unchanged.
+
+    Raises ``ValueError`` for an empty name or a name already taken (unless ``replace``).
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise ValueError(f"scheme name must be a non-empty str, got {name!r}")
+
+    def decorate(fn: Callable) -> Callable:
+        if not callable(fn):
+            raise ValueError(f"scheme {name!r} must be callable, got {type(fn).__name__}")
+        if name in _REGISTRY and not replace and _REGISTRY[name] is not fn:
+            raise ValueError(f"scheme {name!r} is already registered (pass replace=True to override)")
+        _REGISTRY[name] = fn
+        _TAKES_ROLE[name] = _accepts_role(fn)
+        return fn
+
+    return decorate
+
+
+def schemes() -> list[str]:
+    """Sorted names of every registered scheme (built-ins included)."""
+    _load_builtins()
+    return sorted(_REGISTRY)
+
+
+def get_scheme(name: str) -> Callable[..., torch.Tensor]:
+    """The registered scheme ``name`` wrapped with the shape/dtype check of :func:`apply_scheme`.
+
+    The returned callable is ``checked(x, role="key") -> x_hat``.
+    """
+    _load_builtins()
+    if name not in _REGISTRY:
+        raise ValueError(f"unknown scheme {name!r}; known schemes: {', '.join(sorted(_REGISTRY))}")
+
+    @functools.wraps(_REGISTRY[name])
+    def checked(x: torch.Tensor, role: str = "key") -> torch.Tensor:
+        return apply_scheme(name, x, role=role)
+
+    return checked
+
+
+def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> torch.Tensor:
+    """Run a scheme (name or callable) on ``x`` (..., S, d) and check it is cache-preserving.
+
+    Raises ``ValueError`` when the output is not a tensor of ``x``'s shape and dtype (Tier A
+    needs one reconstructed vector per cached token) or contains NaN/Inf.
+    """
+    if role not in ROLES:
+        raise ValueError(f"role must be one of {ROLES}, got {role!r}")
+    if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x) or x.dim() < 2:
+        raise ValueError(f"x must be a floating tensor (..., S, d), got {getattr(x, 'shape', type(x))}")
+    name, fn, takes_role = _resolve(scheme)
+    x_hat = fn(x, role=role) if takes_role else fn(x)
+    if not isinstance(x_hat, torch.Tensor) or x_hat.shape != x.shape:
+        got = tuple(x_hat.shape) if isinstance(x_hat, torch.Tensor) else type(x_hat).__name__
+        raise ValueError(
+            f"scheme {name!r} is not shape-preserving: input {tuple(x.shape)}, output {got}. "
+            "Tier A covers cache-preserving schemes only (one reconstruction per cached token)."
+        )
+    if x_hat.dtype != x.dtype:
+        raise ValueError(f"scheme {name!r} changed dtype {x.dtype} -> {x_hat.dtype}; return the reconstruction")
+    if not torch.isfinite(x_hat).all():
+        raise ValueError(f"scheme {name!r} produced NaN/Inf on finite input")
+    return x_hat
+
+
+def _resolve(scheme: str | Callable) -> tuple[str, Callable, bool]:
+    if isinstance(scheme, str):
+        get_scheme(scheme)  # raises with the known names when unknown
+        return scheme, _REGISTRY[scheme], _TAKES_ROLE[scheme]
+    if callable(scheme):
+        return getattr(scheme, "__name__", repr(scheme)), scheme, _accepts_role(scheme)
+    raise ValueError(f"scheme must be a registered name or a callable, got {type(scheme).__name__}")
+
+
+def _accepts_role(fn: Callable) -> bool:
+    try:
+        params = inspect.signature(fn).parameters
+    except (TypeError, ValueError):
+        return False
+    return "role" in params or any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+
+
+def _load_builtins() -> None:
+    """Import the built-in quantizers (they register themselves on import)."""
+    import witcert.quantizers  # noqa: F401
+
+
+class _CallableModule(types.ModuleType):
+    """Lets ``witcert.schemes()`` work although ``witcert.schemes`` is also this module.
+
+    Importing a submodule sets it as an attribute of the package, shadowing the lazily
+    exported function of the same name; calling the module forwards to that function.
+    """
+
+    def __call__(self, *args, **kwargs):
+        return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

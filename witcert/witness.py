@@ -1,0 +1,169 @@
+"""Tier A band-norm witness: store ``w_{t,b} >= ||r_{t,b}||``, read ``c_t`` (Lemma 1, Theorem 2).
+
+Write time (:func:`witness_of`): ``r_t = k^_t - k_t``; ``w_{t,b}`` is the band norm of ``r_t``
+stored in fp16 **rounded up** (a witness rounded to nearest can fall below the norm and is
+unsound). Lemma 1 (``L1``): RoPE rotates within bands, so the witness of a post-RoPE residual
+equals that of the pre-RoPE one and does not depend on the position.
+
+Read time (:func:`logit_bound`): ``c_t = sm_scale * sum_b ||q_b|| w_{t,b} >= |q . r_t| sm_scale``
+by Cauchy-Schwarz per band (Theorem 2, ``T2``), rounded up to the output dtype.
+
+Rounding (why the results are >= the exact real values)
+------------------------------------------------------
+Norms are computed in fp64 after scaling each band by its max-abs entry (no overflow or
+underflow in the squares). For ``n`` terms the fp64 relative error of a norm is below
+``(n + 10) u`` with ``u = 2^-53`` (subtraction, scaling, squares, any-order summation
+``gamma_{n-1}``, sqrt, rescale); we inflate by ``1 + (n + 16) 2^-52``, which covers it with a
+factor two to spare, then round to the storage dtype and step up one ulp (``nextafter``
+toward ``+inf``) wherever the cast landed below. Overflow gives ``inf``: the trivial bound.
+"""
+import math
+
+import torch
+
+from witcert.bands import BandLayout, _check_last_dim
+
+_U = 2.0**-52  # twice the fp64 unit roundoff: the margin unit for every inflation here
+
+
+def witness_of(k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout) -> torch.Tensor:
+    """Sound fp16 band witness of the residual ``k_hat - k`` (Lemma 1 ``L1``, Theorem 2 ``T2``).
+
+    Parameters
+    ----------
+    k, k_hat : Tensor (..., S, d)
+        Exact and reconstructed keys (any float dtype; same shape). Pre- or post-RoPE alike
+        (Lemma 1), as long as the query given to :func:`logit_bound` is in the same frame.
+    layout : BandLayout
+
+    Returns
+    -------
+    w : Tensor (..., S, B), float16
+        ``w[..., t, b] >= ||(k_hat - k)[..., t, band b]||`` exactly (real arithmetic on the
+        given floating values), never rounded down; ``inf`` when the norm exceeds fp16 range.
+    """
+    _check_layout(layout)
+    _check_key_pair(k, k_hat, layout)
+    residual = k_hat.to(torch.float64) - k.to(torch.float64)  # (..., S, d)
+    norms = _band_norms_upper_fp64(residual, layout)  # (..., S, B)
+    return round_up_to(norms, torch.float16)
+
+
+def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None) -> torch.Tensor:
+    """Per-token logit error bound ``c_t = sm_scale sum_b ||q_b|| w_{t,b}`` (Theorem 2, ``T2``).
+
+    Parameters
+    ----------
+    q : Tensor (..., d)
+        Queries in the same RoPE frame as the keys that produced ``w`` (post-RoPE query with a
+        post- or pre-RoPE witness alike, by Lemma 1). fp16/bf16/fp32/fp64.
+    w : Tensor (..., S, B)
+        Witnesses from :func:`witness_of` (any float dtype, ``>= 0``, ``inf`` allowed).
+        ``q.shape[:-1]`` and ``w.shape[:-2]`` must broadcast.
+    layout : BandLayout
+    sm_scale : float, optional
+        Softmax scale, taken as the exact real multiplier. Default: ``1/sqrt(d)`` rounded up
+        (two ulps above the fp64 quotient, which covers its two roundings).
+
+    Returns
+    -------
+    c : Tensor (broadcast(q.shape[:-1], w.shape[:-2]) + (S,))
+        fp64 for fp64 ``q``, fp32 otherwise; ``>= `` the exact real value of
+        ``sm_scale sum_b ||q_b|| w_b`` (and so ``>= |eps_t|``); ``inf`` on overflow.
+
+    Notes
+    -----
+    GQA: with ``Hq = G * Hkv`` query heads ordered as HF does (query head ``h`` reads kv head
+    ``h // G``), give ``q`` as ``(..., Hkv, G, Tq, d)`` (``q.view(Hkv, G, Tq, d)``) and ``w`` as
+    ``(..., Hkv, 1, 1, S, B)`` (``w[:, None, None]``); the result is ``(..., Hkv, G, Tq, S)``.
+    """
+    _check_layout(layout)
+    _check_last_dim(q, layout.head_dim, "q")
+    _check_finite_float(q, "q")
+    _check_witness(w, layout)
+    scale = _resolve_scale(sm_scale, layout.head_dim)
+    q_norms = _band_norms_upper_fp64(q.to(torch.float64), layout)  # (..., B), already inflated
+    w64 = w.to(torch.float64)  # (..., S, B)
+    terms = q_norms.unsqueeze(-2) * w64  # (..., S, B)
+    terms = torch.where((q_norms.unsqueeze(-2) == 0) | (w64 == 0), torch.zeros_like(terms), terms)
+    c = terms.sum(dim=-1) * scale  # (..., S)
+    # products, B-term sum and the scale multiply: B + 3 roundings (margin 2x)
+    c = c * (1.0 + (layout.bands + 8) * _U)
+    out_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
+    return round_up_to(c, out_dtype)
+
+
+def round_up_to(x64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Cast fp64 ``x64 >= 0`` to ``dtype`` so that the result is never below ``x64``.
+
+    Round-to-nearest, then one ``nextafter`` step toward ``+inf`` wherever the cast landed
+    below (values above the dtype's range become ``inf``).
+    """
+    cast = x64.to(dtype)
+    if dtype == torch.float64:
+        return cast
+    below = cast.to(torch.float64) < x64
+    bumped = torch.nextafter(cast, torch.full_like(cast, math.inf))
+    return torch.where(below, bumped, cast)
+
+
+def _band_norms_upper_fp64(x64: torch.Tensor, layout: BandLayout) -> torch.Tensor:
+    """fp64 band norms of fp64 ``x`` (..., d) -> (..., B), inflated to be >= the exact norms.
+
+    Each band is divided by its max-abs entry first, so squares neither overflow nor lose
+    everything to underflow; a band that is exactly zero has norm exactly zero.
+    """
+    banded = layout.split(x64)  # (..., B, 2P)
+    peak = banded.abs().amax(dim=-1, keepdim=True)  # (..., B, 1), exact
+    safe_peak = torch.where(peak > 0, peak, torch.ones_like(peak))
+    scaled = banded / safe_peak  # entries in [-1, 1]
+    norms = peak.squeeze(-1) * torch.sqrt((scaled * scaled).sum(dim=-1))  # (..., B)
+    n_terms = 2 * layout.pairs_per_band
+    return norms * (1.0 + (n_terms + 16) * _U)
+
+
+def _resolve_scale(sm_scale: float | None, head_dim: int) -> float:
+    """The softmax scale as an exact real multiplier (the default rounded up)."""
+    if sm_scale is None:
+        # fl(1/fl(sqrt d)) is within 2 u of 1/sqrt(d); two ulps up cover it
+        up = math.nextafter(math.nextafter(1.0 / math.sqrt(head_dim), math.inf), math.inf)
+        return up
+    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)):
+        raise ValueError(f"sm_scale must be a positive float, got {sm_scale!r}")
+    if not math.isfinite(sm_scale) or sm_scale <= 0:
+        raise ValueError(f"sm_scale must be finite and > 0, got {sm_scale!r}")
+    return float(sm_scale)
+
+
+def _check_layout(layout) -> None:
+    if not isinstance(layout, BandLayout):
+        raise ValueError(f"layout must be a BandLayout, got {type(layout).__name__}")
+
+
+def _check_finite_float(x: torch.Tensor, name: str) -> None:
+    if not torch.is_floating_point(x):
+        raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if torch.isnan(x).any():
+        raise ValueError(f"{name} contains NaN")
+    if torch.isinf(x).any():
+        raise ValueError(f"{name} contains Inf")
+
+
+def _check_key_pair(k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout) -> None:
+    _check_last_dim(k, layout.head_dim, "k")
+    _check_last_dim(k_hat, layout.head_dim, "k_hat")
+    if k.shape != k_hat.shape:
+        raise ValueError(f"k_hat shape {tuple(k_hat.shape)} differs from k shape {tuple(k.shape)}")
+    _check_finite_float(k, "k")
+    _check_finite_float(k_hat, "k_hat")
+
+
+def _check_witness(w: torch.Tensor, layout: BandLayout) -> None:
+    if not isinstance(w, torch.Tensor) or not torch.is_floating_point(w):
+        raise ValueError("w must be a floating tensor (..., S, B)")
+    if w.dim() < 2 or w.shape[-1] != layout.bands:
+        raise ValueError(f"w must have shape (..., S, B={layout.bands}), got {tuple(w.shape)}")
+    if torch.isnan(w).any():
+        raise ValueError("w contains NaN")
+    if (w < 0).any():
+        raise ValueError("w contains negative entries (a witness is a norm)")
