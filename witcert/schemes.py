@@ -19,8 +19,6 @@ Example
 """
 import functools
 import inspect
-import sys
-import types
 from collections.abc import Callable
 
 import torch
@@ -118,16 +116,3 @@ def _load_builtins() -> None:
     """Import the built-in quantizers (they register themselves on import)."""
     import witcert.quantizers  # noqa: F401
 
-
-class _CallableModule(types.ModuleType):
-    """Lets ``witcert.schemes()`` work although ``witcert.schemes`` is also this module.
-
-    Importing a submodule sets it as an attribute of the package, shadowing the lazily
-    exported function of the same name; calling the module forwards to that function.
-    """
-
-    def __call__(self, *args, **kwargs):
-        return getattr(self, self.__name__.rpartition(".")[2])(*args, **kwargs)
-
-
-sys.modules[__name__].__class__ = _CallableModule
