@@ -1,0 +1,424 @@
+"""Executable statements of the meter's bounds (DESIGN.md §2; registry keys T1, P1, P1r, MN, RC, L4).
+
+Pure Python + mpmath, evaluated at the caller's working precision (``mpmath.mp``); no torch,
+no numpy. Each statement is a pair:
+
+* ``hypotheses_<name>(p_tilde, c, eps, tol=None) -> bool``: the theorem's hypotheses on a
+  concrete input (``p~`` a distribution, ``c >= 0``, ``eps`` in the box the statement needs);
+* ``bound_<name>(p_tilde, c)``: the bound the theorem asserts on ``TV(p, p~)``, where
+  ``p = perturbed(p_tilde, eps)``.
+
+``bound_unsound_dispersion`` is the paper's KNOWN-FALSE dispersion form, kept as a
+regression guard (registry key UNSOUND): it is not a theorem.
+
+Conventions shared by every function here:
+
+* Tokens with ``p~_t = 0`` (masked, score ``-inf``) carry no mass in ``p`` nor in ``p~``, so
+  they are dropped before anything is formed: their ``c_t`` and ``eps_t`` are irrelevant
+  (and ``D = max c`` is taken over the support).
+* ``p~`` is divided by its own sum before use. For an exact distribution this is the
+  identity; for a rounded one it keeps the rounding of ``sum p~`` from cancelling in
+  ``A - 1`` (which is all of ``A`` when ``c`` is tiny).
+* Every bound is formed without catastrophic cancellation (``expm1``, ``sinh``, pairwise
+  sums of positive terms), so its relative error is a few units of the working precision
+  even at ``c = 1e-30``.
+* An infinite radius ``c_t`` on the support is not an error: the A-based bounds are then
+  ``+inf`` (their limit) and ``tanh`` gives 1.
+"""
+from collections.abc import Callable, Sequence
+
+import mpmath
+from mpmath import mp, mpf
+
+Real = mpf | float | int | str
+
+SOUND_BOUNDS = ("eform", "two_sided", "retention", "maxnorm", "competitor")
+"""Names of the sound statements; ``bound_<name>`` and ``hypotheses_<name>`` exist for each."""
+
+
+# ----------------------------------------------------------------------------- inputs
+
+
+def _reals(name: str, values: Sequence[Real]) -> list[mpf]:
+    """``values`` as mpf at the working precision (a float converts exactly when prec >= 53)."""
+    try:
+        out = [mpf(v) for v in values]
+    except (TypeError, ValueError) as err:
+        raise ValueError(f"{name}: every entry must be a real number ({err})") from err
+    if not out:
+        raise ValueError(f"{name}: must hold at least one token")
+    if any(mpmath.isnan(v) for v in out):
+        raise ValueError(f"{name}: contains NaN")
+    return out
+
+
+def _distribution(p_tilde: Sequence[Real]) -> list[mpf]:
+    """``p~`` checked (finite, >= 0, positive sum); returned unnormalised."""
+    p = _reals("p_tilde", p_tilde)
+    if any(mpmath.isinf(v) for v in p):
+        raise ValueError("p_tilde: contains an infinite entry")
+    if any(v < 0 for v in p):
+        raise ValueError("p_tilde: contains a negative probability")
+    if mpmath.fsum(p) <= 0:
+        raise ValueError("p_tilde: has no mass (every entry is 0)")
+    return p
+
+
+def _support(p_tilde: Sequence[Real], c: Sequence[Real]) -> tuple[list[mpf], list[mpf]]:
+    """``(p, c)`` on the support of ``p~``, with ``p`` normalised to sum 1."""
+    p = _distribution(p_tilde)
+    radii = _reals("c", c)
+    if len(radii) != len(p):
+        raise ValueError(f"c: has {len(radii)} entries, p_tilde has {len(p)}")
+    if any(r < 0 for r in radii):
+        raise ValueError("c: contains a negative radius")
+    total = mpmath.fsum(p)
+    kept = [(pt / total, r) for pt, r in zip(p, radii) if pt > 0]
+    return [pt for pt, _ in kept], [r for _, r in kept]
+
+
+# ----------------------------------------------------------------------------- helpers
+
+
+def softmax(scores: Sequence[Real]) -> list[mpf]:
+    """``p~ = softmax(scores)``; ``-inf`` marks a masked token (probability exactly 0).
+
+    Raises ``ValueError`` on NaN, ``+inf`` or when every score is ``-inf``.
+    """
+    s = _reals("scores", scores)
+    if any(v == mpmath.inf for v in s):
+        raise ValueError("scores: contains +inf")
+    finite = [v for v in s if mpmath.isfinite(v)]
+    if not finite:
+        raise ValueError("scores: every token is masked (-inf)")
+    top = max(finite)
+    weights = [mpmath.exp(v - top) if mpmath.isfinite(v) else mpf(0) for v in s]
+    total = mpmath.fsum(weights)
+    return [w / total for w in weights]
+
+
+def logsumexp(scores: Sequence[Real]) -> mpf:
+    """``log sum_t exp(scores_t)``; ``-inf`` when every score is ``-inf`` (an empty partition)."""
+    s = _reals("scores", scores)
+    if any(v == mpmath.inf for v in s):
+        raise ValueError("scores: contains +inf")
+    finite = [v for v in s if mpmath.isfinite(v)]
+    if not finite:
+        return mpf("-inf")
+    top = max(finite)
+    return top + mpmath.log(mpmath.fsum(mpmath.exp(v - top) for v in finite))
+
+
+def perturbed(p_tilde: Sequence[Real], eps: Sequence[Real]) -> list[mpf]:
+    """The exact-key distribution ``p_t = p~_t e^{-eps_t} / Z``, ``Z = sum_t p~_t e^{-eps_t}``.
+
+    ``eps_t = l~_t - l_t`` is the logit error (DESIGN.md §2). Tokens with ``p~_t = 0`` get
+    ``p_t = 0`` whatever their ``eps_t``; ``eps`` must be finite on the support.
+    """
+    p = _distribution(p_tilde)
+    e = _reals("eps", eps)
+    if len(e) != len(p):
+        raise ValueError(f"eps: has {len(e)} entries, p_tilde has {len(p)}")
+    if any(pt > 0 and not mpmath.isfinite(et) for pt, et in zip(p, e)):
+        raise ValueError("eps: infinite on a token with positive mass")
+    top = min(et for pt, et in zip(p, e) if pt > 0)  # shift: e^{-(eps - min eps)} <= 1
+    weights = [pt * mpmath.exp(top - et) if pt > 0 else mpf(0) for pt, et in zip(p, e)]
+    z = mpmath.fsum(weights)
+    return [w / z for w in weights]
+
+
+def tv(p: Sequence[Real], q: Sequence[Real]) -> mpf:
+    """Total variation ``1/2 sum_t |p_t - q_t|`` (the definition, formed literally)."""
+    a, b = _reals("p", p), _reals("q", q)
+    if len(a) != len(b):
+        raise ValueError(f"q: has {len(b)} entries, p has {len(a)}")
+    return mpmath.fsum(abs(x - y) for x, y in zip(a, b)) / 2
+
+
+def _mean_abs_deviation(p: list[mpf], values: list[mpf], difference: Callable[[int, int], mpf]) -> mpf:
+    """``E_p |v - E_p v|`` as a sum of positive terms (``p`` normalised).
+
+    ``E|v - m| = 2 sum_{t in U} p_t (v_t - m)`` for ``U = {v_t > m}``, and expanding ``m``
+    gives ``2 sum_{t in U, s not in U} p_t p_s (v_t - v_s)``: every term is >= 0, so no
+    cancellation. ``difference(t, s)`` must return ``v_t - v_s`` accurately.
+    """
+    mean = mpmath.fsum(pt * v for pt, v in zip(p, values))
+    upper = [t for t, v in enumerate(values) if v > mean]
+    lower = [s for s, v in enumerate(values) if not v > mean]
+    return 2 * mpmath.fsum(p[t] * p[s] * difference(t, s) for t in upper for s in lower)
+
+
+def tv_perturbed(p_tilde: Sequence[Real], eps: Sequence[Real]) -> mpf:
+    """``TV(perturbed(p_tilde, eps), p_tilde)`` formed without cancellation.
+
+    ``TV = 1/2 E_p~ |w/Z - 1| = E_p~|w - Z| / (2Z)`` with ``w_t = e^{-eps_t}``, ``Z = E_p~ w``;
+    the mean absolute deviation is summed pairwise (``w_t - w_s = e^{-eps_s} expm1(eps_s - eps_t)``),
+    so a TV of 1e-30 keeps the full working precision. Equal to ``tv(perturbed(p~, eps), p~)``.
+    """
+    p_raw = _distribution(p_tilde)
+    e = _reals("eps", eps)
+    if len(e) != len(p_raw):
+        raise ValueError(f"eps: has {len(e)} entries, p_tilde has {len(p_raw)}")
+    keep = [t for t, pt in enumerate(p_raw) if pt > 0]
+    if any(not mpmath.isfinite(e[t]) for t in keep):
+        raise ValueError("eps: infinite on a token with positive mass")
+    total = mpmath.fsum(p_raw)
+    p = [p_raw[t] / total for t in keep]
+    err = [e[t] for t in keep]
+    low = min(err)
+    w = [mpmath.exp(low - et) for et in err]  # e^{-eps} scaled by e^{min eps}: TV is invariant
+    z = mpmath.fsum(pt * wt for pt, wt in zip(p, w))
+
+    def difference(t: int, s: int) -> mpf:
+        return w[s] * mpmath.expm1(err[s] - err[t])
+
+    return _mean_abs_deviation(p, w, difference) / (2 * z)
+
+
+# ----------------------------------------------------------------------------- A and its relatives
+
+
+def a_plus(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """``A = sum_t p~_t e^{c_t}`` (T1, P1). ``A >= 1``."""
+    p, r = _support(p_tilde, c)
+    return 1 + _a_plus_minus_one(p, r)
+
+
+def a_minus(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """``A- = sum_t p~_t e^{-c_t}`` (P1). ``0 <= A- <= 1``."""
+    p, r = _support(p_tilde, c)
+    return 1 - _one_minus_a_minus(p, r)
+
+
+def _a_plus_minus_one(p: list[mpf], c: list[mpf]) -> mpf:
+    """``A - 1 = sum p (e^c - 1)`` for normalised ``p``: positive terms, no cancellation."""
+    return mpmath.fsum(pt * mpmath.expm1(ct) for pt, ct in zip(p, c))
+
+
+def _one_minus_a_minus(p: list[mpf], c: list[mpf]) -> mpf:
+    """``1 - A- = sum p (1 - e^{-c})`` for normalised ``p``: positive terms."""
+    return mpmath.fsum(pt * -mpmath.expm1(-ct) for pt, ct in zip(p, c))
+
+
+def _has_infinite_radius(c: list[mpf]) -> bool:
+    return any(mpmath.isinf(ct) for ct in c)
+
+
+def a_merge(partitions: Sequence[tuple[Real, Real]]) -> mpf:
+    """Merge ``A`` over split-KV partitions with log-sum-exp weights (Lemma 4, registry L4).
+
+    Lean: ``WitCert.block_sum_eq_token_sum``. Partition ``j`` holds the tokens ``J_j``;
+    ``lse_j = log sum_{t in J_j} e^{l~_t}`` and ``A_j = sum_{t in J_j} p~^{(j)}_t e^{c_t}`` with
+    ``p~^{(j)}`` the softmax within the partition. Since ``p~_t = e^{lse_j - LSE} p~^{(j)}_t``,
+    ``A = sum_j e^{lse_j - LSE} A_j``, ``LSE = log sum_j e^{lse_j}``: the same weights that merge
+    the attention outputs. A partition with ``lse_j = -inf`` (all masked) has weight 0 and its
+    ``A_j`` is ignored.
+
+    Parameters
+    ----------
+    partitions : sequence of (lse_j, A_j)
+
+    Returns
+    -------
+    mpf
+        The unsplit ``A`` (``+inf`` if a weighted ``A_j`` is infinite).
+    """
+    pairs = list(partitions)
+    if not pairs:
+        raise ValueError("partitions: must hold at least one partition")
+    lse = _reals("partitions (lse_j)", [pair[0] for pair in pairs])
+    a_parts = _reals("partitions (A_j)", [pair[1] for pair in pairs])
+    if any(v == mpmath.inf for v in lse):
+        raise ValueError("partitions (lse_j): contains +inf")
+    live = [(l, a) for l, a in zip(lse, a_parts) if mpmath.isfinite(l)]
+    if not live:
+        raise ValueError("partitions: every partition is masked (lse_j = -inf)")
+    if any(a < 0 for _, a in live):
+        raise ValueError("partitions (A_j): contains a negative value")
+    total = logsumexp([l for l, _ in live])
+    return mpmath.fsum(mpmath.exp(l - total) * a for l, a in live)
+
+
+# ----------------------------------------------------------------------------- hypotheses
+
+
+def _default_tol(n: int) -> mpf:
+    return 64 * n * mp.eps
+
+
+def _is_distribution(p_tilde: Sequence[Real], tol: Real | None) -> list[mpf] | None:
+    """``p~`` as mpf if it is a distribution within ``tol`` (|sum - 1| <= tol), else None."""
+    try:
+        p = _distribution(p_tilde)
+    except ValueError:
+        return None
+    bound = _default_tol(len(p)) if tol is None else mpf(tol)
+    return p if abs(mpmath.fsum(p) - 1) <= bound else None
+
+
+def _box_hypotheses(p_tilde, c, eps, tol, radius_of: Callable[[list[mpf], list[mpf]], list[mpf]]) -> bool:
+    """p~ a distribution, c >= 0, and ``|eps_t| <= radius_t`` on the support of p~."""
+    p = _is_distribution(p_tilde, tol)
+    if p is None:
+        return False
+    try:
+        radii, e = _reals("c", c), _reals("eps", eps)
+    except ValueError:
+        return False
+    if not len(radii) == len(e) == len(p) or any(r < 0 for r in radii):
+        return False
+    on_support = [t for t, pt in enumerate(p) if pt > 0]
+    allowed = radius_of([radii[t] for t in on_support], [p[t] for t in on_support])
+    return all(abs(e[t]) <= r for t, r in zip(on_support, allowed))
+
+
+def _per_token(c: list[mpf], p: list[mpf]) -> list[mpf]:
+    return c
+
+
+def _uniform_max(c: list[mpf], p: list[mpf]) -> list[mpf]:
+    return [max(c)] * len(c)
+
+
+def hypotheses_eform(p_tilde, c, eps, tol=None) -> bool:
+    """Hypotheses of T1 (``WitCert.tv_le_eform``): p~ a distribution (|sum - 1| <= tol),
+    ``c >= 0`` and ``|eps_t| <= c_t`` for every token of positive mass."""
+    return _box_hypotheses(p_tilde, c, eps, tol, _per_token)
+
+
+def hypotheses_two_sided(p_tilde, c, eps, tol=None) -> bool:
+    """Hypotheses of P1 (``WitCert.tv_le_two_sided``): the box ``|eps_t| <= c_t`` (as T1)."""
+    return _box_hypotheses(p_tilde, c, eps, tol, _per_token)
+
+
+def hypotheses_retention(p_tilde, c, eps, tol=None) -> bool:
+    """Hypotheses of P1r (``WitCert.tv_le_retention``): the box ``|eps_t| <= c_t`` (as T1)."""
+    return _box_hypotheses(p_tilde, c, eps, tol, _per_token)
+
+
+def hypotheses_maxnorm(p_tilde, c, eps, tol=None) -> bool:
+    """Hypotheses of MN (``WitCert.tv_le_tanh_half``): ``|eps_t| <= D = max c`` on the support
+    (weaker than the per-token box: only the largest radius matters)."""
+    return _box_hypotheses(p_tilde, c, eps, tol, _uniform_max)
+
+
+def hypotheses_competitor(p_tilde, c, eps, tol=None) -> bool:
+    """Hypotheses of RC (``WitCert.tanh_half_le_tanh`` with MN): ``|eps_t| <= max c`` (as MN)."""
+    return _box_hypotheses(p_tilde, c, eps, tol, _uniform_max)
+
+
+def hypotheses_unsound_dispersion(p_tilde, c, eps, tol=None) -> bool:
+    """The hypotheses the KNOWN-FALSE dispersion form claims to need: the box ``|eps_t| <= c_t``.
+
+    They hold on the counterexample ``p~ = (1/2, 1/2)``, ``c = (0.1, 0.1)``, ``eps = (0.1, -0.1)``,
+    where the claimed conclusion fails (registry UNSOUND).
+    """
+    return _box_hypotheses(p_tilde, c, eps, tol, _per_token)
+
+
+# ----------------------------------------------------------------------------- bounds
+
+
+def bound_eform(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """T1 e-form ``1/2 (A^2 - 1)``, ``A = sum_t p~_t e^{c_t}`` (Lean ``WitCert.tv_le_eform``).
+
+    Formed as ``1/2 (A - 1)(A + 1)`` with ``A - 1 = sum p~ expm1(c)``. Unclamped (the raw value
+    is the risk score); ``+inf`` if a radius on the support is infinite.
+    """
+    p, r = _support(p_tilde, c)
+    if _has_infinite_radius(r):
+        return mpf("inf")
+    a_m1 = _a_plus_minus_one(p, r)
+    return a_m1 * (a_m1 + 2) / 2
+
+
+def bound_two_sided(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """P1 two-sided ``1/2 (A/A- - A-/A)`` (Lean ``WitCert.tv_le_two_sided``).
+
+    Formed as ``(A - A-)(A + A-) / (2 A A-)`` with ``A - A- = sum p~ 2 sinh(c)``;
+    ``+inf`` if a radius on the support is infinite.
+    """
+    p, r = _support(p_tilde, c)
+    if _has_infinite_radius(r):
+        return mpf("inf")
+    big, small = 1 + _a_plus_minus_one(p, r), 1 - _one_minus_a_minus(p, r)
+    gap = mpmath.fsum(pt * 2 * mpmath.sinh(ct) for pt, ct in zip(p, r))
+    return gap * (big + small) / (2 * big * small)
+
+
+def bound_retention(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """P1r per-token retention form (Lean ``WitCert.tv_le_retention``).
+
+    ``1/2 sum_t p~_t min(A e^{c_t} - 1, max(e^{c_t}/A- - 1, 1 - e^{-c_t}/A))``. Each argument is
+    formed as a sum of non-negative terms: ``A e^c - 1 = (A-1) e^c + expm1(c)``,
+    ``e^c/A- - 1 = (expm1(c) + (1 - A-)) / A-``, ``1 - e^{-c}/A = ((A-1) - expm1(-c)) / A``.
+    ``+inf`` if a radius on the support is infinite (the limit of every term).
+    """
+    p, r = _support(p_tilde, c)
+    if _has_infinite_radius(r):
+        return mpf("inf")
+    a_m1, one_m_am = _a_plus_minus_one(p, r), _one_minus_a_minus(p, r)
+    big, small = 1 + a_m1, 1 - one_m_am
+
+    def term(ct: mpf) -> mpf:
+        grow = a_m1 * mpmath.exp(ct) + mpmath.expm1(ct)
+        up = (mpmath.expm1(ct) + one_m_am) / small
+        down = (a_m1 - mpmath.expm1(-ct)) / big
+        return min(grow, max(up, down))
+
+    return mpmath.fsum(pt * term(ct) for pt, ct in zip(p, r)) / 2
+
+
+def bound_maxnorm(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """MN max-norm bound ``tanh(D/2)``, ``D = max_t c_t`` over the support (Lean
+    ``WitCert.tv_le_tanh_half``). Data-independent; attained by the two-point case with mass
+    ``1/(1 + e^D)`` on the token pushed up."""
+    _, r = _support(p_tilde, c)
+    return mpmath.tanh(max(r) / 2)
+
+
+def bound_competitor(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """RC: the competitor's (Runtime-Certified [5]) ``tanh(D)``, ``D = max_t c_t``.
+
+    Sound because ``tanh(D/2) <= tanh(D)`` (Lean ``WitCert.tanh_half_le_tanh``) and MN; looser.
+    """
+    _, r = _support(p_tilde, c)
+    return mpmath.tanh(max(r))
+
+
+def bound_unsound_dispersion(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
+    """KNOWN FALSE (registry UNSOUND, no Lean declaration): the paper's dispersion form.
+
+    ``1/2 e^{2 c_max} (E_p~|c - c_bar| + c_bar (e^{c_max} - 1))``, ``c_bar = E_p~ c``. It is NOT an
+    upper bound on TV: at ``p~ = (1/2, 1/2)``, ``c = (0.1, 0.1)``, ``eps = (0.1, -0.1)`` the true TV
+    is 0.049834 and this form gives 0.006423. Kept only so a test can show it is violated
+    while T1 holds. ``+inf`` if a radius on the support is infinite.
+    """
+    p, r = _support(p_tilde, c)
+    if _has_infinite_radius(r):
+        return mpf("inf")
+    c_max = max(r)
+    c_bar = mpmath.fsum(pt * ct for pt, ct in zip(p, r))
+    dispersion = _mean_abs_deviation(p, r, lambda t, s: r[t] - r[s])
+    return mpmath.exp(2 * c_max) * (dispersion + c_bar * mpmath.expm1(c_max)) / 2
+
+
+BOUNDS: dict[str, Callable[[Sequence[Real], Sequence[Real]], mpf]] = {
+    "eform": bound_eform,
+    "two_sided": bound_two_sided,
+    "retention": bound_retention,
+    "maxnorm": bound_maxnorm,
+    "competitor": bound_competitor,
+    "unsound_dispersion": bound_unsound_dispersion,
+}
+"""Every ``bound_<name>`` by name (the sound ones are ``SOUND_BOUNDS``)."""
+
+HYPOTHESES: dict[str, Callable[..., bool]] = {
+    "eform": hypotheses_eform,
+    "two_sided": hypotheses_two_sided,
+    "retention": hypotheses_retention,
+    "maxnorm": hypotheses_maxnorm,
+    "competitor": hypotheses_competitor,
+    "unsound_dispersion": hypotheses_unsound_dispersion,
+}
+"""Every ``hypotheses_<name>`` by name."""
