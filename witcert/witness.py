@@ -108,18 +108,23 @@ def round_up_to(x64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 
 def _band_norms_upper_fp64(x64: torch.Tensor, layout: BandLayout) -> torch.Tensor:
-    """fp64 band norms of fp64 ``x`` (..., d) -> (..., B), inflated to be >= the exact norms.
+    """fp64 band norms of fp64 ``x`` (..., d) -> (..., B), each >= the exact band norm."""
+    return norms_upper_fp64(layout.split(x64))  # (..., B)
 
-    Each band is divided by its max-abs entry first, so squares neither overflow nor lose
-    everything to underflow; a band that is exactly zero has norm exactly zero.
+
+def norms_upper_fp64(x64: torch.Tensor) -> torch.Tensor:
+    """fp64 Euclidean norms over the last axis (..., n) -> (...), each >= the exact norm.
+
+    The vector is divided by its max-abs entry first, so squares neither overflow nor lose
+    everything to underflow; an exactly-zero vector has norm exactly zero. Inflated by
+    ``1 + (n + 16) 2^-52`` (the module docstring's error budget, with a factor two to spare).
     """
-    banded = layout.split(x64)  # (..., B, 2P)
-    peak = banded.abs().amax(dim=-1, keepdim=True)  # (..., B, 1), exact
+    peak = x64.abs().amax(dim=-1, keepdim=True)  # (..., 1), exact
     safe_peak = torch.where(peak > 0, peak, torch.ones_like(peak))
-    scaled = banded / safe_peak  # entries in [-1, 1]
-    norms = peak.squeeze(-1) * torch.sqrt((scaled * scaled).sum(dim=-1))  # (..., B)
-    n_terms = 2 * layout.pairs_per_band
-    return norms * (1.0 + (n_terms + 16) * _U)
+    scaled = x64 / safe_peak  # entries in [-1, 1]
+    norms = peak.squeeze(-1) * torch.sqrt((scaled * scaled).sum(dim=-1))  # (...)
+    norms = torch.where(torch.isinf(peak.squeeze(-1)), peak.squeeze(-1), norms)  # overflow: trivial
+    return norms * (1.0 + (x64.shape[-1] + 16) * _U)
 
 
 def _resolve_scale(sm_scale: float | None, head_dim: int) -> float:
