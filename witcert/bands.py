@@ -83,15 +83,26 @@ class BandLayout:
     def band_norms(self, x: torch.Tensor) -> torch.Tensor:
         """Euclidean norm of every band of ``x`` (..., d) -> (..., B).
 
-        Computed in fp64 for fp64 input and fp32 otherwise (fp16/bf16 are upcast so that
-        squares cannot overflow). Correctly-rounded-ish, *not* rounded up: use
+        Computed in fp64 for fp64 input and fp32 otherwise, scaled so that squares neither
+        overflow nor underflow. Accurate to a few ulps but *not* rounded up: use
         :func:`witcert.witness_of` for a sound stored witness (Lemma 1, ``L1``).
         """
         if not torch.is_floating_point(x):
             raise ValueError(f"x must be a floating tensor, got dtype {x.dtype}")
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
-        banded = self.split(x.to(work))  # (..., B, 2P)
-        return torch.sqrt((banded * banded).sum(dim=-1))  # (..., B)
+        return scaled_norms(self.split(x.to(work)))  # (..., B)
+
+
+def scaled_norms(x: torch.Tensor) -> torch.Tensor:
+    """Euclidean norms over the last axis (..., n) -> (...), in ``x``'s dtype.
+
+    Divides by the max-abs entry first (as ``hypot`` does), so squares neither overflow nor
+    underflow; an all-zero vector has norm exactly 0 and an infinite entry gives ``inf``.
+    """
+    peak = x.abs().amax(dim=-1, keepdim=True)  # (..., 1), exact
+    scaled = x / torch.where(peak > 0, peak, torch.ones_like(peak))  # entries in [-1, 1]
+    norms = peak.squeeze(-1) * torch.sqrt((scaled * scaled).sum(dim=-1))
+    return torch.where(torch.isinf(peak.squeeze(-1)), peak.squeeze(-1), norms)
 
 
 def _pair_coordinates(head_dim: int, rope: str) -> torch.Tensor:

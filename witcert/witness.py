@@ -21,7 +21,7 @@ import math
 
 import torch
 
-from witcert.bands import BandLayout, _check_last_dim
+from witcert.bands import BandLayout, _check_last_dim, scaled_norms
 
 _U = 2.0**-52  # twice the fp64 unit roundoff: the margin unit for every inflation here
 
@@ -119,11 +119,7 @@ def norms_upper_fp64(x64: torch.Tensor) -> torch.Tensor:
     everything to underflow; an exactly-zero vector has norm exactly zero. Inflated by
     ``1 + (n + 16) 2^-52`` (the module docstring's error budget, with a factor two to spare).
     """
-    peak = x64.abs().amax(dim=-1, keepdim=True)  # (..., 1), exact
-    safe_peak = torch.where(peak > 0, peak, torch.ones_like(peak))
-    scaled = x64 / safe_peak  # entries in [-1, 1]
-    norms = peak.squeeze(-1) * torch.sqrt((scaled * scaled).sum(dim=-1))  # (...)
-    norms = torch.where(torch.isinf(peak.squeeze(-1)), peak.squeeze(-1), norms)  # overflow: trivial
+    norms = scaled_norms(x64)  # (...)
     return norms * (1.0 + (x64.shape[-1] + 16) * _U)
 
 
