@@ -25,9 +25,13 @@ DOMAINS = ("needle", "text", "code")
 
 @dataclass(frozen=True)
 class NeedleCase:
-    """One retrieval prompt: the answer digits must appear in the model's continuation."""
+    """One retrieval prompt: ``context`` (haystack with needles) then ``question``.
 
-    prompt: str
+    The answer digits must be the first number of the model's continuation (exact match).
+    """
+
+    context: str
+    question: str
     answer: str
     depth: float  # where the needle sits, as a fraction of the haystack
     keys: int  # 1: single passkey; > 1: multi-key, one of them asked for
@@ -39,6 +43,10 @@ class NeedleCase:
             raise ValueError(f"answer must be digits, got {self.answer!r}")
         if self.keys < 1:
             raise ValueError(f"keys must be >= 1, got {self.keys}")
+
+    @property
+    def prompt(self) -> str:
+        return self.context + self.question
 
     def score(self, continuation: str) -> bool:
         """Exact match: the first digit run of the continuation equals the answer."""
@@ -167,4 +175,6 @@ def _needle_case(tokenizer, hay_ids, context_tokens, depth, n_keys, rng) -> Need
         pieces.append(needle)
         cursor = cut
     pieces.append(tokenizer.decode(hay[cursor:]))
-    return NeedleCase(prompt=intro + "".join(pieces) + question, answer=codes[asked], depth=depth, keys=n_keys)
+    return NeedleCase(
+        context=intro + "".join(pieces), question=question, answer=codes[asked], depth=depth, keys=n_keys
+    )
