@@ -1,0 +1,196 @@
+"""The kernel's meter: fp64 enclosures of ``A - 1`` and ``1 - A-`` from the fp32 accumulators (FP).
+
+``kernels/decode_attention.py`` accumulates, per (batch, query head), in fp32 with an online
+max and split-KV merge (``kernels/merge.py``)::
+
+    l = sum_t e^{y_t},  k = sum_t e^{y_t} (e^{c'_t} - 1),  j = sum_t e^{y_t} (1 - e^{-c'_t})
+
+with ``y_t = s'_t - m`` (``s'_t`` the kernel's fp64 logit, ``m`` the max). This module turns
+them into an upper bound on the exact-arithmetic meter ``min(1, 1/2(A^2-1), 1/2(A/A- - A-/A),
+tanh(D/2))`` of Theorem 1 (``T1``), Proposition 1 (``P1``) and the max-norm bound (``MN``),
+reusing the bound formulas of ``witcert.bounds`` and the error constants of
+``witcert.rounding`` (registry key ``FP``).
+
+Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.rounding.exp_relative_error``)
+------------------------------------------------------------------------------------
+Logit rounding. ``|s'_t - s_t| <= delta_t = sm_scale kappa_dot sum_i |q_i k_i|`` with
+``kappa_dot = (2 d + 8) 2^-53``: the fp64 dot (any order, up to two roundings per add/product),
+the scale product and the fp32 scale itself (``sm_scale`` is taken as the exact real
+multiplier of the exact logits); the fp32 ``sum |q||k|`` is low by far less than the factor two
+kept. With ``p'`` the softmax of the kernel's logits and ``p~`` the exact one,
+``p~_t <= p'_t e^{delta_t + delta_max}``, so ``A <= e^{delta_max} sum_t p'_t e^{c_t + delta_t}``:
+the kernel accumulates with ``c'_t >= c_t + delta_t`` and here
+``A - 1 <= expm1(delta_max) + e^{delta_max} k/l`` and ``1 - A- <= delta_max + j/l``.
+
+Witness radius. ``c_t`` in fp32: band sums of ``2P`` squares, a sqrt, a ``B``-term dot, two
+scale products, the fp32 scale: at most ``(2P + B + 8) u`` relative; ``kappa_c`` is twice that.
+
+Exponent arguments. Each term's exponent is off by at most ``4.001 u |y_t|``: the fp32 cast of
+``y_t`` (fp64 subtraction below ``2^-53 |y_t|``), the ``log2 e`` product inside ``exp``, and, for
+all rescalings together (online max within a split, then ``r_i = e^{m_i - M}`` in stage 2),
+twice ``u`` times a telescoping sum of max increments, itself at most ``|y_t|``. Weighted by the
+terms: ``sum_t e^{y_t} |y_t| = l E_p'|y| <= l ln S`` (``E_p'[m - s'] = H(p') - ln l <= ln S``),
+so the relative error from exponents is at most ``a_l = 4.1 u ln S`` for ``l``, and for ``k``
+and ``j`` either ``a_rel = 4.1 u 88`` relative (normal-range terms have ``|y| <= 88``) or
+``4.1 u g(c'_max) l ln S`` absolute, whichever is smaller.
+
+Everything else is a per-term relative error: ``exp`` of ``y`` and of each of the at most
+``blocks_per_split + 1`` rescale factors (``eps_exp + u`` each, products included), the
+``expm1``-type factor of ``k``/``j`` (``kernels/expm1.py``) and its product, and the summation
+tree of depth ``(block_n - 1) + blocks_per_split + num_splits`` (``u`` per level, Higham Thm 4.4).
+Terms that land below the normal range are off by at most ``2 tiny`` each, times ``g(c'_max)``.
+
+Overflow. ``c'`` is capped at ``C_CAP = 64`` inside the exponent; any capped row reports the
+trivial meter 1, which is also ``tanh(D/2)`` in fp64 there (``D > 63.9``), and a risk score
+``inf``.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import triton.language as tl
+
+from witcert import bounds, rounding
+
+from .expm1 import expm1_relative_error
+
+C_CAP = tl.constexpr(64.0)
+C_CAP_VALUE = 64.0
+UNIT = 2.0**-24  # fp32 unit roundoff
+ARG_ERROR = 4.1 * UNIT  # exponent error per unit |y_t| (4.001 u, rounded up with margin)
+Y_NORMAL = 88.0  # |y| above which fp32 e^{y} is subnormal or zero
+FP64_MARGIN = 1.0 + 64 * 2.0**-52  # covers the few fp64 roundings of this module
+
+
+@dataclass(frozen=True)
+class KernelRounding:
+    """The shape of the kernel's arithmetic that its a-priori rounding slack depends on (FP).
+
+    Parameters
+    ----------
+    max_seq_len : int
+        Longest row ``S``.
+    block_n : int
+        Tokens per inner block (summation tree width).
+    num_splits : int
+        Split-KV partitions.
+    head_dim, bands : int
+        ``d`` and ``B`` (the witness radius' rounding count).
+    """
+
+    max_seq_len: int
+    block_n: int
+    num_splits: int
+    head_dim: int
+    bands: int
+
+    def __post_init__(self):
+        for name in ("max_seq_len", "block_n", "num_splits", "head_dim", "bands"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, int) or value <= 0:
+                raise ValueError(f"{name} must be a positive int, got {value!r}")
+        if self.depth * UNIT > 2.0**-10:
+            raise ValueError(f"summation depth {self.depth} is too deep for the fp32 budget")
+
+    @property
+    def blocks_per_split(self) -> int:
+        """Inner blocks of the longest split (each brings one online-max rescale)."""
+        split_len = -(-self.max_seq_len // self.num_splits)
+        return max(1, -(-split_len // self.block_n))
+
+    @property
+    def depth(self) -> int:
+        """Depth of the summation tree of every accumulator."""
+        return (self.block_n - 1) + self.blocks_per_split + self.num_splits
+
+    @property
+    def kappa_c(self) -> float:
+        """Relative round-up of the fp32 witness radius ``c_t`` (twice the rounding count)."""
+        band_width = self.head_dim // self.bands
+        return 2 * (band_width + self.bands + 8) * UNIT
+
+    @property
+    def kappa_dot(self) -> float:
+        """``delta_t / (sm_scale sum|q||k|)``: the fp64 logit's rounding, with margin."""
+        return (2 * self.head_dim + 8) * 2.0**-53 * 2
+
+    def mass_error(self) -> float:
+        """Per-term relative error of ``l`` terms, exponent arguments aside."""
+        eps_exp = rounding.exp_relative_error(torch.float32)
+        rescales = self.blocks_per_split + 1
+        return math.expm1((1 + rescales) * (eps_exp + UNIT) + self.depth * UNIT * (1 + 2.0**-9))
+
+    def moment_error(self) -> float:
+        """Per-term relative error of ``k`` and ``j`` terms, exponent arguments aside."""
+        eps_exp = rounding.exp_relative_error(torch.float32)
+        g_error = expm1_relative_error(UNIT, eps_exp)
+        return math.expm1(math.log1p(self.mass_error()) + g_error + UNIT)
+
+
+@dataclass(frozen=True)
+class Certificate:
+    """The kernel's certificate per (batch, query head).
+
+    Attributes
+    ----------
+    meter : Tensor (batch, Hq), fp32
+        ``min(1, e-form, two-sided, tanh(D/2))``, never below the exact-arithmetic value.
+    risk : Tensor (batch, Hq), fp64
+        Raw e-form ``1/2 (A^2 - 1)`` upper bound; ``inf`` when the radius was capped.
+    a_minus_one : Tensor (batch, Hq), fp64
+        Upper bound on ``A - 1`` (T1).
+    one_minus_a_minus : Tensor (batch, Hq), fp64
+        Upper bound on ``1 - A-`` (P1).
+    c_max : Tensor (batch, Hq), fp64
+        ``D = max_t c_t`` (rounded up).
+    """
+
+    meter: torch.Tensor
+    risk: torch.Tensor
+    a_minus_one: torch.Tensor
+    one_minus_a_minus: torch.Tensor
+    c_max: torch.Tensor
+
+
+def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape: KernelRounding) -> Certificate:
+    """fp64 certificate from the merged fp32 accumulators (all (batch, Hq) fp64 tensors).
+
+    ``seq_lens`` (batch, 1) gives each row's ``S`` (for ``ln S`` and the underflow slack).
+    """
+    n = seq_lens.to(torch.float64)
+    log_n = torch.log(n) * FP64_MARGIN
+    tiny = torch.finfo(torch.float32).tiny
+    rho_l, rho_k = shape.mass_error(), shape.moment_error()
+    a_l = ARG_ERROR * log_n
+    a_rel = math.expm1(ARG_ERROR * Y_NORMAL)
+
+    under_l = 4 * n * tiny
+    l_lo = (l / ((1 + rho_l) * (1 + a_l)) - under_l) / FP64_MARGIN
+    l_hi = (l / ((1 - rho_l) * (1 - a_l)) + under_l) * FP64_MARGIN
+
+    def moment_hi(acc, g_max):
+        under = 4 * n * tiny * torch.clamp(g_max, min=1.0)
+        relative = (acc / (1 - rho_k) + under) / (1 - a_rel)
+        absolute = acc / (1 - rho_k) + ARG_ERROR * g_max * l_hi * log_n + under
+        return torch.minimum(relative, absolute) * FP64_MARGIN
+
+    capped = cp_max >= C_CAP_VALUE
+    cp = torch.clamp(cp_max, max=C_CAP_VALUE)
+    k_hi = moment_hi(k, torch.expm1(cp)) / l_lo * FP64_MARGIN
+    j_hi = moment_hi(j, -torch.expm1(-cp)) / l_lo * FP64_MARGIN
+    # logit rounding: A <= e^{delta_max} (1 + k/l), A- >= e^{-delta_max} (1 - j/l)
+    k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
+    j_hi = torch.clamp((delta_max + j_hi) * FP64_MARGIN, max=1.0)
+
+    moments = bounds.Moments(k_hi, j_hi, c_max, mass=None, mass_rho=None, total_lo=None, dtype=torch.float32)
+    eform = bounds._eform(moments)
+    best = torch.minimum(torch.minimum(eform, bounds._two_sided(moments)), bounds._maxnorm(moments))
+    best = torch.where(capped, torch.ones_like(best), best.clamp(min=0.0, max=1.0))
+    risk = torch.where(capped, torch.full_like(eform, math.inf), eform)
+    return Certificate(
+        meter=rounding.round_up_to(best, torch.float32),
+        risk=risk,
+        a_minus_one=k_hi,
+        one_minus_a_minus=j_hi,
+        c_max=c_max,
+    )
