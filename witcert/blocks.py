@@ -58,7 +58,7 @@ def block_excess(scores: torch.Tensor, c: torch.Tensor, block_size: int = 16) ->
 def block_mass(scores: torch.Tensor, block_size: int = 16) -> torch.Tensor:
     """``mass_j = sum_{t in j} p~_t`` (..., n_blocks) in fp64."""
     block_size = _check_block_size(block_size)
-    scores, _ = check_scores_and_bounds(scores, torch.zeros(()))
+    scores, _ = check_scores_and_bounds(scores, torch.zeros(1))
     p = torch.softmax(scores.to(torch.float64), dim=-1)
     return _pad_to_blocks(p, block_size, 0.0).sum(dim=-1)
 

@@ -190,6 +190,9 @@ class Gate:
         GateResult
         """
         scores, c = self._inputs(scores, c, radius)
+        pager_blocks = getattr(pager, "block_size", self.block_size)
+        if pager_blocks != self.block_size:
+            raise ValueError(f"pager pages blocks of {pager_blocks} tokens; this gate's block_size is {self.block_size}")
         before = self.value(scores, c)  # (...)
         over = before > self.tau
         fired = over.clone() if self.granularity == "head" else over.any().expand(over.shape).clone()
@@ -242,7 +245,7 @@ class Gate:
         if exact.shape[0] != tokens.stop - tokens.start:
             raise ValueError(
                 f"pager returned {exact.shape[0]} logits for block {block} of cell {cell}; "
-                f"it holds {tokens.stop - tokens.start} tokens"
+                f"it holds {tokens.stop - tokens.start} tokens (do the gate's and the store's block sizes agree?)"
             )
         masked = torch.isneginf(scores[tokens])
         if not torch.isfinite(exact[~masked]).all():

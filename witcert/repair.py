@@ -199,6 +199,11 @@ class LayerPager:
         if not isinstance(self.sm_scale, (int, float)) or not self.sm_scale > 0:
             raise ValueError(f"sm_scale must be > 0, got {self.sm_scale!r}")
 
+    @property
+    def block_size(self) -> int:
+        """Tokens per block of the backing store (the gate's ``block_size`` must match)."""
+        return self.repairer.block_size
+
     def store_index(self, cell: tuple) -> tuple[int, ...]:
         """The stream index (kv head) that a gate cell reads."""
         n_lead = len(self.repairer.store.lead_shape(self.key))
