@@ -146,7 +146,7 @@ THEOREMS: tuple[Theorem, ...] = (
         statement="n events each of probability <= delta_loc, n delta_loc <= delta_req  =>  P(any) <= delta_req",
         lean="WitCert.measure_iUnion_le_budget",
         spec="witcert.spec.dither.delta_local",
-        torch="witcert.tier_b.tier_b_logit_bound",
+        torch="witcert.tier_b.delta_local",
         kernel=None,
         tests=("tests/test_tier_b.py",),
     ),
@@ -158,7 +158,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.dither.radius",
         torch="witcert.tier_b.tier_b_logit_bound",
         kernel=None,
-        tests=("tests/test_tier_b.py",),
+        tests=("tests/test_tier_b.py", "tests/test_dithered_int8.py", "tests/test_counters.py", "tests/test_philox.py"),
     ),
     Theorem(
         key="L4",

@@ -1,0 +1,165 @@
+"""Tier B certificate: per-token logit-error bounds for the dithered INT8 cache.
+
+Registry keys: "L2" (uniform MGF), "L2v" (proxy = variance), "L3" (request budget), "TB"
+(radius). Spec mirror: ``witcert.spec.dither``.
+
+For one (layer, kv_head, query) with query ``q`` (post-RoPE, in the frame the keys were
+quantized in) and softmax scale ``sm`` (default ``1/sqrt(d)``), the logit error of token
+``t`` is ``eps_t = sm sum_c q_c (x^_c - x_c)``. With the quantizer of
+``witcert.dithered_int8`` (exact nearest code, centred 24-bit dither grid, step ``g = 2^-24``):
+
+* ``s (n - xi) - x = s (mu + X)`` with ``|mu| <= g/2`` deterministic and ``X`` the centred
+  residual: a full-period ``2^24``-point arithmetic progression of step ``g`` (independent
+  across elements under the Philox modelling assumption). Its MGF is
+  ``sinh(lam/2) / (N sinh(lam/(2N))) <= sinh(lam/2)/(lam/2) <= exp(lam^2/24)`` (Lemma 2
+  and ``N sinh(y/N) >= y``), so ``sm sum_c q_c s_c X_c`` is sub-Gaussian with proxy
+  ``v_t = sm^2 sum_c q_c^2 s_c^2 / 12``.
+* ``u_t = sqrt(2 v_t log(2 S / delta_loc))``: with probability ``>= 1 - delta_loc`` jointly
+  over the ``S`` tokens (two-sided tail + union bound), ``|random part| <= u_t``.
+* grid offset slack ``beta_t = sm sum_c |q_c| s_c g/2`` (the mean ``mu``);
+* ``Delta_t = sm sum_c |q_c| s_c / 2``: always valid, since ``|s (n - xi) - x| <= s/2`` exactly;
+* fp32 dequantization slack ``rho_t = sm sum_c |q_c| s_c (Q + 1/2)(2u + u^2)``, ``u = 2^-24``:
+  a kernel computing ``fl(s * fl(n - xi))`` in fp32 is off by at most that
+  (``|n - xi| <= Q + 1/2``); the torch reference rounds once, so this also covers it;
+* outlier slack ``o_t = sm sum_{c outlier} |q_c| (2^-11/(1 - 2^-11) |x16_c| + 2^-25)``:
+  fp16 storage of a non-fp16 input (0 when the input was fp16).
+
+Per-token bound handed to the meter: ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t``
+(a per-token minimum of bounds valid on the same event). Request budget (Lemma 3):
+``delta_loc = delta_req / (L H T)`` makes every (layer, head, step) hold jointly with
+probability ``>= 1 - delta_req``.
+
+Scope: NON-ADAPTIVE queries only (prefill, teacher forcing, fixed trajectories): the query
+and the keys must not depend on the dither. In live generation the query depends on earlier
+sampled tokens, which depend on the dither; there the adaptive-safe Tier A witness (or
+``Delta_t``, which holds for every query) is the certificate.
+
+Rounding: every quantity is computed in fp64 from exact fp64 images of ``q``, the fp16
+scales and the fp16 outliers; a sum of ``d`` non-negative products, a log, a sqrt and a few
+additions have relative error below ``(d + 10) 2^-53``; the result is inflated by
+``1 + (d + 16) 2^-52`` and cast to fp32 rounding up.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+
+from witcert.dither import GRID_STEP
+from witcert.dithered_int8 import Q_LEVELS
+from witcert.packed_store import PackedStore
+from witcert.rounding import round_up_to
+
+FP32_UNIT = 2.0 ** -24
+DEQUANT_FACTOR = (Q_LEVELS + 0.5) * (2 * FP32_UNIT + FP32_UNIT**2)  # rho_t / (sm sum |q| s)
+FP16_UNIT = 2.0 ** -11
+FP16_ABS_FLOOR = 2.0 ** -25  # half the smallest fp16 subnormal
+
+
+def delta_local(delta_req: float, n_layers: int, n_heads: int, n_steps: int) -> float:
+    """Per-(layer, head, step) failure budget ``delta_req / (L H T)`` (Lemma 3, "L3")."""
+    if not 0 < delta_req < 1:
+        raise ValueError(f"delta_req: expected a probability in (0, 1), got {delta_req!r}")
+    for name, n in (("n_layers", n_layers), ("n_heads", n_heads), ("n_steps", n_steps)):
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"{name}: expected a positive int, got {n!r}")
+    return delta_req / (n_layers * n_heads * n_steps)
+
+
+@dataclass(frozen=True)
+class TierBTerms:
+    """Per-token pieces (..., Tq, S) in fp64, before rounding up (see module docstring)."""
+
+    u: torch.Tensor  # sub-Gaussian radius u_t
+    beta: torch.Tensor  # grid-offset slack
+    delta: torch.Tensor  # deterministic Delta_t
+    rho: torch.Tensor  # fp32 dequantization slack
+    outlier: torch.Tensor  # fp16 outlier storage slack
+
+    def combined(self, mode: str = "min") -> torch.Tensor:
+        """``min(u + beta, Delta) + rho + o`` ("min"), or only the "u" or "delta" branch."""
+        if mode == "min":
+            core = torch.minimum(self.u + self.beta, self.delta)
+        elif mode == "u":
+            core = self.u + self.beta
+        elif mode == "delta":
+            core = self.delta
+        else:
+            raise ValueError(f"mode: expected 'min', 'u' or 'delta', got {mode!r}")
+        return core + self.rho + self.outlier
+
+
+def _check_query(q: torch.Tensor, store: PackedStore) -> tuple[torch.Tensor, bool]:
+    """``q`` as (*lead, H, Tq, d) fp64, and whether a Tq axis was added."""
+    if not isinstance(q, torch.Tensor) or not torch.is_floating_point(q):
+        raise ValueError("q: expected a float tensor (..., H, d) or (..., H, Tq, d)")
+    if not torch.isfinite(q).all():
+        raise ValueError("q: contains NaN or Inf")
+    if q.shape[-1] != store.layout.head_dim:
+        raise ValueError(f"q: head dim {q.shape[-1]} differs from the store's {store.layout.head_dim}")
+    added = q.dim() == store.payload.dim() - 1
+    if added:
+        q = q.unsqueeze(-2)
+    if q.dim() != store.payload.dim():
+        raise ValueError(f"q: expected {store.payload.dim() - 1} or {store.payload.dim()} dims, got {q.dim()}")
+    return q.to(torch.float64), added
+
+
+def outlier_error_bound(store: PackedStore) -> torch.Tensor:
+    """Per-element bound (*lead, H, S, d) on ``|fp16(x) - x|`` on outlier channels, 0 elsewhere."""
+    bound = torch.zeros(store.shape, dtype=torch.float64)
+    if store.layout.outlier_pairs == 0 or store.source_dtype == torch.float16:
+        return bound
+    per_outlier = store.outliers.to(torch.float64).abs() * (FP16_UNIT / (1 - FP16_UNIT)) + FP16_ABS_FLOOR
+    return bound.scatter(-1, store.outlier_channels(), per_outlier)
+
+
+def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale: float | None = None,
+                 n_tokens: int | None = None) -> TierBTerms:
+    """The fp64 pieces of the Tier B bound (Lemma 2, Theorem 3: "L2", "TB").
+
+    ``q`` (*lead, H, d) or (*lead, H, Tq, d); ``delta_loc`` the per-(layer, head, step)
+    budget (``delta_local``); ``n_tokens`` the union size (default: the store's ``S``).
+    Returns terms shaped (*lead, H, S) or (*lead, H, Tq, S).
+    """
+    if not 0 < delta_loc < 1:
+        raise ValueError(f"delta_loc: expected a probability in (0, 1), got {delta_loc!r}")
+    q64, added = _check_query(q, store)
+    head_dim = store.layout.head_dim
+    sm = 1 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
+    if not sm > 0 or not math.isfinite(sm):
+        raise ValueError(f"sm_scale: expected a positive finite float, got {sm_scale!r}")
+    n_union = store.n_tokens if n_tokens is None else n_tokens
+    scale = store.scale_per_element()  # (*lead, H, S, d), 0 on outliers
+    abs_q = q64.abs()
+    l1 = sm * (abs_q @ scale.transpose(-1, -2))  # (*lead, H, Tq, S)
+    variance = sm**2 * ((q64 * q64) @ (scale * scale).transpose(-1, -2)) / 12
+    u = torch.sqrt(2 * variance * math.log(2 * n_union / delta_loc))
+    outlier = sm * (abs_q @ outlier_error_bound(store).transpose(-1, -2))
+    terms = TierBTerms(u=u, beta=l1 * (GRID_STEP / 2), delta=l1 / 2, rho=l1 * DEQUANT_FACTOR, outlier=outlier)
+    if added:
+        terms = TierBTerms(*(t.squeeze(-2) for t in (terms.u, terms.beta, terms.delta, terms.rho, terms.outlier)))
+    return terms
+
+
+def radius_u(q, store, delta_loc, sm_scale=None) -> torch.Tensor:
+    """``u_t`` alone (fp64, not rounded up): the sub-Gaussian radius of Theorem 3 ("TB")."""
+    return tier_b_terms(q, store, delta_loc, sm_scale).u
+
+
+def deterministic_delta(q, store, sm_scale=None) -> torch.Tensor:
+    """``Delta_t = sm sum_c |q_c| s_c / 2`` alone (fp64, not rounded up); valid for every query."""
+    return tier_b_terms(q, store, 0.5, sm_scale).delta
+
+
+def tier_b_logit_bound(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale: float | None = None,
+                       mode: str = "min", n_tokens: int | None = None) -> torch.Tensor:
+    """Per-token logit-error bound ``c`` (fp32, rounded up) for ``witcert.meter`` ("TB", "L3").
+
+    ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t`` (``mode="min"``); ``mode="u"`` or
+    ``"delta"`` keeps one branch (for benchmarks). Holds for all ``S`` tokens jointly with
+    probability ``>= 1 - delta_loc`` over the dither, for a query chosen without looking at
+    the dither (non-adaptive scope; the ``"delta"`` branch holds for every query).
+    """
+    terms = tier_b_terms(q, store, delta_loc, sm_scale, n_tokens)
+    c64 = terms.combined(mode) * (1 + (store.layout.head_dim + 16) * 2.0**-52)
+    return round_up_to(c64, torch.float32)
