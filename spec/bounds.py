@@ -135,17 +135,22 @@ def tv(p: Sequence[Real], q: Sequence[Real]) -> mpf:
     return mpmath.fsum(abs(x - y) for x, y in zip(a, b)) / 2
 
 
-def _mean_abs_deviation(p: list[mpf], values: list[mpf], difference: Callable[[int, int], mpf]) -> mpf:
+def _mean_abs_deviation(p: list[mpf], difference: Callable[[int, int], mpf]) -> mpf:
     """``E_p |v - E_p v|`` as a sum of positive terms (``p`` normalised).
 
     ``E|v - m| = 2 sum_{t in U} p_t (v_t - m)`` for ``U = {v_t > m}``, and expanding ``m``
     gives ``2 sum_{t in U, s not in U} p_t p_s (v_t - v_s)``: every term is >= 0, so no
-    cancellation. ``difference(t, s)`` must return ``v_t - v_s`` accurately.
+    cancellation. ``difference(t, s)`` must return ``v_t - v_s`` accurately; ``U`` is found from
+    the sign of ``v_t - m = sum_s p_s (v_t - v_s)`` (not from ``v_t > m`` on rounded values, which
+    cannot separate ``v``'s closer than the working precision). A token whose sign is misread
+    lies within rounding of ``m`` and moves the sum by no more than that.
     """
-    mean = mpmath.fsum(pt * v for pt, v in zip(p, values))
-    upper = [t for t, v in enumerate(values) if v > mean]
-    lower = [s for s, v in enumerate(values) if not v > mean]
-    return 2 * mpmath.fsum(p[t] * p[s] * difference(t, s) for t in upper for s in lower)
+    n = len(p)
+    diff = [[difference(t, s) for s in range(n)] for t in range(n)]  # (S, S)
+    above = [mpmath.fsum(p[s] * diff[t][s] for s in range(n)) > 0 for t in range(n)]
+    upper = [t for t in range(n) if above[t]]
+    lower = [s for s in range(n) if not above[s]]
+    return 2 * mpmath.fsum(p[t] * p[s] * diff[t][s] for t in upper for s in lower)
 
 
 def tv_perturbed(p_tilde: Sequence[Real], eps: Sequence[Real]) -> mpf:
@@ -172,7 +177,7 @@ def tv_perturbed(p_tilde: Sequence[Real], eps: Sequence[Real]) -> mpf:
     def difference(t: int, s: int) -> mpf:
         return w[s] * mpmath.expm1(err[s] - err[t])
 
-    return _mean_abs_deviation(p, w, difference) / (2 * z)
+    return _mean_abs_deviation(p, difference) / (2 * z)
 
 
 # ----------------------------------------------------------------------------- A and its relatives
@@ -187,12 +192,17 @@ def a_plus(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
 def a_minus(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
     """``A- = sum_t p~_t e^{-c_t}`` (P1). ``0 <= A- <= 1``."""
     p, r = _support(p_tilde, c)
-    return 1 - _one_minus_a_minus(p, r)
+    return _a_minus(p, r)
 
 
 def _a_plus_minus_one(p: list[mpf], c: list[mpf]) -> mpf:
     """``A - 1 = sum p (e^c - 1)`` for normalised ``p``: positive terms, no cancellation."""
     return mpmath.fsum(pt * mpmath.expm1(ct) for pt, ct in zip(p, c))
+
+
+def _a_minus(p: list[mpf], c: list[mpf]) -> mpf:
+    """``A- = sum p e^{-c}`` summed directly (``1 - (1 - A-)`` would lose A- ~ e^{-700})."""
+    return mpmath.fsum(pt * mpmath.exp(-ct) for pt, ct in zip(p, c))
 
 
 def _one_minus_a_minus(p: list[mpf], c: list[mpf]) -> mpf:
@@ -341,7 +351,7 @@ def bound_two_sided(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
     p, r = _support(p_tilde, c)
     if _has_infinite_radius(r):
         return mpf("inf")
-    big, small = 1 + _a_plus_minus_one(p, r), 1 - _one_minus_a_minus(p, r)
+    big, small = 1 + _a_plus_minus_one(p, r), _a_minus(p, r)
     gap = mpmath.fsum(pt * 2 * mpmath.sinh(ct) for pt, ct in zip(p, r))
     return gap * (big + small) / (2 * big * small)
 
@@ -358,7 +368,7 @@ def bound_retention(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
     if _has_infinite_radius(r):
         return mpf("inf")
     a_m1, one_m_am = _a_plus_minus_one(p, r), _one_minus_a_minus(p, r)
-    big, small = 1 + a_m1, 1 - one_m_am
+    big, small = 1 + a_m1, _a_minus(p, r)
 
     def term(ct: mpf) -> mpf:
         grow = a_m1 * mpmath.exp(ct) + mpmath.expm1(ct)
@@ -399,7 +409,7 @@ def bound_unsound_dispersion(p_tilde: Sequence[Real], c: Sequence[Real]) -> mpf:
         return mpf("inf")
     c_max = max(r)
     c_bar = mpmath.fsum(pt * ct for pt, ct in zip(p, r))
-    dispersion = _mean_abs_deviation(p, r, lambda t, s: r[t] - r[s])
+    dispersion = _mean_abs_deviation(p, lambda t, s: r[t] - r[s])
     return mpmath.exp(2 * c_max) * (dispersion + c_bar * mpmath.expm1(c_max)) / 2
 
 
