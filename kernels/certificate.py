@@ -22,6 +22,8 @@ kept. With ``p'`` the softmax of the kernel's logits and ``p~`` the exact one,
 the kernel accumulates with ``c'_t >= c_t + delta_t`` and here
 ``A - 1 <= expm1(delta_max) + e^{delta_max} k/l`` and ``1 - A- <= delta_max + j/l``.
 
+Tier B radius. ``kappa_b`` (``kernels/packed_keys.py``).
+
 Witness radius. ``c_t`` in fp32: band sums of ``2P`` squares, a sqrt, a ``B``-term dot, two
 scale products, the fp32 scale: at most ``(2P + B + 8) u`` relative; ``kappa_c`` is twice that.
 
@@ -113,6 +115,11 @@ class KernelRounding:
     def kappa_dot(self) -> float:
         """``delta_t / (sm_scale sum|q||k|)``: the fp64 logit's rounding, with margin."""
         return (2 * self.head_dim + 8) * 2.0**-53 * 2
+
+    @property
+    def kappa_b(self) -> float:
+        """Relative round-up of the fp32 Tier B radius (``kernels/packed_keys.py``): twice ``(d + 24) u``."""
+        return 2 * (self.head_dim + 24) * UNIT
 
     def mass_error(self) -> float:
         """Per-term relative error of ``l`` terms, exponent arguments aside."""

@@ -65,7 +65,8 @@ def dither_block(c0, c1_base, c2, c3, k0, k1, offs_c):
     (``witcert.counters``). All words are int64 in ``[0, 2^32)``.
     """
     c1 = c1_base | (offs_c >> 2)
-    zero = c1 * 0
+    zero = c0 * 0 + c1 * 0  # broadcast every word to the full (rows, channels) shape
+    c1 = c1 + zero
     r0, r1, r2, r3 = philox_rounds(c0 + zero, c1, c2 + zero, c3 + zero, k0, k1)
     lane = offs_c & 3
     word = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))

@@ -1,0 +1,165 @@
+"""Reading the packed dithered INT8 keys inside the decode kernel, and their Tier B radius (L2, TB).
+
+:class:`PackedKeys` is the read plan of a ``witcert.PackedStore`` (built once, reused every
+decode step): the store's tensors plus the counter words that let the kernel regenerate the
+dither with in-kernel Philox. Two ``@triton.jit`` helpers serve ``kernels/decode_attention.py``:
+
+* :func:`load_packed_keys` -- dequantize ``k^ = s (n - xi)`` in fp64 (exact: ``s`` has 11
+  significant bits and ``n - xi`` at most 33) with the dither regenerated from the counter,
+  and the fp16 outlier channels, in the same pass over the data;
+* :func:`dither_radius` -- the per-token Tier B bound of ``witcert.tier_b`` computed from the
+  loaded scales: ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t`` (``RADIUS_MIN``), or one
+  branch (``RADIUS_DELTA``: deterministic, valid for every query; ``RADIUS_U``), rounded up by
+  ``kappa_b`` (all terms are sums of non-negative products, a sqrt and a few additions in
+  fp32: at most ``(d + 24) u`` relative; ``kappa_b`` is twice that).
+
+Scope as ``witcert.tier_b``: the ``u_t`` branch is for NON-ADAPTIVE queries; ``Delta_t`` and
+the Tier A witness hold for every query.
+"""
+import math
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from witcert.counters import PagedCounter, StandaloneCounter, _key_of
+from witcert.dither import GRID_STEP
+from witcert.outliers import pair_channels
+from witcert.packed_store import PackedStore
+from witcert.tier_b import DEQUANT_FACTOR, FP16_ABS_FLOOR, FP16_UNIT
+
+from ._validate import require
+from .dither_write import dither_block
+
+RADIUS_NONE, RADIUS_MIN, RADIUS_DELTA, RADIUS_U = (tl.constexpr(i) for i in range(4))
+MODES = {"min": 1, "delta": 2, "u": 3}  # Tier B branch -> the RADIUS_* code
+HALF_GRID = tl.constexpr(GRID_STEP / 2)
+DEQUANT = tl.constexpr(DEQUANT_FACTOR)
+OUTLIER_REL = tl.constexpr(FP16_UNIT / (1 - FP16_UNIT))
+OUTLIER_ABS = tl.constexpr(FP16_ABS_FLOOR)
+
+
+@dataclass(frozen=True)
+class PackedKeys:
+    """Read plan of a packed key store (batch, Hkv, S, d) for the decode kernel.
+
+    Attributes
+    ----------
+    store : PackedStore
+        The dithered INT8 keys (no outliers, or a fixed pair set).
+    scales : Tensor
+        ``store.scales`` with strides ``(b, h, token, group)``: token index ``t // token_div``,
+        group index ``c // group``.
+    token_words : LongTensor (batch, S, 2)
+        Counter words ``(c0, c2)`` of every token (position or pool slot).
+    head_words : LongTensor (batch, Hkv, 2)
+        Counter words ``(c1 without the channel bits, c3)`` of every (batch, kv head).
+    key : LongTensor (2,)
+        Philox key words (the seed).
+    outlier_slot : IntTensor (batch * Hkv, d)
+        Position of each channel in ``store.outliers`` (``-1``: not an outlier).
+    """
+
+    store: PackedStore
+    scales: torch.Tensor
+    token_div: int
+    group: int
+    token_words: torch.Tensor
+    head_words: torch.Tensor
+    key: torch.Tensor
+    outlier_slot: torch.Tensor
+
+    @classmethod
+    def from_store(cls, store: PackedStore, counter) -> "PackedKeys":
+        """Build the plan; ``counter`` is the stream the store was written with."""
+        require(isinstance(store, PackedStore), "store", f"must be a PackedStore, got {type(store).__name__}")
+        require(store.payload.dim() == 4, "store", f"must be (batch, Hkv, S, d), got {tuple(store.shape)}")
+        require(isinstance(counter, (StandaloneCounter, PagedCounter)), "counter",
+                f"must be a StandaloneCounter or PagedCounter, got {type(counter).__name__}")
+        lay = store.layout
+        require(not lay.per_block_index, "store",
+                "energy-mode outliers change per block; the decode kernel reads a fixed pair set")
+        batch, heads, tokens, head_dim = store.shape
+        words = counter.counters((batch, heads, tokens, 1))[..., 0, :]  # (B, H, S, 4)
+        token_words = words[:, 0, :, :][..., [0, 2]]
+        head_words = words[:, :, 0, :][..., [1, 3]]
+        require(bool((words[..., [0, 2]] == token_words[:, None]).all()) and
+                bool((words[..., [1, 3]] == head_words[:, :, None]).all()), "counter",
+                "layout must put the token in words 0/2 and the head in words 1/3 (witcert.counters)")
+        device = store.payload.device
+        token_div, group = {"token-group": (1, lay.group), "token": (1, head_dim),
+                            "block-channel": (lay.block, 1)}[lay.granularity]
+        return cls(store=store, scales=store.scales, token_div=token_div, group=group,
+                   token_words=token_words.to(device).contiguous(), head_words=head_words.to(device).contiguous(),
+                   key=_key_of(counter.seed).to(device), outlier_slot=_outlier_slots(store).to(device))
+
+    @property
+    def outlier_slack(self) -> bool:
+        """Whether fp16 outlier storage rounded a non-fp16 input (``o_t > 0``)."""
+        return self.store.layout.outlier_pairs > 0 and self.store.source_dtype != torch.float16
+
+
+def _outlier_slots(store: PackedStore) -> torch.Tensor:
+    """(batch * Hkv, d) int32: index of each channel in the outlier list, -1 elsewhere."""
+    batch, heads, _, head_dim = store.shape
+    slots = torch.full((batch * heads, head_dim), -1, dtype=torch.int32)
+    m = store.layout.outlier_pairs
+    if m == 0:
+        return slots
+    pairs = store.fixed_pairs.to(torch.int64).expand(batch, heads, m).reshape(batch * heads, m)
+    chans = pair_channels(pairs, head_dim, store.layout.rope)  # (B*H, 2m)
+    order = torch.arange(2 * m, dtype=torch.int32).expand(batch * heads, 2 * m)
+    return slots.scatter(-1, chans, order)
+
+
+def log_term(n_union: int, delta_loc: float) -> float:
+    """``log(2 S / delta_loc)`` rounded up to an fp32-representable value (for ``u_t``)."""
+    require(0 < delta_loc < 1, "delta_loc", f"must be a probability in (0, 1), got {delta_loc!r}")
+    value = math.log(2 * n_union / delta_loc) * (1 + 2.0**-50)
+    as32 = torch.tensor(value, dtype=torch.float32)
+    if float(as32) < value:
+        as32 = torch.nextafter(as32, torch.tensor(math.inf))
+    return float(as32)
+
+
+@triton.jit
+def load_packed_keys(payload_rows, scale_rows, outlier_rows, slot, c0, c2, c1_base, c3, k0, k1,
+                     offs_d, mask_nd, GROUP: tl.constexpr):
+    """fp64 keys (BLOCK_N, BLOCK_D), fp32 per-element scale (0 on outliers), outlier mask and values.
+
+    ``payload_rows``/``scale_rows``/``outlier_rows`` are (BLOCK_N, 1) row pointers (the scale
+    row already at the token's scale row), ``slot`` (BLOCK_D,) the channel's outlier slot or -1,
+    ``c0``/``c2`` (BLOCK_N, 1) the tokens' counter words, ``c1_base``/``c3`` the head's.
+    """
+    code = tl.load(payload_rows + offs_d[None, :], mask=mask_nd, other=0).to(tl.float64)
+    scale16 = tl.load(scale_rows + (offs_d // GROUP)[None, :], mask=mask_nd, other=0.0)
+    is_outlier = (slot >= 0)[None, :] & mask_nd
+    scale = tl.where(is_outlier, 0.0, scale16.to(tl.float64))
+    xi = dither_block(c0, c1_base, c2, c3, k0, k1, offs_d[None, :])  # the write-time dither, bit for bit
+    kept = tl.load(outlier_rows + tl.maximum(slot, 0)[None, :], mask=is_outlier, other=0.0).to(tl.float64)
+    keys = tl.where(is_outlier, kept, scale * (code - xi))  # exact in fp64
+    return keys, scale.to(tl.float32), is_outlier, kept.to(tl.float32)
+
+
+@triton.jit
+def dither_radius(q_abs, q_sq, scale, is_outlier, kept, sm_scale32, log_term, kappa_b,
+                  MODE: tl.constexpr, OUTLIER_SLACK: tl.constexpr):
+    """Tier B per-token bound (BLOCK_H, BLOCK_N) from the loaded scales (``witcert.tier_b``).
+
+    ``q_abs``/``q_sq`` are ``|q|`` and ``q^2`` (BLOCK_H, BLOCK_D) in fp32; ``scale`` is 0 on
+    outlier channels, so the sums below run over the INT8 channels only.
+    """
+    l1 = tl.dot(q_abs, tl.trans(scale), input_precision="ieee") * sm_scale32  # sm sum |q| s
+    delta = l1 * 0.5  # Delta_t: |err| <= s/2 exactly, every query
+    rho = l1 * DEQUANT  # fp32 dequantization slack (parity with the torch reference)
+    c = delta
+    if MODE != RADIUS_DELTA:
+        variance = tl.dot(q_sq, tl.trans(scale * scale), input_precision="ieee") * (sm_scale32 * sm_scale32 / 12.0)
+        u = tl.sqrt_rn(2.0 * variance * log_term) + l1 * HALF_GRID  # u_t + beta_t
+        c = u if MODE == RADIUS_U else tl.minimum(u, delta)
+    c = c + rho
+    if OUTLIER_SLACK:
+        bound = tl.where(is_outlier, tl.abs(kept) * OUTLIER_REL + OUTLIER_ABS, 0.0)
+        c = c + tl.dot(q_abs, tl.trans(bound), input_precision="ieee") * sm_scale32
+    return c * (1.0 + kappa_b)
