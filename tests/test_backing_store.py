@@ -157,7 +157,7 @@ def test_broken_store_fails_loudly_in_the_gate(store_cls, error):
     c = torch.full((2, 12), 1.0)
     pager = LayerPager(Repairer(store), key=0, q=q, sm_scale=8**-0.5)
     with pytest.raises(error):
-        Gate(tau=0.2)(scores, c, pager=pager)
+        Gate(tau=0.2, block_size=4)(scores, c, pager=pager)
 
 
 def test_corrupted_byte_is_caught():

@@ -338,3 +338,28 @@ def test_bad_gate_input_raises_value_error():
         gate(scores, c + 1.0, pager=lambda cell, block: PageIn(torch.zeros(1), 0))
     with pytest.raises(ValueError, match="non-finite"):
         gate(scores, c + 1.0, pager=lambda cell, block: PageIn(torch.full((16,), math.nan), 0))
+
+
+# ----------------------------------------------------------------------------- the measurement script
+
+
+def test_gate_table_script_runs_sound_on_a_tiny_config(tmp_path, capsys):
+    """scripts/gate_table.py end to end on a tiny config: every certified cell checked per query."""
+    import importlib.util
+    import json
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "scripts" / "gate_table.py"
+    spec_ = importlib.util.spec_from_file_location("gate_table", path)
+    module = importlib.util.module_from_spec(spec_)
+    spec_.loader.exec_module(module)
+    out = tmp_path / "table.json"
+    argv = ["--heads", "2", "--tokens", "96", "--queries", "4", "--dim", "64", "--decode-steps", "3", "--json", str(out)]
+    assert module.main(argv) == 0
+    table = json.loads(out.read_text())
+    certified = [row for row in table["errors"] if row["regime"] == "certified"]
+    assert certified and all(row["sound_per_cell"] for row in certified)
+    assert all(row["reached"] == row["fired"] for row in table["traffic"])
+    naive, filtered, blocks = (row["bytes"] for row in table["decode"])
+    assert filtered <= naive and blocks <= naive
+    assert "certified" in capsys.readouterr().out

@@ -43,6 +43,8 @@ _EXPORTS = {
     # gating and repair
     "Gate": "witcert.gate",
     "BackingStore": "witcert.backing_store",
+    "Repairer": "witcert.repair",
+    "LayerPager": "witcert.repair",
 }
 
 __all__ = sorted(_EXPORTS)
