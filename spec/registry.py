@@ -98,7 +98,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.bands.band_norms",
         torch="witcert.witness.witness_of",
         kernel=None,
-        tests=("tests/test_tier_a.py",),
+        tests=("tests/test_tier_a.py", "tests/test_schemes.py"),
     ),
     Theorem(
         key="T2",
@@ -108,7 +108,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.bands.bound_band_witness",
         torch="witcert.witness.logit_bound",
         kernel=None,
-        tests=("tests/test_tier_a.py",),
+        tests=("tests/test_tier_a.py", "tests/test_schemes.py", "tests/test_observe.py"),
     ),
     Theorem(
         key="L2s",
