@@ -1,0 +1,28 @@
+import WitCert.Core
+import WitCert.Defs
+import WitCert.Reweight
+import WitCert.EForm
+import WitCert.TwoSided
+import WitCert.MaxNorm
+import WitCert.Dither
+import WitCert.Budget
+import WitCert.Refinement
+import WitCert.Bands
+import WitCert.TierB
+
+/-!
+# WitCert: the statements the runtime meter relies on
+
+Every declaration named in `spec/registry.py` (and in `docs/theorem_map.md`) is proved in one of
+the files imported here. `formal/Export.lean` prints their statements and the axioms they use.
+
+## Main statements
+
+* `WitCert.tv_le_eform` (T1), `WitCert.tv_le_two_sided` (P1), `WitCert.tv_le_retention` (P1r),
+  `WitCert.tv_le_tanh_half` (max-norm), `WitCert.tanh_half_le_tanh` (competitor shape).
+* `WitCert.band_norm_rotate` (Lemma 1), `WitCert.abs_inner_le_sum_band_norms` (Theorem 2).
+* `WitCert.sinh_le_mul_exp_sq_div_six`, `WitCert.uniform_mgf_le`, `WitCert.uniform_variance`
+  (Lemma 2).
+* `WitCert.measure_iUnion_le_budget` (Lemma 3), `WitCert.tier_b_radius` (Theorem 3),
+  `WitCert.block_sum_eq_token_sum` (Lemma 4).
+-/

@@ -1,0 +1,333 @@
+"""Generate and audit the paper-to-Lean map (DESIGN.md §4).
+
+``spec/registry.py`` is the single source: this script renders ``docs/theorem_map.md``
+(paper item -> Lean declaration -> spec mirror -> implementation -> kernel -> tests) and
+``formal/Export.lean`` (prints every registered statement and its axioms), and audits
+``formal/`` statically:
+
+* no forbidden token (``sorry``, ``admit``, ``axiom``, ``sorryAx``, ``native_decide``,
+  ``implemented_by``) in any Lean source;
+* every registry ``lean`` name, and every ``WitCert.*`` name quoted in a ``note``, is declared in
+  ``formal/`` (declarations are parsed with their namespaces);
+* every declaration carries a ``/-- -/`` docstring and every file a ``/-! -/`` module doc;
+* the map and ``Export.lean`` equal what this script renders.
+
+The audit needs no Lean toolchain; ``scripts/lean_check.sh`` runs it in CI.
+
+Usage::
+
+    python scripts/gen_theorem_map.py --write   # regenerate docs/theorem_map.md, formal/Export.lean
+    python scripts/gen_theorem_map.py --check   # audit; exit status 1 and a list of problems if any
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+ROOT = Path(__file__).resolve().parent.parent
+FORMAL = ROOT / "formal"
+REGISTRY_PATH = ROOT / "spec" / "registry.py"
+MAP_PATH = ROOT / "docs" / "theorem_map.md"
+EXPORT_PATH = FORMAL / "Export.lean"
+
+FORBIDDEN_TOKENS = ("sorry", "admit", "axiom", "sorryAx", "native_decide", "implemented_by")
+ALLOWED_AXIOMS = ("propext", "Classical.choice", "Quot.sound")
+DECL_KINDS = ("theorem", "lemma", "def", "abbrev", "structure", "class", "inductive", "instance")
+_MODIFIERS = ("private", "protected", "noncomputable", "nonrec", "partial", "unsafe")
+_DECL_RE = re.compile(
+    r"^(?:@\[[^\]]*\]\s*)?(?:(?:" + "|".join(_MODIFIERS) + r")\s+)*"
+    r"(" + "|".join(DECL_KINDS) + r")\s+([^\s(:{\[]+)"
+)
+_NOTE_NAME_RE = re.compile(r"`(WitCert\.[A-Za-z0-9_.']+)`")
+
+
+@dataclass(frozen=True)
+class LeanDecl:
+    """One declaration found in ``formal/``: fully qualified name, kind, file, line."""
+
+    name: str
+    kind: str
+    path: Path
+    line: int
+    documented: bool
+
+
+# --- registry -------------------------------------------------------------------------------
+
+
+def load_registry(path: Path = REGISTRY_PATH) -> ModuleType:
+    """Import ``spec/registry.py`` by path (it depends on the standard library only)."""
+    spec = importlib.util.spec_from_file_location("_witcert_registry", path)
+    if spec is None or spec.loader is None:
+        raise ImportError(f"cannot load the registry from {path}")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve annotations through sys.modules
+    spec.loader.exec_module(module)
+    return module
+
+
+def note_lean_names(note: str) -> list[str]:
+    """``WitCert.*`` declarations quoted in backticks in a registry note."""
+    return _NOTE_NAME_RE.findall(note)
+
+
+# --- Lean source parsing --------------------------------------------------------------------
+
+
+def lean_sources(formal: Path = FORMAL) -> list[Path]:
+    """Every Lean source under ``formal/`` except the generated ``Export.lean``."""
+    return sorted(p for p in formal.rglob("*.lean") if p.name != EXPORT_PATH.name)
+
+
+def strip_comments(text: str) -> str:
+    """Blank out ``--`` line comments and (nested) ``/- -/`` block comments, keeping newlines."""
+    out: list[str] = []
+    depth = 0
+    i = 0
+    n = len(text)
+    while i < n:
+        two = text[i : i + 2]
+        if depth == 0 and two == "--":
+            j = text.find("\n", i)
+            j = n if j < 0 else j
+            out.append(" " * (j - i))
+            i = j
+        elif two == "/-":
+            depth += 1
+            out.append("  ")
+            i += 2
+        elif depth > 0 and two == "-/":
+            depth -= 1
+            out.append("  ")
+            i += 2
+        elif depth > 0:
+            out.append("\n" if text[i] == "\n" else " ")
+            i += 1
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)
+
+
+def _has_docstring(raw_lines: list[str], index: int) -> bool:
+    """Whether the declaration at ``raw_lines[index]`` is directly preceded by a ``/-- -/``."""
+    j = index - 1
+    while j >= 0 and (not raw_lines[j].strip() or raw_lines[j].strip().startswith("@[")):
+        if not raw_lines[j].strip():
+            return False  # a blank line separates the docstring from the declaration
+        j -= 1
+    if j < 0 or not raw_lines[j].rstrip().endswith("-/"):
+        return False
+    while j >= 0:
+        if "/--" in raw_lines[j]:
+            return True
+        if "/-" in raw_lines[j]:
+            return False
+        j -= 1
+    return False
+
+
+def parse_declarations(path: Path) -> list[LeanDecl]:
+    """Declarations of one Lean file, qualified by the enclosing ``namespace`` blocks."""
+    raw = path.read_text(encoding="utf-8")
+    raw_lines = raw.splitlines()
+    code_lines = strip_comments(raw).splitlines()
+    scopes: list[tuple[str, str]] = []  # ("namespace" | "section", name)
+    decls: list[LeanDecl] = []
+    for index, line in enumerate(code_lines):
+        stripped = line.strip()
+        words = stripped.split()
+        if not words:
+            continue
+        if words[0] == "namespace" and len(words) > 1:
+            scopes.append(("namespace", words[1]))
+        elif words[0] == "section" or words[:2] == ["noncomputable", "section"]:
+            name = words[1] if words[0] == "section" and len(words) > 1 else ""
+            scopes.append(("section", name))
+        elif words[0] == "end" and scopes:
+            scopes.pop()
+        match = _DECL_RE.match(stripped)
+        if match:
+            kind, short = match.groups()
+            if short.startswith("_root_."):
+                name = short.removeprefix("_root_.")
+            else:
+                prefix = [n for k, n in scopes if k == "namespace"]
+                name = ".".join([*prefix, short])
+            decls.append(LeanDecl(name, kind, path, index + 1, _has_docstring(raw_lines, index)))
+    return decls
+
+
+def declared_names(formal: Path = FORMAL) -> dict[str, LeanDecl]:
+    """All declarations under ``formal/``, by fully qualified name."""
+    found: dict[str, LeanDecl] = {}
+    for path in lean_sources(formal):
+        for decl in parse_declarations(path):
+            found.setdefault(decl.name, decl)
+    return found
+
+
+def forbidden_hits(formal: Path = FORMAL) -> list[str]:
+    """``file:line: token`` for every forbidden token anywhere in a Lean source (comments too)."""
+    pattern = re.compile(r"\b(" + "|".join(FORBIDDEN_TOKENS) + r")\b")
+    hits = []
+    for path in sorted(formal.rglob("*.lean")):
+        for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+            for match in pattern.finditer(line):
+                hits.append(f"{path.relative_to(ROOT)}:{number}: {match.group(1)}")
+    return hits
+
+
+# --- rendering ------------------------------------------------------------------------------
+
+
+def _cell(value: object) -> str:
+    if value is None or value == "" or value == ():
+        return "—"
+    if isinstance(value, tuple):
+        return "<br>".join(f"`{v}`" for v in value)
+    return f"`{value}`"
+
+
+def _lean_cell(name: str | None, decls: dict[str, LeanDecl]) -> str:
+    if name is None:
+        return "— (not a theorem)"
+    decl = decls.get(name)
+    where = f" ({decl.path.relative_to(ROOT)})" if decl else " (MISSING)"
+    return f"`{name}`{where}"
+
+
+def render_map(registry: ModuleType, decls: dict[str, LeanDecl]) -> str:
+    """The full text of ``docs/theorem_map.md``."""
+    lines = [
+        "# Theorem map",
+        "",
+        "Generated by `python scripts/gen_theorem_map.py --write` from `spec/registry.py`;",
+        "do not edit by hand (`tests/test_formal_audit.py` fails when this file is stale).",
+        "",
+        "Chain (DESIGN.md §4): paper item → Lean declaration (`formal/`) → spec mirror (`spec/`)",
+        "→ torch implementation (`witcert/`) → Triton kernel (`kernels/`) → tests.",
+        "",
+        "| Key | Paper item | Statement | Lean declaration | Spec mirror | Implementation "
+        "| Kernel | Tests |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    for row in registry.THEOREMS:
+        statement = row.statement.replace("|", "\\|")
+        lines.append(
+            f"| {row.key} | {row.paper} | `{statement}` | {_lean_cell(row.lean, decls)} "
+            f"| {_cell(row.spec)} | {_cell(row.torch)} | {_cell(row.kernel)} "
+            f"| {_cell(row.tests)} |"
+        )
+    lines += ["", "## Notes", ""]
+    for row in registry.THEOREMS:
+        if row.note:
+            lines.append(f"- **{row.key}**: {row.note}")
+    lines += [
+        "",
+        "## Checking",
+        "",
+        "- `bash scripts/lean_check.sh`: `lake build --wfail` and the axiom report of",
+        "  `formal/Export.lean` when `lake` is on PATH (only `propext`, `Classical.choice`,",
+        "  `Quot.sound` allowed); always the static audit of this script.",
+        "- Mathlib names used by the proofs, and where their statements were read:",
+        "  `formal/MATHLIB_NAMES.md`.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def export_names(registry: ModuleType) -> list[str]:
+    """Registered Lean names followed by Lean names quoted in notes, without repeats."""
+    names: list[str] = []
+    for row in registry.THEOREMS:
+        for name in ([row.lean] if row.lean else []) + note_lean_names(row.note):
+            if name not in names:
+                names.append(name)
+    return names
+
+
+def render_export(registry: ModuleType) -> str:
+    """The full text of ``formal/Export.lean``."""
+    lines = [
+        "import WitCert",
+        "",
+        "/-!",
+        "# Export: registered statements and their axioms",
+        "",
+        "Generated by `python scripts/gen_theorem_map.py --write` from `spec/registry.py`.",
+        "`lake env lean formal/Export.lean` prints each registered declaration's statement and",
+        "the axioms it depends on; `scripts/lean_check.sh` fails unless those are among",
+        "`" + "`, `".join(ALLOWED_AXIOMS) + "`.",
+        "-/",
+        "",
+    ]
+    for name in export_names(registry):
+        lines += [f"#check @{name}", f"#print axioms {name}", ""]
+    return "\n".join(lines)
+
+
+# --- audit ----------------------------------------------------------------------------------
+
+
+def audit(registry: ModuleType | None = None, formal: Path = FORMAL) -> list[str]:
+    """Every disagreement between the registry, ``formal/``, the map and ``Export.lean``."""
+    registry = registry or load_registry()
+    decls = declared_names(formal)
+    problems = [f"forbidden token {hit}" for hit in forbidden_hits(formal)]
+    for row in registry.THEOREMS:
+        if row.lean is None and not row.note:
+            problems.append(f"{row.key}: lean is None without a note saying why")
+        if row.lean is not None and row.lean not in decls:
+            problems.append(f"{row.key}: Lean declaration {row.lean} not found in formal/")
+        for name in note_lean_names(row.note):
+            if name not in decls:
+                problems.append(f"{row.key}: note names {name}, not found in formal/")
+    for decl in decls.values():
+        if not decl.documented:
+            rel = decl.path.relative_to(ROOT)
+            problems.append(f"{rel}:{decl.line}: {decl.name} has no /-- -/ docstring")
+    for path in lean_sources(formal):
+        if "/-!" not in path.read_text(encoding="utf-8"):
+            problems.append(f"{path.relative_to(ROOT)}: no /-! -/ module docstring")
+    if not MAP_PATH.exists() or MAP_PATH.read_text(encoding="utf-8") != render_map(registry, decls):
+        problems.append("docs/theorem_map.md is stale: run python scripts/gen_theorem_map.py --write")
+    if not EXPORT_PATH.exists() or EXPORT_PATH.read_text(encoding="utf-8") != render_export(
+        registry
+    ):
+        problems.append("formal/Export.lean is stale: run python scripts/gen_theorem_map.py --write")
+    return problems
+
+
+def write(registry: ModuleType | None = None) -> None:
+    """Regenerate ``docs/theorem_map.md`` and ``formal/Export.lean``."""
+    registry = registry or load_registry()
+    MAP_PATH.parent.mkdir(parents=True, exist_ok=True)
+    MAP_PATH.write_text(render_map(registry, declared_names()), encoding="utf-8")
+    EXPORT_PATH.write_text(render_export(registry), encoding="utf-8")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="regenerate the map and Export.lean")
+    mode.add_argument("--check", action="store_true", help="static audit; non-zero on problems")
+    args = parser.parse_args(argv)
+    if args.write:
+        write()
+        return 0
+    problems = audit()
+    for problem in problems:
+        print(f"formal audit: {problem}", file=sys.stderr)
+    if not problems:
+        print(f"formal audit: ok ({len(declared_names())} declarations, no forbidden tokens)")
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
