@@ -32,6 +32,7 @@ Logits are computed in fp64 (``q . k^`` and the subtraction of the running max),
 fp32 exponent arguments are off by at most ``u |y_t|`` -- relative to the distance from the
 max, not to the logit's size (see the rounding budget in ``kernels/certificate.py``).
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -263,7 +264,7 @@ def _launch_stage1(q, values, plan: _Launch, seq_lens, scale, shape: KernelRound
     part_stat = torch.zeros((batch, heads, splits, NUM_STATS), dtype=torch.float64, device=device)
     use_witness = plan.certify and plan.witness is not None
     witness = plan.witness if use_witness else torch.zeros((1, 1, 1, 1), dtype=torch.float16, device=device)
-    band_index = (plan.layout.index.to(device=device, dtype=torch.int32).contiguous() if use_witness
+    band_index = (_band_index(plan.layout, device) if use_witness
                   else torch.zeros((1, 1), dtype=torch.int32, device=device))
     bands, band_width = band_index.shape
     pk = plan.packed
@@ -302,7 +303,7 @@ def _launch_stage1(q, values, plan: _Launch, seq_lens, scale, shape: KernelRound
     return part_acc, part_stat
 
 
-def _check_common(q, keys_shape, v, seq_lens, num_splits, block_n, device):
+def _check_common(q, keys_shape, v, seq_lens, num_splits, block_n, device, validate):
     require_tensor("q", q, dtypes=FLOAT_DTYPES, dim=3)
     batch, heads, head_dim = q.shape
     require(len(keys_shape) == 4 and keys_shape[0] == batch and keys_shape[3] == head_dim, "keys",
@@ -312,23 +313,32 @@ def _check_common(q, keys_shape, v, seq_lens, num_splits, block_n, device):
     require(seq >= 1, "keys", "must hold at least one token")
     require(heads % kv_heads == 0, "q", f"heads {heads} must be a multiple of kv heads {kv_heads} (GQA)")
     require_tensor("v", v, dtypes=FLOAT_DTYPES, shape=keys_shape, device=q.device)
-    require_finite("q", q)
-    require_finite("v", v)
+    if validate:  # value checks read the data back to the host (not inside a CUDA graph)
+        require_finite("q", q)
+        require_finite("v", v)
     require(isinstance(num_splits, int) and num_splits >= 1, "num_splits", f"must be an int >= 1, got {num_splits!r}")
     require(isinstance(block_n, int) and block_n >= 16 and block_n & (block_n - 1) == 0, "block_n",
             f"must be a power of two >= 16, got {block_n!r}")
     if seq_lens is not None:
         require_tensor("seq_lens", seq_lens, dtypes=(torch.int32, torch.int64), shape=(batch,), device=q.device)
-        require(bool(((seq_lens >= 1) & (seq_lens <= seq)).all()), "seq_lens", f"must lie in [1, S={seq}]")
+        if validate:
+            require(bool(((seq_lens >= 1) & (seq_lens <= seq)).all()), "seq_lens", f"must lie in [1, S={seq}]")
 
 
-def _check_witness(witness, layout, keys_shape, head_dim, device):
+def _check_witness(witness, layout, keys_shape, head_dim, device, validate):
     require(isinstance(layout, BandLayout), "layout", f"must be a BandLayout, got {type(layout).__name__}")
     require(layout.head_dim == head_dim, "layout", f"head_dim {layout.head_dim} != q's {head_dim}")
     require_tensor("witness", witness, dtypes=FLOAT_DTYPES,
                    shape=(*keys_shape[:3], layout.bands), device=device)
-    require(not bool(torch.isnan(witness).any()), "witness", "must not contain NaN")
-    require_nonnegative("witness", witness)
+    if validate:
+        require(not bool(torch.isnan(witness).any()), "witness", "must not contain NaN")
+        require_nonnegative("witness", witness)
+
+
+@functools.lru_cache(maxsize=64)
+def _band_index(layout: BandLayout, device: torch.device) -> torch.Tensor:
+    """``layout.index`` as int32 on ``device``, cached (no host-to-device copy per decode step)."""
+    return layout.index.to(device=device, dtype=torch.int32).contiguous()
 
 
 def _resolve_scale(sm_scale, head_dim):
@@ -342,7 +352,7 @@ def _run(q, v, plan: _Launch, seq_lens, sm_scale, num_splits, block_n) -> Decode
     seq = plan.keys.shape[2]
     if seq_lens is None:
         seq_lens = torch.full((batch,), seq, dtype=torch.int32, device=q.device)
-    scale = torch.tensor([_resolve_scale(sm_scale, head_dim)], dtype=torch.float64, device=q.device)
+    scale = torch.full((1,), _resolve_scale(sm_scale, head_dim), dtype=torch.float64, device=q.device)
     bands = plan.layout.bands if plan.layout is not None else 1
     shape = KernelRounding(max_seq_len=seq, block_n=block_n, num_splits=num_splits, head_dim=head_dim, bands=bands)
     part_acc, part_stat = _launch_stage1(q, v, plan, seq_lens.to(torch.int32).contiguous(), scale, shape, block_n)
@@ -357,7 +367,7 @@ def _run(q, v, plan: _Launch, seq_lens, sm_scale, num_splits, block_n) -> Decode
 
 
 def decode_attention(q, k_hat, v, witness=None, layout=None, *, seq_lens=None, sm_scale=None,
-                     num_splits=4, block_n=32, certify=True) -> DecodeAttention:
+                     num_splits=4, block_n=32, certify=True, validate=True) -> DecodeAttention:
     """GQA decode attention over reconstructed keys with the Tier A certificate in the same pass.
 
     Implements the attention and the meter of Theorem 1 (``T1``), Proposition 1 (``P1``) and the
@@ -385,16 +395,20 @@ def decode_attention(q, k_hat, v, witness=None, layout=None, *, seq_lens=None, s
         Tokens per inner block (power of two >= 16).
     certify : bool
         Accumulate the certificate (False: plain attention, for the overhead benchmark).
+    validate : bool
+        Check values (finite, witness >= 0, seq_lens in range). These checks read data back to
+        the host; pass False inside CUDA-graph capture (shapes and dtypes are always checked).
 
     Returns
     -------
     DecodeAttention
     """
     require_tensor("k_hat", k_hat, dtypes=FLOAT_DTYPES, dim=4)
-    _check_common(q, k_hat.shape, v, seq_lens, num_splits, block_n, k_hat.device)
-    require_finite("k_hat", k_hat)
+    _check_common(q, k_hat.shape, v, seq_lens, num_splits, block_n, k_hat.device, validate)
+    if validate:
+        require_finite("k_hat", k_hat)
     if certify:
-        _check_witness(witness, layout, k_hat.shape, q.shape[2], q.device)
+        _check_witness(witness, layout, k_hat.shape, q.shape[2], q.device, validate)
     plan = _Launch(keys=k_hat, witness=witness if certify else None, layout=layout if certify else None,
                    packed=None, dither_mode=0, log_term=1.0, certify=certify)
     return _run(q, v, plan, seq_lens, sm_scale, num_splits, block_n)
@@ -402,7 +416,7 @@ def decode_attention(q, k_hat, v, witness=None, layout=None, *, seq_lens=None, s
 
 def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min", witness=None, layout=None,
                             seq_lens=None, sm_scale=None, num_splits=4, block_n=32,
-                            certify=True) -> DecodeAttention:
+                            certify=True, validate=True) -> DecodeAttention:
     """GQA decode attention over the packed dithered INT8 keys, certificate in the same pass.
 
     The keys are dequantized with the dither regenerated by in-kernel Philox (bit-identical to
@@ -423,7 +437,7 @@ def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min
     mode : {"min", "delta", "u"}
         ``min(u + beta, Delta)`` (default; NON-ADAPTIVE queries), ``Delta`` only (every query), ``u`` only.
     witness, layout : optional Tier A witness (batch, Hkv, S, B) and its BandLayout.
-    seq_lens, sm_scale, num_splits, block_n, certify : as :func:`decode_attention`.
+    seq_lens, sm_scale, num_splits, block_n, certify, validate : as :func:`decode_attention`.
 
     Returns
     -------
@@ -431,7 +445,7 @@ def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min
     """
     require(isinstance(keys, PackedKeys), "keys", f"must be a PackedKeys, got {type(keys).__name__}")
     payload = keys.store.payload
-    _check_common(q, payload.shape, v, seq_lens, num_splits, block_n, payload.device)
+    _check_common(q, payload.shape, v, seq_lens, num_splits, block_n, payload.device, validate)
     require(mode in MODES, "mode", f"must be one of {tuple(MODES)}, got {mode!r}")
     require(triton.next_power_of_2(payload.shape[3]) == payload.shape[3], "keys",
             f"head_dim {payload.shape[3]} must be a power of two for the packed path")
@@ -439,7 +453,7 @@ def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min
         require(delta_loc is not None, "delta_loc", "is needed unless mode='delta'")
     term = log_term(payload.shape[2], delta_loc) if mode != "delta" else 1.0
     if witness is not None:
-        _check_witness(witness, layout, payload.shape, q.shape[2], q.device)
+        _check_witness(witness, layout, payload.shape, q.shape[2], q.device, validate)
     plan = _Launch(keys=payload, witness=witness, layout=layout if witness is not None else None,
                    packed=keys, dither_mode=MODES[mode], log_term=term, certify=certify)
     return _run(q, v, plan, seq_lens, sm_scale, num_splits, block_n)

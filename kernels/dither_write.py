@@ -215,3 +215,41 @@ def dither_write(x: torch.Tensor, quantizer: DitheredInt8, counter, *, block_row
     fixed = None if lay.outlier_pairs == 0 else quantizer.fixed_pairs.to(torch.int32)
     return PackedStore(lay, payload.reshape(x.shape), scales.reshape(*lead, head_dim // group),
                        outliers.reshape(*lead, n_outlier), None, fixed, x.dtype)
+
+
+@triton.jit
+def _dither_stream_kernel(counter_ptr, key_ptr, xi_ptr, n_rows, stride_counter_row, stride_xi_row,
+                          HEAD_DIM: tl.constexpr, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    offs_row = tl.program_id(0) * BLOCK_ROWS + tl.arange(0, BLOCK_ROWS)
+    mask_row = offs_row < n_rows
+    offs_c = tl.arange(0, BLOCK_D)
+    counter_rows = counter_ptr + offs_row * stride_counter_row
+    c0 = tl.load(counter_rows + 0, mask=mask_row, other=0)[:, None]
+    c1 = tl.load(counter_rows + 1, mask=mask_row, other=0)[:, None]
+    c2 = tl.load(counter_rows + 2, mask=mask_row, other=0)[:, None]
+    c3 = tl.load(counter_rows + 3, mask=mask_row, other=0)[:, None]
+    xi = dither_block(c0, c1, c2, c3, tl.load(key_ptr), tl.load(key_ptr + 1), offs_c[None, :])
+    tl.store(xi_ptr + offs_row[:, None] * stride_xi_row + offs_c[None, :], xi,
+             mask=mask_row[:, None] & (offs_c[None, :] < HEAD_DIM))
+
+
+def dither_stream(counter, shape: tuple[int, ...], *, block_rows: int = 16, device="cpu") -> torch.Tensor:
+    """The dither (*shape) fp64 that the write and read kernels use, computed by :func:`dither_block`.
+
+    For the Philox stream contracts: must equal ``witcert.dither.dither_of(counter, shape)``
+    bit for bit, for any ``block_rows`` (grid) and any batch order of the counter's tuples.
+    """
+    require(isinstance(counter, (StandaloneCounter, PagedCounter)), "counter",
+            f"must be a StandaloneCounter or PagedCounter, got {type(counter).__name__}")
+    require(len(shape) >= 3, "shape", f"must be (..., H, S, d), got {tuple(shape)}")
+    require(block_rows > 0 and block_rows & (block_rows - 1) == 0, "block_rows", f"must be a power of two, got {block_rows}")
+    head_dim = shape[-1]
+    counters = counter.counters(tuple(shape[:-1]) + (1,)).reshape(-1, 4).to(device).contiguous()
+    n_rows = counters.shape[0]
+    xi = torch.empty((n_rows, head_dim), dtype=torch.float64, device=device)
+    if n_rows:
+        _dither_stream_kernel[(triton.cdiv(n_rows, block_rows),)](
+            counters, _key_of(counter.seed).to(device), xi, n_rows, counters.stride(0), xi.stride(0),
+            HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, BLOCK_D=triton.next_power_of_2(head_dim),
+        )
+    return xi.reshape(tuple(shape))

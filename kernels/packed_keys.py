@@ -163,3 +163,58 @@ def dither_radius(q_abs, q_sq, scale, is_outlier, kept, sm_scale32, log_term, ka
         bound = tl.where(is_outlier, tl.abs(kept) * OUTLIER_REL + OUTLIER_ABS, 0.0)
         c = c + tl.dot(q_abs, tl.trans(bound), input_precision="ieee") * sm_scale32
     return c * (1.0 + kappa_b)
+
+
+@triton.jit
+def _dequantize_kernel(payload_ptr, kscale_ptr, outlier_ptr, slot_ptr, token_words_ptr, head_words_ptr, key_ptr,
+                       out_ptr, tokens,
+                       stride_p_b, stride_p_h, stride_p_s, stride_ks_b, stride_ks_h, stride_ks_s,
+                       stride_o_b, stride_o_h, stride_o_s, stride_tw_b, stride_tw_s, stride_hw_b, stride_hw_h,
+                       stride_out_b, stride_out_h, stride_out_s,
+                       HEAD_DIM: tl.constexpr, SCALE_GROUP: tl.constexpr, SCALE_TOKEN_DIV: tl.constexpr,
+                       BLOCK_N: tl.constexpr):
+    pid_b = tl.program_id(0)
+    pid_h = tl.program_id(1)
+    offs_n = tl.program_id(2) * BLOCK_N + tl.arange(0, BLOCK_N)
+    mask_n = offs_n < tokens
+    offs_d = tl.arange(0, HEAD_DIM)
+    mask_nd = mask_n[:, None] & (offs_d[None, :] < HEAD_DIM)
+    head_row = pid_b * stride_hw_b + pid_h * stride_hw_h
+    words = token_words_ptr + pid_b * stride_tw_b + offs_n[:, None] * stride_tw_s
+    slot = tl.load(slot_ptr + (pid_b * tl.num_programs(1) + pid_h) * HEAD_DIM + offs_d)
+    keys, _, _, _ = load_packed_keys(
+        payload_ptr + pid_b * stride_p_b + pid_h * stride_p_h + offs_n[:, None] * stride_p_s,
+        kscale_ptr + pid_b * stride_ks_b + pid_h * stride_ks_h + (offs_n // SCALE_TOKEN_DIV)[:, None] * stride_ks_s,
+        outlier_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_n[:, None] * stride_o_s, slot,
+        tl.load(words, mask=mask_n[:, None], other=0), tl.load(words + 1, mask=mask_n[:, None], other=0),
+        tl.load(head_words_ptr + head_row), tl.load(head_words_ptr + head_row + 1),
+        tl.load(key_ptr), tl.load(key_ptr + 1), offs_d, mask_nd, SCALE_GROUP)
+    tl.store(out_ptr + pid_b * stride_out_b + pid_h * stride_out_h + offs_n[:, None] * stride_out_s + offs_d[None, :],
+             keys, mask=mask_nd)
+
+
+def dequantize_packed(keys: PackedKeys, *, block_n: int = 32) -> torch.Tensor:
+    """The fp64 keys (batch, Hkv, S, d) exactly as the decode kernel reconstructs them.
+
+    Uses :func:`load_packed_keys`, the decode kernel's own loader, so the read-side dither and
+    dequantization can be checked bit for bit against ``DitheredInt8.dequantize(..., float64)``.
+    """
+    require(isinstance(keys, PackedKeys), "keys", f"must be a PackedKeys, got {type(keys).__name__}")
+    payload = keys.store.payload
+    batch, heads, tokens, head_dim = payload.shape
+    require(triton.next_power_of_2(head_dim) == head_dim, "keys", f"head_dim {head_dim} must be a power of two")
+    out = torch.empty(payload.shape, dtype=torch.float64, device=payload.device)
+    outliers = keys.store.outliers
+    if outliers.shape[-1] == 0:
+        outliers = torch.zeros((1, 1, 1, 1), dtype=torch.float16, device=payload.device)
+    _dequantize_kernel[(batch, heads, triton.cdiv(tokens, block_n))](
+        payload, keys.scales, outliers, keys.outlier_slot, keys.token_words, keys.head_words, keys.key,
+        out, tokens,
+        payload.stride(0), payload.stride(1), payload.stride(2),
+        keys.scales.stride(0), keys.scales.stride(1), keys.scales.stride(2),
+        outliers.stride(0), outliers.stride(1), outliers.stride(2),
+        keys.token_words.stride(0), keys.token_words.stride(1), keys.head_words.stride(0), keys.head_words.stride(1),
+        out.stride(0), out.stride(1), out.stride(2),
+        HEAD_DIM=head_dim, SCALE_GROUP=keys.group, SCALE_TOKEN_DIV=keys.token_div, BLOCK_N=block_n,
+    )
+    return out
