@@ -237,14 +237,15 @@ def a_merge(partitions: Sequence[tuple[Real, Real]]) -> mpf:
     if not pairs:
         raise ValueError("partitions: must hold at least one partition")
     lse = _reals("partitions (lse_j)", [pair[0] for pair in pairs])
-    a_parts = _reals("partitions (A_j)", [pair[1] for pair in pairs])
     if any(v == mpmath.inf for v in lse):
         raise ValueError("partitions (lse_j): contains +inf")
-    live = [(l, a) for l, a in zip(lse, a_parts) if mpmath.isfinite(l)]
-    if not live:
+    live_lse = [l for l in lse if mpmath.isfinite(l)]
+    if not live_lse:
         raise ValueError("partitions: every partition is masked (lse_j = -inf)")
-    if any(a < 0 for _, a in live):
+    live_a = _reals("partitions (A_j)", [pair[1] for pair, l in zip(pairs, lse) if mpmath.isfinite(l)])
+    if any(a < 0 for a in live_a):
         raise ValueError("partitions (A_j): contains a negative value")
+    live = list(zip(live_lse, live_a))
     total = logsumexp([l for l, _ in live])
     return mpmath.fsum(mpmath.exp(l - total) * a for l, a in live)
 

@@ -3,54 +3,42 @@
 Python ``decimal`` (no mpmath, nothing from ``spec.bounds``): every quantity is formed literally
 from its definition in DESIGN.md §2 (``p~ = softmax(l~)``, ``Z = sum p~ e^{-eps}``,
 ``p = p~ e^{-eps} / Z``, ``TV = 1/2 sum |p - p~|``, ``A = sum p~ e^c``, ...), with no
-reformulation against cancellation. Precision is managed instead: each quantity is evaluated at
-60 significant digits, then again at twice the digits, until two successive values agree to
-``AGREE_DIGITS`` digits (or ``PRECISIONS`` is exhausted). A literal formula that cancels (``A^2 - 1``
-at ``c = 1e-30``) thus gets the digits it needs. A quantity whose true value is 0 never settles
-relatively and is returned at the last precision (about 1e-900 of noise).
+reformulation against cancellation. Precision is managed instead:
+
+* A literal formula here loses at most ``guard`` digits to cancellation, where
+  ``guard = L_mass + max(2 L_c, L_eps) + 10``: ``10^-L_c`` is the smallest non-zero radius,
+  ``10^-L_eps`` the smallest non-zero error or difference of two errors, and ``10^-L_mass`` bounds
+  the smallest unmasked probability (``e^{-(max - min score)} / S``). No non-zero quantity here is
+  below ``10^-(guard - 10)`` (see ``_guard``), and the operands are O(1) after the shift by the max
+  score, so the first precision resolves every non-zero value to 60 digits.
+* Everything is evaluated at ``BASE_DIGITS + guard`` significant digits and again with
+  ``STEP_DIGITS`` more; the result stands when the two agree to ``AGREE_DIGITS`` digits, or both
+  lie below ``10^-(guard + 30)`` (then it is an exact 0: rounding noise of a true zero);
+  otherwise the step is repeated, up to ``MAX_TRIES`` times.
 
 Masked tokens (score ``-inf``) have ``p~_t = 0`` and are left out of every sum, so their ``c_t``
 and ``eps_t`` play no part (``D = max c`` over the unmasked tokens). Infinite radii give the
 limits: ``A = inf``, the A-based bounds ``inf``, ``tanh`` 1.
 """
+import math
 from collections.abc import Callable, Sequence
 from decimal import MAX_EMAX, MIN_EMIN, Context, Decimal, localcontext
 from itertools import product
 
-PRECISIONS = (60, 120, 240, 480, 960)
-"""Significant digits tried in turn."""
+BASE_DIGITS = 60
+STEP_DIGITS = 30
+MAX_TRIES = 5
 AGREE_DIGITS = 50
-"""Two successive precisions agreeing to this many digits end the escalation."""
+SUP_BOX_MAX_TOKENS = 20
 
 INF = Decimal("Infinity")
+ZERO = Decimal(0)
 Number = Decimal | float | int | str
 
-
-def _context(prec: int) -> Context:
-    """Wide exponent range (e^700 and e^-1400 are ordinary numbers); NaN-producing operations trap."""
-    return Context(prec=prec, Emax=MAX_EMAX, Emin=MIN_EMIN)
+BOUND_NAMES = ("eform", "two_sided", "retention", "maxnorm", "competitor", "unsound_dispersion")
 
 
-def _close(a, b) -> bool:
-    if isinstance(a, tuple):
-        return all(_close(x, y) for x, y in zip(a, b))
-    if a == b:
-        return True
-    if a.is_infinite() or b.is_infinite():
-        return False
-    return abs(a - b) <= abs(b) * Decimal(10) ** -AGREE_DIGITS
-
-
-def _settled(evaluate: Callable[[], object]):
-    """``evaluate()`` at rising precision until two successive values agree."""
-    previous = None
-    for prec in PRECISIONS:
-        with localcontext(_context(prec)):
-            value = evaluate()
-        if previous is not None and _close(previous, value):
-            return value
-        previous = value
-    return value
+# ----------------------------------------------------------------------------- inputs
 
 
 def _decimals(name: str, values: Sequence[Number]) -> list[Decimal]:
@@ -80,11 +68,75 @@ def _radii(c: Sequence[Number], n: int) -> list[Decimal]:
     return r
 
 
-def _errors(eps: Sequence[Number], n: int) -> list[Decimal]:
+def _errors(eps: Sequence[Number], s: list[Decimal]) -> list[Decimal]:
     e = _decimals("eps", eps)
-    if len(e) != n:
-        raise ValueError(f"eps: has {len(e)} entries, scores has {n}")
+    if len(e) != len(s):
+        raise ValueError(f"eps: has {len(e)} entries, scores has {len(s)}")
+    if any(st.is_finite() and et.is_infinite() for st, et in zip(s, e)):
+        raise ValueError("eps: infinite on an unmasked token")
     return e
+
+
+# ----------------------------------------------------------------------------- precision management
+
+
+def _digits_below_one(x: Decimal) -> int:
+    """``L`` with ``|x| >= 10^-L`` (0 for ``|x| >= 1``)."""
+    return max(0, -x.copy_abs().adjusted())
+
+
+def _guard(s: list[Decimal], r: list[Decimal], e: list[Decimal]) -> int:
+    """Digits the literal formulas can lose on this input (module docstring).
+
+    A non-zero quantity here is at least ``10^-(L_mass + 2 L_c)`` (the A-based ones are linear in
+    ``p~ c``; the dispersion form has a ``c_bar c_max`` term) or ``10^-(L_mass + L_eps)`` (TV is
+    linear in ``p~`` times the spread of ``eps``).
+    """
+    live = [t for t, v in enumerate(s) if v.is_finite()]
+    l_c = _smallest_digits(r[t] for t in live if r[t].is_finite())
+    l_eps = _smallest_digits([e[t] for t in live] + [e[t] - e[u] for t in live for u in live if t < u])
+    spread = float(max(s[t] for t in live) - min(s[t] for t in live))
+    l_mass = math.ceil(spread / math.log(10) + math.log10(len(live))) + 1
+    return l_mass + max(2 * l_c, l_eps) + 10
+
+
+def _smallest_digits(values) -> int:
+    """``L`` with ``|x| >= 10^-L`` for every non-zero ``x`` of ``values`` (0 when all are >= 1 or 0)."""
+    return max((_digits_below_one(x) for x in values if x != 0), default=0)
+
+
+def _context(prec: int) -> Context:
+    """Wide exponent range (e^700 and e^-1400 are ordinary numbers); NaN-producing operations trap."""
+    return Context(prec=prec, Emax=MAX_EMAX, Emin=MIN_EMIN)
+
+
+def _settle(a, b, floor: Decimal):
+    """``b`` if it agrees with ``a`` (elementwise), the exact 0 for noise below ``floor``; else None."""
+    if isinstance(a, tuple):
+        parts = [_settle(x, y, floor) for x, y in zip(a, b)]
+        return None if any(part is None for part in parts) else tuple(parts)
+    if a == b and a != 0:
+        return b
+    if a.is_finite() and b.is_finite() and abs(a - b) <= abs(b) * Decimal(10) ** -AGREE_DIGITS:
+        return b
+    if a.copy_abs() < floor and b.copy_abs() < floor:
+        return ZERO
+    return None
+
+
+def _settled(evaluate: Callable[[], object], guard: int):
+    """``evaluate()`` at rising precision until two successive values settle."""
+    floor = Decimal(10) ** -(guard + 30)
+    previous = None
+    for attempt in range(MAX_TRIES + 1):
+        with localcontext(_context(BASE_DIGITS + guard + attempt * STEP_DIGITS)):
+            value = evaluate()
+        if previous is not None:
+            settled = _settle(previous, value, floor)
+            if settled is not None:
+                return settled
+        previous = value
+    raise ArithmeticError(f"independent: no agreement to {AGREE_DIGITS} digits after {MAX_TRIES} steps")
 
 
 # ----------------------------------------------------------------------------- definitions at the current precision
@@ -94,41 +146,12 @@ def _softmax(s: list[Decimal]) -> list[Decimal]:
     """``p~_t = e^{l~_t} / sum_j e^{l~_j}`` (numerator and denominator scaled by ``e^{-max}``)."""
     top = max(v for v in s if v.is_finite())
     weights = [(v - top).exp() for v in s]  # exp(-inf) = 0
-    total = sum(weights)
+    total = sum(weights, ZERO)
     return [w / total for w in weights]
 
 
-def _unmasked(p: list[Decimal], *others: list[Decimal]) -> list[tuple[Decimal, ...]]:
-    return [row for row in zip(p, *others) if row[0] != 0]
-
-
-def _z(p: list[Decimal], e: list[Decimal]) -> Decimal:
-    return sum(pt * (-et).exp() for pt, et in _unmasked(p, e))
-
-
-def _perturbed(p: list[Decimal], e: list[Decimal]) -> list[Decimal]:
-    z = _z(p, e)
-    return [pt * (-et).exp() / z if pt != 0 else Decimal(0) for pt, et in zip(p, e)]
-
-
-def _tv(p: list[Decimal], q: list[Decimal]) -> Decimal:
-    return sum(abs(a - b) for a, b in zip(p, q)) / 2
-
-
-def _a(p: list[Decimal], r: list[Decimal]) -> Decimal:
-    return sum(pt * ct.exp() for pt, ct in _unmasked(p, r))
-
-
-def _a_minus(p: list[Decimal], r: list[Decimal]) -> Decimal:
-    return sum(pt * (-ct).exp() for pt, ct in _unmasked(p, r))
-
-
-def _d(p: list[Decimal], r: list[Decimal]) -> Decimal:
-    return max(ct for _, ct in _unmasked(p, r))
-
-
-def _any_infinite(p: list[Decimal], r: list[Decimal]) -> bool:
-    return any(ct.is_infinite() for _, ct in _unmasked(p, r))
+def _tv(p: Sequence[Decimal], q: Sequence[Decimal]) -> Decimal:
+    return sum((abs(a - b) for a, b in zip(p, q)), ZERO) / 2
 
 
 def _tanh(x: Decimal) -> Decimal:
@@ -137,149 +160,130 @@ def _tanh(x: Decimal) -> Decimal:
     return (1 - t) / (1 + t)
 
 
-def _eform(p, r) -> Decimal:
-    if _any_infinite(p, r):
-        return INF
-    a = _a(p, r)
-    return (a * a - 1) / 2
+def _with_errors(p_tilde: list[Decimal], e: list[Decimal]) -> dict:
+    """``Z``, ``p``, ``TV`` for the logit error ``eps`` (masked tokens skipped)."""
+    weight = [pt * (-et).exp() if pt != 0 else ZERO for pt, et in zip(p_tilde, e)]
+    z = sum(weight, ZERO)
+    p = tuple(w / z for w in weight)
+    return {"normaliser": z, "p": p, "tv": _tv(p, p_tilde)}
 
 
-def _two_sided(p, r) -> Decimal:
-    if _any_infinite(p, r):
-        return INF
-    a, am = _a(p, r), _a_minus(p, r)
-    return (a / am - am / a) / 2
+def _with_radii(p_tilde: list[Decimal], r: list[Decimal]) -> dict:
+    """``A``, ``A-`` and every bound, from their definitions (masked tokens skipped)."""
+    rows = [(pt, ct, up, 1 / up) for pt, ct in zip(p_tilde, r) if pt != 0 for up in [ct.exp()]]  # e^-c = 1/e^c
+    a = sum((pt * up for pt, _, up, _ in rows), ZERO)
+    a_minus = sum((pt * down for pt, _, _, down in rows), ZERO)
+    d = max(ct for _, ct, _, _ in rows)
+    out = {"a_plus": a, "a_minus": a_minus, "maxnorm": _tanh(d / 2), "competitor": _tanh(d)}
+    if d.is_infinite():
+        out.update(eform=INF, two_sided=INF, retention=INF, unsound_dispersion=INF)
+    else:
+        c_bar = sum((pt * ct for pt, ct, _, _ in rows), ZERO)
+        spread = sum((pt * abs(ct - c_bar) for pt, ct, _, _ in rows), ZERO)
+        retained = sum((pt * min(a * up - 1, max(up / a_minus - 1, 1 - down / a)) for pt, _, up, down in rows), ZERO)
+        out.update(
+            eform=(a * a - 1) / 2,
+            two_sided=(a / a_minus - a_minus / a) / 2,
+            retention=retained / 2,
+            unsound_dispersion=(2 * d).exp() * (spread + c_bar * (d.exp() - 1)) / 2,
+        )
+    out["meter"] = min(Decimal(1), out["eform"], out["two_sided"], out["maxnorm"])
+    return out
 
 
-def _retention(p, r) -> Decimal:
-    if _any_infinite(p, r):
-        return INF
-    a, am = _a(p, r), _a_minus(p, r)
-    total = sum(
-        pt * min(a * ct.exp() - 1, max(ct.exp() / am - 1, 1 - (-ct).exp() / a)) for pt, ct in _unmasked(p, r)
-    )
-    return total / 2
-
-
-def _maxnorm(p, r) -> Decimal:
-    return _tanh(_d(p, r) / 2)
-
-
-def _competitor(p, r) -> Decimal:
-    return _tanh(_d(p, r))
-
-
-def _unsound_dispersion(p, r) -> Decimal:
-    if _any_infinite(p, r):
-        return INF
-    rows = _unmasked(p, r)
-    c_max = _d(p, r)
-    c_bar = sum(pt * ct for pt, ct in rows)
-    spread = sum(pt * abs(ct - c_bar) for pt, ct in rows)
-    return (2 * c_max).exp() * (spread + c_bar * (c_max.exp() - 1)) / 2
-
-
-def _meter(p, r) -> Decimal:
-    return min(Decimal(1), _eform(p, r), _two_sided(p, r), _maxnorm(p, r))
-
-
-def _vertex_tv(rows: list[tuple[Decimal, Decimal]], inside: tuple[int, ...]) -> Decimal:
-    """``p(T) - p~(T)`` with ``eps = -c`` on ``T`` and ``+c`` off it, from the definition of ``p``."""
-    up = sum((rows[i][0] * rows[i][1].exp() for i in inside), Decimal(0))
-    down = sum((pt * (-ct).exp() for i, (pt, ct) in enumerate(rows) if i not in inside), Decimal(0))
-    mass = sum((rows[i][0] for i in inside), Decimal(0))
-    if up.is_infinite():
-        return 1 - mass  # p(T) -> 1
-    return up / (up + down) - mass
-
-
-def _sup_box(p, r) -> Decimal:
-    rows = _unmasked(p, r)
-    best = Decimal(0)
-    for bits in product((0, 1), repeat=len(rows)):
-        best = max(best, _vertex_tv(rows, tuple(i for i, b in enumerate(bits) if b)))
+def _sup_box(p_tilde: list[Decimal], r: list[Decimal]) -> Decimal:
+    """``max_T [sum_T p~ e^c / (sum_T p~ e^c + sum_{not T} p~ e^-c) - p~(T)]`` over every subset."""
+    rows = [(pt, pt * up, pt / up) for pt, ct in zip(p_tilde, r) if pt != 0 for up in [ct.exp()]]
+    best = ZERO
+    for bits in product((False, True), repeat=len(rows)):
+        mass = sum((row[0] for row, b in zip(rows, bits) if b), ZERO)
+        up = sum((row[1] for row, b in zip(rows, bits) if b), ZERO)
+        down = sum((row[2] for row, b in zip(rows, bits) if not b), ZERO)
+        value = 1 - mass if up.is_infinite() else up / (up + down) - mass  # p(T) -> 1 on an infinite radius
+        best = max(best, value)
     return best
 
 
-# ----------------------------------------------------------------------------- public, from scores
+# ----------------------------------------------------------------------------- public
+
+
+def quantities(scores: Sequence[Number], c: Sequence[Number] | None = None, eps: Sequence[Number] | None = None) -> dict:
+    """Every certificate quantity of one cell, evaluated jointly (one precision ladder).
+
+    Keys: ``p_tilde`` always; with ``eps``: ``normaliser`` (Z), ``p``, ``tv``; with ``c``: ``a_plus``,
+    ``a_minus``, ``eform``, ``two_sided``, ``retention``, ``maxnorm``, ``competitor``,
+    ``unsound_dispersion``, ``meter``.
+    """
+    s = _scores(scores)
+    r = _radii(c, len(s)) if c is not None else [ZERO] * len(s)
+    e = _errors(eps, s) if eps is not None else [ZERO] * len(s)
+    keys: list[str] = []
+
+    def evaluate() -> tuple:
+        p_tilde = _softmax(s)
+        found = {"p_tilde": tuple(p_tilde)}
+        if eps is not None:
+            found.update(_with_errors(p_tilde, e))
+        if c is not None:
+            found.update(_with_radii(p_tilde, r))
+        keys[:] = list(found)
+        return tuple(found.values())
+
+    return dict(zip(keys, _settled(evaluate, _guard(s, r, e))))
 
 
 def softmax(scores: Sequence[Number]) -> tuple[Decimal, ...]:
     """``p~ = softmax(scores)``; ``-inf`` is a masked token (probability 0)."""
-    s = _scores(scores)
-    return _settled(lambda: tuple(_softmax(s)))
+    return quantities(scores)["p_tilde"]
 
 
 def tv(p: Sequence[Number], q: Sequence[Number]) -> Decimal:
-    """``TV(p, q) = 1/2 sum |p_t - q_t|``."""
+    """``TV(p, q) = 1/2 sum |p_t - q_t|`` (exact inputs: one evaluation at ``BASE_DIGITS`` is exact
+    up to rounding of the final sum)."""
     a, b = _decimals("p", p), _decimals("q", q)
     if len(a) != len(b):
         raise ValueError(f"q: has {len(b)} entries, p has {len(a)}")
-    return _settled(lambda: _tv(a, b))
+    with localcontext(_context(BASE_DIGITS)):
+        return _tv(a, b)
 
 
-def normaliser_from_scores(scores: Sequence[Number], eps: Sequence[Number]) -> Decimal:
+def normaliser_from_scores(scores, eps) -> Decimal:
     """``Z = sum_t p~_t e^{-eps_t}``."""
-    s = _scores(scores)
-    e = _errors(eps, len(s))
-    return _settled(lambda: _z(_softmax(s), e))
+    return quantities(scores, eps=eps)["normaliser"]
 
 
-def p_from_scores(scores: Sequence[Number], eps: Sequence[Number]) -> tuple[Decimal, ...]:
+def p_from_scores(scores, eps) -> tuple[Decimal, ...]:
     """``p_t = p~_t e^{-eps_t} / Z`` (exact-key attention)."""
-    s = _scores(scores)
-    e = _errors(eps, len(s))
-    return _settled(lambda: tuple(_perturbed(_softmax(s), e)))
+    return quantities(scores, eps=eps)["p"]
 
 
-def tv_from_scores(scores: Sequence[Number], eps: Sequence[Number]) -> Decimal:
+def tv_from_scores(scores, eps) -> Decimal:
     """``TV(p, p~)`` with ``p~ = softmax(scores)``, ``p = p~ e^{-eps} / Z``."""
-    s = _scores(scores)
-    e = _errors(eps, len(s))
-
-    def evaluate() -> Decimal:
-        p_tilde = _softmax(s)
-        return _tv(_perturbed(p_tilde, e), p_tilde)
-
-    return _settled(evaluate)
+    return quantities(scores, eps=eps)["tv"]
 
 
-def _from_scores(quantity: Callable[[list[Decimal], list[Decimal]], Decimal], doc: str) -> Callable:
+def _from_scores(key: str, doc: str) -> Callable[[Sequence[Number], Sequence[Number]], Decimal]:
     def from_scores(scores: Sequence[Number], c: Sequence[Number]) -> Decimal:
-        s = _scores(scores)
-        r = _radii(c, len(s))
-        return _settled(lambda: quantity(_softmax(s), r))
+        return quantities(scores, c=c)[key]
 
+    from_scores.__name__ = f"{key}_from_scores"
     from_scores.__doc__ = doc
     return from_scores
 
 
-a_plus_from_scores = _from_scores(_a, "``A = sum_t p~_t e^{c_t}``.")
-a_minus_from_scores = _from_scores(_a_minus, "``A- = sum_t p~_t e^{-c_t}``.")
-eform_from_scores = _from_scores(_eform, "T1: ``1/2 (A^2 - 1)``.")
-two_sided_from_scores = _from_scores(_two_sided, "P1: ``1/2 (A/A- - A-/A)``.")
+a_plus_from_scores = _from_scores("a_plus", "``A = sum_t p~_t e^{c_t}``.")
+a_minus_from_scores = _from_scores("a_minus", "``A- = sum_t p~_t e^{-c_t}``.")
+eform_from_scores = _from_scores("eform", "T1: ``1/2 (A^2 - 1)``.")
+two_sided_from_scores = _from_scores("two_sided", "P1: ``1/2 (A/A- - A-/A)``.")
 retention_from_scores = _from_scores(
-    _retention, "P1r: ``1/2 sum p~_t min(A e^{c_t} - 1, max(e^{c_t}/A- - 1, 1 - e^{-c_t}/A))``."
+    "retention", "P1r: ``1/2 sum p~_t min(A e^{c_t} - 1, max(e^{c_t}/A- - 1, 1 - e^{-c_t}/A))``."
 )
-maxnorm_from_scores = _from_scores(_maxnorm, "MN: ``tanh(D/2)``, ``D = max c``.")
-competitor_from_scores = _from_scores(_competitor, "RC: ``tanh(D)``, ``D = max c``.")
+maxnorm_from_scores = _from_scores("maxnorm", "MN: ``tanh(D/2)``, ``D = max c``.")
+competitor_from_scores = _from_scores("competitor", "RC: ``tanh(D)``, ``D = max c``.")
 unsound_dispersion_from_scores = _from_scores(
-    _unsound_dispersion, "KNOWN FALSE: ``1/2 e^{2 c_max} (E|c - c_bar| + c_bar (e^{c_max} - 1))``."
+    "unsound_dispersion", "KNOWN FALSE: ``1/2 e^{2 c_max} (E|c - c_bar| + c_bar (e^{c_max} - 1))``."
 )
-meter_from_scores = _from_scores(_meter, "The meter ``min(1, e-form, two-sided, tanh(D/2))``.")
-
-
-def sup_box_tv_exhaustive(scores: Sequence[Number], c: Sequence[Number]) -> Decimal:
-    """``max_T [sum_T p~ e^c / (sum_T p~ e^c + sum_{not T} p~ e^-c) - p~(T)]`` over every subset.
-
-    At most 20 unmasked tokens.
-    """
-    s = _scores(scores)
-    r = _radii(c, len(s))
-    if sum(1 for v in s if v.is_finite()) > 20:
-        raise ValueError("scores: more than 20 unmasked tokens for an exhaustive sup")
-    return _settled(lambda: _sup_box(_softmax(s), r))
-
+meter_from_scores = _from_scores("meter", "The meter ``min(1, e-form, two-sided, tanh(D/2))``.")
 
 BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Number], Sequence[Number]], Decimal]] = {
     "eform": eform_from_scores,
@@ -290,3 +294,13 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Number], Sequence[Number]], Dec
     "unsound_dispersion": unsound_dispersion_from_scores,
 }
 """Every bound from scores, by name (same keys as ``spec.golden.BOUNDS_FROM_SCORES``)."""
+
+
+def sup_box_tv_exhaustive(scores: Sequence[Number], c: Sequence[Number]) -> Decimal:
+    """Exact sup of the true TV over the box ``|eps_t| <= c_t``: the max over the ``2^S`` vertices
+    ``eps = -c`` on ``T``, ``+c`` off it (DESIGN.md §2). At most ``SUP_BOX_MAX_TOKENS`` unmasked tokens."""
+    s = _scores(scores)
+    r = _radii(c, len(s))
+    if sum(1 for v in s if v.is_finite()) > SUP_BOX_MAX_TOKENS:
+        raise ValueError(f"scores: more than {SUP_BOX_MAX_TOKENS} unmasked tokens for an exhaustive sup")
+    return _settled(lambda: _sup_box(_softmax(s), r), _guard(s, r, [ZERO] * len(s)))

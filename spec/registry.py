@@ -178,7 +178,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.bounds.a_merge",
         torch=None,
         kernel=None,
-        tests=(),
+        tests=("tests/test_spec_bounds.py",),
     ),
     Theorem(
         key="FP",
