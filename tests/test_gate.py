@@ -363,3 +363,24 @@ def test_gate_table_script_runs_sound_on_a_tiny_config(tmp_path, capsys):
     naive, filtered, blocks = (row["bytes"] for row in table["decode"])
     assert filtered <= naive and blocks <= naive
     assert "certified" in capsys.readouterr().out
+
+
+@GOLDEN_EXAMPLES
+@given(
+    exact=st.lists(st.floats(-30.0, 30.0), min_size=1, max_size=20),
+    radius=st.floats(1e-6, 3.0),
+    tau=TAUS_CERTIFIED,
+    signs=st.lists(st.sampled_from((-1.0, 1.0)), min_size=20, max_size=20),
+)
+def test_fp32_scores_with_fp64_pager_stay_sound(exact, radius, tau, signs):
+    """fp32 scores, fp64 exact logits: the cast of repaired logits is covered, not assumed exact."""
+    exact64 = torch.tensor(exact, dtype=torch.float64)
+    scores = (exact64 + radius * torch.tensor(signs[: len(exact)], dtype=torch.float64)).float()
+    gap = (scores.double() - exact64).abs()
+    c = torch.nextafter(gap.float(), torch.tensor(math.inf)).clamp_min(0.0)  # >= the true fp32 error
+    assert (c.double() >= gap).all()
+    result = Gate(tau, block_size=4)(scores, c, pager=TablePager(exact64, 4))
+    assert result.scores.dtype == torch.float32
+    assert at_most(golden_tv(exact64, result.scores.double()), float(result.after))
+    if result.reached:
+        assert at_most(golden_tv(exact64, result.scores.double()), tau)

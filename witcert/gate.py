@@ -60,7 +60,9 @@ class PageIn:
     ----------
     logits : Tensor (n,)
         Exact logits of the block's ``n`` tokens for this cell, in the same scale as ``scores``
-        (the logits attention now computes from the repaired, exact keys).
+        (the logits attention now computes from the repaired, exact keys). When they are
+        more precise than ``scores`` (fp64 for fp32 scores), the repaired tokens get ``c`` =
+        the cast's rounding error instead of 0, so the meter stays sound.
     nbytes : int
         Bytes newly moved from the backing store (0 when served by the repair cache).
     """
@@ -251,7 +253,8 @@ class Gate:
         if not torch.isfinite(exact[~masked]).all():
             raise ValueError(f"pager returned non-finite exact logits for block {block} of cell {cell}")
         scores[tokens] = torch.where(masked, scores[tokens], exact)
-        c[tokens] = 0.0
+        slack = _cast_slack(page.logits.reshape(-1), exact, c.dtype)  # 0 unless the cast rounded
+        c[tokens] = torch.where(masked, torch.zeros_like(slack), slack)
         return int(page.nbytes)
 
     def _inputs(self, scores, c, radius) -> tuple[torch.Tensor, torch.Tensor]:
@@ -262,3 +265,18 @@ class Gate:
             c = expand_block_radius(radius, self.block_size, n_tokens)
         scores, c = check_scores_and_bounds(scores, c)
         return scores, c.contiguous()
+
+
+def _cast_slack(logits: torch.Tensor, cast: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bound on ``|cast - logits|`` in ``dtype``, rounded up: the repaired tokens' new ``c``.
+
+    0 when the pager's logits already have the scores' dtype. When a pager returns fp64 logits
+    for fp32 scores, the cast rounds them; this slack keeps the recomputed meter sound with
+    respect to the pager's (more precise) exact logits. fp64 differences of a value and its
+    fp32 rounding are exact (Sterbenz), the final cast is stepped up where it rounded down.
+    """
+    slack = (cast.to(torch.float64) - logits.to(device=cast.device, dtype=torch.float64)).abs()
+    slack = torch.nan_to_num(slack, nan=0.0)  # masked tokens (-inf - -inf): no mass, no bound needed
+    out = slack.to(dtype)
+    below = out.to(torch.float64) < slack
+    return torch.where(below, torch.nextafter(out, torch.full_like(out, math.inf)), out)

@@ -102,6 +102,10 @@ class Repairer:
     def mask_repaired(self, key: Hashable, c: torch.Tensor, group: int = 1) -> torch.Tensor:
         """``c`` with 0 on repaired slots (persistent repair for the next gate call).
 
+        Sound only when the scores of those slots are computed from the exact keys (the
+        cache was written back through :class:`LayerPager` ``k_cache``, or the scores come from
+        a repaired ``GateResult``); with a compressed cache left in place, ``c = 0`` is false.
+
         Parameters
         ----------
         c : Tensor (*lead', *extra, S)
