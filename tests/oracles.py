@@ -121,6 +121,16 @@ def interior_errors(draw, c: tuple[float, ...]) -> tuple[float, ...]:
 
 
 @st.composite
+def distributions(draw, size: int) -> list[mpf]:
+    """``p~`` drawn directly (not through softmax), as mpf at the caller's precision: weights in
+    {0} u [1e-12, 1] (zeros are masked tokens, never all), divided by their sum."""
+    weight = st.one_of(st.just(0.0), st.floats(1e-12, 1.0))
+    weights = draw(st.lists(weight, min_size=size, max_size=size).filter(any))
+    total = mpmath.fsum(weights)
+    return [mpf(w) / total for w in weights]
+
+
+@st.composite
 def cells(draw, min_size: int = 1, max_size: int = 8) -> Cell:
     """A whole ``Cell``: scores, radii, and an error in the box."""
     scores = draw(score_lists(min_size, max_size))
