@@ -12,7 +12,7 @@ import pytest
 import torch
 from scipy import stats
 
-from witcert import DitheredInt8, PackedStore, StandaloneCounter
+from witcert import DitheredInt8, PackedStore, PagedCounter, StandaloneCounter
 from witcert.dither import dither_of
 from witcert.dithered_int8 import SCALE_DIVISOR
 from witcert.packed_store import StoreLayout
@@ -199,6 +199,19 @@ def test_invariance_to_batch_order_and_decode_steps():
     step = one.quantize(x[2:3, :, 9:10], StandaloneCounter(request=torch.tensor([7]), layer=0, token_offset=9))
     assert torch.equal(step.payload, store.payload[2:3, :, 9:10])  # a decode step = its prefill slice
     assert torch.equal(step.outliers, store.outliers[2:3, :, 9:10])
+
+
+def test_paged_stream_round_trip_follows_slots():
+    x = torch.randn(2, 6, 64, generator=torch.Generator().manual_seed(8))
+    slots = torch.tensor([40, 3, 17, 8, 2**33 + 1, 0])
+    quantizer = DitheredInt8(granularity="token")
+    store = quantizer.quantize(x, PagedCounter(layer=4, slots=slots, side="v"))
+    assert exact_half_scale_violations(x, quantizer, store, PagedCounter(layer=4, slots=slots, side="v")) == 0
+    order = torch.tensor([5, 2, 0, 1, 4, 3])  # the same tokens held in a reordered batch
+    moved = quantizer.quantize(x[:, order], PagedCounter(layer=4, slots=slots[order], side="v"))
+    assert torch.equal(moved.payload, store.payload[:, order])
+    k_side = quantizer.quantize(x, PagedCounter(layer=4, slots=slots, side="k"))
+    assert not torch.equal(k_side.payload, store.payload)  # K and V streams differ
 
 
 # ------------------------------------------------------------------ outliers

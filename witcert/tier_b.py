@@ -37,7 +37,12 @@ sampled tokens, which depend on the dither; there the adaptive-safe Tier A witne
 Rounding: every quantity is computed in fp64 from exact fp64 images of ``q``, the fp16
 scales and the fp16 outliers; a sum of ``d`` non-negative products, a log, a sqrt and a few
 additions have relative error below ``(d + 10) 2^-53``; the result is inflated by
-``1 + (d + 16) 2^-52`` and cast to fp32 rounding up.
+``1 + (d + 16) 2^-52`` and cast to fp32 rounding up. The default ``sm = 1/sqrt(d)`` is the
+fp64 quotient (within 2 ulps of the real value); that inflation covers it too.
+
+Not covered here: rounding in the attention kernel's own ``q . x^`` accumulation (the meter's
+scores are taken as given), and the Philox modelling assumption (distinct counters behave
+as independent uniform words).
 """
 import math
 from dataclasses import dataclass
