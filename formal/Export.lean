@@ -96,5 +96,8 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.block_sum_eq_token_sum
 #print axioms WitCert.block_sum_eq_token_sum
 
+#check @WitCert.massExp_merge
+#print axioms WitCert.massExp_merge
+
 #check @WitCert.Core.SumRing.block_sum_eq_token_sum
 #print axioms WitCert.Core.SumRing.block_sum_eq_token_sum

@@ -24,5 +24,5 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
 * `WitCert.sinh_le_mul_exp_sq_div_six`, `WitCert.uniform_mgf_le`, `WitCert.uniform_variance`
   (Lemma 2).
 * `WitCert.measure_iUnion_le_budget` (Lemma 3), `WitCert.tier_b_radius` (Theorem 3),
-  `WitCert.block_sum_eq_token_sum` (Lemma 4).
+  `WitCert.block_sum_eq_token_sum`, `WitCert.massExp_merge` (Lemma 4).
 -/

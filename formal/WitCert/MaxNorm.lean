@@ -131,10 +131,7 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
       nlinarith [hS, hquad_eq, htanh, sq_nonneg (partition pt eps - 1)]
     have hsumle : ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
         ≤ Real.tanh (D / 2) * (2 * partition pt eps) := by
-      by_contra hlt
-      push_neg at hlt
-      have := mul_lt_mul_of_pos_left hlt hpos
-      linarith [this, key]
+      nlinarith [key, hpos]
     rw [tv_reweight_eq hp hZ, div_le_iff₀ (by linarith [hZ] : (0 : ℝ) < 2 * partition pt eps)]
     exact hsumle
 
