@@ -46,7 +46,7 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
     (heps : ∀ t, |eps t| ≤ D) : tv (reweight pt eps) pt ≤ Real.tanh (D / 2) := by
   have hZ : 0 < partition pt eps := partition_pos (c := fun _ => D) hp hsum heps
   have hD : 0 ≤ D := by
-    rcases isEmpty_or_nonempty ι with hι | ⟨⟨t⟩⟩
+    rcases isEmpty_or_nonempty ι with hι | ⟨t⟩
     · simp at hsum
     · exact (abs_nonneg (eps t)).trans (heps t)
   rcases hD.eq_or_lt with h0 | hDpos

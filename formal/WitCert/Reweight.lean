@@ -78,6 +78,6 @@ theorem tv_reweight_le_of_abs_sub_le (hp : ∀ t, 0 ≤ pt t) (hZ : 0 < partitio
     rw [Finset.sum_mul]
     exact Finset.sum_congr rfl fun t _ => by ring
   rw [tv_reweight_eq hp hZ, div_le_iff₀ (by linarith : (0 : ℝ) < 2 * partition pt eps)]
-  linarith
+  linarith [hS, hS']
 
 end WitCert
