@@ -15,7 +15,15 @@ Usage (the API is this small)::
 bounds (Tier A); for a Tier B shared block radius pass ``radius=`` (..., n_blocks) instead.
 ``pager(cell, block) -> PageIn`` returns the exact logits of that block's tokens for that cell
 and the bytes it moved; :class:`witcert.repair.LayerPager` is the production pager (backing
-store -> verified page-in -> persistent write-back, witness zeroed, repair cache, telemetry).
+store -> verified page-in -> persistent write-back, witness zeroed, repair cache, telemetry)::
+
+    store = witcert.BackingStore(block_size=16)
+    store.write(layer, k_exact, v_exact)              # on every cache write, (*lead, T, d)
+    repairer = witcert.Repairer(store)                # one per request
+    pager = witcert.LayerPager(repairer, layer, q, sm_scale, group=Hq // Hkv,
+                               k_cache=k_hat, witness=w)   # q: (*cells, d), cells = scores.shape[:-1]
+    result = witcert.Gate(0.2, block_size=16)(scores, c, pager=pager)
+    repairer.telemetry[(layer, (b, kv_head))]         # page_ins, bytes, repaired_slots, cache_hits
 
 Regimes (every result is labelled)
 ----------------------------------
