@@ -210,7 +210,7 @@ class Gate:
         blocks = torch.zeros(over.shape, dtype=torch.int64)
         nbytes = torch.zeros(over.shape, dtype=torch.int64)
         pages = []
-        for cell in map(tuple, np.argwhere(fired.numpy())):
+        for cell in map(tuple, np.argwhere(fired.cpu().numpy())):
             cell = tuple(int(i) for i in cell)
             for block, moved in self._repair_cell(cell, scores_after[cell], c_after[cell], pager):
                 pages.append((cell, block))

@@ -127,7 +127,7 @@ class Repairer:
                 f"(group={group}): expected (*lead, *extra, S)"
             )
         extra = c.dim() - mask.dim()
-        mask = mask.reshape(mask.shape[:-1] + (1,) * extra + mask.shape[-1:])
+        mask = mask.reshape(mask.shape[:-1] + (1,) * extra + mask.shape[-1:]).to(c.device)
         return torch.where(mask, torch.zeros_like(c), c)
 
     def totals(self) -> HeadTelemetry:
@@ -223,7 +223,7 @@ class LayerPager:
         paged, nbytes = self.repairer.fetch(self.key, index, block)
         self._write_back(index, paged)
         q = self.q[cell].to(torch.float64)  # (d,)
-        logits = (paged.k.to(torch.float64) @ q) * float(self.sm_scale)  # (n,)
+        logits = (paged.k.to(device=q.device, dtype=torch.float64) @ q) * float(self.sm_scale)  # (n,)
         return PageIn(logits=logits, nbytes=nbytes)
 
     def _write_back(self, index: tuple, paged: PagedBlock) -> None:
