@@ -10,6 +10,8 @@ FP8 note: torch 2.13's ``.to(float8_e4m3fn)`` saturates out-of-range values to +
 maps +-inf to +-448), while ``.to(float8_e5m2)`` overflows to +-inf. Both schemes clamp to the
 format's finite range first, so the result never depends on torch's cast policy.
 """
+import math
+
 import torch
 
 from witcert.schemes import register_scheme
@@ -17,6 +19,7 @@ from witcert.schemes import register_scheme
 GROUP = 32  # channel group (per-token schemes) and token group (KIVI keys)
 E4M3_MAX = 448.0
 E5M2_MAX = 57344.0
+OUTLIER_TAIL = 0.005  # per tail: KVQuant keeps 1% of entries exact in all
 
 
 def _work(x: torch.Tensor) -> torch.Tensor:
@@ -124,15 +127,29 @@ def kivi_2bit(x: torch.Tensor, role: str = "key") -> torch.Tensor:
 def kvquant_4bit(x: torch.Tensor, role: str = "key") -> torch.Tensor:
     """KVQuant-style 4-bit (Hooper et al. 2024): per-channel keys / per-token values, 1% dense-and-sparse outliers exact.
 
-    Per vector (a channel over tokens for keys, a token over channels for values) the entries
-    below the 0.5th or above the 99.5th percentile are kept exact (the sparse part); the rest
-    are quantized on a uniform asymmetric 16-level grid between those thresholds (KVQuant's
-    non-uniform NUQ grid is replaced by a uniform one).
+    Per vector of ``n`` entries (a channel over tokens for keys, a token over channels for
+    values) the ``m = ceil(0.005 n)`` smallest and ``m`` largest entries are kept exact (the
+    sparse part, 1% in all); the rest are quantized on a uniform asymmetric 16-level grid
+    between the ``(m+1)``-th smallest and ``(m+1)``-th largest entries (KVQuant's non-uniform
+    NUQ grid is replaced by a uniform one). Vectors with ``n <= 2m`` have no outliers.
     """
     xw = _work(x)
     dim = -2 if role == "key" else -1
-    lo = torch.quantile(xw, 0.005, dim=dim, keepdim=True)
-    hi = torch.quantile(xw, 0.995, dim=dim, keepdim=True)
+    lo, hi = _outlier_thresholds(xw, dim, OUTLIER_TAIL)
     dense = _asymmetric(xw.clamp(lo, hi), 4, dim=dim, lo=lo, hi=hi)
     outlier = (xw < lo) | (xw > hi)
     return torch.where(outlier, xw, dense).to(x.dtype)
+
+
+def _outlier_thresholds(x: torch.Tensor, dim: int, tail: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``(m+1)``-th smallest and largest entries along ``dim``, ``m = ceil(tail n)``.
+
+    Uses ``kthvalue`` (no size limit, unlike ``torch.quantile``).
+    """
+    n = x.shape[dim]
+    m = math.ceil(tail * n)
+    if n <= 2 * m:
+        return x.amin(dim=dim, keepdim=True), x.amax(dim=dim, keepdim=True)
+    lo = torch.kthvalue(x, m + 1, dim=dim, keepdim=True).values
+    hi = torch.kthvalue(x, n - m, dim=dim, keepdim=True).values
+    return lo, hi

@@ -23,7 +23,8 @@ from dataclasses import dataclass
 import torch
 
 from witcert import rounding
-from witcert.witness import norms_upper_fp64, round_up_to
+from witcert.rounding import round_up_to
+from witcert.witness import norms_upper_fp64
 
 
 @dataclass(frozen=True)

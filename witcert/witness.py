@@ -22,6 +22,7 @@ import math
 import torch
 
 from witcert.bands import BandLayout, _check_last_dim, scaled_norms
+from witcert.rounding import round_up_to
 
 _U = 2.0**-52  # twice the fp64 unit roundoff: the margin unit for every inflation here
 
@@ -91,20 +92,6 @@ def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: 
     c = c * (1.0 + (layout.bands + 8) * _U)
     out_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return round_up_to(c, out_dtype)
-
-
-def round_up_to(x64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Cast fp64 ``x64 >= 0`` to ``dtype`` so that the result is never below ``x64``.
-
-    Round-to-nearest, then one ``nextafter`` step toward ``+inf`` wherever the cast landed
-    below (values above the dtype's range become ``inf``).
-    """
-    cast = x64.to(dtype)
-    if dtype == torch.float64:
-        return cast
-    below = cast.to(torch.float64) < x64
-    bumped = torch.nextafter(cast, torch.full_like(cast, math.inf))
-    return torch.where(below, bumped, cast)
 
 
 def _band_norms_upper_fp64(x64: torch.Tensor, layout: BandLayout) -> torch.Tensor:
