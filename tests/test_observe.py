@@ -9,7 +9,7 @@ import math
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from mpmath import mp, mpf
 
@@ -46,11 +46,23 @@ def identity(x):
 # ----------------------------------------------------------------------------- values
 
 
+@st.composite
+def scores_and_rho(draw):
+    """Compressed logits (ties, masks) and value residual norms in [0, 1e3] of the same length."""
+    scores = draw(score_lists(1, 10))
+    rho = draw(st.lists(st.floats(0, 1e3), min_size=len(scores), max_size=len(scores)))
+    return scores, rho
+
+
 @settings(max_examples=150)
-@given(score_lists(1, 10), st.data())
-def test_value_term_never_below_exact(scores, data):
+@given(scores_and_rho())
+@example(([3.0], [2.5]))  # S = 1
+@example(([-math.inf, 1.5, -math.inf], [1e3, 0.5, 7.0]))  # all but one masked
+@example(([0.0, 0.0, 0.0], [1.0, 0.0, 1e-30]))  # ties, tiny rho
+@example(([40.0, -40.0], [0.0, 1e3]))  # huge spread: the big rho carries ~e^-80 mass
+def test_value_term_never_below_exact(case):
     """value_error_term >= sum p~ rho exactly (mpmath), and within rel 1e-9 of it."""
-    rho = data.draw(st.lists(st.floats(0, 1e3), min_size=len(scores), max_size=len(scores)))
+    scores, rho = case
     got = values.value_error_term(torch.tensor(scores, dtype=torch.float64), torch.tensor(rho, dtype=torch.float64))
     exact = exact_value_term(scores, rho)
     assert mpf(got.item()) >= exact
