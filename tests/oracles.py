@@ -22,9 +22,6 @@ NEG_INF = -math.inf
 
 ORACLE_DIGITS = 40
 """Golden and fourth implementation must agree to this many significant digits (DESIGN.md §4)."""
-ZERO_FLOOR = mpf("1e-300")
-"""Below this both are read as an exact 0 (the golden forms true zeros exactly; the decimal
-implementation leaves ~1e-900 of noise there)."""
 BOUND_REL_TOL = mpf("1e-45")
 """Relative slack for ``TV <= bound`` between two 50-digit values (equality is attained)."""
 COMPARE_DPS = 120
@@ -150,14 +147,13 @@ def to_mpf(x) -> mpf:
 
 
 def agree(x, y, digits: int = ORACLE_DIGITS) -> bool:
-    """``x`` and ``y`` agree to ``digits`` significant digits (equal infinities agree; both below
-    ``ZERO_FLOOR`` in magnitude read as 0)."""
+    """``x`` and ``y`` agree to ``digits`` significant digits, relative; equal infinities agree and
+    0 agrees only with an exact 0 (the golden forms true zeros exactly, the decimal oracle reports
+    its rounding noise of a true zero as an exact 0)."""
     a, b = to_mpf(x), to_mpf(y)
     if mpmath.isinf(a) or mpmath.isinf(b):
         return a == b
     with mpmath.workdps(COMPARE_DPS):
-        if abs(a) < ZERO_FLOOR and abs(b) < ZERO_FLOOR:
-            return True
         return abs(a - b) <= mpf(10) ** -digits * max(abs(a), abs(b))
 
 
