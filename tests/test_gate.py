@@ -289,6 +289,27 @@ def test_grown_block_delivers_only_new_slots():
     assert torch.equal(paged.k, k[0, :7])
 
 
+def test_decode_appends_never_deliver_a_slot_twice():
+    """Decode loop with request-granular whole repair: each slot is delivered at most once."""
+    k, k_hat, q, scale, *_ = store_setup(h_kv=2, group=1, s=40, d=8, seed=3)
+    store, cache = BackingStore(block_size=8), k_hat.clone()
+    store.write("L0", k[:, :30])
+    repairer = Repairer(store)
+    gate = Gate(0.05, granularity="request", repair="whole", block_size=8)
+    for n in range(31, 41):
+        store.write("L0", k[:, n - 1 : n])
+        pager = LayerPager(repairer, "L0", q, scale, k_cache=cache[:, :n])
+        scores = torch.einsum("hsd,hd->hs", cache[:, :n].double(), q.double()) * scale
+        c = scale * q.double().norm(dim=-1, keepdim=True) * (cache[:, :n].double() - k[:, :n].double()).norm(dim=-1)
+        c = repairer.mask_repaired("L0", c * (1 + 1e-12))
+        gate(scores, c, pager=pager)
+    totals = repairer.totals()
+    assert totals.page_ins > 2 * 4  # re-fired after the first whole repair (new tokens)
+    assert 0 < totals.repaired_slots <= 2 * 40
+    assert totals.bytes == totals.repaired_slots * 8 * 2
+    assert totals.repaired_slots == int(repairer.repaired_tokens("L0").sum())
+
+
 def test_block_size_mismatch_is_refused():
     *_, scores, c, store = store_setup()
     pager = LayerPager(Repairer(store), "L0", torch.ones(4, 8), 0.5, group=2)
