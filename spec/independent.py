@@ -35,8 +35,6 @@ INF = Decimal("Infinity")
 ZERO = Decimal(0)
 Number = Decimal | float | int | str
 
-BOUND_NAMES = ("eform", "two_sided", "retention", "maxnorm", "competitor", "unsound_dispersion")
-
 
 # ----------------------------------------------------------------------------- inputs
 
