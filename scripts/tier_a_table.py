@@ -4,7 +4,8 @@ Columns (per scheme, all key families and query kinds of ``tests/tier_a_oracles.
 
 - ``cells``: (query head, query) cells observed; ``viol``: cells with true TV > meter
   (must be 0; output-error and per-token logit violations are added in);
-- ``cov@tau``: fraction of cells with meter <= tau (certified);
+- ``cov@tau``: fraction of cells with meter <= tau (certified); ``cov (random q)`` the same over
+  the random queries only (the aligned adversary draws large radii on purpose);
 - ``med bound/TV``: median of meter / true TV over cells with TV > 0 (looseness);
 - ``recall``: fraction of cells with true TV > tau that the meter flags (meter > tau; must be 1.0);
 - ``aligned max TV/bound``: over the residual-aligned adversary's cells, the largest
@@ -29,7 +30,7 @@ def measure(scheme: str, args) -> dict:
     """Observe every (family, kind) workload for ``scheme`` and pool the per-cell results."""
     layout = witcert.BandLayout(args.head_dim, args.bands, args.rope)
     scale = args.head_dim**-0.5
-    rows = {"meter": [], "tv": [], "aligned_ratio": [], "aligned_eps_ratio": []}
+    rows = {"meter": [], "tv": [], "random_meter": [], "aligned_ratio": [], "aligned_eps_ratio": []}
     violations = 0
     for i, family in enumerate(KEY_FAMILIES):
         for j, kind in enumerate(QUERY_KINDS):
@@ -42,6 +43,8 @@ def measure(scheme: str, args) -> dict:
             violations += int((eps > obs.c).any(-1).sum())
             rows["meter"].append(obs.meter.flatten())
             rows["tv"].append(obs.true_tv.flatten())
+            if kind == "random":
+                rows["random_meter"].append(obs.meter.flatten())
             if kind == "aligned":
                 rows["aligned_ratio"].append((obs.true_tv / obs.meter).nan_to_num(0.0).flatten())
                 c_t = torch.gather(obs.c, -1, w.target[..., None])[..., 0]
@@ -54,6 +57,7 @@ def measure(scheme: str, args) -> dict:
         "cells": meter.numel(),
         "viol": violations,
         "cov": float((meter <= args.tau).double().mean()),
+        "cov_random": float((torch.cat(rows["random_meter"]) <= args.tau).double().mean()),
         "tight": float((meter[positive] / tv[positive]).median()) if positive.any() else float("nan"),
         "recall": float((meter[dangerous] > args.tau).double().mean()) if dangerous.any() else float("nan"),
         "n_danger": int(dangerous.sum()),
@@ -80,7 +84,7 @@ def main(argv=None) -> None:
         f"S={args.s}, Tq={args.tq}; families {KEY_FAMILIES} x queries {QUERY_KINDS}; tau={args.tau}\n"
     )
     columns = [
-        "scheme", "cells", "viol", f"cov@{args.tau:g}", "med bound/TV", f"recall (n TV>{args.tau:g})",
+        "scheme", "cells", "viol", f"cov@{args.tau:g}", "cov (random q)", "med bound/TV", f"recall (n TV>{args.tau:g})",
         "aligned max TV/bound", "aligned max abs(eps)/c", "time",
     ]
     widths = [max(len(c), 16 if i == 0 else 6) for i, c in enumerate(columns)]
@@ -90,7 +94,7 @@ def main(argv=None) -> None:
         start = time.time()
         r = measure(name, args)
         cells = [
-            name, f"{r['cells']}", f"{r['viol']}", f"{r['cov']:.3f}", f"{r['tight']:.2f}",
+            name, f"{r['cells']}", f"{r['viol']}", f"{r['cov']:.3f}", f"{r['cov_random']:.3f}", f"{r['tight']:.2f}",
             f"{r['recall']:.3f} ({r['n_danger']})", f"{r['aligned_tv']:.3f}", f"{r['aligned_eps']:.6f}",
             f"{time.time() - start:.0f}s",
         ]

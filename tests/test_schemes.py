@@ -195,3 +195,15 @@ def test_per_query_soundness(name):
                 assert (tight[live] / at_target[live]).max() < 1 + 2.0**-9  # fp16 round-up only
             cells += obs.meter.numel()
     assert cells == CELLS_PER_SCHEME
+
+
+def test_table_script_smoke(capsys):
+    """scripts/tier_a_table.py runs end to end and reports 0 violations and recall 1.0."""
+    from scripts.tier_a_table import main
+
+    main(["--tq", "8", "--s", "40", "--head-dim", "64", "--schemes", "rtn-int4", "kivi-2bit"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| rtn-int4") or line.startswith("| kivi")]
+    assert len(rows) == 2
+    for row in rows:
+        cells = [c.strip() for c in row.strip("|").split("|")]
+        assert cells[2] == "0" and cells[6].startswith(("1.000", "nan"))
