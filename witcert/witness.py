@@ -3,7 +3,11 @@
 Write time (:func:`witness_of`): ``r_t = k^_t - k_t``; ``w_{t,b}`` is the band norm of ``r_t``
 stored in fp16 **rounded up** (a witness rounded to nearest can fall below the norm and is
 unsound). Lemma 1 (``L1``): RoPE rotates within bands, so the witness of a post-RoPE residual
-equals that of the pre-RoPE one and does not depend on the position.
+equals that of the pre-RoPE one and does not depend on the position -- in exact arithmetic.
+A *computed* rotation (fp32/bf16 RoPE at read time) perturbs band norms by ~1e-7 relative, more
+than this module's fp64 slack, so for a strict guarantee compute the witness from ``k`` and
+``k_hat`` in the frame attention actually uses (post-RoPE, as the runtime computed them), as
+:func:`witcert.observe` does.
 
 Read time (:func:`logit_bound`): ``c_t = sm_scale * sum_b ||q_b|| w_{t,b} >= |q . r_t| sm_scale``
 by Cauchy-Schwarz per band (Theorem 2, ``T2``), rounded up to the output dtype.
@@ -33,8 +37,9 @@ def witness_of(k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout) -> torc
     Parameters
     ----------
     k, k_hat : Tensor (..., S, d)
-        Exact and reconstructed keys (any float dtype; same shape). Pre- or post-RoPE alike
-        (Lemma 1), as long as the query given to :func:`logit_bound` is in the same frame.
+        Exact and reconstructed keys (any float dtype; same shape), in the frame the query
+        given to :func:`logit_bound` meets (post-RoPE as computed; see the module note on
+        Lemma 1 in floating point).
     layout : BandLayout
 
     Returns
