@@ -1,0 +1,92 @@
+"""Contract: the kernel agrees with the torch reference on output, lse, A, D and the meter.
+
+Implementation: ``witcert.kernels.decode_attention`` / ``decode_attention_packed``.
+Oracle: fp64 attention over the same compressed keys; the torch certificate
+``witcert.bounds.moments`` / ``witcert.meter`` on fp64 logits with the torch radius
+(``witcert.logit_bound``, ``witcert.tier_b_logit_bound``).
+Domain: ``contract_oracles.CASES``.
+Tolerances (each justified where it is used):
+
+* output: the kernel rounds the softmax weights to the value dtype (fp16) for the ``p V``
+  product: ``|delta o| <= 2^-11 sum_t p_t |v_t| <= 2^-11 max |v|``; fp32 accumulation adds
+  ~1e-6 relative. We allow ``2^-10 max |v|``.
+* lse: ``l`` carries the kernel's stated per-term error ``mass_error`` plus the exponent term
+  ``4.1 u ln S``; ``|delta lse| <= 2 (those)`` (the logits themselves are fp64).
+* ``A - 1``: the kernel is an upper bound (never below the fp64 value with the reference
+  radius, less the reference's one-ulp fp32 round-up of ``c``), and above the reference by at
+  most ``kernel_relative_budget`` (its enclosure and radius round-up, stated in
+  ``kernels/certificate.py``) plus the enclosure's absolute underflow term (``4 S tiny`` per
+  moment, ~1e-35: it is what the kernel reports when ``c = 0``).
+* ``D``: the same radius rounded up twice over: ``[1 - 2^-23, 1 + 2 kappa]`` times the reference.
+* meter: a function of ``A - 1``, ``1 - A-`` and ``D`` whose relative sensitivity is at most 2,
+  so twice the ``A`` budget (both sides are sound upper bounds: neither is "the truth").
+"""
+import pytest
+import torch
+
+from contract_oracles import (CASES, case, compressed_scores, exact_a_minus_one, kernel_relative_budget,
+                              kernel_run, reference_attention, reference_meter, reference_moments, reference_radius)
+from witcert.kernels.certificate import ARG_ERROR, KernelRounding
+
+FP32_ULP = 2.0**-23
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_output_matches_fp64_attention(name):
+    c = case(name)
+    out = kernel_run(name).out.double()
+    tolerance = 2.0**-10 * c.v.double().abs().max().item()
+    assert (out - reference_attention(c)).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_lse_matches_fp64(name):
+    c = case(name)
+    shape = KernelRounding(max_seq_len=c.k.shape[2], block_n=32, num_splits=3, head_dim=64, bands=16)
+    tolerance = 2 * (shape.mass_error() + ARG_ERROR * torch.log(torch.tensor(float(c.k.shape[2]))).item())
+    reference = torch.logsumexp(compressed_scores(c), -1)
+    assert (kernel_run(name).lse - reference).abs().max().item() <= tolerance
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_a_minus_one_is_an_upper_bound_close_to_the_reference(name):
+    c = case(name)
+    cert = kernel_run(name).certificate
+    live = cert.c_max < 64  # capped rows report the trivial bound instead (test_soundness)
+    scores, radius = compressed_scores(c), reference_radius(c)
+    floor = exact_a_minus_one(scores, radius * (1 - FP32_ULP))
+    assert bool((cert.a_minus_one[live] >= floor[live]).all()), "kernel A - 1 below the fp64 value"
+    reference = reference_moments(c).k_hi
+    underflow = 16 * c.k.shape[2] * torch.finfo(torch.float32).tiny  # the enclosure's absolute term
+    ceiling = reference * (1 + kernel_relative_budget(name)) + underflow
+    assert bool((cert.a_minus_one[live] <= ceiling[live]).all()), "kernel A - 1 above its stated budget"
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_max_radius_matches_reference(name):
+    c = case(name)
+    cert = kernel_run(name).certificate
+    reference = reference_radius(c).amax(-1)
+    shape = KernelRounding(max_seq_len=c.k.shape[2], block_n=32, num_splits=3, head_dim=64, bands=16)
+    kappa = max(shape.kappa_c, shape.kappa_b)
+    assert bool((cert.c_max >= reference * (1 - FP32_ULP)).all())
+    assert bool((cert.c_max <= reference * (1 + 2 * kappa) + 1e-300).all())
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_meter_matches_reference(name):
+    c = case(name)
+    kernel = kernel_run(name).certificate.meter.double()
+    reference = reference_meter(c)
+    budget = 2 * kernel_relative_budget(name)
+    underflow = 64 * c.k.shape[2] * torch.finfo(torch.float32).tiny
+    assert bool((kernel <= reference * (1 + budget) + underflow).all()), "kernel meter above its stated budget"
+    assert bool((kernel >= reference * (1 - budget)).all()), "kernel meter far below the reference"
+
+
+@pytest.mark.parametrize("name", ["A-rtn-int4", "B-min-standalone"])
+def test_certificate_does_not_change_the_attention(name):
+    """certify=False runs the same attention code path: identical output and lse."""
+    on, off = kernel_run(name), kernel_run(name, certify=False)
+    assert torch.equal(on.out, off.out) and torch.equal(on.lse, off.lse)
+    assert off.certificate is None
