@@ -102,7 +102,7 @@ def observe(
     k_hat64 = k_hat.to(torch.float64)
     scores = scale * qg @ k_hat64[:, None].transpose(-1, -2)  # (Hkv, G, Tq, S)
     c = c + _score_rounding(qg, k_hat64, scale)
-    keep = _mask(mask, hq, tq, s).reshape(hkv, groups, tq, s)
+    keep = _mask(mask, hq, tq, s).to(q.device).reshape(hkv, groups, tq, s)
     scores = scores.masked_fill(~keep, float("-inf"))
 
     meter = tv_meter(scores, c)  # (Hkv, G, Tq)
@@ -147,7 +147,7 @@ def _truth(qg, k, v, v_hat, scores, keep, scale):
 
 def _mask(mask, hq: int, tq: int, s: int) -> torch.Tensor:
     if mask is None:
-        return torch.ones(hq, tq, s, dtype=torch.bool)
+        return torch.ones(hq, tq, s, dtype=torch.bool)  # moved to q's device by the caller
     if not isinstance(mask, torch.Tensor) or mask.dtype != torch.bool:
         raise ValueError("mask must be a bool tensor (True = attend)")
     try:
