@@ -96,3 +96,30 @@ def merge_splits(part_acc: torch.Tensor, part_stat: torch.Tensor) -> tuple[torch
         BLOCK_SPLIT=triton.next_power_of_2(splits), BLOCK_D=triton.next_power_of_2(head_dim),
     )
     return out, stat
+
+
+def merge_splits_reference(part_acc: torch.Tensor, part_stat: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Torch fp64 oracle of :func:`merge_splits` (Lemma 4, ``L4``): the same formulas, no Triton.
+
+    ``A - 1 = sum_i w_i (k_i / l_i)`` with ``w_i = e^{lse_i - LSE}``, ``lse_i = m_i + log l_i``;
+    returns ``(out, stat)`` like :func:`merge_splits` (fp64).
+    """
+    m_i = stat_column(part_stat, STAT_M)  # (B, Hq, splits)
+    l_i = stat_column(part_stat, STAT_L)
+    live = l_i > 0
+    lse_i = torch.where(live, m_i + torch.log(torch.where(live, l_i, torch.ones_like(l_i))), -torch.inf)
+    lse = torch.logsumexp(lse_i, dim=-1, keepdim=True)
+    weight = torch.exp(lse_i - lse)  # e^{lse_i - LSE}: 0 for empty splits
+    safe_l = torch.where(live, l_i, torch.ones_like(l_i))
+    out = (weight[..., None] * part_acc.double() / safe_l[..., None]).sum(-2)
+    stat = torch.zeros(part_stat.shape[:-2] + (NUM_STATS,), dtype=torch.float64, device=part_stat.device)
+    m = m_i.amax(-1)
+    l_sum = torch.exp(lse.squeeze(-1) - m)  # so that l / e^{-m} reproduces LSE
+    stat[..., operator.index(STAT_M)] = m
+    stat[..., operator.index(STAT_L)] = l_sum
+    for column in (STAT_K, STAT_J):
+        ratio = torch.where(live, stat_column(part_stat, column) / safe_l, torch.zeros_like(l_i))
+        stat[..., operator.index(column)] = l_sum * (weight * ratio).sum(-1)
+    for column in (STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX):
+        stat[..., operator.index(column)] = stat_column(part_stat, column).amax(-1)
+    return out, stat
