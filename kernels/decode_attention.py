@@ -415,7 +415,7 @@ def decode_attention(q, k_hat, v, witness=None, layout=None, *, seq_lens=None, s
 
 
 def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min", witness=None, layout=None,
-                            seq_lens=None, sm_scale=None, num_splits=4, block_n=32,
+                            seq_lens=None, sm_scale=None, num_splits=4, block_n=32, n_union=None,
                             certify=True, validate=True) -> DecodeAttention:
     """GQA decode attention over the packed dithered INT8 keys, certificate in the same pass.
 
@@ -437,6 +437,8 @@ def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min
     mode : {"min", "delta", "u"}
         ``min(u + beta, Delta)`` (default; NON-ADAPTIVE queries), ``Delta`` only (every query), ``u`` only.
     witness, layout : optional Tier A witness (batch, Hkv, S, B) and its BandLayout.
+    n_union : int, optional
+        Tokens in the union bound of ``u_t`` (default ``S``), as ``tier_b_logit_bound``'s ``n_tokens``.
     seq_lens, sm_scale, num_splits, block_n, certify, validate : as :func:`decode_attention`.
 
     Returns
@@ -451,7 +453,9 @@ def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min
             f"head_dim {payload.shape[3]} must be a power of two for the packed path")
     if mode != "delta":
         require(delta_loc is not None, "delta_loc", "is needed unless mode='delta'")
-    term = log_term(payload.shape[2], delta_loc) if mode != "delta" else 1.0
+    union = payload.shape[2] if n_union is None else n_union
+    require(isinstance(union, int) and union >= 1, "n_union", f"must be a positive int, got {n_union!r}")
+    term = log_term(union, delta_loc) if mode != "delta" else 1.0
     if witness is not None:
         _check_witness(witness, layout, payload.shape, q.shape[2], q.device, validate)
     plan = _Launch(keys=payload, witness=witness, layout=layout if witness is not None else None,

@@ -1,0 +1,286 @@
+"""The four-implementation table (DESIGN.md §4): kernel, torch, mpmath golden, independent.
+
+For a few small cells (one batch row, 9 query heads over 3 kv heads, ``S = 6`` tokens, d = 64)
+each certificate quantity is computed four ways:
+
+==========  ======================================  ======================================
+quantity    golden (mpmath, 50 digits)               independent (``decimal``, 60 digits)
+==========  ======================================  ======================================
+c_t         ``spec.bands.bound_band_witness`` (T2)   Cauchy-Schwarz per band, from T2's text
+u-branch    ``spec.dither.logit_bound(mode="u")``    ``u + beta + rho`` from TB's definitions
+A           ``spec.golden.a_plus_from_scores``       ``spec.independent.quantities``
+meter       ``spec.golden.meter_from_scores``        ``spec.independent.quantities``
+==========  ======================================  ======================================
+
+The kernel's per-token radii come from single-token rows (``D = max_t c_t = c_t`` when ``S = 1``);
+``A`` and the meter from the full rows. torch: ``witcert.logit_bound``, ``tier_b_logit_bound``,
+``witcert.bounds.moments``, ``witcert.meter`` (fp64). Golden and independent see the exact
+logits (``q . k^`` of the stored values, at full precision) and their own exact radii.
+
+Used by ``contracts/test_four_implementations.py`` (assertions) and
+``scripts/four_impl_table.py`` (the printed table).
+"""
+import dataclasses
+import functools
+import math
+from dataclasses import dataclass
+from decimal import Decimal, localcontext
+
+import mpmath
+import torch
+
+import witcert
+from witcert import bounds
+from witcert.bands import BandLayout
+from witcert.counters import StandaloneCounter
+from witcert.dithered_int8 import DitheredInt8
+from witcert.kernels.certificate import KernelRounding
+from witcert.kernels.decode_attention import decode_attention, decode_attention_packed
+from witcert.kernels.dither_write import dither_write
+from witcert.kernels.packed_keys import PackedKeys
+from witcert.kernels.witness_write import witness_write
+from witcert.packed_store import PackedStore
+from witcert.spec import bands as spec_bands
+from witcert.spec import dither as spec_dither
+from witcert.spec import golden, independent
+from witcert.tier_b import tier_b_logit_bound
+
+Q_HEADS, KV_HEADS, TOKENS, HEAD_DIM, BANDS = 9, 3, 6, 64, 16
+GROUP = Q_HEADS // KV_HEADS
+DELTA_LOC = 1e-6
+GOLDEN_DPS = 70
+DECIMAL_DIGITS = 60
+IMPLEMENTATIONS = ("kernel", "torch", "golden", "independent")
+
+
+@dataclass(frozen=True)
+class Quantity:
+    """One row of the table: values (cells,) per implementation, as mpf/Decimal-convertible."""
+
+    name: str
+    theorem: str
+    values: dict  # implementation -> list of values (one per cell)
+
+    def relative(self, implementation: str, against: str = "golden") -> list[mpmath.mpf]:
+        """``(impl - golden) / |golden|`` per cell (0 where both are 0), at ``GOLDEN_DPS`` digits."""
+        out = []
+        with mpmath.workdps(GOLDEN_DPS):
+            for a, b in zip(self.values[implementation], self.values[against]):
+                a, b = mpmath.mpf(str(a)), mpmath.mpf(str(b))
+                out.append(mpmath.mpf(0) if a == b else (a - b) / abs(b) if b != 0 else mpmath.inf)
+        return out
+
+
+@dataclass(frozen=True)
+class Problem:
+    """The tensors of the table's cells (one batch row)."""
+
+    q: torch.Tensor  # (1, Hq, d) fp16
+    k: torch.Tensor  # (1, Hkv, S, d) fp16 exact keys
+    k_hat_a: torch.Tensor  # Tier A reconstruction (fp16, rtn-int4)
+    witness: torch.Tensor  # (1, Hkv, S, B) fp16
+    v: torch.Tensor
+    layout: BandLayout
+    store: PackedStore  # Tier B
+    counter: StandaloneCounter
+
+
+@functools.lru_cache(maxsize=None)
+def problem(seed: int = 31) -> Problem:
+    generator = torch.Generator().manual_seed(seed)
+    k = (torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=generator) * torch.logspace(-1, 0.5, HEAD_DIM)).half()
+    v = torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=generator).half()
+    q = torch.randn(1, Q_HEADS, HEAD_DIM, generator=generator).half()
+    layout = BandLayout(HEAD_DIM, BANDS, "rotate_half")
+    k_hat = witcert.get_scheme("rtn-int4")(k, role="key")
+    counter = StandaloneCounter(request=torch.tensor([3]), layer=1, seed=seed)
+    store = dither_write(k, DitheredInt8(), counter)
+    return Problem(q, k, k_hat, witness_write(k, k_hat, layout), v, layout, store, counter)
+
+
+# ----------------------------------------------------------------------------- kernel side
+
+
+def _token_rows(x: torch.Tensor) -> torch.Tensor:
+    """(1, H, S, ...) -> (S, H, 1, ...): every token becomes its own single-token row."""
+    return x.transpose(0, 2).contiguous()
+
+
+def _token_row_plan(p: Problem) -> PackedKeys:
+    """The packed plan with every token as its own batch row (same counter words, same dither)."""
+    plan = PackedKeys.from_store(p.store, p.counter)
+    store = dataclasses.replace(p.store, payload=_token_rows(p.store.payload), scales=_token_rows(p.store.scales),
+                                outliers=_token_rows(p.store.outliers))
+    return dataclasses.replace(plan, store=store, scales=store.scales,
+                               token_words=plan.token_words.transpose(0, 1).contiguous(),
+                               head_words=plan.head_words.expand(TOKENS, -1, -1).contiguous(),
+                               outlier_slot=plan.outlier_slot.repeat(TOKENS, 1))
+
+
+def kernel_radii(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    """Kernel ``c_t`` (Tier A) and u-branch radius (Tier B), each (Hq, S) fp64, from single-token rows."""
+    q_rows = p.q.expand(TOKENS, -1, -1).contiguous()
+    v_rows = _token_rows(p.v)
+    tier_a = decode_attention(q_rows, _token_rows(p.k_hat_a), v_rows, _token_rows(p.witness), p.layout, num_splits=1)
+    tier_b = decode_attention_packed(q_rows, _token_row_plan(p), v_rows, delta_loc=DELTA_LOC, mode="u",
+                                     n_union=TOKENS, num_splits=1)
+    return tier_a.certificate.c_max.T, tier_b.certificate.c_max.T  # (Hq, S)
+
+
+def kernel_certificate(p: Problem):
+    """Kernel certificate of the full Tier A rows: (A upper bound, meter), each (Hq,)."""
+    cert = decode_attention(p.q, p.k_hat_a, p.v, p.witness, p.layout, num_splits=2).certificate
+    return 1 + cert.a_minus_one[0], cert.meter[0].double()
+
+
+def kernel_budget() -> dict:
+    shape = KernelRounding(max_seq_len=TOKENS, block_n=32, num_splits=2, head_dim=HEAD_DIM, bands=BANDS)
+    return {"kappa_c": shape.kappa_c, "kappa_b": shape.kappa_b, "shape": shape}
+
+
+# ----------------------------------------------------------------------------- torch side
+
+
+def torch_radii(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
+    q = p.q.double().view(KV_HEADS, GROUP, HEAD_DIM)
+    tier_a = witcert.logit_bound(q, p.witness[0][:, None], p.layout).reshape(Q_HEADS, TOKENS)
+    tier_b = tier_b_logit_bound(p.q.view(1, KV_HEADS, GROUP, HEAD_DIM), p.store, DELTA_LOC, mode="u")
+    return tier_a.double(), tier_b.reshape(Q_HEADS, TOKENS).double()
+
+
+def torch_scores(p: Problem) -> torch.Tensor:
+    keys = p.k_hat_a[0].double().repeat_interleave(GROUP, 0)  # (Hq, S, d)
+    return torch.einsum("hd,hsd->hs", p.q[0].double(), keys) / math.sqrt(HEAD_DIM)
+
+
+def torch_certificate(p: Problem):
+    scores, radius = torch_scores(p), torch_radii(p)[0]
+    return 1 + bounds.moments(scores, radius).k_hi, witcert.meter(scores, radius)
+
+
+# ----------------------------------------------------------------------------- golden side
+
+
+def _head_inputs(p: Problem, h: int):
+    kv = h // GROUP
+    q = [float(x) for x in p.q[0, h].double()]
+    k_hat = [[float(x) for x in row] for row in p.k_hat_a[0, kv].double()]
+    w = [[float(x) for x in row] for row in p.witness[0, kv].double()]
+    return q, k_hat, w
+
+
+def golden_radii_and_scores(p: Problem):
+    """Golden ``c_t`` (T2), u-branch radius (TB) and logits per head: lists (Hq) of lists (S)."""
+    scale_elem = p.store.scale_per_element()[0]  # (Hkv, S, d) fp64
+    radii, u_branch, scores = [], [], []
+    with mpmath.workdps(GOLDEN_DPS):
+        for h in range(Q_HEADS):
+            q, k_hat, w = _head_inputs(p, h)
+            radii.append([spec_bands.bound_band_witness(q, w[t], BANDS, "rotate_half") for t in range(TOKENS)])
+            scores.append([mpmath.fsum(mpmath.mpf(a) * mpmath.mpf(b) for a, b in zip(q, k_hat[t]))
+                           / mpmath.sqrt(HEAD_DIM) for t in range(TOKENS)])
+            s_rows = scale_elem[h // GROUP]
+            u_branch.append([spec_dither.logit_bound(q, [float(x) for x in s_rows[t]], 1 / mpmath.sqrt(HEAD_DIM),
+                                                     TOKENS, DELTA_LOC, mode="u") for t in range(TOKENS)])
+    return radii, u_branch, scores
+
+
+def golden_certificate(scores, radii):
+    return ([golden.a_plus_from_scores(s, c) for s, c in zip(scores, radii)],
+            [golden.meter_from_scores(s, c) for s, c in zip(scores, radii)])
+
+
+# ----------------------------------------------------------------------------- independent side
+
+
+def _dec(x) -> Decimal:
+    return Decimal(float(x)) if not isinstance(x, Decimal) else x
+
+
+def independent_radii_and_scores(p: Problem):
+    """c_t from T2's statement, ``u + beta + rho`` from TB's definitions, logits: all in decimal."""
+    scale_elem = p.store.scale_per_element()[0]
+    radii, u_branch, scores = [], [], []
+    with localcontext() as ctx:
+        ctx.prec = DECIMAL_DIGITS
+        inv_sqrt_d = 1 / Decimal(HEAD_DIM).sqrt()
+        half, per_band = HEAD_DIM // 2, HEAD_DIM // (2 * BANDS)
+        for h in range(Q_HEADS):
+            q, k_hat, w = _head_inputs(p, h)
+            qd = [_dec(x) for x in q]
+            # band b holds RoPE pairs j in [b P, (b+1) P), pair j = (j, j + d/2) (rotate_half)
+            q_band = [sum(qd[j] ** 2 + qd[j + half] ** 2 for j in range(b * per_band, (b + 1) * per_band)).sqrt()
+                      for b in range(BANDS)]
+            radii.append([inv_sqrt_d * sum(q_band[b] * _dec(w[t][b]) for b in range(BANDS)) for t in range(TOKENS)])
+            scores.append([inv_sqrt_d * sum(a * _dec(b) for a, b in zip(qd, k_hat[t])) for t in range(TOKENS)])
+            s_rows = scale_elem[h // GROUP]
+            u_row = []
+            for t in range(TOKENS):
+                s = [_dec(x) for x in s_rows[t]]
+                variance = inv_sqrt_d**2 * sum(qc**2 * sc**2 for qc, sc in zip(qd, s)) / 12
+                u = (2 * variance * (2 * Decimal(TOKENS) / _dec(DELTA_LOC)).ln()).sqrt()
+                l1 = inv_sqrt_d * sum(abs(qc) * sc for qc, sc in zip(qd, s))
+                unit = Decimal(2) ** -24
+                u_row.append(u + l1 * Decimal(2) ** -25 + l1 * Decimal("127.5") * (2 * unit + unit**2))
+            u_branch.append(u_row)
+    return radii, u_branch, scores
+
+
+def independent_certificate(scores, radii):
+    found = [independent.quantities(s, c=c) for s, c in zip(scores, radii)]
+    return [f["a_plus"] for f in found], [f["meter"] for f in found]
+
+
+# ----------------------------------------------------------------------------- the table
+
+
+@functools.lru_cache(maxsize=None)
+def table(seed: int = 31) -> tuple[Quantity, ...]:
+    """The four implementations of c_t, the u-branch radius, A and the meter, per cell."""
+    p = problem(seed)
+    k_radii, k_u = kernel_radii(p)
+    t_radii, t_u = torch_radii(p)
+    g_radii, g_u, g_scores = golden_radii_and_scores(p)
+    i_radii, i_u, i_scores = independent_radii_and_scores(p)
+    k_a, k_meter = kernel_certificate(p)
+    t_a, t_meter = torch_certificate(p)
+    g_a, g_meter = golden_certificate(g_scores, g_radii)
+    i_a, i_meter = independent_certificate(i_scores, i_radii)
+
+    def flat(x):
+        return [v for row in x for v in row] if isinstance(x, list) else [float(v) for v in x.reshape(-1)]
+
+    return (
+        Quantity("c_t (Tier A)", "T2", {"kernel": flat(k_radii), "torch": flat(t_radii), "golden": flat(g_radii),
+                                         "independent": flat(i_radii)}),
+        Quantity("u_t + beta_t + rho_t (Tier B)", "TB", {"kernel": flat(k_u), "torch": flat(t_u), "golden": flat(g_u),
+                                                         "independent": flat(i_u)}),
+        Quantity("A", "T1", {"kernel": flat(k_a), "torch": flat(t_a), "golden": g_a, "independent": i_a}),
+        Quantity("meter", "T1/P1/MN", {"kernel": flat(k_meter), "torch": flat(t_meter), "golden": g_meter,
+                                       "independent": i_meter}),
+    )
+
+
+def markdown(quantities) -> str:
+    """The table as markdown: one row per quantity, the worst cell per implementation pair."""
+    lines = ["| quantity | theorem | cells | golden (cell 0) | kernel - golden (max rel) | torch - golden (max rel) "
+             "| independent - golden (max rel) | kernel >= golden |",
+             "|---|---|---|---|---|---|---|---|"]
+    for quantity in quantities:
+        rel = {impl: quantity.relative(impl) for impl in ("kernel", "torch", "independent")}
+        worst = {impl: max(abs(r) for r in values) for impl, values in rel.items()}
+        never_below = all(r >= 0 for r in rel["kernel"])
+        golden0 = mpmath.nstr(mpmath.mpf(str(quantity.values["golden"][0])), 20)
+        lines.append(f"| {quantity.name} | {quantity.theorem} | {len(rel['kernel'])} | {golden0} "
+                     f"| {mpmath.nstr(worst['kernel'], 3)} | {mpmath.nstr(worst['torch'], 3)} "
+                     f"| {mpmath.nstr(worst['independent'], 3)} | {'yes' if never_below else 'NO'} |")
+    return "\n".join(lines)
+
+
+def kernel_a_budget(d_max: float) -> float:
+    """Stated relative slack of the kernel's ``A - 1`` for this problem (as ``kernel_relative_budget``)."""
+    from witcert.kernels.certificate import ARG_ERROR, Y_NORMAL
+
+    shape = kernel_budget()["shape"]
+    arguments = math.expm1(ARG_ERROR * Y_NORMAL) + ARG_ERROR * math.log(TOKENS)
+    return 2 * (shape.mass_error() + shape.moment_error() + arguments) + 2 * (shape.kappa_c + 2.0**-22) * (1 + d_max)

@@ -1,0 +1,63 @@
+"""Contract: four implementations of c_t, the Tier B radius, A and the meter agree (DESIGN.md §4).
+
+Implementations: the Triton kernel, the torch reference, the 50-digit mpmath golden (``spec``)
+and an independent ``decimal`` implementation written from the theorem statements
+(``contract_oracles``-style machinery in ``contracts/four_impl.py``).
+Domain: 9 cells (one row, GQA 9/3, S = 6, d = 64): Tier A over rtn-int4 keys, Tier B packed
+keys (u-branch radius ``u_t + beta_t + rho_t``).
+Tolerances:
+
+* golden vs independent: 40 significant digits (DESIGN.md §4);
+* torch (fp64) vs golden: 1e-12 relative, never below (each rounds up); the Tier B radius is
+  rounded up to fp32 by the reference: up to ``2^-22`` above;
+* kernel (fp32) vs golden: never below; above by at most its stated round-up -- ``2 kappa_c``
+  for ``c_t``, ``2 kappa_b`` for the Tier B radius (``kernels/certificate.py``), the ``A - 1``
+  budget ``kernel_a_budget`` for ``A`` (relative to ``A - 1``) and twice that for the meter.
+"""
+import mpmath
+import pytest
+
+from four_impl import kernel_a_budget, kernel_budget, table
+
+DIGITS = mpmath.mpf("1e-40")
+TORCH_FP64 = mpmath.mpf("1e-12")
+GOLDEN_ROUNDING = mpmath.mpf("1e-45")  # the golden is rounded to 50 digits
+
+
+def _quantity(name):
+    return {q.name: q for q in table()}[name]
+
+
+NAMES = ("c_t (Tier A)", "u_t + beta_t + rho_t (Tier B)", "A", "meter")
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_golden_and_independent_agree_to_40_digits(name):
+    assert max(abs(r) for r in _quantity(name).relative("independent")) <= DIGITS
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_torch_is_an_upper_bound_within_fp64_or_its_fp32_round_up(name):
+    rel = _quantity(name).relative("torch")
+    ceiling = mpmath.mpf(2) ** -22 if name.startswith("u_t") else TORCH_FP64
+    assert all(-GOLDEN_ROUNDING <= r <= ceiling for r in rel)
+
+
+@pytest.mark.parametrize("name", NAMES)
+def test_kernel_never_below_golden_and_within_its_stated_bound(name):
+    quantity = _quantity(name)
+    rel = quantity.relative("kernel")
+    assert all(r >= 0 for r in rel), f"{name}: kernel below the golden value"
+    budget = kernel_budget()
+    d_max = max(float(v) for v in _quantity("c_t (Tier A)").values["kernel"])
+    if name == "c_t (Tier A)":
+        ceiling = [2 * budget["kappa_c"]] * len(rel)
+    elif name.startswith("u_t"):
+        ceiling = [2 * budget["kappa_b"]] * len(rel)
+    else:
+        # relative to A - 1 (A) or to the meter itself; A's excess is (A - 1) times the budget
+        factor = 1 if name == "A" else 2
+        goldens = [mpmath.mpf(str(v)) for v in quantity.values["golden"]]
+        scale = [(g - 1) / g if name == "A" else 1 for g in goldens]
+        ceiling = [factor * kernel_a_budget(d_max) * s for s in scale]
+    assert all(r <= c for r, c in zip(rel, ceiling)), f"{name}: kernel above its stated rounding bound"
