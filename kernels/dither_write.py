@@ -46,7 +46,7 @@ def _round_up_scale(amax, SCALE_DIV: tl.constexpr):
     """Smallest-ish fp16 ``s`` with ``s * SCALE_DIV >= amax`` (exact fp64 check, one step up)."""
     s = (amax / SCALE_DIV).to(tl.float32).to(tl.float16)  # via fp32, as torch casts fp64 -> fp16
     short = s.to(tl.float64) * SCALE_DIV < amax  # exact: 11 x 8 significant bits
-    bumped = (s.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
+    bumped = (s.to(tl.int16, bitcast=True) + 1).to(tl.int16).to(tl.float16, bitcast=True)  # stay 16-bit
     return tl.where(short, bumped, s)
 
 

@@ -125,18 +125,22 @@ def log_term(n_union: int, delta_loc: float) -> float:
 
 @triton.jit
 def load_packed_keys(payload_rows, scale_rows, outlier_rows, slot, c0, c2, c1_base, c3, k0, k1,
-                     offs_d, mask_nd, GROUP: tl.constexpr):
+                     offs_d, mask_nd, GROUP: tl.constexpr, DITHERED: tl.constexpr = True):
     """fp64 keys (BLOCK_N, BLOCK_D), fp32 per-element scale (0 on outliers), outlier mask and values.
 
     ``payload_rows``/``scale_rows``/``outlier_rows`` are (BLOCK_N, 1) row pointers (the scale
     row already at the token's scale row), ``slot`` (BLOCK_D,) the channel's outlier slot or -1,
     ``c0``/``c2`` (BLOCK_N, 1) the tokens' counter words, ``c1_base``/``c3`` the head's.
+    ``DITHERED=False`` reads a plain round-to-nearest INT8 store (the benchmark's RTN baseline).
     """
     code = tl.load(payload_rows + offs_d[None, :], mask=mask_nd, other=0).to(tl.float64)
     scale16 = tl.load(scale_rows + (offs_d // GROUP)[None, :], mask=mask_nd, other=0.0)
     is_outlier = (slot >= 0)[None, :] & mask_nd
     scale = tl.where(is_outlier, 0.0, scale16.to(tl.float64))
-    xi = dither_block(c0, c1_base, c2, c3, k0, k1, offs_d[None, :])  # the write-time dither, bit for bit
+    if DITHERED:
+        xi = dither_block(c0, c1_base, c2, c3, k0, k1, offs_d[None, :])  # the write-time dither, bit for bit
+    else:
+        xi = tl.zeros_like(code)
     kept = tl.load(outlier_rows + tl.maximum(slot, 0)[None, :], mask=is_outlier, other=0.0).to(tl.float64)
     keys = tl.where(is_outlier, kept, scale * (code - xi))  # exact in fp64
     return keys, scale.to(tl.float32), is_outlier, kept.to(tl.float32)

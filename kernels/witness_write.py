@@ -28,7 +28,7 @@ def _round_up_fp16(x64):
     """fp16 value ``>= x64`` (``x64 >= 0``): nearest, then one step up where it fell short."""
     h = x64.to(tl.float32).to(tl.float16)  # via fp32, as torch casts fp64 -> fp16
     short = h.to(tl.float64) < x64
-    bumped = (h.to(tl.int16, bitcast=True) + 1).to(tl.float16, bitcast=True)
+    bumped = (h.to(tl.int16, bitcast=True) + 1).to(tl.int16).to(tl.float16, bitcast=True)  # stay 16-bit
     return tl.where(short, bumped, h)
 
 
