@@ -37,7 +37,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note='Lemmas: `WitCert.one_le_massExp`, `WitCert.partition_le_massExp`, `WitCert.one_le_massExp_mul_partition`, `WitCert.partition_pos`, `WitCert.ratio_mem_eform`.',
         spec="witcert.spec.bounds.bound_eform",
         torch="witcert.bounds.eform_bound",
-        kernel=None,
+        kernel="witcert.kernels.decode_attention.decode_attention",
         tests=("tests/test_spec_bounds.py", "tests/test_meter.py", "tests/test_fuzz.py"),
     ),
     Theorem(
@@ -48,7 +48,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note='Pointwise form `WitCert.abs_exp_neg_sub_partition_le_two_sided`; `WitCert.massExpNeg_le_partition`.',
         spec="witcert.spec.bounds.bound_two_sided",
         torch="witcert.bounds.two_sided_bound",
-        kernel=None,
+        kernel="witcert.kernels.decode_attention.decode_attention",
         tests=("tests/test_spec_bounds.py", "tests/test_meter.py", "tests/test_fuzz.py"),
     ),
     Theorem(
@@ -69,7 +69,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note='Chord of w -> |w - Z| on [e^-D, e^D] (`WitCert.mul_abs_sub_le_chord`), optimised over Z.',
         spec="witcert.spec.bounds.bound_maxnorm",
         torch="witcert.bounds.maxnorm_bound",
-        kernel=None,
+        kernel="witcert.kernels.decode_attention.decode_attention",
         tests=("tests/test_spec_bounds.py", "tests/test_meter.py", "tests/test_fuzz.py"),
     ),
     Theorem(
@@ -101,7 +101,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note='Pairs are indexed abstractly, so the statement covers both pair conventions (rotate_half and interleaved).',
         spec="witcert.spec.bands.band_norms",
         torch="witcert.witness.witness_of",
-        kernel=None,
+        kernel="witcert.kernels.witness_write.witness_write",
         tests=("tests/test_tier_a.py", "tests/test_schemes.py"),
     ),
     Theorem(
@@ -112,7 +112,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note='Witness corollary `WitCert.abs_logit_error_le_witness` (|q.r|/sqrt d <= sum_b ||q_b|| w_b / sqrt d).',
         spec="witcert.spec.bands.bound_band_witness",
         torch="witcert.witness.logit_bound",
-        kernel=None,
+        kernel="witcert.kernels.decode_attention.decode_attention",
         tests=("tests/test_tier_a.py", "tests/test_schemes.py", "tests/test_observe.py"),
     ),
     Theorem(
@@ -133,7 +133,7 @@ THEOREMS: tuple[Theorem, ...] = (
         lean="WitCert.uniform_mgf_le",
         spec="witcert.spec.dither.uniform_mgf",
         torch=None,
-        kernel=None,
+        kernel="witcert.kernels.dither_write.dither_write",
         tests=("tests/test_tier_b.py",),
     ),
     Theorem(
@@ -155,7 +155,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note='Allocation identity `WitCert.delta_loc_allocation`; the order-theoretic composition is also proved in core Lean: `WitCert.Core.BudgetMonoid.budget_composition`.',
         spec="witcert.spec.dither.delta_local",
         torch="witcert.tier_b.delta_local",
-        kernel=None,
+        kernel="witcert.kernels.decode_attention.decode_attention_packed",
         tests=("tests/test_tier_b.py",),
     ),
     Theorem(
@@ -166,7 +166,7 @@ THEOREMS: tuple[Theorem, ...] = (
         note="Proved from per-token sub-Gaussian tails P(+-eps_t >= u) <= exp(-u^2/(2 v_t)) taken as hypotheses (the Chernoff step from Lemma 2's MGF bound is not formalized); radius identity `WitCert.exp_neg_sq_tierBRadius`. Non-adaptive queries only.",
         spec="witcert.spec.dither.radius",
         torch="witcert.tier_b.tier_b_logit_bound",
-        kernel=None,
+        kernel="witcert.kernels.decode_attention.decode_attention_packed",
         tests=("tests/test_tier_b.py", "tests/test_dithered_int8.py", "tests/test_counters.py", "tests/test_philox.py"),
     ),
     Theorem(
@@ -176,9 +176,9 @@ THEOREMS: tuple[Theorem, ...] = (
         lean="WitCert.block_sum_eq_token_sum",
         note='Split-KV merge with log-sum-exp weights: `WitCert.massExp_merge`. Core-Lean version of the refinement identity over abstract sums: `WitCert.Core.SumRing.block_sum_eq_token_sum`.',
         spec="witcert.spec.bounds.a_merge",
-        torch=None,
-        kernel=None,
-        tests=("tests/test_spec_bounds.py",),
+        torch="witcert.kernels.merge.merge_splits_reference",
+        kernel="witcert.kernels.merge.merge_splits",
+        tests=("tests/test_spec_bounds.py", "contracts/test_split_kv_merge.py"),
     ),
     Theorem(
         key="FP",
@@ -187,7 +187,7 @@ THEOREMS: tuple[Theorem, ...] = (
         lean=None,
         spec="witcert.spec.rounding.log_sum_error_bound",
         torch="witcert.rounding.log_sum_error",
-        kernel=None,
+        kernel="witcert.kernels.certificate.certificate_from_moments",
         tests=("tests/test_meter.py", "tests/test_fuzz.py"),
         note="A floating-point error analysis, checked against the mpmath golden, not a Lean theorem.",
     ),
