@@ -1,17 +1,17 @@
-"""Per-cell measurement: meter, risk score and true TV for every (query head, query) of one layer call.
+"""Per-cell measurement and repair for one layer call of a real model.
 
-A *cell* is one (layer, query head, query position) -- at decode time one (layer, head, step).
-For the queries of one forward call this module forms, in fp64:
+A *cell* is one (layer, query head, query position); at decode time one (layer, head, step).
+For the queries of one forward call, :func:`measure` runs :func:`witcert.observe` (Tier A:
+band witness ``L1``/``T2``, meter ``T1``/``P1``/``MN``, value-side output bound, joint pass)
+on the exact shadow and the stored reconstruction, per batch element, in fp64, and keeps the
+compressed and exact logits the gate needs. :func:`gated_output` applies the policy of a
+:class:`witcert.Gate` (block-level page-in from the exact shadow, vectorized over cells) and
+recomputes the attention output of every fired cell over the repaired cache.
 
-- exact logits ``l = q.k sm_scale`` and compressed logits ``l~ = q.k^ sm_scale`` (masked: ``-inf``);
-- per-token bounds ``c_t >= |l~_t - l_t|`` from the stored certificate (Tier A: Theorem 2, ``T2``);
-- the meter ``min(1, T1, P1, MN)`` and the raw risk score (T1) from :func:`witcert.meter`;
-- the true ``TV(softmax(l), softmax(l~))`` against the exact shadow (observatory mode);
-- the exact attention output, which the gate substitutes for the cells it repairs.
-
-fp64 is the arithmetic of record: the meter bounds the TV of the exact-arithmetic attention
-over the stored floats, and the true TV is measured the same way. The model itself runs the
-attention in fp32; the fp32-vs-fp64 gap (~1e-7) is not part of what is certified.
+fp64 is the arithmetic of record (see :mod:`witcert.observe` for the score-rounding slack):
+the meter bounds the TV of exact-arithmetic attention over the stored floats, and the true TV
+is measured the same way. The model itself runs attention in fp32; that ~1e-7 gap is not part
+of what is certified.
 """
 from __future__ import annotations
 
@@ -19,24 +19,37 @@ from dataclasses import dataclass
 
 import torch
 
+from witcert import values
+from witcert.blocks import log_block_excess
+from witcert.gate import Gate
 from witcert.meter import meter, risk_score
+from witcert.observe import observe
+
+_FIELDS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "joint", "c_max", "repaired")
 
 
 @dataclass(frozen=True)
 class CellBatch:
-    """Measurements of the cells of one layer call; every tensor is (B, Hq, Tq) on the CPU."""
+    """Measurements of the cells of one layer call; every tensor is (B, Hq, Tq) on the CPU.
+
+    ``true_tv``/``true_output_error`` are NaN when the exact shadow was not consulted;
+    ``repaired`` marks the cells the gate fired on (their output was recomputed).
+    """
 
     layer: int
     positions: torch.Tensor  # (Tq,) absolute query positions (the decode step for Tq = 1)
     meter: torch.Tensor
     risk: torch.Tensor
-    true_tv: torch.Tensor  # NaN when the exact shadow was not consulted
+    true_tv: torch.Tensor
+    output_bound: torch.Tensor
+    true_output_error: torch.Tensor
+    joint: torch.Tensor  # bool: pass_K and pass_V
     c_max: torch.Tensor  # max_t c_t over visible tokens
-    repaired: torch.Tensor  # bool: the gate replaced this cell by exact attention
+    repaired: torch.Tensor
 
     def __post_init__(self):
         shape = self.meter.shape
-        for name in ("risk", "true_tv", "c_max", "repaired"):
+        for name in _FIELDS[1:]:
             if getattr(self, name).shape != shape:
                 raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}")
         if self.positions.shape != shape[-1:]:
@@ -44,17 +57,18 @@ class CellBatch:
 
 
 @dataclass(frozen=True)
-class CellMath:
-    """fp64 intermediates of one call, grouped for GQA: (B, Hkv, G, Tq, ...)."""
+class CallMath:
+    """fp64 quantities of one call, (B, Hq, Tq, ...); logits are ``-inf`` where masked."""
 
-    meter: torch.Tensor  # (B, Hkv, G, Tq)
-    risk: torch.Tensor
-    true_tv: torch.Tensor
-    c_max: torch.Tensor
-    exact_output: torch.Tensor  # (B, Hkv, G, Tq, d)
+    cells: dict  # field name -> (B, Hq, Tq) tensor
+    value_term: torch.Tensor  # (B, Hq, Tq) bound on sum_t p~_t rho_t
+    v_norm_max: torch.Tensor  # (B, Hq, Tq)
+    c: torch.Tensor  # (B, Hq, Tq, S) per-token logit bounds (score rounding included)
+    scores_hat: torch.Tensor  # (B, Hq, Tq, S) compressed logits
+    scores: torch.Tensor  # (B, Hq, Tq, S) exact logits
 
 
-def visible_mask(attention_mask, batch: int, q_len: int, kv_len: int, device) -> torch.Tensor:
+def visible_mask(attention_mask, q_len: int, kv_len: int, device) -> torch.Tensor:
     """Boolean (B|1, 1|Hq, Tq, S) mask of the keys each query may see.
 
     ``None`` means causal with the queries at the end of the cache (the stock sdpa path's
@@ -69,52 +83,138 @@ def visible_mask(attention_mask, batch: int, q_len: int, kv_len: int, device) ->
     return attention_mask[..., :kv_len] > torch.finfo(attention_mask.dtype).min / 2
 
 
-def measure(
-    query: torch.Tensor,
-    key: torch.Tensor,
-    value: torch.Tensor,
-    k_hat: torch.Tensor,
-    logit_bound_fn,
-    visible: torch.Tensor,
-    scale: float,
-    with_truth: bool = True,
-) -> CellMath:
-    """Meter, risk and (optionally) true TV for every query of one call (T1, P1, MN via ``meter``).
+def measure(query, key, value, k_hat, v_hat, visible, scale, scheme, layout, exact=True) -> CallMath:
+    """Tier A observation of every (query head, query) of one call (``T1``, ``T2``, value side).
 
-    Parameters
-    ----------
-    query : (B, Hq, Tq, d) post-RoPE queries.
-    key, value : (B, Hkv, S, d) exact cache (the shadow).
-    k_hat : (B, Hkv, S, d) stored reconstruction of the keys.
-    logit_bound_fn : callable ``q5 (B, Hkv, G, Tq, d) -> c (B, Hkv, G, Tq, S)``, ``c >= |eps|``.
-    visible : bool mask broadcastable to (B, Hq, Tq, S).
-    scale : the softmax scale (exact real multiplier).
+    ``query`` (B, Hq, Tq, d) post-RoPE; ``key``/``value`` (B, Hkv, S, d) the exact shadow;
+    ``k_hat``/``v_hat`` the stored reconstruction; ``visible`` bool, broadcastable to
+    (B, Hq, Tq, S).
     """
+    b, hq, tq, _ = query.shape
+    s = key.shape[-2]
+    groups = hq // key.shape[1]
+    mask = visible.expand(b, hq, tq, s)
+    per_batch = []
+    for i in range(b):
+        obs = observe(
+            query[i], key[i], value[i], scheme, layout, sm_scale=scale, exact=exact,
+            mask=mask[i], k_hat=k_hat[i], v_hat=v_hat[i],
+        )
+        per_batch.append(obs)
+    q64 = query.to(torch.float64)
+    scores_hat = _logits(q64, k_hat, groups, scale).masked_fill(~mask, -torch.inf)
+    scores = _logits(q64, key, groups, scale).masked_fill(~mask, -torch.inf)
+    c = torch.stack([o.c for o in per_batch])  # (B, Hq, Tq, S)
+    c = torch.where(mask, c, torch.zeros_like(c))
+    nan = torch.full((hq, tq), torch.nan, dtype=torch.float64)
+    cells = {
+        "meter": torch.stack([o.meter for o in per_batch]),
+        "risk": torch.stack([o.risk for o in per_batch]),
+        "true_tv": torch.stack([o.true_tv if o.true_tv is not None else nan for o in per_batch]),
+        "output_bound": torch.stack([o.output_bound for o in per_batch]),
+        "true_output_error": torch.stack(
+            [o.true_output_error if o.true_output_error is not None else nan for o in per_batch]
+        ),
+        "joint": torch.stack([o.joint for o in per_batch]),
+        "c_max": c.amax(dim=-1),
+    }
+    return CallMath(
+        cells=cells,
+        value_term=torch.stack([o.value_term for o in per_batch]),
+        v_norm_max=torch.stack([o.v_norm_max for o in per_batch]),
+        c=c, scores_hat=scores_hat, scores=scores,
+    )
+
+
+def tighten_with_tier_b(math: CallMath, query, store, delta_loc: float, scale: float, adaptive: bool,
+                        tau_k: float = 0.2, tau_v: float = 0.05) -> CallMath:
+    """Per-token minimum of the Tier A bound and the Tier B bound of a dithered store (``TB``, ``L3``).
+
+    ``c_t = min(c_t^A, c_t^B + score rounding)``: both hold on the Tier B event, so their minimum
+    does. Non-adaptive queries (``adaptive=False``: prefill, teacher-forced probes) use
+    ``min(u_t + beta_t, Delta_t)``; adaptive ones (greedy decode) only the deterministic
+    ``Delta_t``, which holds for every query. The meter, risk, output bound and joint pass are
+    recomputed from the tightened ``c``.
+    """
+    from witcert.observe import _score_rounding
+    from witcert.tier_b import tier_b_logit_bound
+
     b, hq, tq, d = query.shape
-    hkv, s = key.shape[1], key.shape[2]
+    hkv = store.k_hat.shape[1]
     groups = hq // hkv
-    q5 = query.to(torch.float64).reshape(b, hkv, groups, tq, d)  # (B, Hkv, G, Tq, d)
-    mask5 = visible.expand(b, hq, tq, s).reshape(b, hkv, groups, tq, s)
-    k_hat5 = k_hat.to(torch.float64)[:, :, None]  # (B, Hkv, 1, S, d)
-    scores_hat = (q5 @ k_hat5.transpose(-1, -2)) * scale  # (B, Hkv, G, Tq, S)
-    scores_hat = scores_hat.masked_fill(~mask5, -torch.inf)
-    c = logit_bound_fn(q5)  # (B, Hkv, G, Tq, S)
-    c = torch.where(mask5, c, torch.zeros_like(c))
-    m = meter(scores_hat, c)
-    r = risk_score(scores_hat, c)
-    c_max = c.amax(dim=-1)
-    k5 = key.to(torch.float64)[:, :, None]
-    scores = ((q5 @ k5.transpose(-1, -2)) * scale).masked_fill(~mask5, -torch.inf)
-    p = torch.softmax(scores, dim=-1)
-    exact_output = p @ value.to(torch.float64)[:, :, None]  # (B, Hkv, G, Tq, d)
-    if with_truth:
-        p_hat = torch.softmax(scores_hat, dim=-1)
-        true_tv = 0.5 * (p - p_hat).abs().sum(dim=-1)
-    else:
-        true_tv = torch.full_like(m, torch.nan, dtype=torch.float64)
-    return CellMath(meter=m, risk=r, true_tv=true_tv, c_max=c_max, exact_output=exact_output)
+    s = store.k_hat.shape[-2]
+    q4 = query.to(torch.float64).reshape(b, hkv, groups * tq, d)  # GQA group folded into the query axis
+    mode = "delta" if adaptive else "min"
+    parts = [tier_b_logit_bound(q4, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s) for chunk in store.key_stores]
+    c_b = torch.cat(parts, dim=-1).to(torch.float64).reshape(b, hq, tq, s)
+    slack = torch.stack([
+        _score_rounding(query[i].to(torch.float64).reshape(hkv, groups, tq, d), store.k_hat[i].to(torch.float64), scale)
+        for i in range(b)
+    ]).reshape(b, hq, tq, s)
+    c = torch.minimum(math.c, (c_b + slack) * (1 + 2.0**-50))  # the sum rounds once in fp64
+    c = torch.where(torch.isneginf(math.scores_hat), torch.zeros_like(c), c)
+    m = meter(math.scores_hat, c)
+    bound = values.output_bound(m, math.value_term, math.v_norm_max)
+    passes = values.joint_pass(m, math.value_term, math.v_norm_max, tau_k, tau_v)
+    cells = dict(math.cells, meter=m, risk=risk_score(math.scores_hat, c), output_bound=bound,
+                 joint=passes.joint, c_max=c.amax(dim=-1))
+    return CallMath(cells=cells, value_term=math.value_term, v_norm_max=math.v_norm_max,
+                    c=c, scores_hat=math.scores_hat, scores=math.scores)
 
 
-def flatten_heads(x: torch.Tensor) -> torch.Tensor:
-    """(B, Hkv, G, Tq, ...) -> (B, Hq, Tq, ...) with query head ``h = kv * G + g`` (HF order)."""
-    return x.flatten(1, 2)
+def _logits(q64, keys, groups, scale):
+    """(B, Hq, Tq, d) x (B, Hkv, S, d) -> (B, Hq, Tq, S) in fp64, query head ``h`` reading kv ``h // G``."""
+    k64 = keys.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
+    return (q64 @ k64.transpose(-1, -2)) * scale
+
+
+def block_repair(gate: Gate, scores_hat: torch.Tensor, scores: torch.Tensor, c: torch.Tensor):
+    """Greedy block page-in for many cells at once: the policy of :class:`witcert.Gate` (``repair="blocks"``).
+
+    Every row over ``gate.tau`` (by ``gate.value``: the meter when certified) pages in, one
+    block per round, the block with the largest ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)``
+    (Lemma 4, ``L4``): its exact logits replace the compressed ones and its ``c`` becomes 0;
+    the real gated value is recomputed after every round, until it is ``<= tau`` or nothing
+    is left to repair. Vectorized over rows, so a model-sized call (thousands of cells) costs
+    at most ``n_blocks`` batched rounds.
+
+    Returns ``(scores_after, c_after, repaired_tokens, fired, after)``; rows (...) as the inputs.
+    """
+    before = gate.value(scores_hat, c)  # (...)
+    fired = before > gate.tau
+    cur_scores, cur_c = scores_hat.clone(), c.clone()
+    repaired = torch.zeros_like(c, dtype=torch.bool)
+    block_of = torch.arange(c.shape[-1], device=c.device) // gate.block_size  # (S,)
+    active = fired.clone()
+    while active.any():
+        rows = active.nonzero(as_tuple=True)
+        log_x = log_block_excess(cur_scores[rows], cur_c[rows], gate.block_size)  # (n, nb)
+        best_value, best = log_x.max(dim=-1)
+        useful = best_value > -torch.inf  # (n,) something left to repair
+        page = (block_of[None, :] == best[:, None]) & useful[:, None]  # (n, S)
+        cur_scores[rows] = torch.where(page, scores[rows], cur_scores[rows])
+        cur_c[rows] = torch.where(page, torch.zeros_like(page, dtype=cur_c.dtype), cur_c[rows])
+        repaired[rows] = repaired[rows] | page
+        still = useful & (gate.value(cur_scores[rows], cur_c[rows]) > gate.tau)
+        active[rows] = still
+    return cur_scores, cur_c, repaired, fired, gate.value(cur_scores, cur_c)
+
+
+def gated_output(math: CallMath, gate: Gate, value, v_hat, output):
+    """Gate every cell and recompute the output of fired cells over the repaired cache.
+
+    Pages come from the exact shadow (the model's own cache, which holds the real keys and
+    values); a repaired token reads its exact key and exact value. Returns
+    ``(output, fired)`` with ``output`` (B, Tq, Hq, d) like transformers' attention output and
+    ``fired`` (B, Hq, Tq) bool.
+    """
+    scores_after, _, repaired, fired, _ = block_repair(gate, math.scores_hat, math.scores, math.c)
+    if not fired.any():
+        return output, fired
+    groups = math.c.shape[1] // value.shape[1]
+    v64 = value.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
+    vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
+    p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
+    y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
+    y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
+    return torch.where(fired.transpose(1, 2)[..., None], y, output), fired

@@ -12,8 +12,9 @@ stock ``DynamicCache`` is the exact shadow for free. While a :class:`Session` is
 3. for every later query the meter is formed per (layer, query head, query) from the real
    post-RoPE query (T1/P1/MN over Theorem 2's ``c_t``), with the true TV against the exact
    shadow when ``observe`` is on;
-4. with a gate threshold ``tau < 1``, every cell whose meter exceeds it is repaired: its
-   output is recomputed from the exact keys and values (certified gating).
+4. with a :class:`witcert.Gate`, every cell over its threshold is repaired by paging exact
+   blocks in from the shadow until its meter is below ``tau`` (certified when ``tau < 1``),
+   and its output is recomputed over the repaired cache.
 
 Without an active session the function *is* the stock sdpa path (same call, same mask), so a
 model switched to ``"witcert"`` with nothing active gives bit-identical logits; leaving a
@@ -34,11 +35,12 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from witcert import cells
 from witcert.bands import BandLayout
-from witcert.compressed_kv import CompressedLayer
+from witcert.compressed_kv import CompressedLayer, DitheredLayer
+from witcert.gate import Gate
 from witcert.schemes import get_scheme
-from witcert.witness import logit_bound
 
 ATTN_NAME = "witcert"
+DITHERED = "dithered-int8"  # the Tier B cache (witcert.DitheredInt8), not a Tier A registry scheme
 _ACTIVE: list["Session"] = []
 
 
@@ -54,30 +56,56 @@ class Session:
         Band grouping of the model's head dim (``rotate_half`` for HF Llama-family models).
     observe : bool
         Compute the true TV against the exact shadow for every cell.
-    gate_tau : float or None
-        Repair cells whose meter exceeds ``gate_tau`` (certified regime: ``gate_tau < 1``).
+    gate : witcert.Gate or None
+        Gate every cell and repair the fired ones from the exact shadow (block page-in).
+    tier : {"A", "B"}
+        ``"B"`` needs ``scheme="dithered-int8"``: the cache is the dithered INT8 store and each
+        token's bound is the minimum of its Tier A witness bound and the Tier B bound.
+    delta_loc : float
+        Tier B per-(layer, head, step) failure budget (``witcert.tier_b.delta_local``).
+    adaptive : bool
+        Set while queries depend on the dither (greedy decoding): Tier B then uses only its
+        deterministic branch ``Delta_t``.
     """
 
     scheme: str
     layout: BandLayout
     observe: bool = True
-    gate_tau: float | None = None
+    gate: Gate | None = None
+    tier: str = "A"
+    delta_loc: float = 1e-7
+    adaptive: bool = False
+    request: int = 0
     layers: dict[int, CompressedLayer] = field(default_factory=dict, repr=False)
     batches: list[cells.CellBatch] = field(default_factory=list, repr=False)
 
     def __post_init__(self):
         if not isinstance(self.layout, BandLayout):
             raise ValueError(f"layout must be a BandLayout, got {type(self.layout).__name__}")
-        if self.gate_tau is not None and not (0.0 < self.gate_tau < 1.0):
-            raise ValueError(f"gate_tau must lie in (0, 1) for certified gating, got {self.gate_tau}")
-        self._compress = get_scheme(self.scheme)  # raises on an unknown name
+        if self.gate is not None and not isinstance(self.gate, Gate):
+            raise ValueError(f"gate must be a witcert.Gate or None, got {type(self.gate).__name__}")
+        if self.tier not in ("A", "B"):
+            raise ValueError(f"tier must be 'A' or 'B', got {self.tier!r}")
+        if not 0.0 < self.delta_loc < 1.0:
+            raise ValueError(f"delta_loc must lie in (0, 1), got {self.delta_loc}")
+        if self.scheme == DITHERED:
+            from witcert.dithered_int8 import DitheredInt8
 
-    def layer(self, index: int) -> CompressedLayer:
-        if index not in self.layers:
+            self._quantizer = DitheredInt8(rope="rotate_half")
+        elif self.tier == "B":
+            raise ValueError(f"tier B certifies the {DITHERED!r} cache only, not scheme {self.scheme!r}")
+        else:
+            self._compress = get_scheme(self.scheme)  # raises on an unknown name
+
+    def layer(self, index: int):
+        if index in self.layers:
+            return self.layers[index]
+        if self.scheme == DITHERED:
+            self.layers[index] = DitheredLayer(self._quantizer, layer=index, request=self.request)
+        else:
             self.layers[index] = CompressedLayer(
                 compress_key=lambda x: self._compress(x, role="key"),
                 compress_value=lambda x: self._compress(x, role="value"),
-                layout=self.layout,
             )
         return self.layers[index]
 
@@ -127,46 +155,22 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         module, query, store.k_hat, store.v_hat, attention_mask, scaling=scaling, dropout=dropout, **kwargs
     )
     scale = module.scaling if scaling is None else scaling
-    batch = _measure(session, store, module.layer_idx, query, key, value, attention_mask, scale)
-    if session.gate_tau is not None:
-        output = _repair(output, batch, session.gate_tau)
-    return output, weights
-
-
-def _measure(session, store, layer_idx, query, key, value, attention_mask, scale):
-    b, hq, tq, _ = query.shape
-    s = key.shape[-2]
-    visible = cells.visible_mask(attention_mask, b, tq, s, query.device)
-    witness = store.witness[:, :, None, None]  # (B, Hkv, 1, 1, S, Bands)
-
-    def bound(q5):
-        return logit_bound(q5, witness, session.layout, sm_scale=scale)
-
-    math = cells.measure(query, key, value, store.k_hat, bound, visible, scale, with_truth=session.observe)
-    flagged = math.meter > session.gate_tau if session.gate_tau is not None else torch.zeros_like(math.meter, dtype=torch.bool)
-    batch = cells.CellBatch(
-        layer=layer_idx,
-        positions=torch.arange(s - tq, s),
-        meter=cells.flatten_heads(math.meter).cpu(),
-        risk=cells.flatten_heads(math.risk).cpu(),
-        true_tv=cells.flatten_heads(math.true_tv).cpu(),
-        c_max=cells.flatten_heads(math.c_max).cpu(),
-        repaired=cells.flatten_heads(flagged).cpu(),
+    tq, s = query.shape[-2], key.shape[-2]
+    visible = cells.visible_mask(attention_mask, tq, s, query.device)
+    math = cells.measure(
+        query, key, value, store.k_hat, store.v_hat, visible, scale, None, session.layout, exact=session.observe
     )
-    session.batches.append(batch)
-    return _Measured(batch=batch, exact_output=cells.flatten_heads(math.exact_output))
-
-
-@dataclass(frozen=True)
-class _Measured:
-    batch: cells.CellBatch
-    exact_output: torch.Tensor  # (B, Hq, Tq, d) fp64
-
-
-def _repair(output, measured: _Measured, tau: float):
-    """Replace the output of every flagged cell by exact attention (output is (B, Tq, Hq, d))."""
-    flagged = measured.batch.repaired.to(output.device).transpose(1, 2)  # (B, Tq, Hq)
-    if not flagged.any():
-        return output
-    exact = measured.exact_output.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
-    return torch.where(flagged[..., None], exact, output)
+    if session.tier == "B":
+        math = cells.tighten_with_tier_b(math, query, store, session.delta_loc, scale, session.adaptive)
+    fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
+    if session.gate is not None:
+        output, fired = cells.gated_output(math, session.gate, value, store.v_hat, output)
+    session.batches.append(
+        cells.CellBatch(
+            layer=module.layer_idx,
+            positions=torch.arange(s - tq, s),
+            repaired=fired.cpu(),
+            **{name: t.cpu() for name, t in math.cells.items()},
+        )
+    )
+    return output, weights
