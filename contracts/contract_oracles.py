@@ -6,7 +6,8 @@ test compares against lives here:
 * ``AttentionCase``: one decode problem (batch x query heads cells): exact keys ``k``, the
   compressed keys the kernel sees, values, valid lengths and the certificate inputs (Tier A
   witness and/or Tier B packed store). ``CASES`` names the domain: GQA 9/3, d = 64, both RoPE
-  pair conventions, masked rows (``S = 1``), ties (``q = 0``), peaked attention, tiny and huge
+  pair conventions, masked rows (``S = 1``), ties (``q = 0``), peaked attention, logits ~1e4
+  (one-hot attention, where the kernel's own logit rounding ``delta_t`` dominates), tiny and huge
   radii, fixed outliers, standalone and paged counters.
 * fp64 truths: ``compressed_scores`` / ``exact_scores`` (GQA-expanded logits, ``-inf`` beyond
   ``seq_len``), ``true_tv`` (exact keys vs compressed keys, the quantity the meter bounds),
@@ -122,6 +123,7 @@ CASE_BUILDERS = {
     "A-capped-radius": lambda: tier_a_case("A-capped-radius", "sign-1bit", seed=8, seq=32, q_scale=40.0),
     "A-peaked": lambda: tier_a_case("A-peaked", "rtn-int8", seed=5, q_scale=8.0),
     "A-ties": lambda: tier_a_case("A-ties", "rtn-int4", seed=6, q_scale=0.0, seq=40),
+    "A-huge-logits": lambda: tier_a_case("A-huge-logits", None, seed=40, noise=1e-9, q_scale=3000.0, seq=32),
     "A-tiny-c": lambda: tier_a_case("A-tiny-c", None, seed=7, noise=1e-5, seq=64),
     "B-min-standalone": lambda: tier_b_case("B-min-standalone", seed=21),
     "B-delta-paged-outliers-fp32": lambda: tier_b_case(
@@ -220,6 +222,13 @@ def relative_excess(upper: torch.Tensor, value: torch.Tensor) -> torch.Tensor:
     """``(upper - value) / |value|`` (0 where both are 0)."""
     denom = value.abs().clamp(min=1e-300)
     return torch.where((upper == value), torch.zeros_like(value), (upper - value) / denom)
+
+
+def delta_max(name: str, num_splits: int = DEFAULT_SPLITS) -> torch.Tensor:
+    """The kernel's bound on its own fp64 logit rounding, per cell (B, Hq): an absolute slack of ``A``."""
+    from witcert.kernels.merge import STAT_DELTA_MAX, stat_column
+
+    return stat_column(kernel_run(name, num_splits).stats, STAT_DELTA_MAX)
 
 
 def kernel_relative_budget(name: str, num_splits: int = DEFAULT_SPLITS) -> float:

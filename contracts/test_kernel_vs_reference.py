@@ -16,7 +16,9 @@ Tolerances (each justified where it is used):
   radius, less the reference's one-ulp fp32 round-up of ``c``), and above the reference by at
   most ``kernel_relative_budget`` (its enclosure and radius round-up, stated in
   ``kernels/certificate.py``) plus the enclosure's absolute underflow term (``4 S tiny`` per
-  moment, ~1e-35: it is what the kernel reports when ``c = 0``).
+  moment, ~1e-35: it is what the kernel reports when ``c = 0``) plus ``2 delta_max``, the
+  kernel's bound on its own fp64 logit rounding (``A <= e^delta (1 + k/l)``; ~1e-13 for logits
+  of size 10, ~1e-9 for logits of size 1e4).
 * ``D``: the same radius rounded up twice over: ``[1 - 2^-23, 1 + 2 kappa]`` times the reference.
 * meter: a function of ``A - 1``, ``1 - A-`` and ``D`` whose relative sensitivity is at most 2,
   so twice the ``A`` budget (both sides are sound upper bounds: neither is "the truth").
@@ -24,7 +26,7 @@ Tolerances (each justified where it is used):
 import pytest
 import torch
 
-from contract_oracles import (CASES, case, compressed_scores, exact_a_minus_one, kernel_relative_budget,
+from contract_oracles import (CASES, case, compressed_scores, delta_max, exact_a_minus_one, kernel_relative_budget,
                               kernel_run, reference_attention, reference_meter, reference_moments, reference_radius)
 from witcert.kernels.certificate import ARG_ERROR, KernelRounding
 
@@ -58,7 +60,8 @@ def test_a_minus_one_is_an_upper_bound_close_to_the_reference(name):
     assert bool((cert.a_minus_one[live] >= floor[live]).all()), "kernel A - 1 below the fp64 value"
     reference = reference_moments(c).k_hi
     underflow = 16 * c.k.shape[2] * torch.finfo(torch.float32).tiny  # the enclosure's absolute term
-    ceiling = reference * (1 + kernel_relative_budget(name)) + underflow
+    delta = delta_max(name)  # A <= e^delta (1 + k/l): the kernel's own logit rounding
+    ceiling = reference * (1 + kernel_relative_budget(name)) * (1 + 2 * delta) + 2 * delta + underflow
     assert bool((cert.a_minus_one[live] <= ceiling[live]).all()), "kernel A - 1 above its stated budget"
 
 
@@ -80,7 +83,9 @@ def test_meter_matches_reference(name):
     reference = reference_meter(c)
     budget = 2 * kernel_relative_budget(name)
     underflow = 64 * c.k.shape[2] * torch.finfo(torch.float32).tiny
-    assert bool((kernel <= reference * (1 + budget) + underflow).all()), "kernel meter above its stated budget"
+    delta = delta_max(name)
+    ceiling = reference * (1 + budget) * (1 + 4 * delta) + 4 * delta + underflow
+    assert bool((kernel <= ceiling).all()), "kernel meter above its stated budget"
     assert bool((kernel >= reference * (1 - budget)).all()), "kernel meter far below the reference"
 
 
