@@ -13,6 +13,8 @@ Tolerance: none -- bitwise equality.
 """
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 from witcert.counters import PagedCounter, StandaloneCounter
 from witcert.dither import dither_of
@@ -70,6 +72,19 @@ def test_random_words_kernel_equals_torch_and_spec(block):
     assert torch.equal(out, torch_philox(counter, key))
     for row in range(0, 300, 37):  # the spec is pure Python: a sample of rows
         assert tuple(out[row].tolist()) == spec_philox(counter[row].tolist(), key[row].tolist())
+
+
+WORD = st.integers(min_value=0, max_value=(1 << 32) - 1)
+
+
+@settings(max_examples=40)  # each example launches the interpreted kernel
+@given(counter=st.lists(WORD, min_size=4, max_size=4), key=st.lists(WORD, min_size=2, max_size=2))
+@example(counter=[0, 0, 0, 0], key=[0, 0])
+@example(counter=[(1 << 32) - 1] * 4, key=[(1 << 32) - 1] * 2)
+@example(counter=[(1 << 31), (1 << 31) - 1, 1, (1 << 32) - 2], key=[(1 << 31), 0x9E3779B9])
+def test_any_words_kernel_equals_spec(counter, key):
+    out = kernel_philox(torch.tensor([counter]), torch.tensor([key]))
+    assert tuple(out[0].tolist()) == spec_philox(counter, key)
 
 
 @pytest.mark.parametrize("layout", sorted(LAYOUTS))
