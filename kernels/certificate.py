@@ -14,10 +14,12 @@ reusing the bound formulas of ``witcert.bounds`` and the error constants of
 Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.rounding.exp_relative_error``)
 ------------------------------------------------------------------------------------
 Logit rounding. ``|s'_t - s_t| <= delta_t = sm_scale kappa_dot sum_i |q_i k_i|`` with
-``kappa_dot = (2 d + 8) 2^-53``: the fp64 dot (any order, up to two roundings per add/product),
-the scale product and the fp32 scale itself (``sm_scale`` is taken as the exact real
-multiplier of the exact logits); the fp32 ``sum |q||k|`` is low by far less than the factor two
-kept. With ``p'`` the softmax of the kernel's logits and ``p~`` the exact one,
+``kappa_dot`` twice ``(2 d + 8) 2^-53``: the fp64 dot (any order, at most ``d + 1`` roundings on
+the path of a product: the product itself, which is exact for fp16/fp32 keys and may round once
+for dequantized INT8 keys, and the adds), the fp64 scale product and the fp64 rounding of
+``1/sqrt(d)`` (``sm_scale`` is read from an fp64 tensor and taken as the exact multiplier of the
+exact logits); the fp32 ``sum |q||k|`` and the fp32 products forming ``delta_t`` fall short by far
+less than the factor two kept. With ``p'`` the softmax of the kernel's logits and ``p~`` the exact one,
 ``p~_t <= p'_t e^{delta_t + delta_max}``, so ``A <= e^{delta_max} sum_t p'_t e^{c_t + delta_t}``:
 the kernel accumulates with ``c'_t >= c_t + delta_t`` and here
 ``A - 1 <= expm1(delta_max) + e^{delta_max} k/l`` and ``1 - A- <= delta_max + j/l``.
@@ -35,6 +37,11 @@ terms: ``sum_t e^{y_t} |y_t| = l E_p'|y| <= l ln S`` (``E_p'[m - s'] = H(p') - l
 so the relative error from exponents is at most ``a_l = 4.1 u ln S`` for ``l``, and for ``k``
 and ``j`` either ``a_rel = 4.1 u 88`` relative (normal-range terms have ``|y| <= 88``) or
 ``4.1 u g(c'_max) l ln S`` absolute, whichever is smaller.
+
+Assumption (as ``witcert.rounding``): one fp32 ``exp`` is within ``EXP_ULPS`` ulps (the CPU
+interpreter's numpy ``exp`` is; on CUDA ``tl.exp`` is ``ex2.approx`` of ``y log2 e``, whose
+argument product is the ``log2 e`` term above -- the ulp bound of ``ex2.approx`` is assumed,
+not measured here).
 
 Everything else is a per-term relative error: ``exp`` of ``y`` and of each of the at most
 ``blocks_per_split + 1`` rescale factors (``eps_exp + u`` each, products included), the
@@ -189,6 +196,7 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
     k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
     j_hi = torch.clamp((delta_max + j_hi) * FP64_MARGIN, max=1.0)
 
+    # the bound formulas of witcert.bounds read only k_hi, j_hi and max_c of a Moments
     moments = bounds.Moments(k_hi, j_hi, c_max, mass=None, mass_rho=None, total_lo=None, dtype=torch.float32)
     eform = bounds._eform(moments)
     best = torch.minimum(torch.minimum(eform, bounds._two_sided(moments)), bounds._maxnorm(moments))
