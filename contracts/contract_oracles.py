@@ -91,7 +91,8 @@ def tier_a_case(name, scheme, *, seed, seq=96, rope="rotate_half", q_scale=1.0, 
 
 def tier_b_case(name, *, seed, seq=96, quantizer=None, mode="min", paged=False, key_dtype=torch.float16,
                 with_witness=False) -> AttentionCase:
-    """Tier B: keys written by the ``dither_write`` kernel, read back by the decode kernel."""
+    """Tier B: keys written by the ``dither_write`` kernel (streaming configurations; others by the
+    torch quantizer), read back by the decode kernel."""
     generator = torch.Generator().manual_seed(seed)
     k, v = _keys(generator, seq)
     k = k.to(key_dtype)
@@ -104,7 +105,8 @@ def tier_b_case(name, *, seed, seq=96, quantizer=None, mode="min", paged=False, 
     quantizer = quantizer or DitheredInt8()
     if quantizer.outlier_pairs:
         quantizer = quantizer.calibrate(k[..., :16, :])
-    store = dither_write(k, quantizer, counter)
+    streaming = quantizer.granularity != "block-channel"
+    store = dither_write(k, quantizer, counter) if streaming else quantizer.quantize(k, counter)
     k_hat = quantizer.dequantize(store, counter, torch.float64)
     layout = BandLayout(HEAD_DIM, 16, "rotate_half")
     witness = witness_write(k.float(), k_hat.float(), layout) if with_witness else None
@@ -129,6 +131,8 @@ CASE_BUILDERS = {
     "B-delta-paged-outliers-fp32": lambda: tier_b_case(
         "B-delta-paged-outliers-fp32", seed=22, quantizer=DitheredInt8(outlier_pairs=2), mode="delta",
         paged=True, key_dtype=torch.float32),
+    "B-min-block-channel": lambda: tier_b_case(
+        "B-min-block-channel", seed=24, seq=80, quantizer=DitheredInt8(granularity="block-channel", block=32)),
     "B-min-with-witness": lambda: tier_b_case("B-min-with-witness", seed=23, seq=64, with_witness=True),
 }
 CASES = tuple(CASE_BUILDERS)

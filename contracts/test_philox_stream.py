@@ -140,3 +140,14 @@ def test_distinct_tuples_get_distinct_streams():
     other_side = StandaloneCounter(request=counter.request, layer=counter.layer, seed=counter.seed, side="v")
     k_stream, v_stream = dither_stream(counter, SHAPE), dither_stream(other_side, SHAPE)
     assert not bool((k_stream == v_stream).all(dim=-1).any())
+
+
+@pytest.mark.parametrize("granularity", ["block-channel", "token"])
+def test_read_path_regenerates_the_stream_of_a_reference_store(granularity):
+    """Stores the write kernel does not stream (block-channel) are read back bit for bit too."""
+    counter = LAYOUTS["standalone"]
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(11))
+    quantizer = DitheredInt8(granularity=granularity, block=8)
+    store = quantizer.quantize(x, counter)
+    read = dequantize_packed(PackedKeys.from_store(store, counter))
+    assert torch.equal(read, quantizer.dequantize(store, counter, torch.float64))
