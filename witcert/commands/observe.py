@@ -25,6 +25,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--probe", type=int, default=32, help="teacher-forced continuation tokens (text/code)")
     parser.add_argument("--new-tokens", type=int, default=6, help="greedy answer tokens (needle)")
     parser.add_argument("--bands", type=int, default=16, help="Tier A bands B (must divide head_dim/2)")
+    parser.add_argument("--threads", type=int, default=1,
+                        help="torch CPU threads (default 1: on a small shared machine more threads oversubscribe)")
     parser.add_argument("--out", default=None, help="report directory (default reports/observe-<time>)")
     parser.add_argument("--demo", action="store_true",
                         help=f"the demo: {', '.join(DEMO_SCHEMES)} on the needle task with the gate")
@@ -34,6 +36,12 @@ def run(args) -> int:
     from witcert import observatory, report, telemetry
     from witcert.models import ModelUnavailable, load_model
 
+    import torch
+
+    if args.threads < 1:
+        print("witcert observe: --threads must be >= 1", file=sys.stderr)
+        return 2
+    torch.set_num_threads(args.threads)
     schemes = _schemes(args)
     try:
         config = observatory.ObserveConfig(

