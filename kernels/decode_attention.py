@@ -165,7 +165,7 @@ def _decode_stage1_kernel(
             outlier_rows = outlier_ptr + pid_b * stride_o_b + pid_kvh * stride_o_h + offs_n[:, None] * stride_o_s
             keys64, kscale, is_outlier, kept = load_packed_keys(
                 k_base + offs_n[:, None] * stride_k_s, scale_rows, outlier_rows, slot,
-                c0, c2, c1_base, c3, k0, k1, offs_d, mask_nd, SCALE_GROUP, DITHERED)
+                c0, c2, c1_base, c3, k0, k1, offs_d, mask_nd, SCALE_GROUP, BLOCK_N, BLOCK_D, DITHERED)
         else:
             keys64 = tl.load(k_base + offs_n[:, None] * stride_k_s + offs_d[None, :], mask=mask_nd,
                              other=0.0).to(tl.float64)

@@ -58,19 +58,20 @@ def dither_of_words(word):
 
 
 @triton.jit
-def dither_block(c0, c1_base, c2, c3, k0, k1, offs_c):
-    """Dither (rows, channels) for row counter words (rows, 1) and channel offsets (1, channels).
+def dither_block(c0, c1_base, c2, c3, k0, k1, BLOCK_ROWS: tl.constexpr, BLOCK_D: tl.constexpr):
+    """Dither (BLOCK_ROWS, BLOCK_D) for row counter words ``c0, c2, c3`` (rows, 1) and ``c1_base``.
 
     Channel ``c`` uses output word ``c & 3`` of the counter whose word 1 is ``c1_base | c >> 2``
-    (``witcert.counters``). All words are int64 in ``[0, 2^32)``.
+    (``witcert.counters``): one Philox call per four channels, its words interleaved back into
+    channel order. All words are int64 in ``[0, 2^32)``.
     """
-    c1 = c1_base | (offs_c >> 2)
-    zero = c0 * 0 + c1 * 0  # broadcast every word to the full (rows, channels) shape
-    c1 = c1 + zero
-    r0, r1, r2, r3 = philox_rounds(c0 + zero, c1, c2 + zero, c3 + zero, k0, k1)
-    lane = offs_c & 3
-    word = tl.where(lane == 0, r0, tl.where(lane == 1, r1, tl.where(lane == 2, r2, r3)))
-    return dither_of_words(word)
+    offs_group = tl.arange(0, BLOCK_D // 4)  # channel >> 2
+    c1 = c1_base | offs_group[None, :]
+    zero = c0 * 0 + c1 * 0  # broadcast every word to the full (rows, groups) shape
+    r0, r1, r2, r3 = philox_rounds(c0 + zero, c1 + zero, c2 + zero, c3 + zero, k0, k1)
+    # [row, g, i, k] = r_{2i+k}: flattening (g, i, k) gives channel 4g + 2i + k, word c & 3
+    words = tl.join(tl.join(r0, r2), tl.join(r1, r3))
+    return dither_of_words(tl.reshape(words, (BLOCK_ROWS, BLOCK_D)))
 
 
 @triton.jit
@@ -112,7 +113,7 @@ def _dither_write_kernel(
     c3 = tl.load(counter_rows + 3, mask=mask_row, other=0)[:, None]
     k0 = tl.load(key_ptr + 0)
     k1 = tl.load(key_ptr + 1)
-    xi = dither_block(c0, c1, c2, c3, k0, k1, offs_c[None, :])  # (rows, d) fp64
+    xi = dither_block(c0, c1, c2, c3, k0, k1, BLOCK_ROWS, BLOCK_D)  # (rows, d) fp64
 
     # exact nearest code to x/s + xi: fp64 candidate, then the two exact fix-ups
     safe = tl.where(scale > 0, scale, 1.0)
@@ -228,7 +229,7 @@ def _dither_stream_kernel(counter_ptr, key_ptr, xi_ptr, n_rows, stride_counter_r
     c1 = tl.load(counter_rows + 1, mask=mask_row, other=0)[:, None]
     c2 = tl.load(counter_rows + 2, mask=mask_row, other=0)[:, None]
     c3 = tl.load(counter_rows + 3, mask=mask_row, other=0)[:, None]
-    xi = dither_block(c0, c1, c2, c3, tl.load(key_ptr), tl.load(key_ptr + 1), offs_c[None, :])
+    xi = dither_block(c0, c1, c2, c3, tl.load(key_ptr), tl.load(key_ptr + 1), BLOCK_ROWS, BLOCK_D)
     tl.store(xi_ptr + offs_row[:, None] * stride_xi_row + offs_c[None, :], xi,
              mask=mask_row[:, None] & (offs_c[None, :] < HEAD_DIM))
 

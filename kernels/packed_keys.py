@@ -125,7 +125,8 @@ def log_term(n_union: int, delta_loc: float) -> float:
 
 @triton.jit
 def load_packed_keys(payload_rows, scale_rows, outlier_rows, slot, c0, c2, c1_base, c3, k0, k1,
-                     offs_d, mask_nd, GROUP: tl.constexpr, DITHERED: tl.constexpr = True):
+                     offs_d, mask_nd, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
+                     DITHERED: tl.constexpr = True):
     """fp64 keys (BLOCK_N, BLOCK_D), fp32 per-element scale (0 on outliers), outlier mask and values.
 
     ``payload_rows``/``scale_rows``/``outlier_rows`` are (BLOCK_N, 1) row pointers (the scale
@@ -138,7 +139,7 @@ def load_packed_keys(payload_rows, scale_rows, outlier_rows, slot, c0, c2, c1_ba
     is_outlier = (slot >= 0)[None, :] & mask_nd
     scale = tl.where(is_outlier, 0.0, scale16.to(tl.float64))
     if DITHERED:
-        xi = dither_block(c0, c1_base, c2, c3, k0, k1, offs_d[None, :])  # the write-time dither, bit for bit
+        xi = dither_block(c0, c1_base, c2, c3, k0, k1, BLOCK_N, BLOCK_D)  # the write-time dither, bit for bit
     else:
         xi = tl.zeros_like(code)
     kept = tl.load(outlier_rows + tl.maximum(slot, 0)[None, :], mask=is_outlier, other=0.0).to(tl.float64)
@@ -192,7 +193,7 @@ def _dequantize_kernel(payload_ptr, kscale_ptr, outlier_ptr, slot_ptr, token_wor
         outlier_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_n[:, None] * stride_o_s, slot,
         tl.load(words, mask=mask_n[:, None], other=0), tl.load(words + 1, mask=mask_n[:, None], other=0),
         tl.load(head_words_ptr + head_row), tl.load(head_words_ptr + head_row + 1),
-        tl.load(key_ptr), tl.load(key_ptr + 1), offs_d, mask_nd, SCALE_GROUP)
+        tl.load(key_ptr), tl.load(key_ptr + 1), offs_d, mask_nd, SCALE_GROUP, BLOCK_N, HEAD_DIM)
     tl.store(out_ptr + pid_b * stride_out_b + pid_h * stride_out_h + offs_n[:, None] * stride_out_s + offs_d[None, :],
              keys, mask=mask_nd)
 
