@@ -1,7 +1,8 @@
 """The four-implementation table (DESIGN.md §4): kernel, torch, mpmath golden, independent.
 
-For a few small cells (one batch row, 9 query heads over 3 kv heads, ``S = 6`` tokens, d = 64)
-each certificate quantity is computed four ways:
+For a few small cells (one batch row, 9 query heads over 3 kv heads, ``S = 6`` tokens, d = 64;
+Tier A keys through ``rtn-int4`` (large radii) or ``fp8-e4m3`` (small radii)) each certificate
+quantity is computed four ways:
 
 ==========  ======================================  ======================================
 quantity    golden (mpmath, 50 digits)               independent (``decimal``, 60 digits)
@@ -85,14 +86,17 @@ class Problem:
     counter: StandaloneCounter
 
 
+SCHEMES = ("rtn-int4", "fp8-e4m3")  # large radii (A ~ 3.5) and small ones (A ~ 1.05)
+
+
 @functools.lru_cache(maxsize=None)
-def problem(seed: int = 31) -> Problem:
+def problem(seed: int = 31, scheme: str = "rtn-int4") -> Problem:
     generator = torch.Generator().manual_seed(seed)
     k = (torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=generator) * torch.logspace(-1, 0.5, HEAD_DIM)).half()
     v = torch.randn(1, KV_HEADS, TOKENS, HEAD_DIM, generator=generator).half()
     q = torch.randn(1, Q_HEADS, HEAD_DIM, generator=generator).half()
     layout = BandLayout(HEAD_DIM, BANDS, "rotate_half")
-    k_hat = witcert.get_scheme("rtn-int4")(k, role="key")
+    k_hat = witcert.get_scheme(scheme)(k, role="key")
     counter = StandaloneCounter(request=torch.tensor([3]), layer=1, seed=seed)
     store = dither_write(k, DitheredInt8(), counter)
     return Problem(q, k, k_hat, witness_write(k, k_hat, layout), v, layout, store, counter)
@@ -235,9 +239,9 @@ def independent_certificate(scores, radii):
 
 
 @functools.lru_cache(maxsize=None)
-def table(seed: int = 31) -> tuple[Quantity, ...]:
+def table(seed: int = 31, scheme: str = "rtn-int4") -> tuple[Quantity, ...]:
     """The four implementations of c_t, the u-branch radius, A and the meter, per cell."""
-    p = problem(seed)
+    p = problem(seed, scheme)
     k_radii, k_u = kernel_radii(p)
     t_radii, t_u = torch_radii(p)
     g_radii, g_u, g_scores = golden_radii_and_scores(p)

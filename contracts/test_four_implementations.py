@@ -3,8 +3,8 @@
 Implementations: the Triton kernel, the torch reference, the 50-digit mpmath golden (``spec``)
 and an independent ``decimal`` implementation written from the theorem statements
 (``contract_oracles``-style machinery in ``contracts/four_impl.py``).
-Domain: 9 cells (one row, GQA 9/3, S = 6, d = 64): Tier A over rtn-int4 keys, Tier B packed
-keys (u-branch radius ``u_t + beta_t + rho_t``).
+Domain: 9 cells per scheme (one row, GQA 9/3, S = 6, d = 64): Tier A over rtn-int4 keys (A ~ 3.5)
+and fp8-e4m3 keys (A ~ 1.05), Tier B packed keys (u-branch radius ``u_t + beta_t + rho_t``).
 Tolerances:
 
 * golden vs independent: 40 significant digits (DESIGN.md §4);
@@ -17,39 +17,42 @@ Tolerances:
 import mpmath
 import pytest
 
-from four_impl import kernel_a_budget, kernel_budget, table
+from four_impl import SCHEMES, kernel_a_budget, kernel_budget, table
 
 DIGITS = mpmath.mpf("1e-40")
 TORCH_FP64 = mpmath.mpf("1e-12")
 GOLDEN_ROUNDING = mpmath.mpf("1e-45")  # the golden is rounded to 50 digits
 
 
-def _quantity(name):
-    return {q.name: q for q in table()}[name]
+def _quantity(name, scheme):
+    return {q.name: q for q in table(31, scheme)}[name]
 
 
 NAMES = ("c_t (Tier A)", "u_t + beta_t + rho_t (Tier B)", "A", "meter")
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("name", NAMES)
-def test_golden_and_independent_agree_to_40_digits(name):
-    assert max(abs(r) for r in _quantity(name).relative("independent")) <= DIGITS
+def test_golden_and_independent_agree_to_40_digits(name, scheme):
+    assert max(abs(r) for r in _quantity(name, scheme).relative("independent")) <= DIGITS
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("name", NAMES)
-def test_torch_is_an_upper_bound_within_fp64_or_its_fp32_round_up(name):
-    rel = _quantity(name).relative("torch")
+def test_torch_is_an_upper_bound_within_fp64_or_its_fp32_round_up(name, scheme):
+    rel = _quantity(name, scheme).relative("torch")
     ceiling = mpmath.mpf(2) ** -22 if name.startswith("u_t") else TORCH_FP64
     assert all(-GOLDEN_ROUNDING <= r <= ceiling for r in rel)
 
 
+@pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("name", NAMES)
-def test_kernel_never_below_golden_and_within_its_stated_bound(name):
-    quantity = _quantity(name)
+def test_kernel_never_below_golden_and_within_its_stated_bound(name, scheme):
+    quantity = _quantity(name, scheme)
     rel = quantity.relative("kernel")
     assert all(r >= 0 for r in rel), f"{name}: kernel below the golden value"
     budget = kernel_budget()
-    d_max = max(float(v) for v in _quantity("c_t (Tier A)").values["kernel"])
+    d_max = max(float(v) for v in _quantity("c_t (Tier A)", scheme).values["kernel"])
     if name == "c_t (Tier A)":
         ceiling = [2 * budget["kappa_c"]] * len(rel)
     elif name.startswith("u_t"):

@@ -15,7 +15,7 @@ import time
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "contracts"))
 
 import witcert.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without CUDA before Triton loads)
-from four_impl import kernel_a_budget, kernel_budget, markdown, table  # noqa: E402
+from four_impl import SCHEMES, kernel_a_budget, kernel_budget, markdown, table  # noqa: E402
 
 
 def main() -> None:
@@ -23,14 +23,15 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=31)
     args = parser.parse_args()
     start = time.perf_counter()
-    quantities = table(args.seed)
-    print(markdown(quantities))
     budget = kernel_budget()
-    d_max = max(float(v) for v in quantities[0].values["kernel"])
-    print()
-    print(f"kernel bounds: c_t <= golden (1 + {2 * budget['kappa_c']:.3g}), Tier B radius <= golden "
-          f"(1 + {2 * budget['kappa_b']:.3g}), A - 1 <= golden (1 + {kernel_a_budget(d_max):.3g}), "
-          f"meter <= golden (1 + {2 * kernel_a_budget(d_max):.3g}); never below golden.")
+    for scheme in SCHEMES:
+        quantities = table(args.seed, scheme)
+        print(f"### Tier A keys: {scheme} (Tier B rows: dithered INT8 of the same keys)\n")
+        print(markdown(quantities))
+        d_max = max(float(v) for v in quantities[0].values["kernel"])
+        print(f"\nkernel bounds: c_t <= golden (1 + {2 * budget['kappa_c']:.3g}), Tier B radius <= golden "
+              f"(1 + {2 * budget['kappa_b']:.3g}), A - 1 <= golden (1 + {kernel_a_budget(d_max):.3g}), "
+              f"meter <= golden (1 + {2 * kernel_a_budget(d_max):.3g}); never below golden.\n")
     print("golden: spec (mpmath, 50 digits); independent: decimal at 60 digits from the definitions.")
     print(f"wall time: {time.perf_counter() - start:.1f} s")
 
