@@ -33,36 +33,68 @@ class SupBox:
         return torch.where(self.upward, -c, c)
 
 
-def _weights(scores: torch.Tensor, c: torch.Tensor):
+@dataclass(frozen=True)
+class _Weights:
+    """Per-token fp64 weights: ``p~``, ``alpha = p~ e^c``, ``beta = p~ e^-c`` and the
+    cancellation-free excesses ``rise = p~ (e^c - 1)``, ``drop = p~ (1 - e^-c)``."""
+
+    p: torch.Tensor
+    alpha: torch.Tensor
+    beta: torch.Tensor
+    rise: torch.Tensor
+    drop: torch.Tensor
+    c: torch.Tensor
+
+
+def _weights(scores: torch.Tensor, c: torch.Tensor) -> _Weights:
     p = torch.softmax(scores.double(), dim=-1)
     c = torch.where(p > 0, c.double().clamp(max=_C_CAP), torch.zeros_like(p))
-    return p, p * torch.exp(c), p * torch.exp(-c), c
+    return _Weights(p, p * torch.exp(c), p * torch.exp(-c), p * torch.expm1(c), -p * torch.expm1(-c), c)
 
 
-def _tv_of(upward: torch.Tensor, p, alpha, beta) -> torch.Tensor:
-    """Achieved TV of a vertex set, recomputed from scratch (not incrementally)."""
-    up = upward.double()
-    a = (alpha * up).sum(-1)
-    b = (beta * (1 - up)).sum(-1)
-    return torch.nan_to_num(a / (a + b)) - (p * up).sum(-1)
+def _objective(rise_in, drop_out, mass_in, mass_out, alpha_in, beta_out) -> torch.Tensor:
+    """``a/(a+b) - P`` rewritten without cancellation: ``(a'(1-P) + P b') / (a + b)``.
+
+    With ``a = P + a'`` (``a' = sum_T p~(e^c - 1)``) and ``b = (1-P) - b'``
+    (``b' = sum_{not T} p~(1 - e^-c)``), the numerator ``a(1-P) - P b`` equals
+    ``a'(1-P) + P b'``: a sum of non-negative terms, accurate even for ``c ~ 1e-30``.
+    """
+    value = (rise_in * mass_out + mass_in * drop_out) / (alpha_in + beta_out)
+    return torch.nan_to_num(value)
 
 
-def _exhaustive(p, alpha, beta) -> torch.Tensor:
-    n = p.shape[-1]
+def _set_sums(up: torch.Tensor, w: _Weights):
+    """The six sums ``_objective`` needs for the sets ``up`` (..., S) of {0, 1} floats."""
+    out = 1 - up
+    return ((w.rise * up).sum(-1), (w.drop * out).sum(-1), (w.p * up).sum(-1), (w.p * out).sum(-1),
+            (w.alpha * up).sum(-1), (w.beta * out).sum(-1))
+
+
+def _tv_of(upward: torch.Tensor, w: _Weights) -> torch.Tensor:
+    """Achieved TV ``p(T) - p~(T)`` of a vertex set, recomputed from scratch (not incrementally)."""
+    return _objective(*_set_sums(upward.double(), w))
+
+
+def _exhaustive(w: _Weights) -> torch.Tensor:
+    n = w.p.shape[-1]
     codes = torch.arange(2**n)
     bits = ((codes.unsqueeze(-1) >> torch.arange(n)) & 1).double()  # (2^S, S)
-    a, b, mass = alpha @ bits.T, beta @ (1 - bits).T, p @ bits.T
-    best = (torch.nan_to_num(a / (a + b)) - mass).argmax(-1)
-    return bits[best].bool()
+    out = 1 - bits
+    value = _objective(w.rise @ bits.T, w.drop @ out.T, w.p @ bits.T, w.p @ out.T, w.alpha @ bits.T, w.beta @ out.T)
+    return bits[value.argmax(-1)].bool()
 
 
-def _best_prefix(order: torch.Tensor, p, alpha, beta) -> torch.Tensor:
+def _best_prefix(order: torch.Tensor, w: _Weights) -> torch.Tensor:
     """Best set among the prefixes of ``order`` (..., S), in one cumulative-sum scan."""
-    a = torch.cumsum(alpha.gather(-1, order), -1)
-    b = beta.sum(-1, keepdim=True) - torch.cumsum(beta.gather(-1, order), -1)
-    mass = torch.cumsum(p.gather(-1, order), -1)
-    gain = torch.nan_to_num(a / (a + b.clamp(min=0))) - mass
-    return _rank(order) <= gain.argmax(-1, keepdim=True)
+
+    def inside(v):
+        return torch.cumsum(v.gather(-1, order), -1)
+
+    def outside(v):
+        return (v.sum(-1, keepdim=True) - inside(v)).clamp(min=0)
+
+    value = _objective(inside(w.rise), outside(w.drop), inside(w.p), outside(w.p), inside(w.alpha), outside(w.beta))
+    return _rank(order) <= value.argmax(-1, keepdim=True)
 
 
 def _rank(order: torch.Tensor) -> torch.Tensor:
@@ -71,25 +103,26 @@ def _rank(order: torch.Tensor) -> torch.Tensor:
     return torch.empty_like(order).scatter_(-1, order, positions)
 
 
-def _two_thresholds(c, p, alpha, beta, first: str, rounds: int = 4) -> torch.Tensor:
+def _two_thresholds(w: _Weights, first: str, rounds: int = 4) -> torch.Tensor:
     """Coordinate ascent over sets {top-k by c} U {bottom-j by c}: the zonotope-vertex shape."""
-    order = torch.argsort(c, dim=-1, descending=True)
-    n = p.shape[-1]
+    order = torch.argsort(w.c, dim=-1, descending=True)
+    n = w.p.shape[-1]
 
     def cumulative(v):
         return torch.cat([torch.zeros_like(v[..., :1]), torch.cumsum(v, -1)], -1)
 
-    top = [cumulative(v.gather(-1, order)) for v in (alpha, beta, p)]
-    bottom = [cumulative(v.gather(-1, order).flip(-1)) for v in (alpha, beta, p)]
-    beta_total = top[1][..., -1:]
+    fields = (w.rise, w.drop, w.p, w.alpha, w.beta)
+    top = [cumulative(v.gather(-1, order)) for v in fields]
+    bottom = [cumulative(v.gather(-1, order).flip(-1)) for v in fields]
+    totals = [t[..., -1:] for t in top]
 
     def gain(k, j):
-        a = top[0].gather(-1, k) + bottom[0].gather(-1, j)
-        b = (beta_total - top[1].gather(-1, k) - bottom[1].gather(-1, j)).clamp(min=0)
-        f = torch.nan_to_num(a / (a + b)) - top[2].gather(-1, k) - bottom[2].gather(-1, j)
+        inside = [t.gather(-1, k) + b.gather(-1, j) for t, b in zip(top, bottom)]
+        outside = [(total - x).clamp(min=0) for total, x in zip(totals, inside)]
+        f = _objective(inside[0], outside[1], inside[2], outside[2], inside[3], outside[4])
         return torch.where(k + j <= n, f, torch.full_like(f, -2.0))
 
-    every = torch.arange(n + 1).expand(*p.shape[:-1], n + 1)
+    every = torch.arange(n + 1).expand(*w.p.shape[:-1], n + 1)
     k = torch.zeros_like(every[..., :1])
     j = torch.zeros_like(k)
     for step in range(rounds):
@@ -101,42 +134,54 @@ def _two_thresholds(c, p, alpha, beta, first: str, rounds: int = 4) -> torch.Ten
     return (rank < k) | (rank >= n - j)
 
 
-def _fixed_point(upward, c, alpha, beta, steps=4):
+def _fixed_point(upward, w: _Weights, steps=4):
     """Iterate the first-order inclusion rule from ``upward``."""
     for _ in range(steps):
         up = upward.double()
-        a, b = (alpha * up).sum(-1, keepdim=True), (beta * (1 - up)).sum(-1, keepdim=True)
-        upward = torch.exp(c) * b + torch.exp(-c) * a > (a + b) ** 2
+        a, b = (w.alpha * up).sum(-1, keepdim=True), (w.beta * (1 - up)).sum(-1, keepdim=True)
+        upward = torch.exp(w.c) * b + torch.exp(-w.c) * a > (a + b) ** 2
     return upward
 
 
-def _polish(upward, p, alpha, beta, max_flips):
-    """Best single-token flips until none improves (or ``max_flips``)."""
+def _polish(upward, w: _Weights, max_flips):
+    """Best single-token flips until none improves by a relative 1e-12 (or ``max_flips``).
+
+    Rows that stop improving leave the active set, so the cost follows the slow rows only.
+    """
+    shape = upward.shape
+    upward = upward.reshape(-1, shape[-1]).clone()
+    weights = [v.expand(shape).reshape(-1, shape[-1]) for v in (w.rise, w.drop, w.p, w.alpha, w.beta)]
+    rise, drop, p, alpha, beta = weights
+    fields = (rise, drop, p, p, alpha, beta)
+    inside_field = (True, False, True, False, True, False)
+    active = torch.arange(upward.shape[0])
     for _ in range(max_flips):
-        up = upward.double()
-        a, b = (alpha * up).sum(-1, keepdim=True), (beta * (1 - up)).sum(-1, keepdim=True)
-        mass = (p * up).sum(-1, keepdim=True)
+        up = upward[active].double()
+        out = 1 - up
+        rows = [f[active] for f in fields]
+        sums = [(v * (up if inside else out)).sum(-1, keepdim=True) for v, inside in zip(rows, inside_field)]
+        current = _objective(*sums)
         sign = 1 - 2 * up  # +1 joins T, -1 leaves it
-        a2, b2, m2 = a + sign * alpha, (b - sign * beta).clamp(min=0), mass + sign * p
-        gain = torch.nan_to_num(a2 / (a2 + b2)) - m2 - (torch.nan_to_num(a / (a + b)) - mass)
-        gain = torch.where(p > 0, gain, torch.full_like(gain, -1.0))
+        flipped = [(total + sign * v if inside else total - sign * v).clamp(min=0)
+                   for total, v, inside in zip(sums, rows, inside_field)]
+        gain = torch.where(rows[2] > 0, _objective(*flipped) - current, torch.full_like(up, -1.0))
         best_gain, best = gain.max(-1)
-        improve = best_gain > 1e-15
+        improve = best_gain > 1e-12 * current.squeeze(-1)
         if not improve.any():
             break
-        flip = torch.zeros_like(upward).scatter_(-1, best.unsqueeze(-1), improve.unsqueeze(-1))
-        upward = upward ^ flip
-    return upward
+        active, best = active[improve], best[improve]
+        upward[active, best] = ~upward[active, best]
+    return upward.reshape(shape)
 
 
-def _starts(p, alpha, beta, c, restarts, generator):
+def _starts(w: _Weights, restarts, generator):
     """Candidate sets: prefix scans in six orders (and their fixed points), two-threshold ascents, random sets."""
-    log_p = torch.log(p)
-    keys = (c, -c, p, -p, c + log_p, log_p - c)
-    prefixes = [_best_prefix(torch.argsort(key, dim=-1, descending=True), p, alpha, beta) for key in keys]
-    starts = prefixes + [_fixed_point(s, c, alpha, beta) for s in prefixes]
-    starts += [_two_thresholds(c, p, alpha, beta, first) for first in ("top", "bottom")]
-    starts += [torch.rand(p.shape, generator=generator, dtype=torch.float64) < 0.5 for _ in range(restarts)]
+    log_p = torch.log(w.p)
+    keys = (w.c, -w.c, w.p, -w.p, w.c + log_p, log_p - w.c)
+    prefixes = [_best_prefix(torch.argsort(key, dim=-1, descending=True), w) for key in keys]
+    starts = prefixes + [_fixed_point(s, w) for s in prefixes]
+    starts += [_two_thresholds(w, first) for first in ("top", "bottom")]
+    starts += [torch.rand(w.p.shape, generator=generator, dtype=torch.float64) < 0.5 for _ in range(restarts)]
     return torch.stack(starts)  # (K, ..., S)
 
 
@@ -162,16 +207,15 @@ def sup_box_tv(scores, c, *, max_flips: int = 64, restarts: int = 8, polished: i
     """
     scores = torch.as_tensor(scores)
     c = torch.as_tensor(c).expand_as(scores)
-    p, alpha, beta, c64 = _weights(scores, c)
+    w = _weights(scores, c)
     if scores.shape[-1] <= EXHAUSTIVE_MAX:
-        upward = _exhaustive(p, alpha, beta)
+        upward = _exhaustive(w)
     else:
         generator = torch.Generator().manual_seed(seed)
-        starts = _starts(p, alpha, beta, c64, restarts, generator)  # (K, ..., S)
-        best = _tv_of(starts, p, alpha, beta).topk(min(polished or len(starts), len(starts)), dim=0).indices
+        starts = _starts(w, restarts, generator)  # (K, ..., S)
+        best = _tv_of(starts, w).topk(min(polished or len(starts), len(starts)), dim=0).indices
         starts = starts.gather(0, best.unsqueeze(-1).expand(-1, *starts.shape[1:]))
-        starts = _polish(starts, p, alpha, beta, max_flips)
-        tvs = _tv_of(starts, p, alpha, beta)  # (K', ...)
-        index = tvs.argmax(0)[None, ..., None].expand_as(starts[:1])
+        starts = _polish(starts, w, max_flips)
+        index = _tv_of(starts, w).argmax(0)[None, ..., None].expand_as(starts[:1])
         upward = starts.gather(0, index).squeeze(0)
-    return SupBox(_tv_of(upward, p, alpha, beta), upward)
+    return SupBox(_tv_of(upward, w), upward)
