@@ -21,11 +21,12 @@ import triton.language as tl
 from ._validate import require, require_tensor
 
 # Random123 constants (Salmon et al., SC'11): multipliers and Weyl key increments.
-PHILOX_M0 = 0xD2511F53
-PHILOX_M1 = 0xCD9E8D57
-PHILOX_W0 = 0x9E3779B9
-PHILOX_W1 = 0xBB67AE85
-PHILOX_ROUNDS = 10
+# constexpr: a @triton.jit body may only read globals that are constexpr
+PHILOX_M0 = tl.constexpr(0xD2511F53)
+PHILOX_M1 = tl.constexpr(0xCD9E8D57)
+PHILOX_W0 = tl.constexpr(0x9E3779B9)
+PHILOX_W1 = tl.constexpr(0xBB67AE85)
+PHILOX_ROUNDS = tl.constexpr(10)
 
 
 @triton.jit
