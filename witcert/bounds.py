@@ -26,13 +26,15 @@ _SPLIT_C = 1.0
 class Moments:
     """fp64 enclosures of the meter's moments for each row (...,), plus the mass terms.
 
-    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``max_c = D`` (exact), ``mass`` (..., S) the computed
-    unnormalised ``e^{x_t - max x}`` in the working dtype with relative errors ``mass_rho``, and
-    ``total_lo`` <= their exact sum.
+    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``a_minus_lo <= A-`` (the larger of ``1 - j_hi`` and a
+    direct enclosure of ``sum p~ e^{-c}``, which stays relatively accurate when ``A-`` is small),
+    ``max_c = D`` (exact), ``mass`` (..., S) the computed unnormalised ``e^{x_t - max x}`` in the
+    working dtype with relative errors ``mass_rho``, and ``total_lo`` <= their exact sum.
     """
 
     k_hi: torch.Tensor
     j_hi: torch.Tensor
+    a_minus_lo: torch.Tensor
     max_c: torch.Tensor
     mass: torch.Tensor
     mass_rho: torch.Tensor
@@ -63,12 +65,18 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     )
     j_terms = mass * -torch.expm1(-c)  # e^{y}(1 - e^{-c}) in [0, e^{y}]
     j_rho = rounding.term_relative_error(y_err, 3, dtype)
+    g_minus = y - c
+    shrunk_err = y_err + torch.where(live, g_minus.double().abs() * u_ratio, torch.zeros_like(y_err))
+    shrunk = torch.exp(g_minus)  # e^{y - c}: the terms of A- itself
 
     total_lo = rounding.sum_lower(mass, mass_rho)  # >= 1 - tiny slack: the max token contributes 1
+    total_hi = rounding.sum_upper(mass, mass_rho)
     k_hi = rounding.up(rounding.sum_upper(k_terms, k_rho) / total_lo)
     j_hi = rounding.up(rounding.sum_upper(j_terms, j_rho) / total_lo)
+    direct = rounding.sum_lower(shrunk, rounding.term_relative_error(shrunk_err, 1, dtype)) / total_hi
+    a_minus_lo = torch.maximum(1 - j_hi, direct * (1 - 4 * rounding.FP64_SLACK))
     max_c = torch.where(live, c, torch.zeros_like(c)).amax(-1).double()
-    return Moments(k_hi, j_hi, max_c, mass, mass_rho, total_lo, dtype)
+    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, mass_rho, total_lo, dtype)
 
 
 def _eform(m: Moments) -> torch.Tensor:
@@ -77,9 +85,10 @@ def _eform(m: Moments) -> torch.Tensor:
 
 
 def _two_sided(m: Moments) -> torch.Tensor:
-    """P1: 1/2 (A/A- - A-/A) = (k + j)(2 + k - j) / (2 (1 + k)(1 - j)), increasing in k and j."""
-    a_minus_lo = 1 - m.j_hi
-    value = (m.k_hi + m.j_hi) * (2 + m.k_hi - m.j_hi) / (2 * (1 + m.k_hi) * a_minus_lo)
+    """P1: 1/2 (A/A- - A-/A) = (k + j)(1 + k + A-) / (2 (1 + k) A-): increasing in k, j; decreasing in A-."""
+    a_minus_lo = m.a_minus_lo
+    # ((k + j) / 2A-) (1 + A-/(1 + k)): no intermediate overflow before the result itself overflows
+    value = (m.k_hi + m.j_hi) / (2 * a_minus_lo) * (1 + a_minus_lo / (1 + m.k_hi))
     value = rounding.up(value, 8)
     finite = (a_minus_lo > 0) & torch.isfinite(m.k_hi)  # else A- <= 0 or A = inf: trivial bound
     return torch.where(finite, value, torch.full_like(value, float("inf")))
@@ -98,14 +107,14 @@ def _competitor(m: Moments) -> torch.Tensor:
 def _retention(m: Moments, c: torch.Tensor) -> torch.Tensor:
     """P1r: 1/2 sum p~_t min(A e^{c} - 1, max(e^{c}/A- - 1, 1 - e^{-c}/A)), written without cancellation.
 
-    ``A e^c - 1 = expm1(c) + k e^c``; ``e^c/A- - 1 = (expm1(c) + j)/(1 - j)``;
-    ``1 - e^{-c}/A = (k - expm1(-c))/(1 + k)``: each increasing in ``k`` and ``j``.
+    ``A e^c - 1 = expm1(c) + k e^c``; ``e^c/A- - 1 = (expm1(c) + j)/A-``;
+    ``1 - e^{-c}/A = (k - expm1(-c))/(1 + k)``: each increasing in ``k``, ``j`` and decreasing in ``A-``.
     """
     c64 = c.double()
-    k, j = m.k_hi.unsqueeze(-1), m.j_hi.unsqueeze(-1)
+    k, j, a_minus = m.k_hi.unsqueeze(-1), m.j_hi.unsqueeze(-1), m.a_minus_lo.unsqueeze(-1)
     em1 = torch.expm1(c64)
     grow = em1 + k * torch.exp(c64)
-    rise = torch.where(j < 1, (em1 + j) / (1 - j), torch.full_like(em1, float("inf")))
+    rise = torch.where(a_minus > 0, (em1 + j) / a_minus, torch.full_like(em1, float("inf")))
     fall = (k - torch.expm1(-c64)) / (1 + k)
     per_token = torch.minimum(grow, torch.maximum(rise, fall))  # (..., S)
     mass = m.mass.double()
