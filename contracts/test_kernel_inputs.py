@@ -99,3 +99,17 @@ def test_philox_rejects_words_outside_32_bits():
         philox4x32_10(torch.tensor([[1 << 32, 0, 0, 0]]), torch.zeros(1, 2, dtype=torch.int64))
     with pytest.raises(ValueError, match="key"):
         philox4x32_10(torch.zeros(1, 4, dtype=torch.int64), torch.tensor([[-1, 0]]))
+
+
+def test_strided_inputs_give_the_same_result():
+    """Channel-strided q, keys and values (e.g. a transposed cache) are read correctly."""
+    q, k, v, w = _valid()
+
+    def strided(x):
+        return x.transpose(-1, -2).contiguous().transpose(-1, -2)
+
+    reference = decode_attention(q, k, v, w, LAYOUT, num_splits=2)
+    result = decode_attention(strided(q), strided(k), strided(v), strided(w), LAYOUT, num_splits=2)
+    assert strided(k).stride(-1) != 1
+    assert torch.equal(result.out, reference.out)
+    assert torch.equal(result.certificate.meter, reference.certificate.meter)

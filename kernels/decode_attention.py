@@ -32,6 +32,7 @@ Logits are computed in fp64 (``q . k^`` and the subtraction of the running max),
 fp32 exponent arguments are off by at most ``u |y_t|`` -- relative to the distance from the
 max, not to the logit's size (see the rounding budget in ``kernels/certificate.py``).
 """
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -344,6 +345,11 @@ def _band_index(layout: BandLayout, device: torch.device) -> torch.Tensor:
     return layout.index.to(device=device, dtype=torch.int32).contiguous()
 
 
+def _unit_stride(x: torch.Tensor | None) -> torch.Tensor | None:
+    """``x`` with a unit stride on its last dim (the kernels add channel offsets directly)."""
+    return x if x is None or x.stride(-1) == 1 else x.contiguous()
+
+
 def _resolve_scale(sm_scale, head_dim):
     scale = 1.0 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
     require(math.isfinite(scale) and scale > 0, "sm_scale", f"must be finite and > 0, got {sm_scale!r}")
@@ -351,6 +357,8 @@ def _resolve_scale(sm_scale, head_dim):
 
 
 def _run(q, v, plan: _Launch, seq_lens, sm_scale, num_splits, block_n) -> DecodeAttention:
+    q, v = _unit_stride(q), _unit_stride(v)
+    plan = dataclasses.replace(plan, keys=_unit_stride(plan.keys), witness=_unit_stride(plan.witness))
     batch, heads, head_dim = q.shape
     seq = plan.keys.shape[2]
     if seq_lens is None:

@@ -16,6 +16,7 @@ dither with in-kernel Philox. Two ``@triton.jit`` helpers serve ``kernels/decode
 Scope as ``witcert.tier_b``: the ``u_t`` branch is for NON-ADAPTIVE queries; ``Delta_t`` and
 the Tier A witness hold for every query.
 """
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -88,6 +89,8 @@ class PackedKeys:
                 bool((words[..., [1, 3]] == head_words[:, :, None]).all()), "counter",
                 "layout must put the token in words 0/2 and the head in words 1/3 (witcert.counters)")
         device = store.payload.device
+        store = dataclasses.replace(store, payload=store.payload.contiguous(), scales=store.scales.contiguous(),
+                                    outliers=store.outliers.contiguous())  # unit channel stride for the kernel
         token_div, group = {"token-group": (1, lay.group), "token": (1, head_dim),
                             "block-channel": (lay.block, 1)}[lay.granularity]
         return cls(store=store, scales=store.scales, token_div=token_div, group=group,
