@@ -185,11 +185,11 @@ THEOREMS: tuple[Theorem, ...] = (
         paper="rounding inflation (DESIGN.md §2, beyond the paper)",
         statement="the fp32/fp64 meter, inflated a priori, is never below the exact-arithmetic bound",
         lean=None,
-        spec="witcert.spec.rounding.log_sum_error_bound",
-        torch="witcert.rounding.log_sum_error",
+        spec="witcert.spec.golden.meter_from_scores",
+        torch="witcert.rounding.sum_upper",
         kernel="witcert.kernels.certificate.certificate_from_moments",
         tests=("tests/test_meter.py", "tests/test_fuzz.py"),
-        note="A floating-point error analysis, checked against the mpmath golden, not a Lean theorem.",
+        note="A floating-point error analysis (witcert/rounding.py, kernels/certificate.py): the exact-arithmetic meter (its golden is the spec side) is never above the reported one; checked per query against the 50-digit golden, not a Lean theorem.",
     ),
 )
 
