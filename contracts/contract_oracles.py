@@ -6,7 +6,8 @@ test compares against lives here:
 * ``AttentionCase``: one decode problem (batch x query heads cells): exact keys ``k``, the
   compressed keys the kernel sees, values, valid lengths and the certificate inputs (Tier A
   witness and/or Tier B packed store). ``CASES`` names the domain: GQA 9/3, d = 64, both RoPE
-  pair conventions, masked rows (``S = 1``), ties (``q = 0``), peaked attention, logits ~1e4
+  pair conventions, masked rows (``S = 1``), ties (``q = 0``), peaked attention, residuals that
+  make Theorem 2 tight (logit errors at the box's vertices), logits ~1e4
   (one-hot attention, where the kernel's own logit rounding ``delta_t`` dominates), tiny and huge
   radii, fixed outliers, standalone and paged counters.
 * fp64 truths: ``compressed_scores`` / ``exact_scores`` (GQA-expanded logits, ``-inf`` beyond
@@ -89,6 +90,31 @@ def tier_a_case(name, scheme, *, seed, seq=96, rope="rotate_half", q_scale=1.0, 
     return AttentionCase(name, q, k, k_hat, v, lens, layout, witness=witness_write(k, k_hat, layout))
 
 
+def saturated_case(name, *, seed, seq=48, radius=0.3) -> AttentionCase:
+    """Tier A at the edge of Theorem 2: residuals aligned with the first query head of each group.
+
+    ``r_{t,b} = sign_t rho_t q_b / ||q_b||`` makes Cauchy-Schwarz tight per band, so that head's
+    logit errors sit at the vertices ``eps_t = +-c_t`` of the box (up to the fp16 round-up of the
+    witness): the true TV is then as large as the radii allow for that sign pattern.
+    """
+    generator = torch.Generator().manual_seed(seed)
+    k, v = _keys(generator, seq)
+    k = k.float()
+    q = torch.randn(BATCH, Q_HEADS, HEAD_DIM, generator=generator).half()
+    layout = BandLayout(HEAD_DIM, 16, "rotate_half")
+    lead = q[:, ::GROUP].float()  # (B, Hkv, d): the first query head of each kv head
+    banded = layout.split(lead)  # (B, Hkv, 16, 4)
+    direction = banded / banded.norm(dim=-1, keepdim=True).clamp(min=1e-30)
+    sign = torch.where(torch.rand(BATCH, KV_HEADS, seq, 1, 1, generator=generator) < 0.5, -1.0, 1.0)
+    rho = radius * torch.rand(BATCH, KV_HEADS, seq, 1, 1, generator=generator)
+    residual_banded = sign * rho * direction[:, :, None]  # (B, Hkv, S, 16, 4)
+    residual = torch.zeros(BATCH, KV_HEADS, seq, HEAD_DIM)
+    residual[..., layout.index.reshape(-1)] = residual_banded.reshape(BATCH, KV_HEADS, seq, -1)
+    k_hat = k + residual
+    lens = torch.full((BATCH,), seq, dtype=torch.int32)
+    return AttentionCase(name, q, k, k_hat, v, lens, layout, witness=witness_write(k, k_hat, layout))
+
+
 def tier_b_case(name, *, seed, seq=96, quantizer=None, mode="min", paged=False, key_dtype=torch.float16,
                 with_witness=False) -> AttentionCase:
     """Tier B: keys written by the ``dither_write`` kernel (streaming configurations; others by the
@@ -125,6 +151,7 @@ CASE_BUILDERS = {
     "A-capped-radius": lambda: tier_a_case("A-capped-radius", "sign-1bit", seed=8, seq=32, q_scale=40.0),
     "A-peaked": lambda: tier_a_case("A-peaked", "rtn-int8", seed=5, q_scale=8.0),
     "A-ties": lambda: tier_a_case("A-ties", "rtn-int4", seed=6, q_scale=0.0, seq=40),
+    "A-saturated-witness": lambda: saturated_case("A-saturated-witness", seed=9),
     "A-huge-logits": lambda: tier_a_case("A-huge-logits", None, seed=40, noise=1e-9, q_scale=3000.0, seq=32),
     "A-tiny-c": lambda: tier_a_case("A-tiny-c", None, seed=7, noise=1e-5, seq=64),
     "B-min-standalone": lambda: tier_b_case("B-min-standalone", seed=21),

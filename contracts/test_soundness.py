@@ -5,8 +5,9 @@ accumulation, fp64 logits, a-priori rounding slack).
 Oracle: the true TV between attention over the exact keys and over the compressed keys, in
 fp64 (``contract_oracles.true_tv``), and the sup-box adversary ``witcert.sup_box_tv`` over the
 torch reference radius (the worst logit error the radius admits).
-Domain: ``contract_oracles.CASES`` -- 13 cases x 18 cells: Tier A over five schemes, both RoPE
-conventions, ``S = 1`` rows, ties, peaked attention, logits ~1e4, radii from 1e-9 to capped
+Domain: ``contract_oracles.CASES`` -- 14 cases x 18 cells: Tier A over five schemes, both RoPE
+conventions, ``S = 1`` rows, ties, peaked attention, logits ~1e4, residuals aligned with the
+query so that Theorem 2 is tight (errors at the box's vertices), radii from 1e-9 to capped
 (> 64); Tier B min / Delta branches, token-group and block-channel scales, fixed outliers, fp32
 inputs, paged counters, with a Tier A witness.
 Tolerance: none. Every cell, 0 violations (validated per query, never in aggregate).
