@@ -16,10 +16,13 @@ The Tier B ``u`` branch holds on the dither event (probability >= 1 - delta_loc 
 """
 import pytest
 import torch
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
 
 import witcert
+from witcert.kernels.decode_attention import decode_attention
 
-from contract_oracles import CASES, case, compressed_scores, exact_scores, kernel_run, reference_radius, true_tv
+from contract_oracles import CASES, case, tier_a_case, compressed_scores, exact_scores, kernel_run, reference_radius, true_tv
 
 
 # The adversary evaluates an achieved TV in fp64: with c = 0 it returns rounding noise such as
@@ -66,3 +69,15 @@ def test_capped_radius_reports_the_trivial_bound():
     assert bool((cert.meter[capped] == 1).all())
     assert bool(torch.isinf(cert.risk[capped]).all())
     assert not bool(torch.isnan(cert.meter).any())
+
+
+@settings(max_examples=10)  # each example runs the interpreted kernel (~1 s)
+@given(seed=st.integers(0, 2**16), seq=st.integers(1, 40), q_scale=st.sampled_from([0.0, 0.3, 1.0, 4.0, 20.0]),
+       noise=st.sampled_from([1e-6, 1e-3, 0.05, 0.5]), splits=st.integers(1, 4),
+       rope=st.sampled_from(["rotate_half", "interleaved"]))
+@example(seed=0, seq=1, q_scale=1.0, noise=0.05, splits=4, rope="rotate_half")  # S = 1, empty splits
+@example(seed=1, seq=40, q_scale=20.0, noise=0.5, splits=1, rope="interleaved")  # peaked, large radii
+def test_random_problems_true_tv_below_kernel_meter(seed, seq, q_scale, noise, splits, rope):
+    c = tier_a_case("random", None, seed=seed, seq=seq, q_scale=q_scale, noise=noise, rope=rope)
+    meter = decode_attention(c.q, c.k_hat, c.v, c.witness, c.layout, num_splits=splits).certificate.meter.double()
+    assert int((true_tv(c) > meter).sum()) == 0
