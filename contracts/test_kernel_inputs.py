@@ -113,3 +113,16 @@ def test_strided_inputs_give_the_same_result():
     assert strided(k).stride(-1) != 1
     assert torch.equal(result.out, reference.out)
     assert torch.equal(result.certificate.meter, reference.certificate.meter)
+
+
+@pytest.mark.filterwarnings("ignore:overflow encountered")
+@pytest.mark.filterwarnings("ignore:invalid value encountered")
+def test_overflowing_magnitudes_give_the_trivial_bound_never_nan():
+    """|q| ~ 1e25 overflows fp32 band norms; with zero witness bands that would be inf * 0."""
+    q, k, v, w = _valid()
+    q = q.float() * 1e25
+    w = w.clone()
+    w[..., ::2] = 0.0
+    cert = decode_attention(q, k, v, w, LAYOUT, num_splits=2).certificate
+    assert not bool(torch.isnan(cert.meter).any())
+    assert bool((cert.meter == 1).all())

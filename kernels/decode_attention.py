@@ -187,6 +187,7 @@ def _decode_stage1_kernel(
             if DITHER_MODE != RADIUS_NONE:  # Tier B (L2, TB): per-token minimum with Tier A
                 c = tl.minimum(c, dither_radius(q_abs, q_sq, kscale, is_outlier, kept, sm_scale32, log_term,
                                                 kappa_b, DITHER_MODE, OUTLIER_SLACK))
+            c = tl.where(c == c, c, float("inf"))  # inf * 0 (overflowed norm, zero scale) -> trivial bound
             # |s'_t - s_t| <= delta_t: the fp64 logit's own rounding (kernels/certificate.py)
             s_abs = tl.dot(q_abs, tl.trans(tl.abs(keys64.to(tl.float32))), input_precision="ieee")
             delta = s_abs * (sm_scale32 * kappa_dot)
