@@ -53,7 +53,6 @@ Overflow. ``c'`` is capped at ``C_CAP = 64`` inside the exponent; any capped row
 trivial meter 1, which is also ``tanh(D/2)`` in fp64 there (``D > 63.9``), and a risk score
 ``inf``.
 """
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -167,18 +166,6 @@ class Certificate:
     c_max: torch.Tensor
 
 
-def _moments(k_hi: torch.Tensor, j_hi: torch.Tensor, c_max: torch.Tensor) -> bounds.Moments:
-    """A ``witcert.bounds.Moments`` holding the kernel's enclosures, for the shared bound formulas.
-
-    The e-form, two-sided and max-norm formulas read ``k_hi``, ``j_hi``, ``max_c`` and (when the
-    field exists) ``a_minus_lo``; the per-token fields are not used by them. Fields are filled by
-    name so that the formulas stay the reference's own.
-    """
-    known = {"k_hi": k_hi, "j_hi": j_hi, "max_c": c_max, "a_minus_lo": (1 - j_hi).clamp(min=0.0),
-             "dtype": torch.float32}
-    return bounds.Moments(**{f.name: known.get(f.name) for f in dataclasses.fields(bounds.Moments)})
-
-
 def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape: KernelRounding) -> Certificate:
     """fp64 certificate from the merged fp32 accumulators (all (batch, Hq) fp64 tensors).
 
@@ -209,10 +196,9 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
     k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
     j_hi = torch.clamp((delta_max + j_hi) * FP64_MARGIN, max=1.0)
 
-    moments = _moments(k_hi, j_hi, c_max)
-    eform = bounds._eform(moments)
-    best = torch.minimum(torch.minimum(eform, bounds._two_sided(moments)), bounds._maxnorm(moments))
-    best = torch.where(capped, torch.ones_like(best), best.clamp(min=0.0, max=1.0))
+    enclosure = bounds.Enclosure(k_hi, j_hi, (1 - j_hi).clamp(min=0.0), c_max)  # the reference's formulas
+    eform = enclosure.eform()
+    best = torch.where(capped, torch.ones_like(eform), enclosure.meter().clamp(min=0.0))
     risk = torch.where(capped, torch.full_like(eform, math.inf), eform)
     return Certificate(
         meter=rounding.round_up_to(best, torch.float32),

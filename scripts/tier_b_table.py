@@ -17,7 +17,6 @@ Every Tier B number is for NON-ADAPTIVE queries (teacher forcing / fixed traject
 import argparse
 import json
 import math
-import statistics
 import sys
 
 import torch

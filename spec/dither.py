@@ -13,7 +13,7 @@ Mirrors ``witcert.tier_b`` at the caller's working precision (``mpmath.mp``); no
   ``deterministic_delta``, and ``logit_bound`` composing them as the torch code does.
 """
 import mpmath
-from mpmath import mp, mpf
+from mpmath import mpf
 
 Q_LEVELS = 127
 DITHER_BITS = 24

@@ -23,23 +23,55 @@ _SPLIT_C = 1.0
 
 
 @dataclass(frozen=True)
-class Moments:
-    """fp64 enclosures of the meter's moments for each row (...,), plus the mass terms.
+class Enclosure:
+    """Per-row fp64 enclosures that every bound is formed from (T1, P1, MN, RC).
 
-    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``a_minus_lo <= A-`` (the larger of ``1 - j_hi`` and a
-    direct enclosure of ``sum p~ e^{-c}``, which stays relatively accurate when ``A-`` is small),
-    ``max_c = D`` (exact), ``mass`` (..., S) the computed unnormalised ``e^{x_t - max x}`` in the
-    working dtype with relative errors ``mass_rho``, and ``total_lo`` <= their exact sum.
+    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``a_minus_lo <= A-`` and ``max_c = D``, each (...,).
+    The torch reference builds them in :func:`moments`; the Triton kernel from its fp32
+    accumulators (``kernels/certificate.py``). Every method returns an fp64 upper bound.
     """
 
     k_hi: torch.Tensor
     j_hi: torch.Tensor
     a_minus_lo: torch.Tensor
     max_c: torch.Tensor
+
+    def eform(self) -> torch.Tensor:
+        """T1: 1/2 (A^2 - 1) = 1/2 k (k + 2), increasing in k."""
+        return rounding.up(0.5 * self.k_hi * (self.k_hi + 2))
+
+    def two_sided(self) -> torch.Tensor:
+        """P1: 1/2 (A/A- - A-/A) = (k + j)(1 + k + A-) / (2 (1 + k) A-): increasing in k, j; decreasing in A-."""
+        a_minus = self.a_minus_lo
+        # ((k + j) / 2A-) (1 + A-/(1 + k)): no intermediate overflow before the result itself overflows
+        value = rounding.up((self.k_hi + self.j_hi) / (2 * a_minus) * (1 + a_minus / (1 + self.k_hi)), 8)
+        finite = (a_minus > 0) & torch.isfinite(self.k_hi)  # else A- <= 0 or A = inf: trivial bound
+        return torch.where(finite, value, torch.full_like(value, float("inf")))
+
+    def maxnorm(self) -> torch.Tensor:
+        """MN: tanh(D/2) (fp64 halving is exact)."""
+        return rounding.up(torch.tanh(self.max_c / 2)).clamp(max=1.0)  # tanh <= 1 exactly
+
+    def competitor(self) -> torch.Tensor:
+        """RC: the Runtime-Certified competitor's shape tanh(D): sound, looser than tanh(D/2)."""
+        return rounding.up(torch.tanh(self.max_c)).clamp(max=1.0)
+
+    def meter(self) -> torch.Tensor:
+        """The reported meter: min(1, e-form, two-sided, tanh(D/2)) -- a minimum of sound bounds."""
+        return torch.minimum(torch.minimum(self.eform(), self.two_sided()), self.maxnorm()).clamp(max=1.0)
+
+
+@dataclass(frozen=True)
+class Moments(Enclosure):
+    """The torch reference's enclosures plus the per-token masses the retention form needs.
+
+    ``mass`` (..., S) is the computed unnormalised ``e^{x_t - max x}`` in the working dtype with
+    relative errors ``mass_rho``; ``total_lo`` is a lower bound on their exact sum.
+    """
+
     mass: torch.Tensor
     mass_rho: torch.Tensor
     total_lo: torch.Tensor
-    dtype: torch.dtype
 
 
 def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
@@ -76,32 +108,7 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     direct = rounding.sum_lower(shrunk, rounding.term_relative_error(shrunk_err, 1, dtype)) / total_hi
     a_minus_lo = torch.maximum(1 - j_hi, direct * (1 - 4 * rounding.FP64_SLACK))
     max_c = torch.where(live, c, torch.zeros_like(c)).amax(-1).double()
-    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, mass_rho, total_lo, dtype)
-
-
-def _eform(m: Moments) -> torch.Tensor:
-    """T1: 1/2 (A^2 - 1) = 1/2 k (k + 2), increasing in k."""
-    return rounding.up(0.5 * m.k_hi * (m.k_hi + 2))
-
-
-def _two_sided(m: Moments) -> torch.Tensor:
-    """P1: 1/2 (A/A- - A-/A) = (k + j)(1 + k + A-) / (2 (1 + k) A-): increasing in k, j; decreasing in A-."""
-    a_minus_lo = m.a_minus_lo
-    # ((k + j) / 2A-) (1 + A-/(1 + k)): no intermediate overflow before the result itself overflows
-    value = (m.k_hi + m.j_hi) / (2 * a_minus_lo) * (1 + a_minus_lo / (1 + m.k_hi))
-    value = rounding.up(value, 8)
-    finite = (a_minus_lo > 0) & torch.isfinite(m.k_hi)  # else A- <= 0 or A = inf: trivial bound
-    return torch.where(finite, value, torch.full_like(value, float("inf")))
-
-
-def _maxnorm(m: Moments) -> torch.Tensor:
-    """Max-norm: tanh(D/2) (fp64 halving is exact)."""
-    return rounding.up(torch.tanh(m.max_c / 2)).clamp(max=1.0)  # tanh <= 1 exactly
-
-
-def _competitor(m: Moments) -> torch.Tensor:
-    """The Runtime-Certified competitor's shape tanh(D): sound, looser than tanh(D/2)."""
-    return rounding.up(torch.tanh(m.max_c)).clamp(max=1.0)
+    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, mass_rho, total_lo)
 
 
 def _retention(m: Moments, c: torch.Tensor) -> torch.Tensor:
@@ -131,7 +138,7 @@ def _public(bound_of_moments):
         scores, c = check_scores_and_bounds(scores, c)
         return rounding.round_up_to(bound_of_moments(moments(scores, c)), scores.dtype)
 
-    bound.__name__ = bound_of_moments.__name__.lstrip("_") + "_bound"
+    bound.__name__ = bound_of_moments.__name__ + "_bound"
     bound.__doc__ = (
         f"{bound_of_moments.__doc__}\n\n"
         "Parameters\n----------\nscores : Tensor (..., S)\n    compressed logits; -inf masks a token.\n"
@@ -141,10 +148,10 @@ def _public(bound_of_moments):
     return bound
 
 
-eform_bound = _public(_eform)
-two_sided_bound = _public(_two_sided)
-maxnorm_bound = _public(_maxnorm)
-competitor_bound = _public(_competitor)
+eform_bound = _public(Enclosure.eform)
+two_sided_bound = _public(Enclosure.two_sided)
+maxnorm_bound = _public(Enclosure.maxnorm)
+competitor_bound = _public(Enclosure.competitor)
 
 
 def retention_bound(scores, c) -> torch.Tensor:

@@ -30,9 +30,7 @@ def meter(scores, c) -> torch.Tensor:
         Values in ``[0, 1]`` in the working dtype (fp32 or fp64).
     """
     scores, c = check_scores_and_bounds(scores, c)
-    m = bounds.moments(scores, c)
-    best = torch.minimum(torch.minimum(bounds._eform(m), bounds._two_sided(m)), bounds._maxnorm(m))
-    return rounding.round_up_to(best.clamp(max=1.0), scores.dtype)
+    return rounding.round_up_to(bounds.moments(scores, c).meter(), scores.dtype)
 
 
 def risk_score(scores, c) -> torch.Tensor:
