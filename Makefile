@@ -16,7 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(VENV)/bin/witcert fuzz --trials 200000
+	$(VENV)/bin/witcert observe --demo
 
 test: $(STAMP)
 	$(PY) -m pytest -q

@@ -81,20 +81,33 @@ class SchemeResult:
 
 
 def build_cases(tokenizer, config: ObserveConfig) -> list:
-    """The workload cases of ``config.task`` (needle: depths x {1, 4} keys)."""
+    """The workload cases of ``config.task``.
+
+    Needle: about three quarters single-passkey cases at spread depths, the rest four-key
+    cases (one key asked) at spread depths; text/code/file: evenly spaced windows.
+    """
     if config.task == "needle":
-        n_depths = max(1, (config.cases + 1) // 2)
-        depths = tuple(float(d) for d in np.linspace(0.1, 0.9, n_depths)) if n_depths > 1 else (0.5,)
-        cases = workloads.needle_cases(tokenizer, config.context_tokens, depths=depths, keys=(1, 4))
-        return cases[: config.cases]
+        n_multi = config.cases // 4
+        n_single = config.cases - n_multi
+        cases = workloads.needle_cases(tokenizer, config.context_tokens, depths=_depths(n_single), keys=(1,))
+        if n_multi:
+            cases += workloads.needle_cases(tokenizer, config.context_tokens, depths=_depths(n_multi), keys=(4,), seed=1)
+        return cases
     return workloads.text_cases(tokenizer, config.task, config.context_tokens, config.probe_tokens, count=config.cases)
 
 
-def run_case(model, tokenizer, case, new_tokens: int, session: Session | None = None, delta_req: float = 1e-2) -> CaseOutput:
+def _depths(n: int) -> tuple[float, ...]:
+    return (0.5,) if n == 1 else tuple(float(d) for d in np.linspace(0.1, 0.9, n))
+
+
+def run_case(
+    model, tokenizer, case, new_tokens: int, session: Session | None = None, delta_req: float = 1e-2, request: int = 0
+) -> CaseOutput:
     """Prefill the context, feed the probe chunk, and (needle) decode the answer greedily.
 
     With a session, its Tier B budget is ``delta_req`` spread over the request's cells
-    (Lemma 3: layers x query heads x measured steps).
+    (Lemma 3: layers x query heads x measured steps), and ``request`` keys its dither stream
+    (distinct requests never share dither values).
     """
     context, probe = (case.context, case.question) if hasattr(case, "question") else (case.context, case.continuation)
     ctx_ids = tokenizer(context, return_tensors="pt").input_ids
@@ -103,6 +116,7 @@ def run_case(model, tokenizer, case, new_tokens: int, session: Session | None = 
         if session is None:
             return _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens)
         session.reset()
+        session.request = request
         session.batches.clear()
         session.adaptive = False
         steps = probe_ids.shape[1] + (new_tokens if hasattr(case, "question") else 0)
@@ -182,7 +196,7 @@ def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[Sche
 def _run_scheme(model, tokenizer, cases, config, session, tick) -> list[CaseOutput]:
     outputs = []
     for i, case in enumerate(cases):
-        out = run_case(model, tokenizer, case, config.new_tokens, session, config.delta_req)
+        out = run_case(model, tokenizer, case, config.new_tokens, session, config.delta_req, request=i)
         out.cells.columns["case"][:] = i
         outputs.append(out)
         tick(f"{session.scheme}{' gated' if session.gate else ''}")

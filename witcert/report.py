@@ -85,7 +85,7 @@ def fmt(x: float, digits: int = 3) -> str:
 
 def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[list[str]]]:
     """Header and rows of the comparison table (one row per scheme)."""
-    header = ["scheme", "task", "cells", "violations", f"coverage@{tau:g}", "joint cov", "danger recall",
+    header = ["scheme [tier]", "task", "cells", "violations", f"coverage@{tau:g}", "joint cov", "danger recall",
               "median meter", "median TV", "worst (layer,head)", "KL", "top-1"]
     needle = any("needle_acc" in r.quality for r in results)
     gated = any(r.gated is not None for r in results)
@@ -97,7 +97,7 @@ def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[lis
     for r in results:
         s = summarize(r.raw, tau)
         worst = worst_cells(r.raw, 1)
-        row = [r.scheme, r.task, str(s.cells), str(s.violations), fmt(s.coverage), fmt(s.joint_coverage),
+        row = [f"{r.scheme} [{r.tier}]", r.task, str(s.cells), str(s.violations), fmt(s.coverage), fmt(s.joint_coverage),
                fmt(s.danger_recall) + f" ({s.danger})", fmt(s.median_meter, 4), fmt(s.median_true_tv, 4),
                f"L{worst[0][0]} H{worst[0][1]}" if worst else "-", fmt(r.quality["kl"], 4), fmt(r.quality["top1"])]
         if needle:
@@ -127,8 +127,11 @@ def write_report(directory: Path, results, config, baseline: dict, model_source:
         f"# WitCert observatory: {config.task}",
         "",
         f"- model: {model_source}",
-        f"- schemes: {', '.join(config.schemes)}; tier A (band-norm witness, B = {config.bands}); "
-        f"tau = {config.tau:g}; gate: {'certified block repair, tau = %g < 1' % config.tau if config.gate else 'off'}",
+        f"- schemes: {', '.join(config.schemes)}; tau = {config.tau:g}; "
+        f"gate: {'certified block repair, tau = %g < 1' % config.tau if config.gate else 'off'}",
+        f"- certificates: [A] Tier A band-norm witness (B = {config.bands}; adaptive-safe); [B] dithered-int8: "
+        f"per-token min of Tier A and Tier B (delta_req = {config.delta_req:g} per request; sub-Gaussian branch "
+        "only for the teacher-forced probe, deterministic Delta_t during greedy decoding)",
         f"- context {config.context_tokens} tokens, {config.cases} cases; cells = (layer, query head, query) "
         "over the probe chunk and the decode steps, after an exact prefill that is compressed on write",
         f"- wall time {wall_s:.1f} s",
@@ -194,7 +197,8 @@ def _heatmaps(directory: Path, results) -> Path:
                 if sel.any():
                     grid[layer, head] = r.raw["meter"][sel].mean()
         im = ax.imshow(grid, aspect="auto", vmin=0, vmax=1, cmap="magma", origin="lower")
-        ax.set(title=r.scheme, xlabel="query head", ylabel="layer")
+        ax.set(title=f"{r.scheme} [{r.tier}]", xlabel="query head")
+    axes[0][0].set_ylabel("layer")
     fig.colorbar(im, ax=axes[0].tolist(), label="mean meter")
     path = directory / "heatmap_layer_head.png"
     fig.savefig(path, dpi=110)

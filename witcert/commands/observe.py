@@ -8,14 +8,15 @@ from pathlib import Path
 
 HELP = "run a real model (default: embedded SmolLM2-135M-Instruct) under compressed KV caches; report meter vs true TV"
 
-DEMO_SCHEMES = ("fp8-e4m3", "rtn-int8", "rtn-int4", "kivi-2bit")
+DEMO_SCHEMES = ("fp8-e4m3", "rtn-int4", "kivi-2bit", "dithered-int8")
 
 
 def add_arguments(parser) -> None:
     parser.add_argument("--scheme", action="append", default=None,
                         help="registered scheme (repeat or comma-separate for a comparison; `witcert schemes` lists them)")
-    parser.add_argument("--tier", choices=("A", "B"), default="A",
-                        help="A: band-norm witness (adaptive-safe); B: dithered INT8 (non-adaptive scope)")
+    parser.add_argument("--tier", choices=("auto", "A", "B"), default="auto",
+                        help="A: band-norm witness (adaptive-safe), every scheme; B: the dithered-int8 cache's "
+                             "probabilistic certificate (min with A; non-adaptive scope); auto: B for dithered-int8, else A")
     parser.add_argument("--task", default="needle", help="needle | text | code | PATH to a text file")
     parser.add_argument("--tau", type=float, default=0.2, help="certified threshold for coverage and the gate (0 < tau < 1)")
     parser.add_argument("--gate", action="store_true", help="also run with the certified gate (block repair from the exact shadow)")
@@ -80,7 +81,7 @@ def run(args) -> int:
 
 def _schemes(args) -> tuple[str, ...]:
     if args.demo and not args.scheme:
-        return DEMO_SCHEMES + (("dithered-int8",) if args.tier == "B" else ())
+        return DEMO_SCHEMES
     names = []
     for item in args.scheme or ["rtn-int4"]:
         names += [s.strip() for s in item.split(",") if s.strip()]
