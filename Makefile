@@ -24,5 +24,8 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	$(VENV)/bin/witcert fuzz --trials 500000
 
+bench: $(STAMP)
+	$(PY) -m benchmarks.run
+
 clean:
 	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,1 @@
+"""WitCert benchmarks: ``python -m benchmarks.run`` (``make bench``) writes ``benchmarks/results/``."""

@@ -1,0 +1,54 @@
+"""Wall-clock timing for side-by-side ratios: warm-up, then the median of ``reps`` runs.
+
+Ratios (meter / attention) are formed from medians measured in the same process, interleaved
+run by run so that background load on a shared machine hits both sides alike.
+"""
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Timing:
+    """Median and spread (seconds) of ``reps`` timed calls."""
+
+    median: float
+    low: float
+    high: float
+    reps: int
+
+    def __post_init__(self):
+        if self.reps < 1 or not 0 <= self.low <= self.median <= self.high:
+            raise ValueError(f"inconsistent timing {self}")
+
+
+def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> int:
+    """Calls per timed sample so that one sample lasts at least ``min_sample_s`` (timer noise)."""
+    start = time.perf_counter()
+    fn()
+    once = max(time.perf_counter() - start, 1e-7)
+    return max(1, math.ceil(min_sample_s / once))
+
+
+def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 5, warmup: int = 1,
+                     min_sample_s: float = 0.02) -> dict[str, Timing]:
+    """Time every callable ``reps`` times, round-robin, after ``warmup`` untimed rounds.
+
+    Each sample runs the callable ``n`` times (``n`` from the warm-up, so a sample lasts at least
+    ``min_sample_s``) and records the mean per call.
+    """
+    if reps < 1 or warmup < 1:
+        raise ValueError(f"reps and warmup must be >= 1, got reps={reps}, warmup={warmup}")
+    calls = {name: _calls_per_sample(fn, min_sample_s) for name, fn in fns.items()}
+    samples = {name: [] for name in fns}
+    for round_ in range(warmup - 1 + reps):
+        for name, fn in fns.items():
+            start = time.perf_counter()
+            for _ in range(calls[name]):
+                fn()
+            elapsed = (time.perf_counter() - start) / calls[name]
+            if round_ >= warmup - 1:
+                samples[name].append(elapsed)
+    return {name: Timing(statistics.median(s), min(s), max(s), len(s)) for name, s in samples.items()}
