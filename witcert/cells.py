@@ -15,7 +15,7 @@ of what is certified.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -46,12 +46,16 @@ class CellBatch:
     joint: torch.Tensor  # bool: pass_K and pass_V
     c_max: torch.Tensor  # max_t c_t over visible tokens
     repaired: torch.Tensor
+    extra: dict = field(default_factory=dict)  # name -> (B, Hq, Tq), e.g. Tier B meters at other deltas
 
     def __post_init__(self):
         shape = self.meter.shape
         for name in _FIELDS[1:]:
             if getattr(self, name).shape != shape:
                 raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}")
+        for name, t in self.extra.items():
+            if t.shape != shape:
+                raise ValueError(f"extra[{name!r}] has shape {tuple(t.shape)}, expected {tuple(shape)}")
         if self.positions.shape != shape[-1:]:
             raise ValueError(f"positions must be ({shape[-1]},), got {tuple(self.positions.shape)}")
 

@@ -63,6 +63,9 @@ class Session:
         token's bound is the minimum of its Tier A witness bound and the Tier B bound.
     delta_loc : float
         Tier B per-(layer, head, step) failure budget (``witcert.tier_b.delta_local``).
+    delta_sweep : dict
+        Tier B only: also record the meter at these other budgets (column name -> delta_loc),
+        for the risk-coverage curve across delta.
     adaptive : bool
         Set while queries depend on the dither (greedy decoding): Tier B then uses only its
         deterministic branch ``Delta_t``.
@@ -74,6 +77,7 @@ class Session:
     gate: Gate | None = None
     tier: str = "A"
     delta_loc: float = 1e-7
+    delta_sweep: dict = field(default_factory=dict)  # column name -> delta_loc: extra Tier B meters
     adaptive: bool = False
     request: int = 0
     layers: dict[int, CompressedLayer] = field(default_factory=dict, repr=False)
@@ -160,7 +164,11 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
     math = cells.measure(
         query, key, value, store.k_hat, store.v_hat, visible, scale, None, session.layout, exact=session.observe
     )
+    extra = {}
     if session.tier == "B":
+        for name, loc in session.delta_sweep.items():
+            swept = cells.tighten_with_tier_b(math, query, store, loc, scale, session.adaptive)
+            extra[name] = swept.cells["meter"].cpu()
         math = cells.tighten_with_tier_b(math, query, store, session.delta_loc, scale, session.adaptive)
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if session.gate is not None:
@@ -170,6 +178,7 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
             layer=module.layer_idx,
             positions=torch.arange(s - tq, s),
             repaired=fired.cpu(),
+            extra=extra,
             **{name: t.cpu() for name, t in math.cells.items()},
         )
     )

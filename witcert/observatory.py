@@ -21,6 +21,8 @@ from witcert.gate import Gate
 from witcert.hf_attention import DITHERED, Session, compressed_attention, layout_for
 from witcert.tier_b import delta_local
 
+SWEEP_DELTAS = (0.5, 1e-1, 1e-3, 1e-5)  # Tier B request budgets recorded beside delta_req (risk-coverage)
+
 
 @dataclass(frozen=True)
 class ObserveConfig:
@@ -121,7 +123,9 @@ def run_case(
         session.adaptive = False
         steps = probe_ids.shape[1] + (new_tokens if hasattr(case, "question") else 0)
         config = model.config
-        session.delta_loc = delta_local(delta_req, config.num_hidden_layers, config.num_attention_heads, steps)
+        n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
+        session.delta_loc = delta_local(delta_req, n_layers, n_heads, steps)
+        session.delta_sweep = {f"meter_delta={d:g}": delta_local(d, n_layers, n_heads, steps) for d in SWEEP_DELTAS}
         with compressed_attention(model, session):
             out = _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, session)
         out.cells = telemetry.cell_table(session.batches)

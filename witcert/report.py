@@ -207,21 +207,45 @@ def _heatmaps(directory: Path, results) -> Path:
 
 
 def _risk_coverage(directory: Path, results, tau: float) -> Path:
-    """Coverage (meter <= t) and oracle coverage (true TV <= t) across thresholds t."""
+    """Left: certified coverage (meter <= t) and oracle coverage (true TV <= t) across thresholds t.
+    Right: risk-coverage across the Tier B budget delta: coverage at tau against the measured
+    violation rate (true TV > meter); Tier A schemes are deterministic (one point, delta = 0)."""
     plt = _plt()
-    fig, ax = plt.subplots(figsize=(6, 4.5))
+    fig, (ax, ax_d) = plt.subplots(1, 2, figsize=(11, 4.5))
     for r in results:
         meter, tv = r.raw["meter"], r.raw["true_tv"]
         line = ax.plot(_TAUS, [np.mean(meter <= t) for t in _TAUS], label=f"{r.scheme}: meter <= t")
-        if (~np.isnan(tv)).any():
-            ax.plot(_TAUS, [np.mean(tv[~np.isnan(tv)] <= t) for t in _TAUS], ls=":", color=line[0].get_color(),
+        color = line[0].get_color()
+        known = ~np.isnan(tv)
+        if known.any():
+            ax.plot(_TAUS, [np.mean(tv[known] <= t) for t in _TAUS], ls=":", color=color,
                     label=f"{r.scheme}: true TV <= t (oracle)")
+        points = _delta_points(r, config_delta=r.extra.get("delta_req", 1e-2))
+        xs, ys, labels = zip(*[(np.mean(m <= tau), np.mean(known & (tv > m)), lab) for lab, m in points])
+        ax_d.plot(xs, ys, marker="o", color=color, label=f"{r.scheme} [{r.tier}]")
+        for x, y, lab in zip(xs, ys, labels):
+            ax_d.annotate(lab, (x, y), fontsize=6, xytext=(3, 3), textcoords="offset points")
     ax.axvline(tau, color="grey", lw=0.8)
     ax.set(xscale="log", xlabel="threshold t", ylabel="fraction of cells",
-           title="certified coverage vs oracle coverage (risk = 0 below the meter)")
+           title="certified vs oracle coverage (no cell below its meter)")
     ax.legend(fontsize=6)
+    ax_d.set(xlabel=f"coverage at tau = {tau:g}", ylabel="measured risk: fraction of cells with true TV > meter",
+             title="risk-coverage across delta (Tier B; Tier A: delta = 0)")
+    ax_d.set_ylim(bottom=-0.01)
+    ax_d.legend(fontsize=6)
     path = directory / "risk_coverage.png"
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _delta_points(result, config_delta: float) -> list[tuple[str, np.ndarray]]:
+    """(label, meter column) per budget: the run's delta_req plus any swept Tier B budgets."""
+    if result.tier != "B":
+        return [("delta=0", result.raw["meter"])]
+    points = [(f"delta={config_delta:g}", result.raw["meter"])]
+    for name in result.raw.columns:
+        if name.startswith("meter_delta="):
+            points.append((name.removeprefix("meter_"), result.raw[name]))
+    return sorted(points, key=lambda p: float(p[0].split("=")[1]))

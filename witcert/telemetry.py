@@ -42,7 +42,8 @@ class CellTable:
 
 def cell_table(batches, case: int = 0) -> CellTable:
     """Flatten a list of ``CellBatch`` (one case) into a :class:`CellTable`."""
-    cols = {k: [] for k in ("case", "layer", "head", "pos", "batch", *_FLOATS, *_BOOLS)}
+    extras = sorted(batches[0].extra) if batches else []
+    cols = {k: [] for k in ("case", "layer", "head", "pos", "batch", *_FLOATS, *_BOOLS, *extras)}
     for batch in batches:
         b, hq, tq = batch.meter.shape
         grid_b, grid_h, grid_t = np.meshgrid(np.arange(b), np.arange(hq), np.arange(tq), indexing="ij")
@@ -53,6 +54,8 @@ def cell_table(batches, case: int = 0) -> CellTable:
         cols["batch"].append(grid_b.ravel())
         for name in (*_FLOATS, *_BOOLS):
             cols[name].append(getattr(batch, name).numpy().ravel())
+        for name in extras:
+            cols[name].append(batch.extra[name].numpy().ravel())
     if not cols["layer"]:
         return CellTable({k: np.array([]) for k in cols})
     return CellTable({k: np.concatenate(v) for k, v in cols.items()})
