@@ -62,7 +62,7 @@ theorem sinh_le_mul_exp_sq_div_six {x : ℝ} (hx : 0 ≤ x) :
 /-- `sinh y / y ≤ exp (y ^ 2 / 6)` for `y ≠ 0` (both sides are even in `y`). -/
 theorem sinh_div_le_exp_sq_div_six {y : ℝ} (hy : y ≠ 0) :
     Real.sinh y / y ≤ Real.exp (y ^ 2 / 6) := by
-  rcases hy.lt_or_lt with hneg | hpos
+  rcases lt_trichotomy y 0 with hneg | hzero | hpos
   · have hz : 0 < -y := neg_pos.mpr hneg
     have h := sinh_le_mul_exp_sq_div_six hz.le
     rw [neg_sq] at h
@@ -70,6 +70,7 @@ theorem sinh_div_le_exp_sq_div_six {y : ℝ} (hy : y ≠ 0) :
       rw [div_le_iff₀ hz]
       linarith [h]
     rwa [Real.sinh_neg, neg_div_neg_eq] at h2
+  · exact absurd hzero hy
   · have h := sinh_le_mul_exp_sq_div_six hpos.le
     rw [div_le_iff₀ hpos]
     linarith [h]

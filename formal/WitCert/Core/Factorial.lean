@@ -39,7 +39,8 @@ theorem six_pow_mul_fact_le : ∀ n : Nat, 6 ^ n * fact n ≤ fact (2 * n + 1)
     rw [h3, fact_succ (2 * n + 1 + 1), fact_succ (2 * n + 1), fact_succ n, Nat.pow_succ]
     calc 6 ^ n * 6 * ((n + 1) * fact n)
         = (6 * (n + 1)) * (6 ^ n * fact n) := by
-          simp only [Nat.mul_comm, Nat.mul_assoc, Nat.mul_left_comm]
+          rw [Nat.mul_comm (6 ^ n) 6, Nat.mul_assoc 6 (6 ^ n), Nat.mul_left_comm (6 ^ n) (n + 1),
+            ← Nat.mul_assoc 6 (n + 1)]
       _ ≤ ((2 * n + 1 + 1 + 1) * (2 * n + 1 + 1)) * fact (2 * n + 1) :=
           Nat.mul_le_mul (six_mul_succ_le n) ih
       _ = (2 * n + 1 + 1 + 1) * ((2 * n + 1 + 1) * fact (2 * n + 1)) := Nat.mul_assoc _ _ _
