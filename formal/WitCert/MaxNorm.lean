@@ -27,7 +27,7 @@ theorem tanh_mul_exp_add_exp_neg (x : ℝ) :
   have h : Real.tanh x * Real.cosh x = Real.sinh x := by
     rw [Real.tanh_eq_sinh_div_cosh, div_mul_cancel₀ _ hc]
   rw [Real.cosh_eq, Real.sinh_eq] at h
-  linarith [h]
+  linear_combination 2 * h
 
 /-- The chord of `w ↦ |w - Z|` on `[m, M]`: for `w, Z ∈ [m, M]`,
 `(M - m) |w - Z| ≤ (M - w)(Z - m) + (w - m)(M - Z)`. -/

@@ -40,6 +40,7 @@ theorem exp_neg_le_exp_of_abs_le {e b : ℝ} (h : |e| ≤ b) : Real.exp (-e) ≤
 theorem exp_neg_le_exp_neg_of_abs_le {e b : ℝ} (h : |e| ≤ b) : Real.exp (-b) ≤ Real.exp (-e) :=
   Real.exp_le_exp.mpr (by linarith [(abs_le.mp h).2])
 
+omit [Fintype ι] in
 /-- A bound on `|eps t|` is nonnegative. -/
 theorem nonneg_of_abs_le (heps : ∀ t, |eps t| ≤ c t) (t : ι) : 0 ≤ c t :=
   (abs_nonneg (eps t)).trans (heps t)
