@@ -70,8 +70,8 @@ theorem one_le_massExp_mul_partition (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt 
   rw [← hA, ← hZ] at hR
   have h4 : massExp pt c ≤ massExp pt c * (massExp pt c * partition pt eps) := by
     linarith [hk, hL, hR]
-  by_contra hlt
-  push_neg at hlt
+  by_contra hnot
+  have hlt : massExp pt c * partition pt eps < 1 := not_le.mp hnot
   have h5 : 0 ≤ (massExp pt c - 1) * (1 - massExp pt c * partition pt eps) :=
     mul_nonneg (by linarith [hA1]) (by linarith [hlt])
   linarith [h4, h5, hlt]
@@ -81,8 +81,8 @@ theorem partition_pos (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1)
     (heps : ∀ t, |eps t| ≤ c t) : 0 < partition pt eps := by
   have h1 := one_le_massExp_mul_partition hp hsum heps
   have h2 := one_le_massExp hp hsum (nonneg_of_abs_le heps)
-  by_contra hle
-  push_neg at hle
+  by_contra hnot
+  have hle : partition pt eps ≤ 0 := (not_lt.mp hnot)
   have h3 : 0 ≤ (massExp pt c - 1) * -partition pt eps :=
     mul_nonneg (by linarith [h2]) (by linarith [hle])
   linarith [h1, h3, hle]
