@@ -230,16 +230,18 @@ def gated_output(math: CallMath, gate: Gate, value, v_hat, output):
 
     Pages come from the exact shadow (the model's own cache, which holds the real keys and
     values); a repaired token reads its exact key and exact value. Returns
-    ``(output, fired)`` with ``output`` (B, Tq, Hq, d) like transformers' attention output and
-    ``fired`` (B, Hq, Tq) bool.
+    ``(output, fired, paged)``: ``output`` (B, Tq, Hq, d) like transformers' attention output,
+    ``fired`` (B, Hq, Tq) bool, ``paged`` (B, Hq, Tq) the fraction of visible tokens paged in.
     """
     scores_after, _, repaired, fired, _ = block_repair(gate, math.scores_hat, math.scores, math.c)
+    visible = (~torch.isneginf(math.scores_hat)).sum(-1).clamp(min=1)
+    paged = repaired.sum(-1) / visible
     if not fired.any():
-        return output, fired
+        return output, fired, paged
     groups = math.c.shape[1] // value.shape[1]
     v64 = value.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
     vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
     p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
     y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
     y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
-    return torch.where(fired.transpose(1, 2)[..., None], y, output), fired
+    return torch.where(fired.transpose(1, 2)[..., None], y, output), fired, paged

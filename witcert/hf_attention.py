@@ -172,7 +172,8 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         math = cells.tighten_with_tier_b(math, query, store, session.delta_loc, scale, session.adaptive)
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if session.gate is not None:
-        output, fired = cells.gated_output(math, session.gate, value, store.v_hat, output)
+        output, fired, paged = cells.gated_output(math, session.gate, value, store.v_hat, output)
+        extra["paged_fraction"] = paged.cpu()
     session.batches.append(
         cells.CellBatch(
             layer=module.layer_idx,

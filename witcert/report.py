@@ -92,7 +92,7 @@ def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[lis
     if needle:
         header += ["needle raw"] + (["needle gated"] if gated else [])
     if gated:
-        header += ["gated KL", "repaired"]
+        header += ["gated KL", "fired / paged"]
     rows = []
     for r in results:
         s = summarize(r.raw, tau)
@@ -106,9 +106,15 @@ def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[lis
                 row.append(fmt(r.extra.get("gated_quality", {}).get("needle_acc", float("nan")), 2))
         if gated:
             gq = r.extra.get("gated_quality", {})
-            row += [fmt(gq.get("kl", float("nan")), 4), fmt(summarize(r.gated, tau).repaired) if r.gated else "-"]
+            row += [fmt(gq.get("kl", float("nan")), 4), _fired_paged(r.gated, tau) if r.gated is not None else "-"]
         rows.append(row)
     return header, rows
+
+
+def _fired_paged(gated, tau: float) -> str:
+    """Fraction of cells the gate fired on / mean fraction of visible tokens paged in per cell."""
+    paged = float(np.mean(gated["paged_fraction"])) if "paged_fraction" in gated.columns else float("nan")
+    return f"{fmt(summarize(gated, tau).repaired, 2)} / {fmt(paged, 2)}"
 
 
 def markdown_table(header, rows) -> str:
@@ -141,7 +147,9 @@ def write_report(directory: Path, results, config, baseline: dict, model_source:
     lines += ["", markdown_table(header, rows), "",
               "Violations count cells with true TV > meter (must be 0). Danger recall: fraction of cells with "
               "true TV > tau whose meter exceeds tau (count of such cells in brackets). KL is teacher-forced "
-              "KL(p_exact || p_compressed) per probe token, top-1 the agreement of argmax tokens.", ""]
+              "KL(p_exact || p_compressed) per probe token, top-1 the agreement of argmax tokens. "
+              "Gated: fired = fraction of cells over tau, repaired by paging exact 16-token blocks in until the "
+              "recomputed meter is <= tau; paged = mean fraction of a cell's visible tokens paged in.", ""]
     for r in results:
         worst = worst_cells(r.raw, 3)
         lines.append(f"- {r.scheme}: worst (layer, head) by mean meter: "
