@@ -142,7 +142,9 @@ theorem abs_exp_neg_sub_partition_le_eform (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ 
     exact add_nonneg (mul_nonneg hZ.le (sq_nonneg _)) (by linarith [hZA])
   have hF1 : 0 ≤ massExp pt c * Real.exp (c t) * partition pt eps + Real.exp (-c t)
       - 2 * partition pt eps := by
-    nlinarith [hF0, hAx]
+    by_contra hnot
+    have hlt := mul_lt_mul_of_pos_left (not_le.mp hnot) hAx
+    linarith [hF0, hlt]
   rw [abs_le]
   constructor
   · linarith [hF1, hlo]

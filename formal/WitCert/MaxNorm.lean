@@ -36,10 +36,10 @@ theorem mul_abs_sub_le_chord {m M w Z : ℝ} (hw : m ≤ w ∧ w ≤ M) (hZ : m 
   rcases le_total w Z with h | h
   · have hneg : w - Z ≤ 0 := by linarith [h]
     rw [abs_of_nonpos hneg]
-    nlinarith [mul_nonneg (sub_nonneg.mpr hw.1) (sub_nonneg.mpr hZ.2)]
+    linarith [mul_nonneg (sub_nonneg.mpr hw.1) (sub_nonneg.mpr hZ.2)]
   · have hpos : 0 ≤ w - Z := by linarith [h]
     rw [abs_of_nonneg hpos]
-    nlinarith [mul_nonneg (sub_nonneg.mpr hw.2) (sub_nonneg.mpr hZ.1)]
+    linarith [mul_nonneg (sub_nonneg.mpr hw.2) (sub_nonneg.mpr hZ.1)]
 
 /-- **Max-norm bound.** If `|eps t| ≤ D` for every token, then `TV(p, p̃) ≤ tanh (D / 2)`. -/
 theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : ℝ}
@@ -125,13 +125,15 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
         = 2 * partition pt eps * (a - b) ^ 2 := by
       linear_combination (2 * partition pt eps * (a - b)) * hT
     have hpos : 0 < a * a - b * b := by
-      nlinarith [mul_pos (sub_pos.mpr hba) (add_pos hb0 (hb0.trans hba))]
+      linarith [mul_pos (sub_pos.mpr hba) (add_pos hb0 (hb0.trans hba))]
     have key : (a * a - b * b) * ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
         ≤ (a * a - b * b) * (Real.tanh (D / 2) * (2 * partition pt eps)) := by
-      nlinarith [hS, hquad_eq, htanh, sq_nonneg (partition pt eps - 1)]
+      linarith [hS, hquad_eq, htanh, sq_nonneg (partition pt eps - 1)]
     have hsumle : ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
         ≤ Real.tanh (D / 2) * (2 * partition pt eps) := by
-      nlinarith [key, hpos]
+      by_contra hnot
+      have hlt := mul_lt_mul_of_pos_left (not_le.mp hnot) hpos
+      linarith [key, hlt]
     rw [tv_reweight_eq hp hZ, div_le_iff₀ (by linarith [hZ] : (0 : ℝ) < 2 * partition pt eps)]
     exact hsumle
 
@@ -167,6 +169,8 @@ theorem tanh_half_le_tanh {D : ℝ} (hD : 0 ≤ D) : Real.tanh (D / 2) ≤ Real.
   have hQ : 0 ≤ 2 * (a * b) * (a - b) := by
     rw [hab]
     linarith [hba]
-  nlinarith [e, hP, hQ]
+  by_contra hnot
+  have hlt := mul_lt_mul_of_pos_right (not_le.mp hnot) hP
+  linarith [e, hQ, hlt]
 
 end WitCert
