@@ -54,8 +54,8 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.abs_inner_le_sum_band_norms
 #print axioms WitCert.abs_inner_le_sum_band_norms
 
-#check @WitCert.abs_logit_error_le_witness
-#print axioms WitCert.abs_logit_error_le_witness
+#check @WitCert.abs_inner_div_sqrt_le_witness
+#print axioms WitCert.abs_inner_div_sqrt_le_witness
 
 #check @WitCert.sinh_le_mul_exp_sq_div_six
 #print axioms WitCert.sinh_le_mul_exp_sq_div_six

@@ -109,7 +109,7 @@ THEOREMS: tuple[Theorem, ...] = (
         paper="Theorem 2 (band Cauchy-Schwarz witness)",
         statement="|q.r| <= sum_b ||q_b|| ||r_b||,  so c_t = (1/sqrt d) sum_b ||q_b|| w_{t,b} >= |eps_t|",
         lean="WitCert.abs_inner_le_sum_band_norms",
-        note='Witness corollary `WitCert.abs_logit_error_le_witness` (|q.r|/sqrt d <= sum_b ||q_b|| w_b / sqrt d).',
+        note='Witness corollary `WitCert.abs_inner_div_sqrt_le_witness` (|q.r|/sqrt d <= sum_b ||q_b|| w_b / sqrt d).',
         spec="witcert.spec.bands.bound_band_witness",
         torch="witcert.witness.logit_bound",
         kernel="witcert.kernels.decode_attention.decode_attention",

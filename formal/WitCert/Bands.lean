@@ -23,7 +23,7 @@ logit error.
 
 * `WitCert.band_norm_rotate` (`L1`).
 * `WitCert.abs_inner_le_sum_band_norms` (`T2`).
-* `WitCert.abs_logit_error_le_witness`: `|q · r| / √d ≤ (∑_b ‖q_b‖ w_b) / √d` when `‖r_b‖ ≤ w_b`.
+* `WitCert.abs_inner_div_sqrt_le_witness`: `|q · r| / √d ≤ (∑_b ‖q_b‖ w_b) / √d` when `‖r_b‖ ≤ w_b`.
 -/
 
 noncomputable section
@@ -82,7 +82,7 @@ theorem abs_inner_le_sum_band_norms (q r : β → κ → ℝ) :
 
 /-- The Tier A witness bounds the logit error: with `‖r_b‖ ≤ w_b` for every band,
 `|q · r| / √d ≤ (∑_b ‖q_b‖ w_b) / √d`. -/
-theorem abs_logit_error_le_witness (q r : β → κ → ℝ) (w : β → ℝ)
+theorem abs_inner_div_sqrt_le_witness (q r : β → κ → ℝ) (w : β → ℝ)
     (hw : ∀ b, bandNorm (r b) ≤ w b) (d : ℝ) :
     |∑ b, ∑ k, q b k * r b k| / Real.sqrt d ≤ (∑ b, bandNorm (q b) * w b) / Real.sqrt d := by
   have h1 : ∑ b, bandNorm (q b) * bandNorm (r b) ≤ ∑ b, bandNorm (q b) * w b :=
