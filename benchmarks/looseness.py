@@ -13,6 +13,7 @@ Saturated cells (meter = 1) are reported separately: there the shape ratio only 
 import torch
 
 import witcert
+from witcert import bounds
 
 
 def _stats(x: torch.Tensor) -> dict:
@@ -22,6 +23,19 @@ def _stats(x: torch.Tensor) -> dict:
     return dict(n=int(x.numel()), median=float(q[0]), p90=float(q[1]), p99=float(q[2]), max=float(x.max()))
 
 
+def _tail_cause(scores: torch.Tensor, shape: torch.Tensor, threshold: float = 10.0) -> dict:
+    """How concentrated attention is in the cells whose shape ratio exceeds ``threshold``.
+
+    With ``p~`` nearly a point mass the sup-box TV is ~``2 p_max (1 - p_max) c`` while every bound
+    in the meter is first order in ``c``: the ratio grows like ``1 / (1 - p_max)``.
+    """
+    p_max = torch.softmax(scores.double(), -1).amax(-1)
+    tail = shape > threshold
+    return dict(tail_cells=int(tail.sum()),
+                tail_median_one_minus_pmax=float((1 - p_max[tail]).median()) if tail.any() else None,
+                body_median_one_minus_pmax=float((1 - p_max[~tail]).median()) if (~tail).any() else None)
+
+
 def split(sampled: dict) -> list[dict]:
     rows = []
     for config, t in sampled.items():
@@ -29,7 +43,13 @@ def split(sampled: dict) -> list[dict]:
         live = (t["meter"] < 1) & (sup > 0)
         shape = t["meter"][live] / sup[live]
         per_token = sup[live & (t["true_tv"] > 0)] / t["true_tv"][live & (t["true_tv"] > 0)]
+        eform = bounds.eform_bound(t["scores"], t["c"])[live]
+        maxnorm = bounds.maxnorm_bound(t["scores"], t["c"])[live]
         rows.append(dict(config=config, cells=int(t["meter"].numel()), saturated=int((t["meter"] >= 1).sum()),
                          sup_above_meter=int((sup > t["meter"] * (1 + 1e-9)).sum()),
-                         shape_meter_over_sup=_stats(shape), per_token_sup_over_tv=_stats(per_token)))
+                         shape_meter_over_sup=_stats(shape), per_token_sup_over_tv=_stats(per_token),
+                         median_eform_over_sup=float((eform / sup[live]).median()) if live.any() else None,
+                         median_maxnorm_over_sup=float((maxnorm / sup[live]).median()) if live.any() else None,
+                         share_maxnorm_binding=float((maxnorm <= eform).double().mean()) if live.any() else None,
+                         **_tail_cause(t["scores"][live], shape)))
     return rows

@@ -204,7 +204,7 @@ def summarize(pooled: dict) -> list[dict]:
                    joint_coverage=float(((t["meter"] <= TAU_K) & (t["pass_v"] > 0)).double().mean()),
                    competitor_coverage=comp,
                    coverage_over_competitor=(ours / comp) if comp > 0 else math.inf,
-                   page_in_reduction=(fail_comp - fail_ours) / fail_comp if fail_comp > 0 else 0.0,
+                   page_in_reduction=(fail_comp - fail_ours) / fail_comp if fail_comp > 0 else None,
                    violations=int((t["true_tv"] > t["meter"]).sum()),
                    median_meter=float(t["meter"].median()), median_true_tv=float(t["true_tv"].median()))
         for name, value in t.items():

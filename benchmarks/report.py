@@ -45,6 +45,15 @@ def _cost_md(results: dict) -> str:
     return text
 
 
+def _proposals_md(results: dict) -> str:
+    rows = []
+    for r in results["proposals"]:
+        row = {"shape": r["shape"], "S": r["S"], **r["ratio_to_attention"]}
+        row["max rel diff vs library (c_A, c_B, meter 3, meter 4)"] = ", ".join(f"{v:.1e}" for v in r["max_rel_diff"].values())
+        rows.append(row)
+    return _table(rows, list(rows[0]))
+
+
 def _quality_md(results: dict) -> str:
     main = ["domain", "config", "cells", "coverage_K", "joint_coverage", "competitor_coverage",
             "coverage_over_competitor", "page_in_reduction", "violations", "median_meter", "median_true_tv"]
@@ -78,7 +87,13 @@ def _looseness_md(results: dict) -> str:
         rows.append({"config": r["config"], "cells": r["cells"], "saturated": r["saturated"],
                      "sup > meter (must be 0)": r["sup_above_meter"], "shape n": s["n"],
                      "meter/sup median": s["median"], "p90": s["p90"], "p99": s["p99"], "max": s["max"],
-                     "sup/TV median": p["median"], "sup/TV p90": p["p90"], "sup/TV max": p["max"]})
+                     "sup/TV median": p["median"], "sup/TV p90": p["p90"], "sup/TV max": p["max"],
+                     "e-form/sup median": r.get("median_eform_over_sup"),
+                     "tanh(D/2)/sup median": r.get("median_maxnorm_over_sup"),
+                     "tanh(D/2) binding": r.get("share_maxnorm_binding"),
+                     "cells meter/sup > 10": r.get("tail_cells"),
+                     "their median 1 - p_max": r.get("tail_median_one_minus_pmax"),
+                     "others' median 1 - p_max": r.get("body_median_one_minus_pmax")})
     return _table(rows, list(rows[0]))
 
 
@@ -98,6 +113,9 @@ def markdown(results: dict) -> str:
                   "the attention time of the same run. `lean floor` is a benchmark-local fp32 estimate of the "
                   "compute floor (no rounding enclosure, no input checks), not the library.", "",
                   _cost_md(results), "![cost](cost.png)", ""]
+    if results.get("proposals"):
+        parts += ["### Proposed optimisations, measured (benchmarks/proposals.py; the library is unchanged)", "",
+                  _proposals_md(results), ""]
     kernel = results.get("kernel")
     if kernel:
         parts += ["## 1b. Triton decode kernel, certificate on vs off", "",

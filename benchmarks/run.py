@@ -16,7 +16,7 @@ import torch
 
 from benchmarks import machine, report
 
-SECTIONS = ("cost", "kernel", "memory", "quality", "looseness", "throughput")
+SECTIONS = ("cost", "proposals", "kernel", "memory", "quality", "looseness", "throughput")
 RESULTS = Path(__file__).with_name("results")
 
 
@@ -32,9 +32,11 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--looseness-rows", type=int, default=None, help="sampled cells per domain per config")
     p.add_argument("--fuzz-trials", type=int, default=None, help="throughput trials (default 10000; quick 1500)")
     p.add_argument("--out", type=Path, default=RESULTS)
+    p.add_argument("--merge", action="store_true",
+                   help="update only the sections run in an existing results.json (others kept)")
     args = p.parse_args(argv)
     quick = args.quick
-    defaults = dict(tokens=(512, 768), queries=(8, 16), layer_stride=(6, 1), looseness_rows=(16, 48),
+    defaults = dict(tokens=(512, 768), queries=(8, 16), layer_stride=(6, 1), looseness_rows=(16, 96),
                     fuzz_trials=(1500, 10000))
     for name, (q, full) in defaults.items():
         if getattr(args, name) is None:
@@ -72,6 +74,13 @@ def main(argv=None) -> None:
     command = "python -m benchmarks.run " + " ".join(sys.argv[1:] if argv is None else argv)
     results = {"command": command.strip(), "args": {k: str(v) if isinstance(v, Path) else v for k, v in vars(args).items()},
                "machine": machine.describe(args.threads), "seconds": {}}
+    previous = args.out / "results.json"
+    if args.merge and previous.is_file():
+        kept = json.loads(previous.read_text())
+        kept["seconds"] = {k: v for k, v in kept.get("seconds", {}).items() if k not in args.sections}
+        kept["merged"] = kept.get("merged", []) + [dict(command=results["command"], sections=args.sections,
+                                                        machine=results["machine"])]
+        results = {**kept, "seconds": kept["seconds"]}
     started = time.perf_counter()
 
     def section(name, fn):
@@ -87,6 +96,11 @@ def main(argv=None) -> None:
 
         results["cost"] = cost_mod.run(args.quick, args.reps)
         results["cost_profile"] = cost_mod.profile(s=2048 if args.quick else 8192)
+
+    def proposals():
+        from benchmarks import proposals as proposals_mod
+
+        results["proposals"] = proposals_mod.run(args.quick, args.reps)
 
     def kernel():
         from benchmarks import kernel as kernel_mod
@@ -104,18 +118,19 @@ def main(argv=None) -> None:
         results["throughput"] = throughput_mod.run(args.fuzz_trials)
 
     section("cost", cost)
+    section("proposals", proposals)
     section("kernel", kernel)
     section("memory", memory)
     section("quality", lambda: _quality(args, results))
     section("throughput", throughput)
-    results["seconds"]["total"] = time.perf_counter() - started
+    results["seconds"]["total" if not args.merge else "total (merge)"] = time.perf_counter() - started
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
     (args.out / "machine.md").write_text(machine.markdown(results["machine"]))
     results["pngs"] = report.plots(results, args.out)
     (args.out / "results.md").write_text(report.markdown(results))
     print(f"wrote {args.out}/results.json, results.md, machine.md, {', '.join(results['pngs'])} "
-          f"in {results['seconds']['total']:.0f} s")
+          f"in {time.perf_counter() - started:.0f} s")
 
 
 if __name__ == "__main__":

@@ -51,7 +51,8 @@ def evaluate(results: dict) -> list[dict]:
     if q:
         add("dithered-int8 m=4: K coverage >= 0.99 on every domain",
             ", ".join(f"{r['domain']} {r['coverage_K']:.3f}" for r in q), min(r["coverage_K"] for r in q) >= 0.99)
-    reductions = [r["page_in_reduction"] for r in results.get("quality", []) if r["config"] in INT8_CLASS]
+    reductions = [r["page_in_reduction"] for r in results.get("quality", [])
+                  if r["config"] in INT8_CLASS and r["page_in_reduction"] is not None]
     if reductions:
         add("page-in rate reduction vs competitor (paper 28.7-77.0% relative)",
             f"{100 * min(reductions):.1f}-{100 * max(reductions):.1f}%", None, "int8-class schemes, all domains")
