@@ -20,7 +20,7 @@ if command -v lake >/dev/null 2>&1; then
   lake build --wfail WitCert
   report="$(lake env lean formal/Export.lean 2>&1)"
   echo "$report" | grep "axioms" || true
-  if echo "$report" | grep -qi "error"; then
+  if echo "$report" | grep -q "error:"; then
     echo "lean_check: formal/Export.lean failed" >&2
     exit 1
   fi
