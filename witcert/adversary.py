@@ -146,32 +146,37 @@ def _fixed_point(upward, w: _Weights, steps=4):
 def _polish(upward, w: _Weights, max_flips):
     """Best single-token flips until none improves by a relative 1e-12 (or ``max_flips``).
 
-    Rows that stop improving leave the active set, so the cost follows the slow rows only.
+    A converged row stays converged, so rows are only set aside (compacted) once fewer than
+    half of the working set still move: each step costs about the rows still moving.
     """
     shape = upward.shape
-    upward = upward.reshape(-1, shape[-1]).clone()
-    weights = [v.expand(shape).reshape(-1, shape[-1]) for v in (w.rise, w.drop, w.p, w.alpha, w.beta)]
-    rise, drop, p, alpha, beta = weights
-    fields = (rise, drop, p, p, alpha, beta)
-    inside_field = (True, False, True, False, True, False)
-    active = torch.arange(upward.shape[0])
+    result = upward.reshape(-1, shape[-1]).clone()
+    rows = torch.arange(result.shape[0])  # which result rows the working set holds
+    up = result.clone()
+    rise, drop, p, alpha, beta = (v.expand(shape).reshape(-1, shape[-1]) for v in (w.rise, w.drop, w.p, w.alpha, w.beta))
     for _ in range(max_flips):
-        up = upward[active].double()
-        out = 1 - up
-        rows = [f[active] for f in fields]
-        sums = [(v * (up if inside else out)).sum(-1, keepdim=True) for v, inside in zip(rows, inside_field)]
+        inside = up.double()
+        outside = 1 - inside
+        sums = [(v * side).sum(-1, keepdim=True) for v, side in
+                ((rise, inside), (drop, outside), (p, inside), (p, outside), (alpha, inside), (beta, outside))]
         current = _objective(*sums)
-        sign = 1 - 2 * up  # +1 joins T, -1 leaves it
-        flipped = [(total + sign * v if inside else total - sign * v).clamp(min=0)
-                   for total, v, inside in zip(sums, rows, inside_field)]
-        gain = torch.where(rows[2] > 0, _objective(*flipped) - current, torch.full_like(up, -1.0))
+        sign = 1 - 2 * inside  # +1 joins T, -1 leaves it
+        a1, b1, m_in, m_out, a, b = sums
+        flipped = _objective(a1 + sign * rise, (b1 - sign * drop).clamp(min=0), m_in + sign * p,
+                             (m_out - sign * p).clamp(min=0), a + sign * alpha, (b - sign * beta).clamp(min=0))
+        gain = torch.where(p > 0, flipped - current, torch.full_like(inside, -1.0))
         best_gain, best = gain.max(-1)
         improve = best_gain > 1e-12 * current.squeeze(-1)
         if not improve.any():
             break
-        active, best = active[improve], best[improve]
-        upward[active, best] = ~upward[active, best]
-    return upward.reshape(shape)
+        moving = improve.nonzero().squeeze(-1)
+        up[moving, best[moving]] ^= True
+        if 2 * moving.numel() < up.shape[0]:  # compact: converged rows are final
+            result[rows] = up
+            rows, up = rows[moving], up[moving]
+            rise, drop, p, alpha, beta = (v[moving] for v in (rise, drop, p, alpha, beta))
+    result[rows] = up
+    return result.reshape(shape)
 
 
 def _starts(w: _Weights, restarts, generator):

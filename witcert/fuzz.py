@@ -27,6 +27,7 @@ from witcert.spec import golden
 SIZES = {1: 4, 2: 10, 3: 8, 4: 8, 5: 6, 8: 8, 12: 8, 16: 2, 32: 1, 64: 0.5, 512: 0.06, 4096: 0.006}
 POLISHED_LARGE_S = 4  # starts polished by the adversary above S = 64 (all below)
 BATCH_ELEMENTS = 1 << 16  # tokens per batch (trials x S)
+RATIO_CAP = 0.9  # TV/bound statistics only where the bound is below this (see Tally)
 
 
 def _loguniform(n, low, high, g):
@@ -131,7 +132,8 @@ CHECKED: dict[str, tuple[Callable, bool]] = {
 
 @dataclass
 class Tally:
-    """Per-bound counts; ``ratios`` keeps TV/bound for cells with a positive bound."""
+    """Per-bound counts; ``ratios`` keeps TV/bound on non-trivial cells (``0 < bound <= RATIO_CAP``):
+    near the trivial bound 1 every TV close to 1 would read as a tight ratio."""
 
     cells: int = 0
     violations: int = 0
@@ -140,8 +142,8 @@ class Tally:
     def add(self, tv: torch.Tensor, bound: torch.Tensor, violated: torch.Tensor) -> None:
         self.cells += tv.numel()
         self.violations += int(violated.sum())
-        positive = bound > 0
-        self.ratios.append((tv[positive] / bound[positive]).float())
+        informative = (bound > 0) & (bound <= RATIO_CAP)
+        self.ratios.append((tv[informative] / bound[informative]).float())
 
     def worst_ratio(self) -> float:
         joined = torch.cat(self.ratios) if self.ratios else torch.zeros(0)

@@ -32,15 +32,15 @@ def check_scores_and_bounds(scores, c) -> tuple[torch.Tensor, torch.Tensor]:
         raise ValueError("c contains NaN")
     if (c < 0).any():
         raise ValueError(f"c must be >= 0 (a per-token bound on |eps|), found minimum {c.min().item()!r}")
+    if c.dim() > scores.dim():
+        raise ValueError(f"c of shape {tuple(c.shape)} would enlarge scores of shape {tuple(scores.shape)}")
     try:
-        shape = torch.broadcast_shapes(scores.shape, c.shape)
+        c = c.expand(scores.shape)
     except RuntimeError:
         raise ValueError(f"c of shape {tuple(c.shape)} does not broadcast to scores of shape {tuple(scores.shape)}")
-    if shape != scores.shape:
-        raise ValueError(f"c of shape {tuple(c.shape)} would enlarge scores of shape {tuple(scores.shape)}")
     if scores.shape[-1] == 0:
         raise ValueError("scores has no tokens (last dim is 0)")
     if (scores == float("-inf")).all(dim=-1).any():
         raise ValueError("scores has a row with every token masked (-inf): attention is undefined there")
     dtype = torch.promote_types(scores.dtype, c.dtype)
-    return scores.to(dtype), c.to(dtype).expand(shape)
+    return scores.to(dtype), c.to(dtype)
