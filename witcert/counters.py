@@ -133,8 +133,22 @@ def _lead(value, shape: tuple[int, ...]) -> torch.Tensor:
     return value.reshape(*value.shape, 1, 1, 1)
 
 
+class _WordStream:
+    """The words of a counter layout: subclasses define ``seed`` and ``counters(shape)``."""
+
+    def words(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """The uint32 word (*shape) of every element (one Philox call per four channels)."""
+        _grid(shape)
+        return grouped_words(self, _key_of(self.seed), tuple(shape))
+
+    def words_per_element(self, shape: tuple[int, ...]) -> torch.Tensor:
+        """Same as ``words`` with one Philox call per element (the literal definition)."""
+        _, _, channel = _grid(shape)
+        return stream_words(self.counters(shape), _key_of(self.seed), channel.expand(shape))
+
+
 @dataclass(frozen=True)
-class StandaloneCounter:
+class StandaloneCounter(_WordStream):
     """Standalone dither stream ``(request, layer, kv_head, token, channel)`` (Tier B, "L2").
 
     A cache tensor of shape (*lead, H, S, d) maps index ``(..., h, t, c)`` to the tuple
@@ -164,19 +178,9 @@ class StandaloneCounter:
                                head + self.kv_head_offset, token + self.token_offset,
                                channel, self.side).expand(*shape, 4)
 
-    def words(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """The uint32 word (*shape) of every element (one Philox call per four channels)."""
-        _grid(shape)
-        return grouped_words(self, _key_of(self.seed), tuple(shape))
-
-    def words_per_element(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """Same as ``words`` with one Philox call per element (the literal definition)."""
-        _, _, channel = _grid(shape)
-        return stream_words(self.counters(shape), _key_of(self.seed), channel.expand(shape))
-
 
 @dataclass(frozen=True)
-class PagedCounter:
+class PagedCounter(_WordStream):
     """Paged dither stream ``(layer, kv_head, slot, channel)`` (Tier B, "L2").
 
     A cache tensor of shape (*lead, H, S, d) maps index ``(..., h, t, c)`` to
@@ -204,13 +208,3 @@ class PagedCounter:
         slots = self.slots.unsqueeze(-2).unsqueeze(-1)  # (*lead, 1, S, 1)
         return pack_paged(_lead(self.layer, shape), head + self.kv_head_offset, slots,
                           channel, self.side).expand(*shape, 4)
-
-    def words(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """The uint32 word (*shape) of every element (one Philox call per four channels)."""
-        _grid(shape)
-        return grouped_words(self, _key_of(self.seed), tuple(shape))
-
-    def words_per_element(self, shape: tuple[int, ...]) -> torch.Tensor:
-        """Same as ``words`` with one Philox call per element (the literal definition)."""
-        _, _, channel = _grid(shape)
-        return stream_words(self.counters(shape), _key_of(self.seed), channel.expand(shape))
