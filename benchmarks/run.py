@@ -30,14 +30,14 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--queries", type=int, default=None, help="query positions per domain (default 16; quick 8)")
     p.add_argument("--layer-stride", type=int, default=None, help="every n-th layer (default 1: all; quick 6)")
     p.add_argument("--looseness-rows", type=int, default=None, help="sampled cells per domain per config")
-    p.add_argument("--fuzz-trials", type=int, default=None, help="throughput trials (default 10000; quick 1500)")
+    p.add_argument("--fuzz-trials", type=int, default=None, help="throughput trials (default 50000; quick 1500)")
     p.add_argument("--out", type=Path, default=RESULTS)
     p.add_argument("--merge", action="store_true",
                    help="update only the sections run in an existing results.json (others kept)")
     args = p.parse_args(argv)
     quick = args.quick
     defaults = dict(tokens=(512, 768), queries=(8, 16), layer_stride=(6, 1), looseness_rows=(16, 96),
-                    fuzz_trials=(1500, 10000))
+                    fuzz_trials=(1500, 50000))
     for name, (q, full) in defaults.items():
         if getattr(args, name) is None:
             setattr(args, name, q if quick else full)
