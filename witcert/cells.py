@@ -139,6 +139,12 @@ def tighten_with_tier_b(math: CallMath, query, store, delta_loc: float, scale: f
     ``min(u_t + beta_t, Delta_t)``; adaptive ones (greedy decode) only the deterministic
     ``Delta_t``, which holds for every query. The meter, risk, output bound and joint pass are
     recomputed from the tightened ``c``.
+
+    Why a teacher-forced probe is in scope on a real model: the layer-``l`` query and keys are
+    functions of the exact prefill and of the dither of layers ``< l`` only (the counter holds
+    the layer, and under the Philox modelling assumption distinct streams are independent), so
+    conditionally on those the layer-``l`` dither is independent of the query. Greedy decoding
+    feeds back tokens chosen through every layer's dither, so there only ``Delta_t`` is used.
     """
     from witcert.observe import _score_rounding
     from witcert.tier_b import tier_b_logit_bound
