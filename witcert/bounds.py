@@ -74,6 +74,40 @@ class Moments(Enclosure):
     total_lo: torch.Tensor
 
 
+def _excess_terms(y, c, mass, y_err, live, u_ratio, dtype):
+    """Per-token terms (and relative errors) of ``A - 1``, ``1 - A-`` and ``A-`` (unnormalised).
+
+    ``k_t = e^{y}(e^{c} - 1)``, ``j_t = e^{y}(1 - e^{-c})``, ``a_t = e^{y - c}``. While every
+    ``c <= 1`` (the usual case: logit errors are small) one ``m = expm1(c)`` serves all three:
+    ``j_t = e^{y} m/(1 + m)``, ``a_t = e^{y}/(1 + m)``; otherwise large radii are formed from
+    ``e^{y + c}`` so nothing overflows before the bound itself does.
+    """
+    if bool((c <= _SPLIT_C).all()):
+        m = torch.expm1(c)
+        one_plus = 1 + m
+        return (
+            (mass * m, rounding.term_relative_error(y_err, 3, dtype)),  # exp, expm1, product
+            (mass * m / one_plus, rounding.term_relative_error(y_err, 5, dtype)),  # + add, division
+            (mass / one_plus, rounding.term_relative_error(y_err, 4, dtype)),  # exp, expm1, add, division
+        )
+    small = c <= _SPLIT_C
+    g = y + c  # exponent of the large-c branch
+    g_err = y_err + torch.where(live, g.double().abs() * u_ratio, torch.zeros_like(y_err))
+    k_terms = torch.where(small, mass * torch.expm1(c), torch.exp(g) * -torch.expm1(-c))
+    k_rho = torch.where(
+        small,
+        rounding.term_relative_error(y_err, 3, dtype),  # exp, expm1, product
+        rounding.term_relative_error(g_err, 3, dtype),  # exp, expm1, product
+    )
+    g_minus = y - c
+    shrunk_err = y_err + torch.where(live, g_minus.double().abs() * u_ratio, torch.zeros_like(y_err))
+    return (
+        (k_terms, k_rho),
+        (mass * -torch.expm1(-c), rounding.term_relative_error(y_err, 3, dtype)),  # in [0, e^{y}]
+        (torch.exp(g_minus), rounding.term_relative_error(shrunk_err, 1, dtype)),
+    )
+
+
 def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     """One pass over the tokens: the enclosures every bound is built from (T1, P1, MN inputs)."""
     dtype = scores.dtype
@@ -85,29 +119,15 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
 
     mass = torch.exp(y)  # e^{y_t}: p~_t times the normaliser
     mass_rho = rounding.term_relative_error(y_err, 1, dtype)
-
-    small = c <= _SPLIT_C
-    g = y + c  # exponent of the large-c branch
-    g_err = y_err + torch.where(live, g.double().abs() * u_ratio, torch.zeros_like(y_err))
-    k_terms = torch.where(small, mass * torch.expm1(c), torch.exp(g) * -torch.expm1(-c))
-    k_rho = torch.where(
-        small,
-        rounding.term_relative_error(y_err, 3, dtype),  # exp, expm1, product
-        rounding.term_relative_error(g_err, 3, dtype),  # exp, expm1, product
-    )
-    j_terms = mass * -torch.expm1(-c)  # e^{y}(1 - e^{-c}) in [0, e^{y}]
-    j_rho = rounding.term_relative_error(y_err, 3, dtype)
-    g_minus = y - c
-    shrunk_err = y_err + torch.where(live, g_minus.double().abs() * u_ratio, torch.zeros_like(y_err))
-    shrunk = torch.exp(g_minus)  # e^{y - c}: the terms of A- itself
+    (k_terms, k_rho), (j_terms, j_rho), (shrunk, shrunk_rho) = _excess_terms(y, c, mass, y_err, live, u_ratio, dtype)
 
     total_lo = rounding.sum_lower(mass, mass_rho)  # >= 1 - tiny slack: the max token contributes 1
     total_hi = rounding.sum_upper(mass, mass_rho)
     k_hi = rounding.up(rounding.sum_upper(k_terms, k_rho) / total_lo)
     j_hi = rounding.up(rounding.sum_upper(j_terms, j_rho) / total_lo)
-    direct = rounding.sum_lower(shrunk, rounding.term_relative_error(shrunk_err, 1, dtype)) / total_hi
+    direct = rounding.sum_lower(shrunk, shrunk_rho) / total_hi
     a_minus_lo = torch.maximum(1 - j_hi, direct * (1 - 4 * rounding.FP64_SLACK))
-    max_c = torch.where(live, c, torch.zeros_like(c)).amax(-1).double()
+    max_c = c.amax(-1).double()  # masked tokens already carry c = 0
     return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, mass_rho, total_lo)
 
 
