@@ -113,9 +113,13 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     dtype = scores.dtype
     u_ratio = rounding.unit_roundoff(dtype) / (1 - rounding.unit_roundoff(dtype))
     live = scores > float("-inf")
-    c = torch.where(live, c, torch.zeros_like(c))  # a masked token's c is irrelevant (and may be inf)
+    masked = not bool(live.all())
+    if masked:
+        c = c.masked_fill(~live, 0.0)  # a masked token's c is irrelevant (and may be inf)
     y = scores - scores.amax(-1, keepdim=True)  # (..., S) <= 0; -inf where masked
-    y_err = torch.where(live, y.double().abs() * u_ratio, torch.zeros_like(y, dtype=torch.float64))
+    y_err = y.double().abs() * u_ratio  # (not in place: .double() of fp64 is y itself)
+    if masked:
+        y_err = y_err.masked_fill(~live, 0.0)
 
     mass = torch.exp(y)  # e^{y_t}: p~_t times the normaliser
     mass_rho = rounding.term_relative_error(y_err, 1, dtype)

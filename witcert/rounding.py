@@ -59,8 +59,7 @@ def term_relative_error(exponent_error: torch.Tensor, n_ops: int, dtype: torch.d
 
 def _weighted_error(terms: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     """``sum_t rho_t tau^_t`` in fp64, with zero terms contributing nothing (even if rho is inf)."""
-    terms64 = terms.double()
-    weighted = torch.where(terms64 > 0, terms64 * rho, torch.zeros_like(terms64))
+    weighted = (terms.double() * rho).nan_to_num_(nan=0.0)  # 0 * inf (an empty term) counts 0
     n = terms.shape[-1]
     return weighted.sum(-1) * (1 + (n + 4) * 2.0**-52)
 
