@@ -209,6 +209,10 @@ def test_leading_dims_match_per_cell_calls():
         single = Gate(0.2)(scores[cell], c[cell], pager=TablePager(exact[cell], 16))
         assert torch.equal(single.after, batched.after[cell])
         assert [b for cl, b in batched.pages if cl == cell] == [b for _, b in single.pages]
+    in_memory = Gate(0.2)(scores, c, exact=exact)  # the same policy without a pager: same repair
+    assert in_memory.pages == batched.pages and torch.equal(in_memory.after, batched.after)
+    assert torch.equal(in_memory.scores, batched.scores) and torch.equal(in_memory.c, batched.c)
+    assert int(in_memory.paged.sum()) == len(batched.pages) and in_memory.bytes_paged == 0
 
 
 def test_request_granularity_fires_every_cell_and_whole_pages_everything():
@@ -359,6 +363,14 @@ def test_bad_gate_input_raises_value_error():
         gate(scores, c + 1.0, pager=lambda cell, block: PageIn(torch.zeros(1), 0))
     with pytest.raises(ValueError, match="non-finite"):
         gate(scores, c + 1.0, pager=lambda cell, block: PageIn(torch.full((16,), math.nan), 0))
+    with pytest.raises(ValueError, match="exactly one of pager"):
+        gate(scores, c, pager=pager, exact=exact)
+    with pytest.raises(ValueError, match="exactly one of pager"):
+        gate(scores, c)
+    with pytest.raises(ValueError, match="exact has shape"):
+        gate(scores, c, exact=exact[:1])
+    with pytest.raises(ValueError, match="non-finite"):
+        gate(scores, c + 1.0, exact=torch.full_like(exact, math.inf))
 
 
 # ----------------------------------------------------------------------------- the measurement script
@@ -401,6 +413,8 @@ def test_fp32_scores_with_fp64_pager_stay_sound(exact, radius, tau, signs):
     c = torch.nextafter(gap.float(), torch.tensor(math.inf)).clamp_min(0.0)  # >= the true fp32 error
     assert (c.double() >= gap).all()
     result = Gate(tau, block_size=4)(scores, c, pager=TablePager(exact64, 4))
+    in_memory = Gate(tau, block_size=4)(scores, c, exact=exact64)
+    assert torch.equal(in_memory.c, result.c) and torch.equal(in_memory.scores, result.scores)
     assert result.scores.dtype == torch.float32
     assert at_most(golden_tv(exact64, result.scores.double()), float(result.after))
     if result.reached:

@@ -6,7 +6,8 @@ contexts short (CI-sized). Oracles:
 - off path: stock transformers ``sdpa`` logits, compared bit for bit;
 - soundness: the true TV of every cell against the exact shadow (fp64), per cell, never in
   aggregate; the true output error against the value-side output bound;
-- block repair: :class:`witcert.Gate` (per-cell reference loop) on the same rows.
+- block repair: :class:`witcert.Gate` on in-memory exact logits (the path ``cells.gated_output``
+  takes) against the same Gate with a per-block pager and against one call per cell.
 """
 import importlib.metadata
 import math
@@ -16,7 +17,6 @@ import pytest
 import torch
 
 from witcert import models, observatory, report, telemetry, workloads
-from witcert.cells import block_repair
 from witcert.compressed_kv import CompressedLayer
 from witcert.gate import Gate, PageIn
 from witcert.hf_attention import ATTN_NAME, Session, compressed_attention, layout_for, register
@@ -153,8 +153,9 @@ def _rows(seed, n=40, s=50):
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_block_repair_matches_the_gate_reference(seed):
-    """Implementation: vectorized block_repair; oracle: witcert.Gate's per-cell loop; tolerance: exact."""
+def test_gate_on_exact_logits_matches_the_per_block_pager(seed):
+    """Implementation: Gate(exact=) over all rows (cells.gated_output's call); oracle: the same
+    policy through a per-block pager, and one Gate call per row; tolerance: exact."""
     scores, exact, c = _rows(seed)
     gate = Gate(tau=0.2, block_size=8)
 
@@ -163,11 +164,16 @@ def test_block_repair_matches_the_gate_reference(seed):
         return PageIn(logits=exact[cell][tokens], nbytes=0)
 
     reference = gate(scores, c, pager=pager)
-    after_scores, after_c, repaired, fired, after = block_repair(gate, scores, exact, c)
-    assert torch.equal(fired, reference.fired)
-    assert torch.equal(after_scores, reference.scores) and torch.equal(after_c, reference.c)
-    assert torch.equal(after, reference.after)
-    assert (after[fired] <= 0.2).all()  # certified: the recomputed meter is below tau
+    result = gate(scores, c, exact=exact)
+    assert torch.equal(result.fired, reference.fired)
+    assert torch.equal(result.scores, reference.scores) and torch.equal(result.c, reference.c)
+    assert torch.equal(result.after, reference.after)
+    assert result.pages == reference.pages and torch.equal(result.paged, reference.paged)
+    assert (result.after[result.fired] <= 0.2).all()  # certified: the recomputed meter is below tau
+    for row in range(scores.shape[0]):
+        single = gate(scores[row], c[row], exact=exact[row])
+        assert torch.equal(single.scores, result.scores[row]) and torch.equal(single.after, result.after[row])
+        assert [b for _, b in single.pages] == [b for cell, b in result.pages if cell == (row,)]
 
 
 def test_compressed_layer_compresses_each_token_once():

@@ -4,8 +4,8 @@ A *cell* is one (layer, query head, query position); at decode time one (layer, 
 For the queries of one forward call, :func:`measure` runs :func:`witcert.observe` (Tier A:
 band witness ``L1``/``T2``, meter ``T1``/``P1``/``MN``, value-side output bound, joint pass)
 on the exact shadow and the stored reconstruction, per batch element, in fp64, and keeps the
-compressed and exact logits the gate needs. :func:`gated_output` applies the policy of a
-:class:`witcert.Gate` (block-level page-in from the exact shadow, vectorized over cells) and
+compressed and exact logits the gate needs. :func:`gated_output` runs a :class:`witcert.Gate`
+(block-level page-in from the exact shadow; the Gate is vectorized over cells) and
 recomputes the attention output of every fired cell over the repaired cache.
 
 fp64 is the arithmetic of record (see :mod:`witcert.observe` for the score-rounding slack):
@@ -20,7 +20,6 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert import values
-from witcert.blocks import log_block_excess
 from witcert.gate import Gate
 from witcert.meter import meter, risk_score
 from witcert.observe import observe
@@ -146,7 +145,7 @@ def tighten_with_tier_b(math: CallMath, query, store, delta_loc: float, scale: f
     conditionally on those the layer-``l`` dither is independent of the query. Greedy decoding
     feeds back tokens chosen through every layer's dither, so there only ``Delta_t`` is used.
     """
-    from witcert.observe import _score_rounding
+    from witcert.observe import score_rounding
     from witcert.tier_b import tier_b_logit_bound
 
     b, hq, tq, d = query.shape
@@ -158,7 +157,7 @@ def tighten_with_tier_b(math: CallMath, query, store, delta_loc: float, scale: f
     parts = [tier_b_logit_bound(q4, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s) for chunk in store.key_stores]
     c_b = torch.cat(parts, dim=-1).to(torch.float64).reshape(b, hq, tq, s)
     slack = torch.stack([
-        _score_rounding(query[i].to(torch.float64).reshape(hkv, groups, tq, d), store.k_hat[i].to(torch.float64), scale)
+        score_rounding(query[i].to(torch.float64).reshape(hkv, groups, tq, d), store.k_hat[i].to(torch.float64), scale)
         for i in range(b)
     ]).reshape(b, hq, tq, s)
     c = torch.minimum(math.c, (c_b + slack) * (1 + 2.0**-50))  # the sum rounds once in fp64
@@ -178,70 +177,26 @@ def _logits(q64, keys, groups, scale):
     return (q64 @ k64.transpose(-1, -2)) * scale
 
 
-def block_repair(gate: Gate, scores_hat: torch.Tensor, scores: torch.Tensor, c: torch.Tensor):
-    """Greedy block page-in for many cells at once: the policy of :class:`witcert.Gate` (``repair="blocks"``).
-
-    Every row over ``gate.tau`` (by ``gate.value``: the meter when certified) pages in, one
-    block per round, the block with the largest ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)``
-    (Lemma 4, ``L4``): its exact logits replace the compressed ones and its ``c`` becomes 0,
-    until the gated value is ``<= tau`` or nothing is left to repair. Vectorized over rows.
-
-    Speed: between rounds the stop test uses the plain fp64 value of the same minimum of bounds
-    (no rounding enclosure; within ~1e-12 of ``gate.value``); then ``gate.value`` itself is
-    recomputed on every row and any row still over ``tau`` continues with the exact test, so
-    the result is certified exactly as the Gate's (at most one extra block in a 1e-12 tie).
-
-    Returns ``(scores_after, c_after, repaired_tokens, fired, after)``; rows (...) as the inputs.
-    """
-    before = gate.value(scores_hat, c)  # (...)
-    fired = before > gate.tau
-    cur_scores, cur_c = scores_hat.clone(), c.clone()
-    repaired = torch.zeros_like(c, dtype=torch.bool)
-    block_of = torch.arange(c.shape[-1], device=c.device) // gate.block_size  # (S,)
-    fast = _plain_meter if gate.mode == "certified" else gate.value
-    active, exhausted = fired.clone(), torch.zeros_like(fired)
-    for check in (fast, gate.value):
-        while active.any():
-            rows = active.nonzero(as_tuple=True)
-            log_x = log_block_excess(cur_scores[rows], cur_c[rows], gate.block_size)  # (n, nb)
-            best_value, best = log_x.max(dim=-1)
-            useful = best_value > -torch.inf  # (n,) something left to repair
-            page = (block_of[None, :] == best[:, None]) & useful[:, None]  # (n, S)
-            cur_scores[rows] = torch.where(page, scores[rows], cur_scores[rows])
-            cur_c[rows] = torch.where(page, torch.zeros_like(page, dtype=cur_c.dtype), cur_c[rows])
-            repaired[rows] = repaired[rows] | page
-            exhausted[rows] = ~useful
-            active[rows] = useful & (check(cur_scores[rows], cur_c[rows]) > gate.tau)
-        after = gate.value(cur_scores, cur_c)
-        active = fired & ~exhausted & (after > gate.tau)
-    return cur_scores, cur_c, repaired, fired, after
-
-
-def _plain_meter(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
-    """``min(1, T1, P1, MN)`` in plain fp64 (no rounding enclosure): a fast stop test only."""
-    log_p = scores - torch.logsumexp(scores, dim=-1, keepdim=True)
-    p = torch.exp(log_p)  # 0 on masked tokens
-    c = torch.where(p > 0, c, torch.zeros_like(c))
-    a_plus = (p * torch.exp(c)).sum(-1)
-    a_minus = (p * torch.exp(-c)).sum(-1)
-    eform = 0.5 * (a_plus * a_plus - 1)
-    two_sided = 0.5 * (a_plus / a_minus - a_minus / a_plus)
-    maxnorm = torch.tanh(c.amax(-1) / 2)
-    best = torch.minimum(torch.minimum(eform, two_sided), maxnorm)
-    return torch.nan_to_num(best, nan=1.0).clamp(max=1.0)
+def _block_tokens(paged: torch.Tensor, block_size: int, n_tokens: int) -> torch.Tensor:
+    """(..., n_blocks) block flags -> (..., S) token flags."""
+    return paged.repeat_interleave(block_size, dim=-1)[..., :n_tokens]
 
 
 def gated_output(math: CallMath, gate: Gate, value, v_hat, output):
     """Gate every cell and recompute the output of fired cells over the repaired cache.
 
-    Pages come from the exact shadow (the model's own cache, which holds the real keys and
-    values); a repaired token reads its exact key and exact value. Returns
+    The policy is :class:`witcert.Gate`'s own (one implementation), fed the exact logits of the
+    exact shadow (the model's own cache, which holds the real keys and values); a repaired token
+    reads its exact key and exact value. Returns
     ``(output, fired, paged)``: ``output`` (B, Tq, Hq, d) like transformers' attention output,
-    ``fired`` (B, Hq, Tq) bool, ``paged`` (B, Hq, Tq) the fraction of visible tokens paged in.
+    ``fired`` (B, Hq, Tq) bool, ``paged`` (B, Hq, Tq) the fraction of visible tokens paged in
+    (masked tokens of a paged block are not counted).
     """
-    scores_after, _, repaired, fired, _ = block_repair(gate, math.scores_hat, math.scores, math.c)
-    visible = (~torch.isneginf(math.scores_hat)).sum(-1).clamp(min=1)
-    paged = repaired.sum(-1) / visible
+    result = gate(math.scores_hat, math.c, exact=math.scores)  # vectorized over cells, 0 bytes moved
+    scores_after, fired = result.scores, result.fired
+    seen = ~torch.isneginf(math.scores_hat)  # (B, Hq, Tq, S)
+    repaired = _block_tokens(result.paged, gate.block_size, seen.shape[-1]).to(seen.device) & seen
+    paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
     if not fired.any():
         return output, fired, paged
     groups = math.c.shape[1] // value.shape[1]

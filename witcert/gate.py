@@ -25,6 +25,9 @@ store -> verified page-in -> persistent write-back, witness zeroed, repair cache
     result = witcert.Gate(0.2, block_size=16)(scores, c, pager=pager)
     repairer.telemetry[(layer, (b, kv_head))]         # page_ins, bytes, repaired_slots, cache_hits
 
+When the exact logits are already in memory (a model's exact shadow, :mod:`witcert.cells`),
+pass them instead of a pager: ``gate(scores, c, exact=exact_scores)`` (no bytes moved).
+
 Regimes (every result is labelled)
 ----------------------------------
 - ``tau < 1``, certified: gates on ``witcert.meter`` (``min(1, T1, P1, MN)``). A cell reported
@@ -38,7 +41,10 @@ Repair policy
 -------------
 ``repair="blocks"`` pages blocks in decreasing ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)``
 (:mod:`witcert.blocks`, Lemma 4 ``L4``), recomputing ``p~``, ``X`` and the real meter after
-every page-in, until the gated value is ``<= tau`` or nothing is left to repair.
+every page-in, until the gated value is ``<= tau`` or nothing is left to repair. The policy is
+vectorized over cells: each round pages one block in every cell still over ``tau`` (the
+pager, if one is given, is still called once per (cell, block)); the result is the same as
+repairing the cells one at a time, and ``pages`` lists them cell by cell.
 ``repair="whole"`` pages every block with a positive ``X_j`` of a fired cell (the paper's
 whole-head fallback; the traffic baseline). ``granularity="head"`` decides per cell;
 ``granularity="request"`` makes one decision for every cell of the call (fires all cells if
@@ -99,7 +105,9 @@ class GateResult:
     scores, c : Tensor (..., S)
         Logits and per-token bounds after repair (exact logits and ``c = 0`` on repaired tokens).
     pages : tuple of (cell, block)
-        Every repair in order.
+        Every repair, cell by cell, each cell's pages in the order they were made.
+    paged : BoolTensor (..., n_blocks)
+        The blocks paged in, per cell.
     """
 
     tau: float
@@ -113,6 +121,7 @@ class GateResult:
     scores: torch.Tensor
     c: torch.Tensor
     pages: tuple = field(default=(), repr=False)
+    paged: torch.Tensor | None = field(default=None, repr=False)
 
     @property
     def certified(self) -> bool:
@@ -182,8 +191,8 @@ class Gate:
         """The gated quantity: ``witcert.meter`` (certified) or ``witcert.risk_score`` (risk)."""
         return meter(scores, c) if self.mode == "certified" else risk_score(scores, c)
 
-    def __call__(self, scores, c=None, *, radius=None, pager: Pager) -> GateResult:
-        """Gate and repair.
+    def __call__(self, scores, c=None, *, radius=None, pager: Pager | None = None, exact=None) -> GateResult:
+        """Gate and repair, vectorized over cells.
 
         Parameters
         ----------
@@ -193,77 +202,108 @@ class Gate:
             Tier A per-token bounds (``>= 0``). Exactly one of ``c`` and ``radius``.
         radius : Tensor (..., n_blocks), optional
             Tier B shared radius per block of ``block_size`` tokens.
-        pager : callable ``(cell, block) -> PageIn``
+        pager : callable ``(cell, block) -> PageIn``, optional
+            Source of exact logits, one block at a time (the backing store).
+        exact : Tensor (..., S), optional
+            Exact logits already in memory (a model's exact shadow): pages move no bytes.
+            Exactly one of ``pager`` and ``exact``.
 
         Returns
         -------
         GateResult
         """
         scores, c = self._inputs(scores, c, radius)
-        pager_blocks = getattr(pager, "block_size", self.block_size)
-        if pager_blocks != self.block_size:
-            raise ValueError(f"pager pages blocks of {pager_blocks} tokens; this gate's block_size is {self.block_size}")
+        source = self._source(scores, c.dtype, pager, exact)
         before = self.value(scores, c)  # (...)
         over = before > self.tau
         fired = over.clone() if self.granularity == "head" else over.any().expand(over.shape).clone()
-        scores_after, c_after = scores.clone(), c.clone()
-        blocks = torch.zeros(over.shape, dtype=torch.int64)
-        nbytes = torch.zeros(over.shape, dtype=torch.int64)
-        pages = []
-        for cell in map(tuple, np.argwhere(fired.cpu().numpy())):
-            cell = tuple(int(i) for i in cell)
-            for block, moved in self._repair_cell(cell, scores_after[cell], c_after[cell], pager):
-                pages.append((cell, block))
-                blocks[cell] += 1
-                nbytes[cell] += moved
-        after = self.value(scores_after, c_after)
-        return GateResult(
-            tau=float(self.tau),
-            mode=self.mode,
-            before=before,
-            after=after,
-            fired=fired,
-            reached=after <= self.tau,
-            blocks=blocks,
-            bytes=nbytes,
-            scores=scores_after,
-            c=c_after,
-            pages=tuple(pages),
-        )
-
-    def _repair_cell(self, cell: tuple, scores: torch.Tensor, c: torch.Tensor, pager: Pager):
-        """Repair one cell in place (``scores``, ``c`` are views of its row); yield (block, bytes)."""
+        n_tokens = scores.shape[-1]
+        flat_scores = scores.reshape(-1, n_tokens).clone()  # (N, S)
+        flat_c = c.reshape(-1, n_tokens).clone()
         if self.repair == "whole":
-            log_x = log_block_excess(scores, c, self.block_size)  # (nb,)
-            for block in torch.nonzero(log_x > -math.inf).flatten().tolist():
-                yield block, self._page(cell, block, scores, c, pager)
-            return
-        while self.value(scores, c) > self.tau:
-            log_x = log_block_excess(scores, c, self.block_size)  # (nb,), recomputed: p~ moved
-            block = int(torch.argmax(log_x))
-            if log_x[block] == -math.inf:
-                return  # nothing left to repair (masked or already exact everywhere)
-            yield block, self._page(cell, block, scores, c, pager)
+            rows = fired.reshape(-1).nonzero().flatten()
+            pages = self._repair_whole(flat_scores, flat_c, rows, source)
+        else:  # a fired cell already <= tau (request granularity) needs nothing
+            rows = (fired & over).reshape(-1).nonzero().flatten()
+            pages = self._repair_greedy(flat_scores, flat_c, rows, source)
+        scores_after = flat_scores.reshape(scores.shape)
+        c_after = flat_c.reshape(scores.shape)
+        after = before.clone()
+        if fired.any():  # recomputed on the repaired inputs, never predicted
+            after[fired] = self.value(scores_after[fired], c_after[fired])
+        return _result(self, before, after, fired, scores_after, c_after, pages, source)
 
-    def _page(self, cell: tuple, block: int, scores: torch.Tensor, c: torch.Tensor, pager: Pager) -> int:
-        """Splice the exact logits of one block in; set its bounds to 0. Returns bytes moved."""
-        tokens = block_tokens(block, self.block_size, scores.shape[-1])
-        page = pager(cell, block)
-        if not isinstance(page, PageIn):
-            raise ValueError(f"pager must return a PageIn, got {type(page).__name__}")
-        exact = page.logits.to(device=scores.device, dtype=scores.dtype).reshape(-1)
-        if exact.shape[0] != tokens.stop - tokens.start:
-            raise ValueError(
-                f"pager returned {exact.shape[0]} logits for block {block} of cell {cell}; "
-                f"it holds {tokens.stop - tokens.start} tokens (do the gate's and the store's block sizes agree?)"
-            )
-        masked = torch.isneginf(scores[tokens])
-        if not torch.isfinite(exact[~masked]).all():
-            raise ValueError(f"pager returned non-finite exact logits for block {block} of cell {cell}")
-        scores[tokens] = torch.where(masked, scores[tokens], exact)
-        slack = _cast_slack(page.logits.reshape(-1), exact, c.dtype)  # 0 unless the cast rounded
-        c[tokens] = torch.where(masked, torch.zeros_like(slack), slack)
-        return int(page.nbytes)
+    def _repair_greedy(self, scores: torch.Tensor, c: torch.Tensor, rows: torch.Tensor, source) -> "_Pages":
+        """Greedy page-in (Lemma 4 ``L4`` order) on rows ``rows`` of (N, S) ``scores``/``c``, in place.
+
+        One round pages, in every active row, the block with the largest ``X_j`` (recomputed: ``p~``
+        moved), then recomputes the gated value on the repaired row; a row stops when that real value
+        is ``<= tau`` or nothing is left to repair. The active rows are worked on as a compact copy.
+        """
+        pages = _Pages()
+        work_scores, work_c = scores[rows], c[rows]  # (n, S)
+        while rows.numel():
+            best_x, best = log_block_excess(work_scores, work_c, self.block_size).max(dim=-1)  # (n,)
+            useful = best_x > -math.inf  # nothing left to repair (masked or exact everywhere) otherwise
+            moved = self._splice(work_scores, work_c, rows, best, useful, source)
+            pages.add(rows[useful], best[useful], moved)
+            still = useful.clone()
+            if useful.any():  # the real gated value, recomputed on the repaired rows
+                still[useful] = self.value(work_scores[useful], work_c[useful]) > self.tau
+            done = ~still
+            scores[rows[done]], c[rows[done]] = work_scores[done], work_c[done]
+            rows, work_scores, work_c = rows[still], work_scores[still], work_c[still]
+        return pages
+
+    def _repair_whole(self, scores: torch.Tensor, c: torch.Tensor, rows: torch.Tensor, source) -> "_Pages":
+        """Page every block with a positive ``X_j`` of every fired row, at once, in place."""
+        pages = _Pages()
+        if not rows.numel():
+            return pages
+        work_scores, work_c = scores[rows], c[rows]  # (n, S)
+        local, blocks = (log_block_excess(work_scores, work_c, self.block_size) > -math.inf).nonzero(as_tuple=True)
+        moved = self._splice(work_scores, work_c, rows, blocks, local, source)
+        pages.add(rows[local], blocks, moved)
+        scores[rows], c[rows] = work_scores, work_c
+        return pages
+
+    def _splice(self, scores, c, rows, blocks, which, source) -> torch.Tensor:
+        """Splice exact logits of the requested blocks into (n, S) ``scores``; their ``c`` becomes 0.
+
+        ``which`` selects the local rows that page (a bool mask with one block each, or one local
+        row index per page); ``blocks`` the block of each. Masked tokens stay masked. Returns the
+        bytes moved per page. ``c`` of a repaired token is the cast's rounding slack (0 unless
+        the exact logits were more precise than ``scores``).
+        """
+        if which.dtype == torch.bool:
+            which, blocks = which.nonzero().flatten(), blocks[which]
+        if not which.numel():
+            return torch.zeros(0, dtype=torch.int64)
+        n_blocks = -(-scores.shape[-1] // self.block_size)
+        chosen = torch.zeros(scores.shape[0], n_blocks, dtype=torch.bool, device=scores.device)
+        chosen[which, blocks] = True
+        page = chosen.repeat_interleave(self.block_size, dim=-1)[:, : scores.shape[-1]]  # (n, S)
+        exact, slack, moved = source.fetch(rows, which, blocks)  # (n, S), (n, S), (pages,)
+        masked = torch.isneginf(scores)
+        live = page & ~masked
+        bad = (live & ~torch.isfinite(exact)).any(dim=-1)
+        if bad.any():
+            row = int(bad.nonzero()[0])
+            block = int(blocks[which == row][0])
+            raise ValueError(f"pager returned non-finite exact logits for block {block} of cell {source.cell(int(rows[row]))}")
+        scores.copy_(torch.where(live, exact, scores))
+        c.copy_(torch.where(page, torch.where(masked, torch.zeros_like(slack), slack), c))
+        return moved
+
+    def _source(self, scores, c_dtype, pager, exact):
+        if (pager is None) == (exact is None):
+            raise ValueError("give exactly one of pager (exact logits per block) and exact (exact logits (..., S))")
+        if exact is not None:
+            return _ExactSource(exact, scores, c_dtype)
+        pager_blocks = getattr(pager, "block_size", self.block_size)
+        if pager_blocks != self.block_size:
+            raise ValueError(f"pager pages blocks of {pager_blocks} tokens; this gate's block_size is {self.block_size}")
+        return _PagerSource(pager, scores.shape, self.block_size, scores.dtype, c_dtype)
 
     def _inputs(self, scores, c, radius) -> tuple[torch.Tensor, torch.Tensor]:
         if (c is None) == (radius is None):
@@ -273,6 +313,108 @@ class Gate:
             c = expand_block_radius(radius, self.block_size, n_tokens)
         scores, c = check_scores_and_bounds(scores, c)
         return scores, c.contiguous()
+
+
+class _Pages:
+    """Pages made by one call, as flat (row, block, bytes) tensors gathered round by round."""
+
+    def __init__(self):
+        self.rows, self.blocks, self.bytes = [], [], []
+
+    def add(self, rows: torch.Tensor, blocks: torch.Tensor, moved: torch.Tensor) -> None:
+        self.rows.append(rows.cpu())
+        self.blocks.append(blocks.cpu())
+        self.bytes.append(moved.cpu())
+
+    def ordered(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(rows, blocks, bytes) by row, each row's pages in the order they were made."""
+        if not self.rows:
+            empty = torch.zeros(0, dtype=torch.int64)
+            return empty, empty, empty
+        rows, blocks, moved = torch.cat(self.rows), torch.cat(self.blocks), torch.cat(self.bytes)
+        order = torch.sort(rows, stable=True).indices
+        return rows[order], blocks[order], moved[order]
+
+
+class _ExactSource:
+    """Exact logits already in memory, (..., S) like ``scores``: every page moves 0 bytes."""
+
+    def __init__(self, exact, scores: torch.Tensor, c_dtype: torch.dtype):
+        if not isinstance(exact, torch.Tensor) or not torch.is_floating_point(exact):
+            raise ValueError("exact must be a floating tensor (..., S) of exact logits")
+        if exact.shape != scores.shape:
+            raise ValueError(f"exact has shape {tuple(exact.shape)}, scores {tuple(scores.shape)}; they must agree")
+        self.shape = scores.shape[:-1]
+        flat = exact.reshape(-1, scores.shape[-1]).to(scores.device)
+        self.exact = flat.to(scores.dtype)
+        self.slack = None if flat.dtype == scores.dtype else _cast_slack(flat, self.exact, c_dtype)
+
+    def fetch(self, rows, which, blocks):
+        exact = self.exact[rows]
+        slack = torch.zeros_like(exact) if self.slack is None else self.slack[rows]
+        return exact, slack, torch.zeros(which.shape[0], dtype=torch.int64)
+
+    def cell(self, row: int) -> tuple:
+        return _cell(row, self.shape)
+
+
+class _PagerSource:
+    """A ``(cell, block) -> PageIn`` pager, called once per page."""
+
+    def __init__(self, pager: Pager, shape: torch.Size, block_size: int, dtype: torch.dtype, c_dtype: torch.dtype):
+        self.pager, self.shape, self.block_size = pager, shape[:-1], block_size
+        self.n_tokens, self.dtype, self.c_dtype = shape[-1], dtype, c_dtype
+
+    def fetch(self, rows, which, blocks):
+        exact = torch.zeros(rows.shape[0], self.n_tokens, dtype=self.dtype, device=rows.device)
+        slack = torch.zeros(rows.shape[0], self.n_tokens, dtype=self.c_dtype, device=rows.device)
+        moved = torch.zeros(which.shape[0], dtype=torch.int64)
+        for i, (local, block) in enumerate(zip(which.tolist(), blocks.tolist())):
+            cell = self.cell(int(rows[local]))
+            tokens = block_tokens(block, self.block_size, self.n_tokens)
+            page = self.pager(cell, block)
+            if not isinstance(page, PageIn):
+                raise ValueError(f"pager must return a PageIn, got {type(page).__name__}")
+            logits = page.logits.reshape(-1)
+            if logits.shape[0] != tokens.stop - tokens.start:
+                raise ValueError(
+                    f"pager returned {logits.shape[0]} logits for block {block} of cell {cell}; "
+                    f"it holds {tokens.stop - tokens.start} tokens (do the gate's and the store's block sizes agree?)"
+                )
+            cast = logits.to(device=exact.device, dtype=self.dtype)
+            exact[local, tokens] = cast
+            slack[local, tokens] = _cast_slack(logits, cast, self.c_dtype)  # 0 unless the cast rounded
+            moved[i] = int(page.nbytes)
+        return exact, slack, moved
+
+    def cell(self, row: int) -> tuple:
+        return _cell(row, self.shape)
+
+
+def _cell(row: int, shape: torch.Size) -> tuple:
+    """Index tuple of flat row ``row`` in leading shape ``shape`` (``()`` for a single cell)."""
+    return tuple(int(i) for i in np.unravel_index(row, tuple(shape))) if len(shape) else ()
+
+
+def _result(gate: Gate, before, after, fired, scores, c, pages: _Pages, source) -> GateResult:
+    rows, blocks, moved = pages.ordered()
+    n_rows, n_blocks = fired.numel(), -(-scores.shape[-1] // gate.block_size)
+    paged = torch.zeros(n_rows, n_blocks, dtype=torch.bool)
+    paged[rows, blocks] = True
+    return GateResult(
+        tau=float(gate.tau),
+        mode=gate.mode,
+        before=before,
+        after=after,
+        fired=fired,
+        reached=after <= gate.tau,
+        blocks=torch.bincount(rows, minlength=n_rows).reshape(fired.shape),
+        bytes=torch.zeros(n_rows, dtype=torch.int64).index_add_(0, rows, moved).reshape(fired.shape),
+        scores=scores,
+        c=c,
+        pages=tuple((source.cell(r), b) for r, b in zip(rows.tolist(), blocks.tolist())),
+        paged=paged.reshape(fired.shape + (n_blocks,)),
+    )
 
 
 def _cast_slack(logits: torch.Tensor, cast: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -101,7 +101,7 @@ def observe(
     c = logit_bound(qg, w[:, None, None], layout, scale)  # (Hkv, G, Tq, S)
     k_hat64 = k_hat.to(torch.float64)
     scores = scale * qg @ k_hat64[:, None].transpose(-1, -2)  # (Hkv, G, Tq, S)
-    c = c + _score_rounding(qg, k_hat64, scale)
+    c = c + score_rounding(qg, k_hat64, scale)
     keep = _mask(mask, hq, tq, s).to(q.device).reshape(hkv, groups, tq, s)
     scores = scores.masked_fill(~keep, float("-inf"))
 
@@ -124,14 +124,21 @@ def observe(
     )
 
 
-def _score_rounding(qg: torch.Tensor, k_hat64: torch.Tensor, scale: float) -> torch.Tensor:
-    """``delta_t >= |fl(scale q . k^_t) - scale q . k^_t|``: (Hkv, G, Tq, S), fp64."""
+def score_rounding(qg: torch.Tensor, k_hat64: torch.Tensor, scale: float) -> torch.Tensor:
+    """``delta_t >= |fl(scale q . k^_t) - scale q . k^_t|``: (Hkv, G, Tq, S), fp64.
+
+    ``qg`` (Hkv, G, Tq, d) fp64 queries, ``k_hat64`` (Hkv, S, d) fp64 stored keys. Public: the
+    Tier B tightening (:mod:`witcert.cells`) adds the same slack to its bound.
+    """
     d = qg.shape[-1]
     gamma = (d + 2) * _U64 / (1 - (d + 2) * _U64)
     q_norm = norms_upper_fp64(qg)  # (Hkv, G, Tq)
     k_norm = norms_upper_fp64(k_hat64)  # (Hkv, S)
     # the factor 2 is margin over gamma_{d+2} (d products and sums, then the scale multiply)
     return (2 * gamma * scale) * q_norm[..., None] * k_norm[:, None, None, :]
+
+
+_score_rounding = score_rounding  # the former private name; benchmarks/quality.py still imports it
 
 
 def _truth(qg, k, v, v_hat, scores, keep, scale):
