@@ -36,8 +36,9 @@ sampled tokens, which depend on the dither; there the adaptive-safe Tier A witne
 
 Rounding: every quantity is computed in fp64 from exact fp64 images of ``q``, the fp16
 scales and the fp16 outliers; a sum of ``d`` non-negative products, a log, a sqrt and a few
-additions have relative error below ``(d + 10) 2^-53``; the result is inflated by
-``1 + (d + 16) 2^-52`` and cast to fp32 rounding up. The default ``sm = 1/sqrt(d)`` is the
+additions have relative error below ``(d + 10) 2^-53`` (also when, with per-group scales, the
+sums are regrouped as group sums of ``|q|`` and ``q^2`` dotted with the scales); the result is
+inflated by ``1 + (d + 16) 2^-52`` and cast to fp32 rounding up. The default ``sm = 1/sqrt(d)`` is the
 fp64 quotient (within 2 ulps of the real value); that inflation covers it too.
 
 Not covered here: rounding in the attention kernel's own ``q . x^`` accumulation (the meter's
@@ -118,6 +119,38 @@ def outlier_error_bound(store: PackedStore) -> torch.Tensor:
     return bound.scatter(-1, store.outlier_channels(), per_outlier)
 
 
+def _groups_apply(store: PackedStore) -> bool:
+    """Whether every token's channels share per-group scales: token-group or token layout, no outliers."""
+    return store.layout.granularity in ("token-group", "token") and store.layout.outlier_pairs == 0
+
+
+def _grouped_sums(q64: torch.Tensor, store: PackedStore) -> tuple[torch.Tensor, ...]:
+    """``sum_c |q_c| s_c``, ``sum_c q_c^2 s_c^2`` and the (zero) outlier sum, (*lead, H, Tq, S).
+
+    With per-group scales (``token`` is one group of ``d``), ``sum_c |q_c| s_{g(c)} =
+    sum_g s_g sum_{c in g} |q_c|``: group sums of ``|q|`` and ``q^2`` first, then a ``d/Gc``-length
+    dot per token against the stored scales, instead of ``d``-length dots over an (S, d) scale
+    tensor. Same non-negative terms, regrouped: the computed value is within
+    ``gamma_{Gc-1} + gamma_{d/Gc} + 2u <= gamma_d + 2u`` (``Gc + d/Gc <= d + 1``) of the exact sum,
+    the budget the per-element path has, so the module's ``1 + (d + 16) 2^-52`` still covers it.
+    """
+    n_groups = store.scales.shape[-1]  # d/Gc (token-group) or 1 (token)
+    groups = q64.unflatten(-1, (n_groups, -1))  # (*lead, H, Tq, d/Gc, Gc)
+    s = store.scales.to(torch.float64)  # (*lead, H, S, d/Gc)
+    l1 = groups.abs().sum(-1) @ s.transpose(-1, -2)  # (*lead, H, Tq, S)
+    sq = (groups * groups).sum(-1) @ (s * s).transpose(-1, -2)
+    return l1, sq, torch.zeros_like(l1)
+
+
+def _per_element_sums(q64: torch.Tensor, store: PackedStore) -> tuple[torch.Tensor, ...]:
+    """The sums of :func:`_grouped_sums` over a per-element scale tensor (any layout, outliers)."""
+    scale = store.scale_per_element()  # (*lead, H, S, d), 0 on outliers
+    abs_q = q64.abs()
+    l1 = abs_q @ scale.transpose(-1, -2)  # (*lead, H, Tq, S)
+    sq = (q64 * q64) @ (scale * scale).transpose(-1, -2)
+    return l1, sq, abs_q @ outlier_error_bound(store).transpose(-1, -2)
+
+
 def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale: float | None = None,
                  n_tokens: int | None = None) -> TierBTerms:
     """The fp64 pieces of the Tier B bound (Lemma 2, Theorem 3: "L2", "TB").
@@ -134,12 +167,12 @@ def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale
     if not sm > 0 or not math.isfinite(sm):
         raise ValueError(f"sm_scale: expected a positive finite float, got {sm_scale!r}")
     n_union = store.n_tokens if n_tokens is None else n_tokens
-    scale = store.scale_per_element()  # (*lead, H, S, d), 0 on outliers
-    abs_q = q64.abs()
-    l1 = sm * (abs_q @ scale.transpose(-1, -2))  # (*lead, H, Tq, S)
-    variance = sm**2 * ((q64 * q64) @ (scale * scale).transpose(-1, -2)) / 12
+    sums = _grouped_sums(q64, store) if _groups_apply(store) else _per_element_sums(q64, store)
+    l1_sum, sq_sum, outlier_sum = sums  # (*lead, H, Tq, S) each
+    l1 = sm * l1_sum
+    variance = sm**2 * sq_sum / 12
     u = torch.sqrt(2 * variance * math.log(2 * n_union / delta_loc))
-    outlier = sm * (abs_q @ outlier_error_bound(store).transpose(-1, -2))
+    outlier = sm * outlier_sum
     terms = TierBTerms(u=u, beta=l1 * (GRID_STEP / 2), delta=l1 / 2, rho=l1 * DEQUANT_FACTOR, outlier=outlier)
     if added:
         terms = TierBTerms(*(t.squeeze(-2) for t in (terms.u, terms.beta, terms.delta, terms.rho, terms.outlier)))
