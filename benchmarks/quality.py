@@ -26,7 +26,7 @@ import torch
 
 import witcert
 from witcert import bounds
-from witcert.observe import _score_rounding
+from witcert.observe import score_rounding
 from witcert.schemes import apply_scheme
 from witcert.tier_b import deterministic_delta, delta_local, tier_b_logit_bound
 
@@ -89,7 +89,7 @@ class Layer:
         return self.flat(s).masked_fill(~self.mask, -math.inf)  # (Hq, Tq, S)
 
     def rounding(self, k_hat: torch.Tensor) -> torch.Tensor:
-        return self.flat(_score_rounding(self.qg, k_hat.double(), self.sm))
+        return self.flat(score_rounding(self.qg, k_hat.double(), self.sm))
 
     def observe(self, k_hat, v_hat):
         return witcert.observe(self.q, self.k, self.v, "rtn-int8", self.layout, sm_scale=self.sm, mask=self.mask,

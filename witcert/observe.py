@@ -138,7 +138,6 @@ def score_rounding(qg: torch.Tensor, k_hat64: torch.Tensor, scale: float) -> tor
     return (2 * gamma * scale) * q_norm[..., None] * k_norm[:, None, None, :]
 
 
-_score_rounding = score_rounding  # the former private name; benchmarks/quality.py still imports it
 
 
 def _truth(qg, k, v, v_hat, scores, keep, scale):
