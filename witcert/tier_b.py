@@ -107,7 +107,21 @@ def _check_query(q: torch.Tensor, store: PackedStore) -> tuple[torch.Tensor, boo
         q = q.unsqueeze(-2)
     if q.dim() != store.payload.dim():
         raise ValueError(f"q: expected {store.payload.dim() - 1} or {store.payload.dim()} dims, got {q.dim()}")
-    return q.to(torch.float64), added
+    return _lift_tiny(q.to(torch.float64)), added
+
+
+TINY_QUERY = 2.0**-500  # |q_c| below this would let fp64 squares and products fall into subnormals
+
+
+def _lift_tiny(q64: torch.Tensor) -> torch.Tensor:
+    """Raise nonzero ``|q_c| < TINY_QUERY`` to ``TINY_QUERY`` (sign kept).
+
+    Every term of the bound grows with ``|q_c|``, so a larger ``|q_c|`` keeps it an upper bound,
+    and no square or product below can then underflow (fp64 subnormals would void the relative
+    rounding budget). Queries held in fp32/fp16/bf16 never reach this range.
+    """
+    small = (q64 != 0) & (q64.abs() < TINY_QUERY)
+    return torch.where(small, torch.copysign(torch.full_like(q64, TINY_QUERY), q64), q64)
 
 
 def outlier_error_bound(store: PackedStore) -> torch.Tensor:

@@ -89,6 +89,9 @@ def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: 
     _check_witness(w, layout)
     scale = _resolve_scale(sm_scale, layout.head_dim)
     q_norms = _band_norms_upper_fp64(q.to(torch.float64), layout)  # (..., B), already inflated
+    # c grows with every ||q_b||: lifting tiny nonzero norms keeps an upper bound and keeps the
+    # fp64 products against fp16 witnesses (>= 2^-24) out of subnormals (fp32 queries never get here)
+    q_norms = torch.where(q_norms > 0, q_norms.clamp(min=2.0**-500), q_norms)
     w64 = w.to(torch.float64)  # (..., S, B)
     c = _band_dot(q_norms, w64) * scale  # (..., S)
     # One B-term fp64 dot of non-negative terms in any order (BLAS blocking, FMA or not) is

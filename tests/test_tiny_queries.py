@@ -1,0 +1,49 @@
+"""fp64 queries with components far below fp32's range: the per-token bounds stay upper bounds.
+
+Implementation: ``witcert.logit_bound`` (T2) and ``witcert.tier_b_logit_bound`` (TB). Oracle: the
+same quantities in mpmath at 60 digits from the exact inputs. Domain: query components of 1e-200
+(their squares underflow fp64) and 1e-310 (fp64 subnormals). Tolerance: never below the exact value.
+"""
+import mpmath
+import pytest
+import torch
+
+from witcert import BandLayout, DitheredInt8, StandaloneCounter, logit_bound, tier_b_logit_bound, witness_of
+from tests.test_tier_b import spec_bound_of_token
+
+TINY = 1e-200
+
+
+def _tiny_queries(shape, seed):
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(*shape, generator=g, dtype=torch.float64) * TINY
+
+
+@pytest.mark.parametrize("tiny", [TINY, 1e-310])
+def test_tier_a_bound_covers_tiny_fp64_queries(tiny):
+    layout = BandLayout(64, bands=16)
+    g = torch.Generator().manual_seed(0)
+    k = torch.randn(1, 8, 64, generator=g)
+    w = witness_of(k, k + 1e-3 * torch.randn(1, 8, 64, generator=g), layout)  # (1, 8, B)
+    q = _tiny_queries((1, 64), seed=1) / TINY * tiny
+    c = logit_bound(q, w, layout, sm_scale=0.125)
+    with mpmath.workdps(60):
+        for t in range(8):
+            exact = 0
+            for b in range(layout.bands):
+                coords = layout.index[b].tolist()
+                norm = mpmath.sqrt(mpmath.fsum(mpmath.mpf(q[0, i].item()) ** 2 for i in coords))
+                exact += norm * mpmath.mpf(w[0, t, b].item())
+            assert mpmath.mpf(c[0, t].item()) >= exact * mpmath.mpf(0.125) > 0
+
+
+@pytest.mark.parametrize("mode", ["min", "u", "delta"])
+def test_tier_b_bound_covers_tiny_fp64_queries(mode):
+    g = torch.Generator().manual_seed(2)
+    store = DitheredInt8().quantize(torch.randn(2, 16, 64, generator=g), StandaloneCounter(request=0, layer=0))
+    q = _tiny_queries((2, 3, 64), seed=3)
+    c = tier_b_logit_bound(q, store, 1e-4, mode=mode)
+    with mpmath.workdps(60):
+        for h, i, t in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
+            exact = spec_bound_of_token(q, store, h, i, t, 0.125, 1e-4, mode)
+            assert c[h, i, t].item() >= exact > 0
