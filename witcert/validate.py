@@ -24,23 +24,27 @@ def check_scores_and_bounds(scores, c) -> tuple[torch.Tensor, torch.Tensor]:
     """
     scores = as_float_tensor("scores", scores)
     c = as_float_tensor("c", c)
-    if torch.isnan(scores).any():
+    if scores.shape[-1] == 0:
+        raise ValueError("scores has no tokens (last dim is 0)")
+    # one reduction per tensor: max/min propagate NaN, so a single pass finds every bad value
+    row_max = scores.amax(dim=-1)  # (...,): NaN if any NaN, +inf if any +inf, -inf if fully masked
+    top = row_max.max() if row_max.numel() else torch.zeros(())
+    if torch.isnan(top):
         raise ValueError("scores contains NaN")
-    if (scores == float("inf")).any():
+    if top == float("inf"):
         raise ValueError("scores contains +inf (use -inf to mask a token; finite values otherwise)")
-    if torch.isnan(c).any():
+    if (row_max == float("-inf")).any():
+        raise ValueError("scores has a row with every token masked (-inf): attention is undefined there")
+    low = c.min() if c.numel() else torch.zeros(())
+    if torch.isnan(low):
         raise ValueError("c contains NaN")
-    if (c < 0).any():
-        raise ValueError(f"c must be >= 0 (a per-token bound on |eps|), found minimum {c.min().item()!r}")
+    if low < 0:
+        raise ValueError(f"c must be >= 0 (a per-token bound on |eps|), found minimum {low.item()!r}")
     if c.dim() > scores.dim():
         raise ValueError(f"c of shape {tuple(c.shape)} would enlarge scores of shape {tuple(scores.shape)}")
     try:
         c = c.expand(scores.shape)
     except RuntimeError:
         raise ValueError(f"c of shape {tuple(c.shape)} does not broadcast to scores of shape {tuple(scores.shape)}")
-    if scores.shape[-1] == 0:
-        raise ValueError("scores has no tokens (last dim is 0)")
-    if (scores == float("-inf")).all(dim=-1).any():
-        raise ValueError("scores has a row with every token masked (-inf): attention is undefined there")
     dtype = torch.promote_types(scores.dtype, c.dtype)
     return scores.to(dtype), c.to(dtype)
