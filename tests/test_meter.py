@@ -163,3 +163,18 @@ def test_exp_accuracy_assumption(fn):
 def test_summation_gamma_is_monotone_and_small(n):
     gamma = rounding.summation_gamma(n, torch.float32)
     assert 0 <= gamma <= rounding.summation_gamma(n + 1, torch.float32) < 0.07
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("scale", [1e4, 1e10, 1e30])
+@pytest.mark.parametrize("s", [7, 1024])
+def test_huge_logit_offsets_never_below_golden(dtype, scale, s):
+    """Logits far from 0 (where ``x - max x`` rounds): the meter still bounds the exact value."""
+    g = torch.Generator().manual_seed(s)
+    for _ in range(4):
+        base = torch.randn(1, generator=g, dtype=torch.float64) * scale
+        spread = torch.randn(1, s, generator=g, dtype=torch.float64) * 5
+        scores = (base + spread).to(dtype)
+        c = (torch.rand(1, s, generator=g, dtype=torch.float64) * 0.3).to(dtype)
+        value = witcert.meter(scores, c).item()
+        assert to_mpf(value) >= _golden_on(scores, c, golden.meter_from_scores)
