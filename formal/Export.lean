@@ -99,8 +99,8 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.hasSubgaussianMGF_sum_mul
 #print axioms WitCert.hasSubgaussianMGF_sum_mul
 
-#check @WitCert.measure_lt_abs_le
-#print axioms WitCert.measure_lt_abs_le
+#check @WitCert.measure_lt_abs_le_of_subgaussian
+#print axioms WitCert.measure_lt_abs_le_of_subgaussian
 
 #check @WitCert.exp_neg_sq_tierBRadius
 #print axioms WitCert.exp_neg_sq_tierBRadius

@@ -25,7 +25,7 @@ summing independent channels (`HasSubgaussianMGF.sum_of_iIndepFun`) gives proxy
 
 ## Main statements
 
-* `WitCert.integral_sum_dirac`: integrals against `∑_{j < n} δ_{g j}`.
+* `WitCert.integral_range_sum_dirac`: integrals against `∑_{j < n} δ_{g j}`.
 * `WitCert.unitCell_hasSubgaussianMGF`, `WitCert.gridCell_hasSubgaussianMGF`: proxy `1/12`.
 * `WitCert.hasSubgaussianMGF_sum_mul`: independent components of proxy `1/12` give
   `∑_c k_c U_c` the proxy `∑_c k_c² / 12` (`WitCert.coe_proxy_sum`).
@@ -71,14 +71,14 @@ theorem unitCell_hasSubgaussianMGF : HasSubgaussianMGF id cellProxy unitCell := 
 /-- Integrals against a finite sum of Dirac masses, by induction on the number of masses (only
 `Integrable.add_measure`, `integral_add_measure` and `integral_dirac` are used): every function
 is integrable against `∑_{j < n} δ_{g j}`, and its integral is `∑_{j < n} f (g j)`. -/
-theorem integral_sum_dirac (g : ℕ → ℝ) (f : ℝ → ℝ) : ∀ n : ℕ,
+theorem integral_range_sum_dirac (g : ℕ → ℝ) (f : ℝ → ℝ) : ∀ n : ℕ,
     Integrable f (∑ j ∈ Finset.range n, Measure.dirac (g j)) ∧
       ∫ x, f x ∂(∑ j ∈ Finset.range n, Measure.dirac (g j)) = ∑ j ∈ Finset.range n, f (g j)
   | 0 => by
     rw [Finset.sum_range_zero, Finset.sum_range_zero]
     exact ⟨integrable_zero_measure, integral_zero_measure f⟩
   | n + 1 => by
-    obtain ⟨hint, heq⟩ := integral_sum_dirac g f n
+    obtain ⟨hint, heq⟩ := integral_range_sum_dirac g f n
     -- against one Dirac mass, `f` equals the constant `f (g n)` almost everywhere
     have hd : Integrable f (Measure.dirac (g n)) :=
       (integrable_const (f (g n))).congr (ae_eq_dirac f).symm
@@ -93,12 +93,13 @@ theorem gridCell_hasSubgaussianMGF {N : ℕ} (hN : 0 < N) :
   refine ⟨fun t => ?_, fun t => ?_⟩
   · show Integrable (fun x : ℝ => Real.exp (t * x))
       ((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
-    exact (integral_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).1.smul_measure hc
+    exact (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).1.smul_measure hc
   · show ∫ x, Real.exp (t * x)
         ∂((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
         ≤ Real.exp ((cellProxy : ℝ) * t ^ 2 / 2)
-    rw [integral_smul_measure, (integral_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).2,
-      smul_eq_mul, ENNReal.toReal_inv, ENNReal.toReal_natCast]
+    rw [integral_smul_measure,
+      (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).2, smul_eq_mul,
+      ENNReal.toReal_inv, ENNReal.toReal_natCast]
     calc (N : ℝ)⁻¹ * ∑ j ∈ Finset.range N, Real.exp (t * gridPoint N j)
         ≤ Real.exp (t ^ 2 / 24) := grid_mgf_le hN t
       _ = Real.exp ((cellProxy : ℝ) * t ^ 2 / 2) := by
@@ -124,7 +125,7 @@ theorem hasSubgaussianMGF_sum_mul {Ω κ : Type*} [MeasurableSpace Ω] [Fintype 
     HasSubgaussianMGF (fun ω => ∑ c, k c * U c ω)
       (∑ c, (⟨k c ^ 2, sq_nonneg (k c)⟩ : ℝ≥0) * cellProxy) μ := by
   have hind : iIndepFun (fun c ω => k c * U c ω) μ :=
-    hindep.comp (fun c x => k c * x) fun c => by fun_prop
+    hindep.comp (fun c x => k c * x) fun c => measurable_id.const_mul (k c)
   exact HasSubgaussianMGF.sum_of_iIndepFun hind fun c _ => (hU c).const_mul (k c)
 
 end WitCert

@@ -19,10 +19,11 @@ subtractive dither the logit error of token `t` is `eps t = d t + ∑_c k t c * 
 Chain of the proof: each component is sub-Gaussian with proxy `1/12` (Lemma 2, in
 `WitCert.DitherLaw`); the channel sum has proxy `v t = ∑_c k_c² / 12`
 (`WitCert.hasSubgaussianMGF_sum_mul`); the two-sided Chernoff bound gives
-`P(u < |X|) ≤ 2 exp (-u² / (2 v))` (`WitCert.measure_lt_abs_le`), which is `δ / S` at the radius
-`u t = √(2 v t log (2 S / δ))` (`WitCert.exp_neg_sq_tierBRadius`); the union bound over the `S`
-tokens (Lemma 3, `WitCert.measure_iUnion_le_budget`) gives `P(∃ t, u t + β t < |eps t|) ≤ δ`
-(registry key `TB`), and over the (layer, head, step) cells of a request with
+`P(u < |X|) ≤ 2 exp (-u² / (2 v))` (`WitCert.measure_lt_abs_le_of_subgaussian`), which is
+`δ / S` at the radius `u t = √(2 v t log (2 S / δ))` (`WitCert.exp_neg_sq_tierBRadius`); the
+union bound over the `S` tokens (Lemma 3, `WitCert.measure_iUnion_le_budget`) gives
+`P(∃ t, u t + β t < |eps t|) ≤ δ` (registry key `TB`), and over the (layer, head, step) cells of
+a request with
 `(number of cells) * δ_loc ≤ δ_req` it gives `δ_req` (`WitCert.tier_b_request`).
 
 ## Main definitions
@@ -32,7 +33,7 @@ tokens (Lemma 3, `WitCert.measure_iUnion_le_budget`) gives `P(∃ t, u t + β t 
 ## Main statements
 
 * `WitCert.exp_neg_sq_tierBRadius`: `exp (-u² / (2 v)) = δ / (2 S)` at the radius.
-* `WitCert.measure_lt_abs_le`: two-sided Chernoff bound for a sub-Gaussian variable.
+* `WitCert.measure_lt_abs_le_of_subgaussian`: two-sided Chernoff bound for a sub-Gaussian variable.
 * `WitCert.tier_b_radius_of_subgaussian`: sub-Gaussian errors give `P(∃ t, u t < |eps t|) ≤ δ`.
 * `WitCert.tier_b_radius_of_components`: the same from independent components of proxy `1/12`.
 * `WitCert.tier_b_radius_continuous`: the continuous-uniform dither model.
@@ -64,8 +65,8 @@ theorem exp_neg_sq_tierBRadius {v S δ : ℝ} (hv : 0 < v) (hS : 0 < S) (hδ : 0
 /-- **Two-sided Chernoff bound.** A sub-Gaussian variable with proxy `c` exceeds `u ≥ 0` in
 absolute value with probability at most `2 exp (-u² / (2 c))` (Mathlib's one-sided
 `HasSubgaussianMGF.measure_ge_le` applied to `X` and to `-X`). -/
-theorem measure_lt_abs_le {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω} [IsFiniteMeasure μ]
-    {X : Ω → ℝ} {c : ℝ≥0} (h : HasSubgaussianMGF X c μ) {u : ℝ} (hu : 0 ≤ u) :
+theorem measure_lt_abs_le_of_subgaussian {Ω : Type*} [MeasurableSpace Ω] {μ : Measure Ω}
+    [IsFiniteMeasure μ] {X : Ω → ℝ} {c : ℝ≥0} (h : HasSubgaussianMGF X c μ) {u : ℝ} (hu : 0 ≤ u) :
     μ {ω | u < |X ω|} ≤ ENNReal.ofReal (2 * Real.exp (-u ^ 2 / (2 * (c : ℝ)))) := by
   have hup : μ {ω | u ≤ X ω} ≤ ENNReal.ofReal (Real.exp (-u ^ 2 / (2 * (c : ℝ)))) :=
     (ofReal_measureReal (measure_ne_top μ _)).symm.le.trans
@@ -106,7 +107,8 @@ theorem measure_tierBRadius_lt_abs_le {Ω : Type*} [MeasurableSpace Ω] {μ : Me
         filter_upwards [h.ae_eq_zero_of_hasSubgaussianMGF_zero] with ω hω
         exact abs_nonpos_iff.mpr hω)
     calc μ {ω | tierBRadius ((0 : ℝ≥0) : ℝ) S δ < |X ω|} ≤ μ {ω | ¬ (|X ω| ≤ 0)} := by
-          refine measure_mono fun ω hω => ?_
+          refine measure_mono ?_
+          intro ω hω
           rw [Set.mem_setOf_eq, hr] at hω
           exact not_le.mpr hω
       _ = 0 := hnull
@@ -115,7 +117,7 @@ theorem measure_tierBRadius_lt_abs_le {Ω : Type*} [MeasurableSpace Ω] {μ : Me
     have htwo : 2 * (δ / (2 * S)) = δ / S := by ring
     calc μ {ω | tierBRadius (c : ℝ) S δ < |X ω|}
         ≤ ENNReal.ofReal (2 * Real.exp (-tierBRadius (c : ℝ) S δ ^ 2 / (2 * (c : ℝ)))) :=
-          measure_lt_abs_le h (Real.sqrt_nonneg _)
+          measure_lt_abs_le_of_subgaussian h (Real.sqrt_nonneg _)
       _ = ENNReal.ofReal (δ / S) := by
           rw [exp_neg_sq_tierBRadius hv hS hδ hδS, htwo]
 
@@ -197,7 +199,10 @@ theorem tier_b_radius {Ω ι κ : Type*} [MeasurableSpace Ω] [Fintype ι] [None
   rw [Set.mem_setOf_eq] at hω ⊢
   obtain ⟨t, ht⟩ := hω
   -- `|d + X| ≤ |d| + |X| ≤ β + |X|`, so `u + β < |d + X|` forces `u < |X|`
-  have htri : |d t + ∑ c, k t c * U t c ω| ≤ |d t| + |∑ c, k t c * U t c ω| := abs_add_le _ _
+  have htri : |d t + ∑ c, k t c * U t c ω| ≤ |d t| + |∑ c, k t c * U t c ω| :=
+    abs_le.mpr
+      ⟨by linarith only [neg_abs_le (d t), neg_abs_le (∑ c, k t c * U t c ω)],
+        by linarith only [le_abs_self (d t), le_abs_self (∑ c, k t c * U t c ω)]⟩
   exact ⟨t, by linarith only [ht, htri, hd t]⟩
 
 /-- **Theorem 3 over a request.** Over finitely many (layer, head, step) cells `g`, each with its
