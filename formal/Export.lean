@@ -90,8 +90,26 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.tier_b_radius
 #print axioms WitCert.tier_b_radius
 
+#check @WitCert.grid_mgf_le
+#print axioms WitCert.grid_mgf_le
+
+#check @WitCert.gridCell_hasSubgaussianMGF
+#print axioms WitCert.gridCell_hasSubgaussianMGF
+
+#check @WitCert.hasSubgaussianMGF_sum_mul
+#print axioms WitCert.hasSubgaussianMGF_sum_mul
+
+#check @WitCert.measure_lt_abs_le_of_subgaussian
+#print axioms WitCert.measure_lt_abs_le_of_subgaussian
+
 #check @WitCert.exp_neg_sq_tierBRadius
 #print axioms WitCert.exp_neg_sq_tierBRadius
+
+#check @WitCert.tier_b_request
+#print axioms WitCert.tier_b_request
+
+#check @WitCert.tier_b_radius_continuous
+#print axioms WitCert.tier_b_radius_continuous
 
 #check @WitCert.block_sum_eq_token_sum
 #print axioms WitCert.block_sum_eq_token_sum

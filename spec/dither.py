@@ -6,9 +6,14 @@ Mirrors ``witcert.tier_b`` at the caller's working precision (``mpmath.mp``); no
 * ``uniform_mgf(lam, a)``: ``E exp(lam X)`` for ``X ~ U[-a, a]`` = ``sinh(lam a)/(lam a)``;
   ``uniform_mgf_bound(lam, a) = exp(lam^2 a^2 / 6)`` (L2);
 * ``grid_mgf(lam, n_points, step)``: the same for the centred ``n``-point grid of the
-  dither residual, ``sinh(lam n step/2) / (n sinh(lam step/2))`` (never above the continuous);
+  dither residual, ``sinh(lam n step/2) / (n sinh(lam step/2))`` (never above the continuous;
+  Lean ``WitCert.grid_mgf_le``, a step of TB);
 * ``uniform_variance(a)`` by quadrature and ``proxy_variance(s) = s^2/12`` (L2v);
 * ``delta_local`` (L3) and ``radius(v, S, delta_loc) = sqrt(2 v log(2S/delta_loc))`` (TB);
+  TB (Lean ``WitCert.tier_b_radius``) is proved from the dither model alone: for each token the
+  residual components are independent and uniform on the grid, the query is fixed; then
+  ``P(exists t, |eps_t| > radius(v_t, S, delta_loc) + beta_t) <= delta_loc`` with
+  ``v_t = logit_variance`` and ``beta_t = grid_offset_slack``;
 * the deterministic slacks ``grid_offset_slack``, ``dequant_slack``, ``outlier_slack`` and
   ``deterministic_delta``, and ``logit_bound`` composing them as the torch code does.
 """
@@ -39,7 +44,11 @@ def uniform_mgf_bound(lam, a):
 
 
 def grid_mgf(lam, n_points, step):
-    """MGF of the centred arithmetic progression of ``n_points`` points spaced ``step``."""
+    """MGF of the centred arithmetic progression of ``n_points`` points spaced ``step``.
+
+    With ``step = 1/n_points`` this is the left side of Lean ``WitCert.grid_mgf_le``
+    (``<= exp(lam^2/24)``, proxy ``1/12`` per cell); in general ``<= exp(lam^2 (n step)^2/24)``.
+    """
     y = mpf(lam) * mpf(step) / 2
     return mpf(1) if y == 0 else mpmath.sinh(n_points * y) / (n_points * mpmath.sinh(y))
 
@@ -61,12 +70,20 @@ def delta_local(delta_req, n_layers, n_heads, n_steps):
 
 
 def radius(v, n_tokens, delta_loc):
-    """``sqrt(2 v log(2 S / delta_loc))`` (TB)."""
+    """``sqrt(2 v log(2 S / delta_loc))`` (TB; Lean ``WitCert.tierBRadius``, ``WitCert.tier_b_radius``).
+
+    At this radius each of the two sub-Gaussian tails is ``delta_loc / (2 S)``
+    (``WitCert.exp_neg_sq_tierBRadius``), so the union over the ``2 S`` tails is ``delta_loc``.
+    """
     return mpmath.sqrt(2 * mpf(v) * mpmath.log(2 * mpf(n_tokens) / mpf(delta_loc)))
 
 
 def logit_variance(q, s, sm):
-    """``v = sm^2 sum_c q_c^2 s_c^2 / 12`` (``s_c = 0`` on outlier channels)."""
+    """``v = sm^2 sum_c q_c^2 s_c^2 / 12`` (``s_c = 0`` on outlier channels).
+
+    The proxy ``sum_c k_c^2 / 12`` of ``sum_c k_c U_c`` with ``k_c = sm q_c s_c``
+    (Lean ``WitCert.hasSubgaussianMGF_sum_mul``).
+    """
     return mpf(sm) ** 2 * mpmath.fsum(mpf(qc) ** 2 * proxy_variance(sc) for qc, sc in zip(q, s))
 
 
@@ -80,7 +97,10 @@ def deterministic_delta(q, s, sm):
 
 
 def grid_offset_slack(q, s, sm, dither_bits=DITHER_BITS):
-    """``sm sum_c |q_c| s_c g/2`` with grid step ``g = 2^-bits``: the residual's mean offset."""
+    """``sm sum_c |q_c| s_c g/2`` with grid step ``g = 2^-bits``: the residual's mean offset.
+
+    The bound ``beta_t >= |d_t|`` on the deterministic offset of Lean ``WitCert.tier_b_radius``.
+    """
     return _weighted_l1(q, s, sm) * mpf(2) ** (-dither_bits - 1)
 
 
