@@ -9,6 +9,7 @@ import WitCert.Budget
 import WitCert.Refinement
 import WitCert.Bands
 import WitCert.TierB
+import WitCert.DeterministicBranch
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -25,4 +26,6 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
   (Lemma 2).
 * `WitCert.measure_iUnion_le_budget` (Lemma 3), `WitCert.tier_b_radius` (Theorem 3),
   `WitCert.block_sum_eq_token_sum`, `WitCert.massExp_merge` (Lemma 4).
+* `WitCert.abs_logit_error_le_deterministic`, `WitCert.abs_logit_error_le_probabilistic` (Tier B
+  with the rounding of the keys attention reads).
 -/
