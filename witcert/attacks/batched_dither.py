@@ -26,7 +26,7 @@ from witcert.attacks.model_dtypes import (HEAD_DIM, VOCAB, oracle_tv, recorded_r
                                           tiny_llama)
 
 NAME = "batched dither (HF, per-row streams)"
-SHARE = 0.0002  # one trial: a batch of 2-5 rows prefilled and probed on a tiny model (~0.3 s on one core)
+SHARE = 0.0001  # one trial: a batch of 2-5 rows prefilled and probed on a tiny model (~0.3 s on one core)
 
 
 def _count(tally: AttackTally, cells: int, bad: int, note: str) -> None:

@@ -29,7 +29,7 @@ import torch
 from witcert.attacks import AttackTally
 
 NAME = "model dtypes (HF, fp32/fp16/bf16)"
-SHARE = 0.0002  # one trial: 4 rows prefilled and probed on a tiny model (~0.3 s on one core)
+SHARE = 0.0001  # one trial: 4 rows prefilled and probed on a tiny model (~0.3 s on one core)
 
 TIER_A_SCHEMES = ("rtn-int4", "kivi-2bit", "fp8-e4m3", "kvquant-4bit")
 VOCAB = 96
