@@ -111,6 +111,15 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.tier_b_radius_continuous
 #print axioms WitCert.tier_b_radius_continuous
 
+#check @WitCert.abs_logit_error_le_deterministic
+#print axioms WitCert.abs_logit_error_le_deterministic
+
+#check @WitCert.abs_logit_error_le_probabilistic
+#print axioms WitCert.abs_logit_error_le_probabilistic
+
+#check @WitCert.abs_smul_sum_le
+#print axioms WitCert.abs_smul_sum_le
+
 #check @WitCert.block_sum_eq_token_sum
 #print axioms WitCert.block_sum_eq_token_sum
 

@@ -11,6 +11,7 @@ import WitCert.Budget
 import WitCert.Refinement
 import WitCert.Bands
 import WitCert.TierB
+import WitCert.DeterministicBranch
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -33,4 +34,6 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
   uniform on the grid, fixed query), `WitCert.tier_b_radius_continuous` (continuous uniform
   model), `WitCert.tier_b_request` (over the cells of a request).
 * `WitCert.block_sum_eq_token_sum`, `WitCert.massExp_merge` (Lemma 4).
+* `WitCert.abs_logit_error_le_deterministic`, `WitCert.abs_logit_error_le_probabilistic` (Tier B
+  with the rounding of the keys attention reads).
 -/

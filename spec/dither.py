@@ -15,13 +15,25 @@ Mirrors ``witcert.tier_b`` at the caller's working precision (``mpmath.mp``); no
   ``P(exists t, |eps_t| > radius(v_t, S, delta_loc) + beta_t) <= delta_loc`` with
   ``v_t = logit_variance`` and ``beta_t = grid_offset_slack``;
 * the deterministic slacks ``grid_offset_slack``, ``dequant_slack``, ``outlier_slack`` and
-  ``deterministic_delta``, and ``logit_bound`` composing them as the torch code does.
+  ``deterministic_delta``, and ``logit_bound`` composing them as the torch code does;
+* the final cast of a dequantized key to the dtype attention reads (``key_cast_bound``,
+  ``key_cast_slack``: fp16 and bf16 models) and the deterministic branch with a per-element
+  rounding term, ``deterministic_branch`` (DB).
 """
 import mpmath
 from mpmath import mpf
 
 Q_LEVELS = 127
 DITHER_BITS = 24
+FP32_UNIT = mpf(2) ** -24
+# dtype name -> (unit u_D, half the smallest subnormal eta_D/2, overflow threshold) of the final
+# cast after the fp32 chain; None: fp32 (the chain ends there) and fp64 (fp32 values are exact)
+KEY_CASTS = {
+    "float32": None,
+    "float64": None,
+    "float16": (mpf(2) ** -11, mpf(2) ** -25, mpf(2) ** 16 * (1 - mpf(2) ** -12)),
+    "bfloat16": (mpf(2) ** -8, mpf(2) ** -134, mpf(2) ** 128 * (1 - mpf(2) ** -9)),
+}
 
 
 def sinh_bound(x):
@@ -110,6 +122,36 @@ def dequant_slack(q, s, sm):
     return _weighted_l1(q, s, sm) * (Q_LEVELS + mpf(1) / 2) * (2 * u + u * u)
 
 
+def key_cast_bound(magnitude, key_dtype="float32"):
+    """Bound on ``|fl_D(z) - z|`` for ``|z| <= (1 + u)^2 magnitude`` (``u = 2^-24``), ``D = key_dtype``.
+
+    ``u_D (1 + u)^2 m + eta_D/2`` (``eta_D/2`` only when ``m > 0``: zero rounds exactly), ``inf``
+    when ``(1 + u)^2 m`` reaches the overflow threshold, 0 for fp32 and fp64 (DB).
+    """
+    cast = KEY_CASTS[key_dtype]
+    m = mpf(magnitude)
+    if cast is None or m == 0:
+        return mpf(0)
+    unit, half_subnormal, overflow = cast
+    grown = (1 + FP32_UNIT) ** 2 * m
+    return mpmath.inf if grown >= overflow else unit * grown + half_subnormal
+
+
+def key_cast_slack(q, magnitudes, sm, key_dtype="float32"):
+    """``sm sum_c |q_c| key_cast_bound(m_c)``; ``m_c = s_c (|n_c| + 1/2)``, or ``|x16_c|`` on outliers."""
+    terms = [abs(mpf(qc)) * key_cast_bound(m, key_dtype) for qc, m in zip(q, magnitudes) if qc != 0]
+    return mpf(sm) * mpmath.fsum(terms)
+
+
+def deterministic_branch(q, s, e, sm):
+    """``sm sum_c |q_c| (s_c/2 + e_c)`` (DB; Lean ``WitCert.abs_logit_error_le_deterministic``).
+
+    Holds for every query when ``|x^_c - x_c| <= s_c/2 + e_c`` on every channel; a channel with
+    ``q_c = 0`` contributes nothing, even where ``e_c`` is infinite.
+    """
+    return mpf(sm) * mpmath.fsum(abs(mpf(qc)) * (mpf(sc) / 2 + mpf(ec)) for qc, sc, ec in zip(q, s, e) if qc != 0)
+
+
 def outlier_slack(q_outlier, x16_outlier, sm, source_is_fp16=False):
     """``sm sum |q_c| (2^-11/(1-2^-11) |x16_c| + 2^-25)`` over outlier channels (0 for fp16 input)."""
     if source_is_fp16:
@@ -119,13 +161,19 @@ def outlier_slack(q_outlier, x16_outlier, sm, source_is_fp16=False):
                                  for qc, xc in zip(q_outlier, x16_outlier))
 
 
-def logit_bound(q, s, sm, n_tokens, delta_loc, q_outlier=(), x16_outlier=(), source_is_fp16=False, mode="min"):
-    """``min(u + beta, Delta) + rho + o`` for one token (the torch composition, exactly)."""
+def logit_bound(q, s, sm, n_tokens, delta_loc, q_outlier=(), x16_outlier=(), source_is_fp16=False, mode="min",
+                magnitudes=(), key_dtype="float32"):
+    """``min(u + beta, Delta) + rho + o`` for one token (the torch composition, exactly).
+
+    ``rho`` is ``dequant_slack`` plus, for keys read in fp16 or bf16, ``key_cast_slack`` over
+    ``magnitudes`` (per channel, aligned with ``q``).
+    """
     u = radius(logit_variance(q, s, sm), n_tokens, delta_loc)
     beta = grid_offset_slack(q, s, sm)
     delta = deterministic_delta(q, s, sm)
     core = {"min": min(u + beta, delta), "u": u + beta, "delta": delta}[mode]
-    return core + dequant_slack(q, s, sm) + outlier_slack(q_outlier, x16_outlier, sm, source_is_fp16)
+    rho = dequant_slack(q, s, sm) + key_cast_slack(q, magnitudes, sm, key_dtype)
+    return core + rho + outlier_slack(q_outlier, x16_outlier, sm, source_is_fp16)
 
 
 __all__ = [name for name in dir() if not name.startswith("_") and name not in ("mpmath", "mp", "mpf")]

@@ -170,6 +170,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_tier_b.py", "tests/test_dithered_int8.py", "tests/test_counters.py", "tests/test_philox.py"),
     ),
     Theorem(
+        key="DB",
+        paper="Tier B deterministic branch with the keys' rounding (beyond the paper)",
+        statement="|r_c| <= s_c/2 + e_c for every channel  =>  |sm sum_c q_c r_c| <= sm sum_c |q_c| (s_c/2 + e_c)",
+        lean="WitCert.abs_logit_error_le_deterministic",
+        note="`e_c` bounds the rounding between the exact dequantized value and the key attention reads (fp32 kernel chain, then the cast to the model's fp16/bf16 dtype: unit roundoff and subnormal floor per dtype, inf at overflow; `witcert.tier_b` docstring). Holds for every query (the adaptive branch). Same shape for the probabilistic branch's slacks (u + beta + rho): `WitCert.abs_logit_error_le_probabilistic`; helper `WitCert.abs_smul_sum_le`. The packed kernel reads fp32 keys: its rho is the fp32 case.",
+        spec="witcert.spec.dither.deterministic_branch",
+        torch="witcert.tier_b.deterministic_branch",
+        kernel="witcert.kernels.decode_attention.decode_attention_packed",
+        tests=("tests/test_tier_b.py", "tests/test_tier_b_attacks.py"),
+    ),
+    Theorem(
         key="L4",
         paper="Lemma 4 (refinement and split-KV merge)",
         statement="blockwise A with the block radius equals per-token A; A merges across splits with LSE weights",

@@ -117,6 +117,10 @@ def test_meter_is_sound_on_every_cell_of_the_real_model(loaded, scheme, task):
     assert res.raw["head"].max() == cfg.num_attention_heads - 1
     assert res.tier == ("B" if scheme == "dithered-int8" else "A")
     assert_sound_per_cell(res.raw)
+    if scheme == "dithered-int8":  # the secret seed drawn for the case is recorded (replay), request = case
+        assert len(set(res.raw["seed"].tolist())) == 1 and (res.raw["request"] == res.raw["case"]).all()
+    else:
+        assert "seed" not in res.raw.columns
 
 
 @pytest.mark.model
@@ -203,6 +207,8 @@ def test_session_rejects_bad_configuration():
         Session("no-such-scheme", layout)
     with pytest.raises(ValueError, match="tau"):
         observatory.ObserveConfig(schemes=("rtn-int4",), tau=1.5)
+    with pytest.raises(ValueError, match="seed"):
+        observatory.ObserveConfig(schemes=("dithered-int8",), seed=2**64)
 
 
 def test_needle_scoring_is_exact_match():

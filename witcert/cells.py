@@ -9,9 +9,10 @@ compressed and exact logits the gate needs. :func:`gated_output` runs a :class:`
 recomputes the attention output of every fired cell over the repaired cache.
 
 fp64 is the arithmetic of record (see :mod:`witcert.observe` for the score-rounding slack):
-the meter bounds the TV of exact-arithmetic attention over the stored floats, and the true TV
-is measured the same way. The model itself runs attention in fp32; that ~1e-7 gap is not part
-of what is certified.
+the meter bounds the TV of exact-arithmetic attention over the stored floats (the keys attention
+reads, in the model's dtype: every rounding between the store and those floats is inside the
+per-token bounds), and the true TV is measured the same way. The model's own attention kernel
+rounds its scores in the model's dtype; that gap is not part of what is certified.
 """
 from __future__ import annotations
 
@@ -46,6 +47,8 @@ class CellBatch:
     c_max: torch.Tensor  # max_t c_t over visible tokens
     repaired: torch.Tensor
     extra: dict = field(default_factory=dict)  # name -> (B, Hq, Tq), e.g. Tier B meters at other deltas
+    seed: int | None = None  # Philox seed of the dithered cache (None: no dither), for replay
+    requests: tuple[int, ...] | None = None  # request id of each batch row's dither stream
 
     def __post_init__(self):
         shape = self.meter.shape
@@ -57,6 +60,9 @@ class CellBatch:
                 raise ValueError(f"extra[{name!r}] has shape {tuple(t.shape)}, expected {tuple(shape)}")
         if self.positions.shape != shape[-1:]:
             raise ValueError(f"positions must be ({shape[-1]},), got {tuple(self.positions.shape)}")
+        if (self.seed is None) != (self.requests is None) or (self.requests is not None and len(self.requests) != shape[0]):
+            raise ValueError(f"seed and requests go together, one request per batch row ({shape[0]}), "
+                             f"got seed={self.seed!r}, requests={self.requests!r}")
 
 
 @dataclass(frozen=True)
@@ -135,9 +141,11 @@ def tighten_with_tier_b(math: CallMath, query, store, delta_loc: float, scale: f
 
     ``c_t = min(c_t^A, c_t^B + score rounding)``: both hold on the Tier B event, so their minimum
     does. Non-adaptive queries (``adaptive=False``: prefill, teacher-forced probes) use
-    ``min(u_t + beta_t, Delta_t)``; adaptive ones (greedy decode) only the deterministic
-    ``Delta_t``, which holds for every query. The meter, risk, output bound and joint pass are
-    recomputed from the tightened ``c``.
+    ``min(u_t + beta_t, Delta_t) + rho_t``; adaptive ones (greedy decode) only the deterministic
+    branch ``Delta_t + rho_t`` ("DB"), which holds for every query. ``rho_t`` covers the rounding
+    of the dequantized keys to ``store.k_hat``'s dtype, the keys attention reads (an fp16 or bf16
+    model rounds far more than the ``s/2`` of ``Delta_t`` leaves room for). The meter, risk,
+    output bound and joint pass are recomputed from the tightened ``c``.
 
     Why a teacher-forced probe is in scope on a real model: the layer-``l`` query and keys are
     functions of the exact prefill and of the dither of layers ``< l`` only (the counter holds
@@ -154,7 +162,8 @@ def tighten_with_tier_b(math: CallMath, query, store, delta_loc: float, scale: f
     s = store.k_hat.shape[-2]
     q4 = query.to(torch.float64).reshape(b, hkv, groups * tq, d)  # GQA group folded into the query axis
     mode = "delta" if adaptive else "min"
-    parts = [tier_b_logit_bound(q4, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s) for chunk in store.key_stores]
+    parts = [tier_b_logit_bound(q4, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s, key_dtype=store.k_hat.dtype)
+             for chunk in store.key_stores]
     c_b = torch.cat(parts, dim=-1).to(torch.float64).reshape(b, hq, tq, s)
     slack = torch.stack([
         score_rounding(query[i].to(torch.float64).reshape(hkv, groups, tq, d), store.k_hat[i].to(torch.float64), scale)

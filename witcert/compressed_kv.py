@@ -69,17 +69,30 @@ def _append(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
 class DitheredLayer:
     """Tier B twin of one layer: a dithered INT8 store per written chunk (:class:`witcert.DitheredInt8`).
 
-    The dither stream of a token is keyed by ``(request, layer, kv_head, token, channel)`` and
-    the side (K or V) through :class:`witcert.StandaloneCounter`, so it is regenerated
-    identically at read time and differs across layers, sides and tokens.
+    Every batch row is its own sequence with its own dither stream: a token's stream is keyed by
+    ``(requests[b], layer, kv_head, token, channel)``, the side (K or V) and the secret ``seed``
+    through :class:`witcert.StandaloneCounter`, so it is regenerated identically at read time and
+    differs across rows, layers, sides and tokens. ``requests`` holds one distinct id per row
+    (a row keeps its stream when the batch is reordered together with its id); ``None`` numbers
+    the rows. ``seed=None`` draws a secret seed (:func:`witcert.counters.fresh_seed`).
+
+    The reconstruction is dequantized to the cache's dtype, the dtype attention reads the keys
+    in; Tier B bounds of these keys take it as ``key_dtype`` (``witcert.tier_b``, registry "DB").
     """
 
     quantizer: object  # witcert.DitheredInt8
     layer: int
-    request: int = 0
+    seed: int | None = None
+    requests: tuple[int, ...] | None = None
     k_hat: torch.Tensor | None = field(default=None, repr=False)  # (B, Hkv, S, d)
     v_hat: torch.Tensor | None = field(default=None, repr=False)
     key_stores: list = field(default_factory=list, repr=False)  # PackedStore per chunk
+    row_requests: tuple[int, ...] = ()  # the request id each batch row's stream was keyed with
+
+    def __post_init__(self):
+        from witcert.counters import check_seed, fresh_seed
+
+        self.seed = check_seed(fresh_seed() if self.seed is None else self.seed)
 
     @property
     def length(self) -> int:
@@ -87,21 +100,23 @@ class DitheredLayer:
 
     def sync(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """Quantize the tokens beyond :attr:`length` (see :meth:`CompressedLayer.sync`)."""
-        from witcert.counters import StandaloneCounter
+        from witcert.counters import StandaloneCounter, batch_requests
 
         if key.shape != value.shape or key.dim() != 4:
             raise ValueError(f"key/value must both be (B, Hkv, S, d), got {tuple(key.shape)} and {tuple(value.shape)}")
         total = key.shape[-2]
-        if total < self.length:
+        if total < self.length or (self.k_hat is not None and self.k_hat.shape[:2] != key.shape[:2]):
             self.reset()
         start = self.length
         if total == start:
             return
+        rows = batch_requests(self.requests, key.shape[0])
         stores = []
         for side, x in (("k", key[..., start:, :]), ("v", value[..., start:, :])):
-            counter = StandaloneCounter(request=self.request, layer=self.layer, side=side, token_offset=start)
+            counter = StandaloneCounter(request=rows, layer=self.layer, seed=self.seed, side=side, token_offset=start)
             store = self.quantizer.quantize(x, counter)
             stores.append((store, self.quantizer.dequantize(store, counter, dtype=x.dtype)))
+        self.row_requests = tuple(rows.tolist())
         self.key_stores.append(stores[0][0])
         self.k_hat = _append(self.k_hat, stores[0][1])
         self.v_hat = _append(self.v_hat, stores[1][1])

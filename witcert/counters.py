@@ -26,7 +26,19 @@ counter equals a paged one and K never shares a stream with V. The key only carr
 (Philox is a bijection of the counter for a fixed key; independence of distinct counters'
 outputs is the generator's modelling assumption, not a theorem.) ``tests/test_counters.py``
 checks injectivity by decoding and by exhaustive uniqueness on small grids.
+
+The seed is secret by default. Tier B's probabilistic branch needs queries independent of the
+dither; with a public seed (say 0) anyone can compute every dither value and build a query
+aligned with the quantization errors. So ``seed=None`` (the default) draws 64 bits from the
+operating system's cryptographic source (``secrets``) when the counter is built; the drawn
+value is the counter's ``seed`` field (record it to replay a run, and read a store back with the
+same counter). A fixed seed is an explicit opt-in for tests and replay.
+
+Every sequence of a batch needs its own tuple: give ``request`` one id per batch row (an int64
+tensor broadcastable to the leading dims), never one id for the whole batch, or the rows share
+every dither value and their quantization errors are fully correlated.
 """
+import secrets
 from dataclasses import dataclass
 
 import torch
@@ -56,10 +68,49 @@ def _as_index(name: str, value, upper: int) -> torch.Tensor:
     return value
 
 
+def fresh_seed() -> int:
+    """A 64-bit Philox seed from the operating system's cryptographic source (``secrets``)."""
+    return secrets.randbits(64)
+
+
+def _draw_seed_if_unset(counter) -> None:
+    """``seed=None`` on a frozen counter: draw a fresh secret seed and store it in the field."""
+    if counter.seed is None:
+        object.__setattr__(counter, "seed", fresh_seed())
+
+
 def _key_of(seed: int) -> torch.Tensor:
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 1 << 64:
         raise ValueError(f"seed: expected an int in [0, 2^64), got {seed!r}")
     return torch.tensor([seed & 0xFFFFFFFF, seed >> 32], dtype=torch.int64)
+
+
+def check_seed(seed) -> int:
+    """``seed`` if it is a valid Philox seed (an int in [0, 2^64)), else ValueError."""
+    _key_of(seed)
+    return seed
+
+
+def batch_requests(requests, batch: int) -> torch.Tensor:
+    """Request ids (int64, (batch,)) of the rows of a batch: one distinct id per sequence.
+
+    ``requests=None`` numbers the rows ``0 .. batch-1``; otherwise a sequence of ``batch``
+    distinct ints in [0, 2^32). Distinct ids give the rows distinct dither streams; a row keeps
+    its stream when the batch is reordered together with its id.
+    """
+    if requests is None:
+        return torch.arange(batch, dtype=torch.int64)
+    if isinstance(requests, torch.Tensor):
+        requests = requests.tolist()
+    if isinstance(requests, (str, bytes)) or not hasattr(requests, "__len__"):
+        raise ValueError(f"requests: expected a sequence of ints (one per batch row), got {requests!r}")
+    if len(requests) != batch:
+        raise ValueError(f"requests: expected {batch} ids (one per batch row), got {len(requests)}")
+    if any(isinstance(r, bool) or not isinstance(r, int) for r in requests):
+        raise ValueError(f"requests: expected ints, got {list(requests)!r}")
+    if len(set(requests)) != len(requests):
+        raise ValueError(f"requests: every batch row needs its own id (rows sharing an id share the dither), got {list(requests)}")
+    return _as_index("requests", torch.tensor(list(requests), dtype=torch.int64), MAX_WORD)
 
 
 def _side_of(side: str) -> int:
@@ -153,17 +204,20 @@ class StandaloneCounter(_WordStream):
 
     A cache tensor of shape (*lead, H, S, d) maps index ``(..., h, t, c)`` to the tuple
     ``(request, layer, kv_head_offset + h, token_offset + t, c)``. ``request`` and ``layer``
-    are ints or int64 tensors broadcastable to ``lead`` (e.g. a request per batch row).
+    are ints or int64 tensors broadcastable to ``lead``; a batch of sequences needs a distinct
+    request per row. ``seed=None`` (default) draws a secret seed from ``secrets`` (module
+    docstring); pass an int only to replay a run or in tests.
     """
 
     request: int | torch.Tensor
     layer: int | torch.Tensor
-    seed: int = 0
+    seed: int | None = None
     side: str = "k"
     token_offset: int = 0
     kv_head_offset: int = 0
 
     def __post_init__(self):
+        _draw_seed_if_unset(self)
         _key_of(self.seed)
         _side_of(self.side)
         _as_index("request", self.request, MAX_WORD)
@@ -186,16 +240,18 @@ class PagedCounter(_WordStream):
     A cache tensor of shape (*lead, H, S, d) maps index ``(..., h, t, c)`` to
     ``(layer, kv_head_offset + h, slots[..., t], c)``; ``slots`` is an int64 tensor
     broadcastable to (*lead, S): the pool slot holding each token (stable under prefix
-    sharing and batch reordering, unlike positions).
+    sharing and batch reordering, unlike positions). ``seed=None`` (default) draws a secret
+    seed from ``secrets`` (module docstring).
     """
 
     layer: int | torch.Tensor
     slots: torch.Tensor
-    seed: int = 0
+    seed: int | None = None
     side: str = "k"
     kv_head_offset: int = 0
 
     def __post_init__(self):
+        _draw_seed_if_unset(self)
         _key_of(self.seed)
         _side_of(self.side)
         _as_index("layer", self.layer, MAX_LAYERS)

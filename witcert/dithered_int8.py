@@ -16,7 +16,9 @@ grid, regenerated from the counter at read time):
    payload slots hold 0 and their scale is reported as 0.
 
 Dequantization computes ``s (n - xi)`` exactly in fp64 and rounds once to the requested dtype
-(fp32 by default); ``witcert.tier_b`` bounds that rounding for a kernel doing two fp32 roundings.
+(fp32 by default); ``witcert.tier_b`` bounds that rounding, in the dtype the keys are read in
+(its ``key_dtype``: fp16 and bf16 models round much more than fp32), and also for a kernel
+doing two fp32 roundings before the cast (registry "DB").
 Bit-exact kernels must use the same candidate (fp64 ``x/s + xi``, ``floor(. + 1/2)``) and fix-up.
 """
 from dataclasses import dataclass, replace
@@ -138,11 +140,21 @@ class DitheredInt8:
         return replace(store, payload=code.to(torch.int8))
 
     def dequantize(self, store: PackedStore, counter, dtype: torch.dtype = torch.float32) -> torch.Tensor:
-        """``x^`` (*lead, H, S, d): ``s (n - xi)`` exact in fp64, rounded once to ``dtype``."""
+        """``x^`` (*lead, H, S, d): ``s (n - xi)`` exact in fp64, rounded once to ``dtype``.
+
+        ``counter`` must be the one the store was written with (same tuple and seed). Tier B
+        bounds hold for these keys when given ``key_dtype=dtype``. A value that rounds to inf
+        in ``dtype`` (fp16 near 65504) raises ValueError.
+        """
+        if dtype not in INPUT_DTYPES:
+            raise ValueError(f"dtype: expected one of float16, bfloat16, float32, float64, got {dtype!r}")
         xi = dither_of(counter, store.shape)
         exact = store.scale_per_element() * (store.payload.to(torch.float64) - xi)
         exact = exact.scatter(-1, store.outlier_channels(), store.outliers.to(torch.float64))
-        return exact.to(dtype)
+        keys = exact.to(dtype)
+        if torch.isinf(keys).any():
+            raise ValueError(f"dtype: a dequantized value overflows {dtype} (|x^| up to {exact.abs().max().item():.6g})")
+        return keys
 
     def _outlier_pairs(self, x64: torch.Tensor, lay: StoreLayout):
         """(per-block pair_index or None, fixed pair set or None) for this input."""

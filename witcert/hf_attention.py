@@ -36,6 +36,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from witcert import cells
 from witcert.bands import BandLayout
 from witcert.compressed_kv import CompressedLayer, DitheredLayer
+from witcert.counters import batch_requests, check_seed, fresh_seed
 from witcert.gate import Gate
 from witcert.schemes import get_scheme
 
@@ -68,7 +69,17 @@ class Session:
         for the risk-coverage curve across delta.
     adaptive : bool
         Set while queries depend on the dither (greedy decoding): Tier B then uses only its
-        deterministic branch ``Delta_t``.
+        deterministic branch (``Delta_t`` plus the rounding of the keys in the model's dtype).
+    seed : int or None
+        Philox seed of the dithered cache. ``None`` (default): a fresh secret seed from the
+        operating system's cryptographic source for every request (at construction and at every
+        :meth:`reset`), readable as :attr:`dither_seed` and recorded with each cell, so a run can
+        be replayed. An int fixes it: an explicit opt-in for tests and replay only, since
+        anyone who knows the seed can build queries aligned with the dither.
+    requests : tuple of int or None
+        The request id of each batch row (distinct: each sequence gets its own dither stream;
+        a row keeps its stream when the batch is reordered together with its id). ``None``:
+        the row index.
     """
 
     scheme: str
@@ -79,7 +90,8 @@ class Session:
     delta_loc: float = 1e-7
     delta_sweep: dict = field(default_factory=dict)  # column name -> delta_loc: extra Tier B meters
     adaptive: bool = False
-    request: int = 0
+    seed: int | None = None
+    requests: tuple[int, ...] | None = None
     layers: dict[int, CompressedLayer] = field(default_factory=dict, repr=False)
     batches: list[cells.CellBatch] = field(default_factory=list, repr=False)
 
@@ -92,20 +104,34 @@ class Session:
             raise ValueError(f"tier must be 'A' or 'B', got {self.tier!r}")
         if not 0.0 < self.delta_loc < 1.0:
             raise ValueError(f"delta_loc must lie in (0, 1), got {self.delta_loc}")
+        if self.seed is not None:
+            check_seed(self.seed)
+        if self.requests is not None:
+            self.requests = tuple(batch_requests(self.requests, len(self.requests)).tolist())
+        self._seed = None
         if self.scheme == DITHERED:
             from witcert.dithered_int8 import DitheredInt8
 
             self._quantizer = DitheredInt8(rope="rotate_half")
+            self._seed = self._request_seed()
         elif self.tier == "B":
             raise ValueError(f"tier B certifies the {DITHERED!r} cache only, not scheme {self.scheme!r}")
         else:
             self._compress = get_scheme(self.scheme)  # raises on an unknown name
 
+    @property
+    def dither_seed(self) -> int | None:
+        """The Philox seed of the current request's dithered cache (``None`` for other schemes)."""
+        return self._seed
+
+    def _request_seed(self) -> int:
+        return fresh_seed() if self.seed is None else check_seed(self.seed)
+
     def layer(self, index: int):
         if index in self.layers:
             return self.layers[index]
         if self.scheme == DITHERED:
-            self.layers[index] = DitheredLayer(self._quantizer, layer=index, request=self.request)
+            self.layers[index] = DitheredLayer(self._quantizer, layer=index, seed=self._seed, requests=self.requests)
         else:
             self.layers[index] = CompressedLayer(
                 compress_key=lambda x: self._compress(x, role="key"),
@@ -114,8 +140,13 @@ class Session:
         return self.layers[index]
 
     def reset(self) -> None:
-        """Forget the compressed cache (a new request); measurements are kept."""
+        """Forget the compressed cache (a new request; a fresh dither seed unless ``seed`` is fixed).
+
+        Measurements are kept.
+        """
         self.layers.clear()
+        if self.scheme == DITHERED:
+            self._seed = self._request_seed()
 
 
 def register() -> None:
@@ -151,7 +182,10 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
     session = _ACTIVE[-1]
     store = session.layer(module.layer_idx)
-    prefill = store.length == 0 or key.shape[-2] < store.length
+    if store.length and (key.shape[-2] < store.length or store.k_hat.shape[:2] != key.shape[:2]):
+        session.reset()  # a new request reusing the session: fresh stores (and a fresh dither seed)
+        store = session.layer(module.layer_idx)
+    prefill = store.length == 0
     store.sync(key, value)
     if prefill:  # the prefill attends over its exact in-flight keys; later reads see the store
         return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
@@ -174,12 +208,15 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
     if session.gate is not None:
         output, fired, paged = cells.gated_output(math, session.gate, value, store.v_hat, output)
         extra["paged_fraction"] = paged.cpu()
+    dithered = isinstance(store, DitheredLayer)
     session.batches.append(
         cells.CellBatch(
             layer=module.layer_idx,
             positions=torch.arange(s - tq, s),
             repaired=fired.cpu(),
             extra=extra,
+            seed=store.seed if dithered else None,
+            requests=store.row_requests if dithered else None,
             **{name: t.cpu() for name, t in math.cells.items()},
         )
     )

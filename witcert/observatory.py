@@ -17,6 +17,7 @@ import torch
 from transformers import DynamicCache
 
 from witcert import telemetry, workloads
+from witcert.counters import check_seed
 from witcert.gate import Gate
 from witcert.hf_attention import DITHERED, Session, compressed_attention, layout_for
 from witcert.tier_b import delta_local
@@ -40,6 +41,7 @@ class ObserveConfig:
     cases: int = 4
     bands: int = 16
     observe: bool = True
+    seed: int | None = None  # dithered cache: None draws a secret seed per case (recorded); an int replays
 
     def __post_init__(self):
         if not self.schemes:
@@ -55,6 +57,8 @@ class ObserveConfig:
         for name in ("context_tokens", "probe_tokens", "new_tokens", "cases", "bands"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.seed is not None:
+            check_seed(self.seed)
 
     def tier_of(self, scheme: str) -> str:
         """The certificate a scheme gets: Tier B (with the Tier A minimum) for the dithered cache."""
@@ -109,7 +113,8 @@ def run_case(
 
     With a session, its Tier B budget is ``delta_req`` spread over the request's cells
     (Lemma 3: layers x query heads x measured steps), and ``request`` keys its dither stream
-    (distinct requests never share dither values).
+    (distinct requests never share dither values). The session is reset first: a new request,
+    with a fresh secret dither seed unless the session's seed is fixed (the cells record it).
     """
     context, probe = (case.context, case.question) if hasattr(case, "question") else (case.context, case.continuation)
     ctx_ids = tokenizer(context, return_tensors="pt").input_ids
@@ -117,8 +122,8 @@ def run_case(
     with torch.no_grad():
         if session is None:
             return _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens)
+        session.requests = (request,)
         session.reset()
-        session.request = request
         session.batches.clear()
         session.adaptive = False
         steps = probe_ids.shape[1] + (new_tokens if hasattr(case, "question") else 0)
@@ -183,12 +188,14 @@ def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[Sche
     for scheme in config.schemes:
         start = time.perf_counter()
         tier = config.tier_of(scheme)
-        raw = _run_scheme(model, tokenizer, cases, config, Session(scheme, layout, observe=config.observe, tier=tier), tick)
+        session = Session(scheme, layout, observe=config.observe, tier=tier, seed=config.seed)
+        raw = _run_scheme(model, tokenizer, cases, config, session, tick)
         result = SchemeResult(
             scheme=scheme, task=config.task, raw=_tables(raw), quality=quality(reference, raw, cases), tier=tier
         )
         if config.gate:
-            session = Session(scheme, layout, observe=config.observe, gate=Gate(tau=config.tau), tier=tier)
+            session = Session(scheme, layout, observe=config.observe, gate=Gate(tau=config.tau), tier=tier,
+                              seed=config.seed)
             gated = _run_scheme(model, tokenizer, cases, config, session, tick)
             result.gated = _tables(gated)
             result.extra["gated_quality"] = quality(reference, gated, cases)

@@ -5,6 +5,9 @@ One JSONL line per cell: ``run`` (scheme, tier, task, gated), ``case`` (workload
 ``true_tv``, ``output_bound``, ``true_output_error``, ``joint``, ``c_max``, ``repaired``.
 ``risk`` is the raw e-form score (``inf`` on overflow, written as the string ``"inf"``): above 1
 it carries no guarantee. ``true_tv`` is ``null`` when the exact shadow was not consulted.
+Cells of a dithered (Tier B) cache also carry ``seed`` (the secret Philox seed, drawn per
+request) and ``request`` (the request id of the cell's batch row): with them a run can be
+replayed (``witcert observe --seed``).
 """
 from __future__ import annotations
 
@@ -43,7 +46,9 @@ class CellTable:
 def cell_table(batches, case: int = 0) -> CellTable:
     """Flatten a list of ``CellBatch`` (one case) into a :class:`CellTable`."""
     extras = sorted(batches[0].extra) if batches else []
-    cols = {k: [] for k in ("case", "layer", "head", "pos", "batch", *_FLOATS, *_BOOLS, *extras)}
+    dithered = bool(batches) and batches[0].seed is not None
+    cols = {k: [] for k in ("case", "layer", "head", "pos", "batch", *_FLOATS, *_BOOLS, *extras,
+                            *(("seed", "request") if dithered else ()))}
     for batch in batches:
         b, hq, tq = batch.meter.shape
         grid_b, grid_h, grid_t = np.meshgrid(np.arange(b), np.arange(hq), np.arange(tq), indexing="ij")
@@ -56,6 +61,9 @@ def cell_table(batches, case: int = 0) -> CellTable:
             cols[name].append(getattr(batch, name).numpy().ravel())
         for name in extras:
             cols[name].append(batch.extra[name].numpy().ravel())
+        if dithered:
+            cols["seed"].append(np.full(grid_b.size, batch.seed, dtype=np.uint64))
+            cols["request"].append(np.asarray(batch.requests, dtype=np.int64)[grid_b.ravel()])
     if not cols["layer"]:
         return CellTable({k: np.array([]) for k in cols})
     return CellTable({k: np.concatenate(v) for k, v in cols.items()})

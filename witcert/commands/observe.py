@@ -26,6 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--probe", type=int, default=32, help="teacher-forced continuation tokens (text/code)")
     parser.add_argument("--new-tokens", type=int, default=6, help="greedy answer tokens (needle)")
     parser.add_argument("--bands", type=int, default=16, help="Tier A bands B (must divide head_dim/2)")
+    parser.add_argument("--seed", type=int, default=None,
+                        help="Philox seed of the dithered-int8 cache (default: a fresh secret seed per case from the OS, "
+                             "recorded in telemetry.jsonl; give one only to replay a run: a known seed voids Tier B)")
     parser.add_argument("--threads", type=int, default=1,
                         help="torch CPU threads (default 1: on a small shared machine more threads oversubscribe)")
     parser.add_argument("--out", default=None, help="report directory (default reports/observe-<time>)")
@@ -48,6 +51,7 @@ def run(args) -> int:
         config = observatory.ObserveConfig(
             schemes=schemes, task=args.task, tau=args.tau, gate=args.gate or args.demo, context_tokens=args.context,
             probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases, bands=args.bands, tier=args.tier,
+            seed=args.seed,
         )
     except ValueError as err:
         print(f"witcert observe: {err}", file=sys.stderr)

@@ -1,0 +1,153 @@
+"""Tier B through the HF integration: model dtypes, batched streams, secret seeds (issue 16 items 2, 3, 8).
+
+Implementations: ``witcert.hf_attention`` (``Session``, the ``"witcert"`` attention) over
+``witcert.compressed_kv.DitheredLayer``, ``witcert.cells.tighten_with_tier_b``, the telemetry of
+``witcert.telemetry``, and the attack classes ``witcert.attacks.model_dtypes`` /
+``witcert.attacks.batched_dither``. Oracles: the fp64 TV over the exact keys of the model cache
+(``model_dtypes.oracle_tv``, causal mask built independently), single-row quantization with the
+row's own request id, and bitwise comparison of reconstructions. Domain: tiny random Llama models
+(head dim 32, GQA) in fp32, fp16 and bf16, batches of 2-5 rows. Tolerance: none.
+"""
+import numpy as np
+import pytest
+import torch
+
+from witcert import DitheredInt8, StandaloneCounter, telemetry
+from witcert.attacks import ATTACKS, batched_dither, model_dtypes
+from witcert.bands import BandLayout
+from witcert.compressed_kv import DitheredLayer
+from witcert.hf_attention import DITHERED, Session
+
+LAYOUT = BandLayout(head_dim=32, bands=8, rope="rotate_half")
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+# ---------------------------------------------------------------- item 2: half-precision models
+
+
+def test_bf16_model_adaptive_cells_cover_the_cast_of_the_keys():
+    """A spiky bf16 model, three copies of one token, adaptive probe: the configuration where the
+    fp32-only deterministic branch gave meter < TV (2 cells, TV/meter = 1.25 before the fix)."""
+    model = model_dtypes.spiky_llama(torch.bfloat16, 31, 14.41218646547984, 24.67829895260539)
+    session = Session(DITHERED, LAYOUT, tier="B", seed=1255200654889945937)
+    calls = model_dtypes.recorded_run(model, session, torch.full((4, 3), 14), 2, adaptive_probe=True)
+    assert len(calls) == 2
+    for call in calls:
+        assert call.k_hat.dtype == torch.bfloat16
+        tv = model_dtypes.oracle_tv(call)
+        assert (tv <= call.meter).all(), f"TV {tv[tv > call.meter]} above meter {call.meter[tv > call.meter]}"
+
+
+def test_model_dtypes_attack_finds_no_violation():
+    tally = model_dtypes.run(3, torch.Generator().manual_seed(11))
+    assert tally.cells > 0 and tally.violations == 0, tally.notes
+
+
+# ---------------------------------------------------------------- item 3: one stream per batch row
+
+
+def _layer_keys(requests=None, x=None, seed=99):
+    x = torch.randn(1, 2, 6, 32, generator=torch.Generator().manual_seed(3)).expand(3, -1, -1, -1) if x is None else x
+    layer = DitheredLayer(DitheredInt8(rope="rotate_half"), layer=1, seed=seed, requests=requests)
+    layer.sync(x, x)
+    return layer, x
+
+
+def test_batch_rows_with_identical_keys_get_distinct_dither():
+    """Before the fix every row of a batch used one request id: identical rows were reconstructed
+    identically (fully correlated errors). Now no (row pair, head, token) shares a reconstruction."""
+    layer, _ = _layer_keys()
+    k_hat = layer.k_hat
+    for a, b in [(0, 1), (0, 2), (1, 2)]:
+        assert not (k_hat[a] == k_hat[b]).all(-1).any()
+        assert (k_hat[a] == k_hat[b]).float().mean() < 0.01
+    assert layer.row_requests == (0, 1, 2)
+
+
+def test_each_row_is_read_back_from_its_own_request_stream():
+    """Write/read identity per row: row ``b`` equals a single-row quantization keyed by its id."""
+    x = torch.randn(3, 2, 6, 32, generator=torch.Generator().manual_seed(4))
+    layer, _ = _layer_keys(requests=(40, 7, 12), x=x)
+    quantizer = DitheredInt8(rope="rotate_half")
+    for row, request in enumerate((40, 7, 12)):
+        counter = StandaloneCounter(request=torch.tensor([request]), layer=1, seed=99)
+        alone = quantizer.dequantize(quantizer.quantize(x[row:row + 1], counter), counter)
+        assert torch.equal(layer.k_hat[row:row + 1], alone)
+
+
+def test_rows_keep_their_stream_across_batch_orders_and_decode_steps():
+    x = torch.randn(3, 2, 7, 32, generator=torch.Generator().manual_seed(5))
+    layer, _ = _layer_keys(requests=(40, 7, 12), x=x)
+    order = [2, 0, 1]
+    moved, _ = _layer_keys(requests=(12, 40, 7), x=x[order])
+    assert torch.equal(moved.k_hat, layer.k_hat[order])
+    stepwise, _ = _layer_keys(requests=(40, 7, 12), x=x[..., :5, :])
+    stepwise.sync(x, x)  # two decode steps appended one chunk later
+    assert torch.equal(stepwise.k_hat, layer.k_hat)
+
+
+def test_batch_requests_are_validated():
+    x = torch.zeros(2, 1, 2, 32)
+    with pytest.raises(ValueError, match="own id"):
+        DitheredLayer(DitheredInt8(), layer=0, seed=1, requests=(5, 5)).sync(x, x)
+    with pytest.raises(ValueError, match="expected 2"):
+        DitheredLayer(DitheredInt8(), layer=0, seed=1, requests=(5,)).sync(x, x)
+    with pytest.raises(ValueError, match="own id"):
+        Session(DITHERED, LAYOUT, tier="B", requests=(1, 1))
+
+
+def test_batched_dither_attack_finds_no_violation():
+    tally = batched_dither.run(3, torch.Generator().manual_seed(12))
+    assert tally.cells > 0 and tally.violations == 0, tally.notes
+
+
+# ---------------------------------------------------------------- item 8: the seed is secret
+
+
+def test_session_draws_a_secret_seed_per_request():
+    sessions = [Session(DITHERED, LAYOUT, tier="B") for _ in range(8)]
+    seeds = {s.dither_seed for s in sessions}
+    assert len(seeds) == 8 and 0 not in seeds
+    first = sessions[0].dither_seed
+    sessions[0].reset()  # a new request
+    assert sessions[0].dither_seed != first
+    fixed = Session(DITHERED, LAYOUT, tier="B", seed=7)
+    fixed.reset()
+    assert fixed.dither_seed == 7  # explicit opt-in (tests, replay)
+    assert Session("rtn-int4", LAYOUT).dither_seed is None
+    with pytest.raises(ValueError, match="seed"):
+        Session(DITHERED, LAYOUT, tier="B", seed=-1)
+    assert DitheredLayer(DitheredInt8(), layer=0).seed != DitheredLayer(DitheredInt8(), layer=0).seed
+
+
+def test_cells_record_seed_and_request_so_a_run_replays():
+    """Telemetry carries the drawn seed and each row's request id; a session fixed to them
+    reproduces every meter bit for bit."""
+    model = model_dtypes.tiny_llama(torch.float32)
+    ids = torch.randint(0, model_dtypes.VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
+    session = Session(DITHERED, LAYOUT, tier="B", requests=(31, 4))
+    model_dtypes.recorded_run(model, session, ids, 10)
+    table = telemetry.cell_table(session.batches)
+    assert (table["seed"] == np.uint64(session.dither_seed)).all()
+    assert set(table["request"][table["batch"] == 0]) == {31} and set(table["request"][table["batch"] == 1]) == {4}
+    replay = Session(DITHERED, LAYOUT, tier="B", seed=int(table["seed"][0]), requests=(31, 4))
+    model_dtypes.recorded_run(model, replay, ids, 10)
+    assert np.array_equal(telemetry.cell_table(replay.batches)["meter"], table["meter"])
+    assert "seed" not in telemetry.cell_table(_tier_a_batches(model, ids)).columns
+
+
+def _tier_a_batches(model, ids):
+    session = Session("rtn-int4", LAYOUT)
+    model_dtypes.recorded_run(model, session, ids, 10)
+    return session.batches
+
+
+def test_attack_classes_are_registered():
+    assert {"model_dtypes", "batched_dither"} <= set(ATTACKS)
