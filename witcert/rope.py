@@ -28,6 +28,8 @@ per band ``||k^'_b - k'_b|| <= r ||(k^ - k)_b|| + ||delta_{k^,b}|| + ||delta_{k,
      free) then ``r <= 1 + sqrt(2) m u + m^2 u^2``. HF casts fp32 ``cos``/``sin`` (<= 1 ulp
      on CPU, 2 on CUDA: <= 2^-23 absolute) to the model dtype (<= u/2 absolute below 1):
      ``m <= 0.6`` in fp16/bf16, ``m <= 2`` in fp32; ``eta = 8 u`` covers ``m`` up to 5.
+     Measured on HF's own values at every position below ``2^17`` (d = 128, theta 1e4 and
+     5e5): ``r - 1 <= 0.76 u`` in fp16, bf16 and fp32.
 (A2) per component ``|delta| <= kappa (|a c~| + |b s~|) + alpha0``, ``kappa = 3 u``,
      ``alpha0 = 4 sigma``. HF Llama (``x * cos + rotate_half(x) * sin`` in the model dtype):
      two products and one sum, each rounded to nearest in ``rope_dtype``, so
@@ -70,6 +72,8 @@ class RotationRounding:
 
     Attributes
     ----------
+    dtype : torch.dtype
+        The dtype the rotation rounds to.
     eta : float
         ``sqrt(c~^2 + s~^2) <= 1 + eta`` for the cosine/sine values used (A1).
     kappa : float

@@ -17,14 +17,14 @@ import math
 import torch
 
 from witcert.attacks import AttackTally
-from witcert.attacks.rope_frame import count_meter
+from witcert.attacks.rope_frame import count_meter, one_thread
 from witcert.bands import BandLayout
 from witcert.compressed_kv import CompressedLayer
 from witcert.observe import observe
 from witcert.schemes import apply_scheme, shares_memory
 
 NAME = "mutating scheme"
-SHARE = 0.01
+SHARE = 0.005
 DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 BATCH, GROUPS, TOKENS, QUERIES, HEAD_DIM = 16, 2, 24, 3, 32  # a batch of trials = one layer, one kv head each
 LAYOUT = BandLayout(HEAD_DIM, 4)
@@ -74,12 +74,13 @@ def run(n: int, g: torch.Generator) -> AttackTally:
     """``n`` trials (one kv head each: GQA 2, 24 tokens, 3 queries), batched as the heads of one layer."""
     tally = AttackTally(NAME)
     done = 0
-    while done < n:
-        hkv = min(BATCH, n - done)
-        dtype = DTYPES[int(torch.randint(len(DTYPES), (1,), generator=g))]
-        scheme = SCHEMES[int(torch.randint(len(SCHEMES), (1,), generator=g))]
-        _layer(hkv, dtype, scheme, g, tally)
-        done += hkv
+    with one_thread():
+        while done < n:
+            hkv = min(BATCH, n - done)
+            dtype = DTYPES[int(torch.randint(len(DTYPES), (1,), generator=g))]
+            scheme = SCHEMES[int(torch.randint(len(SCHEMES), (1,), generator=g))]
+            _layer(hkv, dtype, scheme, g, tally)
+            done += hkv
     return tally
 
 
