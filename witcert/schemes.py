@@ -62,7 +62,7 @@ def schemes() -> list[str]:
 
 
 def get_scheme(name: str) -> Callable[..., torch.Tensor]:
-    """The registered scheme ``name`` wrapped with the shape/dtype check of :func:`apply_scheme`.
+    """The registered scheme ``name`` run through :func:`apply_scheme` (private copy, checked output).
 
     The returned callable is ``checked(x, role="key") -> x_hat``.
     """

@@ -79,8 +79,8 @@ def _batch(b: int, g: torch.Generator, tally: AttackTally) -> None:
     w = witness_of(k, k_hat, layout, rope_dtype=dtype)  # stored before RoPE: (b, S, B)
     k_rot = apply_rope(k, positions, rope, theta, compute).double()  # what attention reads
     k_hat_rot = apply_rope(k_hat, positions, rope, theta, compute).double()
-    residual = k_hat_rot - k_rot  # exact: both are values of one binary format
-    _check_witness(layout.band_norms(residual), w.double(), layout.split(residual), tally)
+    residual = k_hat_rot - k_rot  # fp64 (exact unless the exponents are far apart)
+    _check_witness(layout.band_norms(residual), w.double(), layout.split(k_rot), layout.split(k_hat_rot), tally)
 
     q = _queries(b, d, k_rot, residual, g)  # (b, Tq, d) fp64
     scale = d**-0.5
@@ -122,13 +122,16 @@ def _queries(b, d, k_rot, residual, g) -> torch.Tensor:
     return q * (_loguniform((b, QUERIES, 1), 0.1, 50, g) * math.sqrt(d) / key_size)
 
 
-def _check_witness(norms, w, bands, tally) -> None:
-    """Band norms (b, S, B) of the rotated residual against the witness; near misses in rationals."""
+def _check_witness(norms, w, bands, bands_hat, tally) -> None:
+    """Band norms (b, S, B) of the rotated residual against the witness; near misses in rationals
+    (from the rotated keys' own values, ``bands``/``bands_hat`` (b, S, B, 2P))."""
     near = norms * (1 + NEAR) >= w
     bad = norms > w
     for index in near.nonzero().tolist():
-        exact = sum(Fraction(x) ** 2 for x in bands[tuple(index)].tolist())
-        bad[tuple(index)] = exact > Fraction(float(w[tuple(index)])) ** 2
+        at = tuple(index)
+        pairs = zip(bands[at].tolist(), bands_hat[at].tolist())
+        exact = sum((Fraction(y) - Fraction(x)) ** 2 for x, y in pairs)
+        bad[at] = exact > Fraction(float(w[at])) ** 2
     _add(tally, norms, w, bad)
 
 
