@@ -51,6 +51,15 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.band_norm_rotate
 #print axioms WitCert.band_norm_rotate
 
+#check @WitCert.band_norm_sub_le_of_rounded_rotation
+#print axioms WitCert.band_norm_sub_le_of_rounded_rotation
+
+#check @WitCert.rounded_rotation_witness
+#print axioms WitCert.rounded_rotation_witness
+
+#check @WitCert.pairBandNorm_scaledRot_le
+#print axioms WitCert.pairBandNorm_scaledRot_le
+
 #check @WitCert.abs_inner_le_sum_band_norms
 #print axioms WitCert.abs_inner_le_sum_band_norms
 

@@ -105,6 +105,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_tier_a.py", "tests/test_schemes.py"),
     ),
     Theorem(
+        key="L1fp",
+        paper="Lemma 1 in floating point (beyond the paper)",
+        statement="x' = M x + dx, y' = M y + dy, ||M v|| <= (1+eta) ||v||  =>  ||x' - y'||_b <= (1+eta) ||x - y||_b + ||dx||_b + ||dy||_b",
+        lean="WitCert.band_norm_sub_le_of_rounded_rotation",
+        note='Stored form `WitCert.rounded_rotation_witness`; a computed rotation `[[c, -s], [s, c]]` with c^2 + s^2 <= (1+eta)^2 meets the hypothesis on M: `WitCert.pairBandNorm_scaledRot_le`. The constants (eta = 8u, kappa = 3u, alpha0 = 4 sigma of the RoPE dtype; witcert/rope.py) are a floating-point error analysis, checked against HF Llama\'s rotary code and an exact rounding emulation, not a Lean theorem. Used by `witness_of(..., rope_dtype=...)` for a witness stored before RoPE.',
+        spec="witcert.spec.bands.bound_rounded_rotation",
+        torch="witcert.rope.rounded_rotation_witness",
+        kernel=None,
+        tests=("tests/test_rope_rounding.py", "tests/test_tier_a.py"),
+    ),
+    Theorem(
         key="T2",
         paper="Theorem 2 (band Cauchy-Schwarz witness)",
         statement="|q.r| <= sum_b ||q_b|| ||r_b||,  so c_t = (1/sqrt d) sum_b ||q_b|| w_{t,b} >= |eps_t|",

@@ -324,9 +324,9 @@ def test_rope_convention_mismatch_breaks_invariance():
 @settings(max_examples=60)
 @given(rope_cases)
 def test_witness_pre_and_post_rope_bound_each_other(case):
-    """L1 for the stored witness: w(post-RoPE residual) >= exact pre-RoPE band norms, and
-    w(pre) >= norms of the post-RoPE residual. Oracle: fp64 norms (rel err 1e-15 << the
-    witness inflation); no tolerance."""
+    """L1 for the stored witness: w(post-RoPE residual) >= exact pre-RoPE band norms, and the
+    pre-RoPE witness with the rotation's rounding (L1fp, fp64 RoPE) >= norms of the post-RoPE
+    residual. Oracle: fp64 norms (rel err 1e-15 << the witness inflation); no tolerance."""
     (head_dim, bands), rope, theta, seed = case
     gen = torch.Generator().manual_seed(seed)
     layout = witcert.BandLayout(head_dim, bands, rope)
@@ -334,7 +334,7 @@ def test_witness_pre_and_post_rope_bound_each_other(case):
     k_hat = witcert.get_scheme("rtn-int4")(k)
     pos = torch.randint(0, 65536, (50,), generator=gen)
     k_rot, k_hat_rot = witcert.apply_rope(k, pos, rope, theta), witcert.apply_rope(k_hat, pos, rope, theta)
-    w_pre = witcert.witness_of(k, k_hat, layout).double()
+    w_pre = witcert.witness_of(k, k_hat, layout, rope_dtype=torch.float64).double()
     w_post = witcert.witness_of(k_rot, k_hat_rot, layout).double()
     assert (w_post >= layout.band_norms(k_hat - k)).all()
     assert (w_pre >= layout.band_norms(k_hat_rot - k_rot)).all()
@@ -342,12 +342,12 @@ def test_witness_pre_and_post_rope_bound_each_other(case):
 
 
 def test_post_rope_witness_bounds_every_position_query():
-    """T2 with L1: a pre-RoPE witness bounds |q_m . (R_n r)| for queries at any position m."""
+    """T2 with L1fp: a pre-RoPE witness (fp64 RoPE slack) bounds |q_m . (R_n r)| at any query position m."""
     gen = torch.Generator().manual_seed(9)
     layout = witcert.BandLayout(64, 16, "interleaved")
     k = torch.randn(1, 30, 64, generator=gen, dtype=torch.float64)
     k_hat = witcert.get_scheme("fp8-e5m2")(k)
-    w = witcert.witness_of(k, k_hat, layout)[0]  # pre-RoPE
+    w = witcert.witness_of(k, k_hat, layout, rope_dtype=torch.float64)[0]  # pre-RoPE
     pos = torch.randint(0, 10000, (30,), generator=gen)
     r_post = witcert.apply_rope(k_hat, pos, "interleaved") - witcert.apply_rope(k, pos, "interleaved")
     q = witcert.apply_rope(torch.randn(1, 20, 64, generator=gen, dtype=torch.float64), torch.arange(20) * 999, "interleaved")

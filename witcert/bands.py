@@ -2,8 +2,9 @@
 
 A band is a contiguous run of ``P = head_dim / (2 B)`` RoPE frequency pairs. Because RoPE
 rotates each pair by a 2x2 rotation, the Euclidean norm of every band is invariant under
-RoPE at any position (Lemma 1, registry key ``L1``); the per-band Cauchy-Schwarz bound of
-Theorem 2 (``T2``) is formed over these bands.
+RoPE at any position in exact arithmetic (Lemma 1, registry key ``L1``; a rotation computed in
+floating point perturbs it: ``L1fp``, :mod:`witcert.rope`); the per-band Cauchy-Schwarz bound
+of Theorem 2 (``T2``) is formed over these bands.
 
 Pair conventions
 ----------------

@@ -18,11 +18,19 @@ from dataclasses import dataclass, field
 
 import torch
 
+from witcert.schemes import apply_scheme
 
 
 @dataclass
 class CompressedLayer:
-    """Reconstructed keys and values of one layer, in write order."""
+    """Reconstructed keys and values of one layer, in write order.
+
+    The compress callables run through :func:`witcert.schemes.apply_scheme`: each gets a
+    private copy of the new tokens (a scheme that quantizes in place or returns a view can
+    never write into the model's cache, the exact shadow and the gate's backing data) and its
+    output is checked to be a finite tensor of the same shape and dtype. A callable that
+    accepts ``role`` gets ``"key"`` / ``"value"``.
+    """
 
     compress_key: object  # callable (x) -> x_hat, role "key"
     compress_value: object  # callable (x) -> x_hat, role "value"
@@ -52,9 +60,9 @@ class CompressedLayer:
         start = self.length
         if total == start:
             return
-        new_k, new_v = key[..., start:, :], value[..., start:, :]
-        self.k_hat = _append(self.k_hat, self.compress_key(new_k))
-        self.v_hat = _append(self.v_hat, self.compress_value(new_v))
+        new_k, new_v = key[..., start:, :], value[..., start:, :]  # views of the exact cache
+        self.k_hat = _append(self.k_hat, apply_scheme(self.compress_key, new_k, role="key"))
+        self.v_hat = _append(self.v_hat, apply_scheme(self.compress_value, new_v, role="value"))
 
     def reset(self) -> None:
         self.k_hat = self.v_hat = None

@@ -73,7 +73,8 @@ def observe(
     q : Tensor (Hq, Tq, d)
         Queries (post-RoPE, as attention sees them).
     k, v : Tensor (Hkv, S, d)
-        Exact keys (same RoPE frame as ``q``) and values. GQA: ``Hq = G Hkv``; query head ``h``
+        Exact keys as attention reads them (post-RoPE, as computed: the witness is formed on
+        them, ``L1fp`` needs no slack) and values; the scheme gets private copies. GQA: ``Hq = G Hkv``; query head ``h``
         reads kv head ``h // G`` (HF ``repeat_kv`` order).
     scheme : str or callable
         A registered scheme name or ``fn(x) -> x_hat`` (see :mod:`witcert.schemes`); applied

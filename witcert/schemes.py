@@ -5,6 +5,13 @@ channels on axis -1) and ``x_hat`` its reconstruction with the **same shape and 
 Tier A (Theorem 2, ``T2``) covers exactly such cache-preserving schemes; eviction, merging or
 latent caches store no per-token reconstruction, and :func:`apply_scheme` rejects them.
 
+A scheme never sees the caller's tensor: :func:`apply_scheme` hands it a private copy, so a
+scheme that quantizes in place (``x.div_(s).round_().mul_(s); return x``, a common
+memory-saving idiom) or returns a view of its input reconstructs that copy and cannot touch
+the exact keys (the witness is a function of the exact and the reconstructed keys; a scheme
+that overwrote the exact ones would make it 0 and destroy the gate's backing data). An output
+that still shares memory with the exact tensor (a scheme reaching it some other way) is copied.
+
 A scheme may optionally take a keyword ``role`` (``"key"`` or ``"value"``) when it treats the
 two differently (e.g. KIVI: keys per-channel, values per-token); it is passed only to schemes
 whose signature accepts it.
@@ -55,7 +62,7 @@ def schemes() -> list[str]:
 
 
 def get_scheme(name: str) -> Callable[..., torch.Tensor]:
-    """The registered scheme ``name`` wrapped with the shape/dtype check of :func:`apply_scheme`.
+    """The registered scheme ``name`` run through :func:`apply_scheme` (private copy, checked output).
 
     The returned callable is ``checked(x, role="key") -> x_hat``.
     """
@@ -71,17 +78,21 @@ def get_scheme(name: str) -> Callable[..., torch.Tensor]:
 
 
 def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> torch.Tensor:
-    """Run a scheme (name or callable) on ``x`` (..., S, d) and check it is cache-preserving.
+    """Run a scheme (name or callable) on a private copy of ``x`` (..., S, d); check the output.
 
-    Raises ``ValueError`` when the output is not a tensor of ``x``'s shape and dtype (Tier A
-    needs one reconstructed vector per cached token) or contains NaN/Inf.
+    ``x`` is never handed to the scheme and never changed: the scheme gets ``x.clone()`` (it
+    may mutate or return it), and an output sharing memory with ``x`` is copied, so the
+    reconstruction never aliases the exact tensor. Raises ``ValueError`` when the output is
+    not a tensor of ``x``'s shape and dtype (Tier A needs one reconstructed vector per cached
+    token) or contains NaN/Inf.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
     if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x) or x.dim() < 2:
         raise ValueError(f"x must be a floating tensor (..., S, d), got {getattr(x, 'shape', type(x))}")
     name, fn, takes_role = _resolve(scheme)
-    x_hat = fn(x, role=role) if takes_role else fn(x)
+    private = x.clone()  # the scheme may quantize in place or return a view: never of x
+    x_hat = fn(private, role=role) if takes_role else fn(private)
     if not isinstance(x_hat, torch.Tensor) or x_hat.shape != x.shape:
         got = tuple(x_hat.shape) if isinstance(x_hat, torch.Tensor) else type(x_hat).__name__
         raise ValueError(
@@ -92,7 +103,12 @@ def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> 
         raise ValueError(f"scheme {name!r} changed dtype {x.dtype} -> {x_hat.dtype}; return the reconstruction")
     if not torch.isfinite(x_hat).all():
         raise ValueError(f"scheme {name!r} produced NaN/Inf on finite input")
-    return x_hat
+    return x_hat.clone() if shares_memory(x_hat, x) else x_hat
+
+
+def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are backed by the same storage (one may be a view of the other)."""
+    return a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr()
 
 
 def _resolve(scheme: str | Callable) -> tuple[str, Callable, bool]:

@@ -2,12 +2,14 @@
 
 Write time (:func:`witness_of`): ``r_t = k^_t - k_t``; ``w_{t,b}`` is the band norm of ``r_t``
 stored in fp16 **rounded up** (a witness rounded to nearest can fall below the norm and is
-unsound). Lemma 1 (``L1``): RoPE rotates within bands, so the witness of a post-RoPE residual
-equals that of the pre-RoPE one and does not depend on the position -- in exact arithmetic.
-A *computed* rotation (fp32/bf16 RoPE at read time) perturbs band norms by ~1e-7 relative, more
-than this module's fp64 slack, so for a strict guarantee compute the witness from ``k`` and
-``k_hat`` in the frame attention actually uses (post-RoPE, as the runtime computed them), as
-:func:`witcert.observe` does.
+unsound). Which keys: by default the keys attention reads (post-RoPE, exactly as computed), and
+the witness is that residual's band norm. Lemma 1 (``L1``) makes the band norms of a pre-RoPE
+residual position-invariant in exact arithmetic only: a rotation computed in fp16/bf16/fp32
+rounds the exact and the compressed key differently (massive channels: macroscopically). A
+witness stored before RoPE must carry that rounding: ``witness_of(k, k_hat, layout,
+rope_dtype=...)`` stores ``(1 + eta) ||r_b|| + sqrt(2) kappa (1 + eta) (||k_b|| + ||k^_b||) +
+2 sqrt(2P) alpha0`` (``L1fp``, :mod:`witcert.rope`), which bounds the rotated residual at every
+position and is still position-invariant.
 
 Read time (:func:`logit_bound`): ``c_t = sm_scale * sum_b ||q_b|| w_{t,b} >= |q . r_t| sm_scale``
 by Cauchy-Schwarz per band (Theorem 2, ``T2``), rounded up to the output dtype.
@@ -26,32 +28,50 @@ import math
 import torch
 
 from witcert.bands import BandLayout, _check_last_dim, scaled_norms
+from witcert.rope import ROPE_DTYPES, rounded_rotation_witness
 from witcert.rounding import round_up_to
 
 _U = 2.0**-52  # twice the fp64 unit roundoff: the margin unit for every inflation here
 
 
-def witness_of(k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout) -> torch.Tensor:
-    """Sound fp16 band witness of the residual ``k_hat - k`` (Lemma 1 ``L1``, Theorem 2 ``T2``).
+def witness_of(
+    k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout, rope_dtype: torch.dtype | None = None
+) -> torch.Tensor:
+    """Sound fp16 band witness of the residual ``k_hat - k`` (``L1``/``L1fp``, Theorem 2 ``T2``).
 
     Parameters
     ----------
     k, k_hat : Tensor (..., S, d)
-        Exact and reconstructed keys (any float dtype; same shape), in the frame the query
-        given to :func:`logit_bound` meets (post-RoPE as computed; see the module note on
-        Lemma 1 in floating point).
+        Exact and reconstructed keys (any float dtype; same shape). Without ``rope_dtype``:
+        the keys attention reads (post-RoPE, as computed). With ``rope_dtype``: the keys
+        before RoPE, exactly the values the rotation takes as input.
     layout : BandLayout
+        Bands of whole pairs under the model's pair convention.
+    rope_dtype : {None, torch.float16, torch.bfloat16, torch.float32, torch.float64}
+        ``None`` (default): no rotation follows; the witness is the residual's band norm.
+        Otherwise the coarsest dtype the RoPE applied after this witness rounds to (its
+        arithmetic or its result; the model dtype for HF Llama, ``x.dtype`` for
+        :func:`witcert.apply_rope`): the witness then bounds the residual of the *rotated* keys
+        at every position (``L1fp``, assumptions (A1)-(A3) in :mod:`witcert.rope`).
 
     Returns
     -------
     w : Tensor (..., S, B), float16
         ``w[..., t, b] >= ||(k_hat - k)[..., t, band b]||`` exactly (real arithmetic on the
-        given floating values), never rounded down; ``inf`` when the norm exceeds fp16 range.
+        given floating values), with ``rope_dtype`` ``>=`` the band norm of the residual after
+        the rounded rotation; never rounded down; ``inf`` when the bound exceeds fp16 range
+        (or the rotation may overflow ``rope_dtype``).
     """
     _check_layout(layout)
     _check_key_pair(k, k_hat, layout)
-    residual = k_hat.to(torch.float64) - k.to(torch.float64)  # (..., S, d)
-    norms = _band_norms_upper_fp64(residual, layout)  # (..., S, B)
+    if rope_dtype is not None and rope_dtype not in ROPE_DTYPES:
+        raise ValueError(f"rope_dtype must be None or one of {ROPE_DTYPES}, got {rope_dtype!r}")
+    k64, k_hat64 = k.to(torch.float64), k_hat.to(torch.float64)
+    norms = _band_norms_upper_fp64(k_hat64 - k64, layout)  # (..., S, B)
+    if rope_dtype is not None:
+        k_norms = _band_norms_upper_fp64(k64, layout)
+        k_hat_norms = _band_norms_upper_fp64(k_hat64, layout)
+        norms = rounded_rotation_witness(norms, k_norms, k_hat_norms, layout.pairs_per_band, rope_dtype)
     return round_up_to(norms, torch.float16)
 
 
@@ -61,8 +81,9 @@ def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: 
     Parameters
     ----------
     q : Tensor (..., d)
-        Queries in the same RoPE frame as the keys that produced ``w`` (post-RoPE query with a
-        post- or pre-RoPE witness alike, by Lemma 1). fp16/bf16/fp32/fp64.
+        Queries in the frame attention uses (post-RoPE, as computed); ``w`` from the keys
+        attention reads, or from the keys before RoPE with ``rope_dtype`` (``L1fp``).
+        fp16/bf16/fp32/fp64.
     w : Tensor (..., S, B)
         Witnesses from :func:`witness_of` (any float dtype, ``>= 0``, ``inf`` allowed).
         ``q.shape[:-1]`` and ``w.shape[:-2]`` must broadcast.
