@@ -266,16 +266,17 @@ def kernel_relative_budget(name: str, num_splits: int = DEFAULT_SPLITS) -> float
     """Stated relative slack of the kernel's ``A - 1`` over the exact value (``kernels/certificate.py``).
 
     Twice the sum of the enclosure's relative terms (per-term errors of ``l`` and ``k``, exponent
-    arguments) plus the radius round-up ``kappa`` amplified by ``(1 + D)`` (``d(e^c - 1)/(e^c - 1)
+    arguments) plus the radius round-up ``kappa`` (``RADIUS_EXCESS`` and the ``2^-22`` of
+    ``c' = (c + delta)(1 + 2^-22)``) amplified by ``(1 + D)`` (``d(e^c - 1)/(e^c - 1)
     <= (1 + c) dc/c`` for ``c <= 1``; beyond, ``e^c`` grows the same way), and the reference's own
     fp32 round-up of ``c`` (one ulp).
     """
-    from witcert.kernels.certificate import ARG_ERROR, Y_NORMAL, KernelRounding
+    from witcert.kernels.certificate import ARG_ERROR, RADIUS_EXCESS, Y_NORMAL, KernelRounding
 
     c = case(name)
     shape = KernelRounding(max_seq_len=c.k.shape[2], block_n=32, num_splits=num_splits, head_dim=HEAD_DIM,
                            bands=c.layout.bands)
     d_max = float(kernel_run(name, num_splits).certificate.c_max.max())
-    kappa = max(shape.kappa_c, shape.kappa_b) + 2.0**-22 + 2.0**-23
+    kappa = RADIUS_EXCESS + 2.0**-22 + 2.0**-23
     arguments = math.expm1(ARG_ERROR * Y_NORMAL) + ARG_ERROR * math.log(c.k.shape[2])
     return 2 * (shape.mass_error() + shape.moment_error() + arguments) + 2 * kappa * (1 + d_max)
