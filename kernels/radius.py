@@ -79,6 +79,8 @@ def witness_radius(w_rows, mask_n, q_norms, BANDS: tl.constexpr):
     c = tl.zeros([q_norms.shape[0], w_rows.shape[0]], tl.float64)
     for b in range(BANDS):
         w_b = tl.load(w_rows + b, mask=mask_n, other=0.0).to(tl.float64)
-        term = column(q_norms, b)[:, None] * w_b[None, :]
-        c += tl.where(term == term, term, 0.0)  # 0 * inf -> 0
+        norm_b = column(q_norms, b)
+        unbounded = (norm_b > 0)[:, None] & (w_b == float("inf"))[None, :]
+        term = norm_b[:, None] * tl.where(w_b == float("inf"), 0.0, w_b)[None, :]  # no 0 * inf
+        c += tl.where(unbounded, float("inf"), term)
     return c
