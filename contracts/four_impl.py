@@ -35,7 +35,7 @@ from witcert import bounds
 from witcert.bands import BandLayout
 from witcert.counters import StandaloneCounter
 from witcert.dithered_int8 import DitheredInt8
-from witcert.kernels.certificate import KernelRounding
+from witcert.kernels.certificate import RADIUS_EXCESS
 from witcert.kernels.decode_attention import decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys
@@ -118,7 +118,8 @@ def _token_row_plan(p: Problem) -> PackedKeys:
     return dataclasses.replace(plan, store=store, scales=store.scales,
                                token_words=plan.token_words.transpose(0, 1).contiguous(),
                                head_words=plan.head_words.expand(TOKENS, -1, -1).contiguous(),
-                               outlier_slot=plan.outlier_slot.repeat(TOKENS, 1))
+                               outlier_slot=plan.outlier_slot.repeat(TOKENS, 1),
+                               outlier_channels=plan.outlier_channels.repeat(TOKENS, 1))
 
 
 def kernel_radii(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,8 +139,12 @@ def kernel_certificate(p: Problem):
 
 
 def kernel_budget() -> dict:
-    shape = KernelRounding(max_seq_len=TOKENS, block_n=32, num_splits=2, head_dim=HEAD_DIM, bands=BANDS)
-    return {"kappa_c": shape.kappa_c, "kappa_b": shape.kappa_b, "shape": shape}
+    """The kernel's stated round-ups: its fp32 radii are at most ``(1 + 2 kappa)`` x the exact ones.
+
+    Both radii are computed in fp64 and rounded up to fp32 (``kernels/radius.py``): ``2 kappa``
+    is ``RADIUS_EXCESS`` for either tier.
+    """
+    return {"kappa_c": RADIUS_EXCESS / 2, "kappa_b": RADIUS_EXCESS / 2}
 
 
 # ----------------------------------------------------------------------------- torch side
@@ -282,9 +287,7 @@ def markdown(quantities) -> str:
 
 
 def kernel_a_budget(d_max: float) -> float:
-    """Stated relative slack of the kernel's ``A - 1`` for this problem (as ``kernel_relative_budget``)."""
-    from witcert.kernels.certificate import ARG_ERROR, Y_NORMAL
+    """Stated relative slack of the kernel's ``A - 1`` for this problem (``contract_oracles.relative_budget``)."""
+    from contract_oracles import relative_budget
 
-    shape = kernel_budget()["shape"]
-    arguments = math.expm1(ARG_ERROR * Y_NORMAL) + ARG_ERROR * math.log(TOKENS)
-    return 2 * (shape.mass_error() + shape.moment_error() + arguments) + 2 * (shape.kappa_c + 2.0**-22) * (1 + d_max)
+    return relative_budget(TOKENS, 2, d_max, bands=BANDS)

@@ -10,9 +10,10 @@ Tolerances:
 * golden vs independent: 40 significant digits (DESIGN.md §4);
 * torch (fp64) vs golden: 1e-12 relative, never below (each rounds up); the Tier B radius is
   rounded up to fp32 by the reference: up to ``2^-22`` above;
-* kernel (fp32) vs golden: never below; above by at most its stated round-up -- ``2 kappa_c``
-  for ``c_t``, ``2 kappa_b`` for the Tier B radius (``kernels/certificate.py``), the ``A - 1``
-  budget ``kernel_a_budget`` for ``A`` (relative to ``A - 1``) and twice that for the meter.
+* kernel (fp64 radii rounded up to fp32) vs golden: never below; above by at most its stated
+  round-up -- ``2 kappa = RADIUS_EXCESS`` for ``c_t`` and the Tier B radius
+  (``kernels/certificate.py``), the ``A - 1`` budget ``kernel_a_budget`` for ``A`` (relative to
+  ``A - 1``) and twice that for the meter.
 """
 import mpmath
 import pytest

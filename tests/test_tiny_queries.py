@@ -47,3 +47,33 @@ def test_tier_b_bound_covers_tiny_fp64_queries(mode):
         for h, i, t in [(0, 0, 0), (1, 2, 15), (0, 1, 7)]:
             exact = spec_bound_of_token(q, store, h, i, t, 0.125, 1e-4, mode)
             assert c[h, i, t].item() >= exact > 0
+
+
+def test_kernel_range_attack_finds_no_violation():
+    """``witcert fuzz``'s kernel attack class (``witcert.attacks.kernel_range``): two trials.
+
+    Implementation: the Triton decode kernel (interpreter without CUDA) on fp32 queries drawn over
+    the whole fp32 range. Oracle: exact TV and logit errors (fp64), the torch reference radius.
+    Domain: two seeded trials (32 cells x 3 checks). Tolerance: 0 violations.
+    """
+    from witcert.attacks import ATTACKS, kernel_range
+
+    assert "kernel_range" in ATTACKS
+    tally = kernel_range.run(2, torch.Generator().manual_seed(3))
+    assert tally.cells > 0
+    assert tally.violations == 0, tally.notes
+
+
+def test_kernel_range_oracle_resolves_tiny_tv():
+    """The attack's exact TV keeps a logit error of 1e-25 that ``s + eps`` would lose in fp64.
+
+    Oracle: first order, ``TV = 1/2 sum_t p_t |eps_t - E_p eps|`` (exact to ``O(eps^2)``).
+    """
+    from witcert.attacks.kernel_range import exact_tv
+
+    scores = torch.tensor([[0.0, 1.0, -2.0]], dtype=torch.float64)
+    eps = torch.tensor([[1e-25, -3e-25, 2e-25]], dtype=torch.float64)
+    p = torch.softmax(scores, -1)
+    first_order = 0.5 * (p * (eps - (p * eps).sum(-1, keepdim=True)).abs()).sum(-1)
+    assert torch.allclose(exact_tv(scores, eps), first_order, rtol=1e-12, atol=0)
+    assert float(first_order) > 0
