@@ -9,6 +9,8 @@ import WitCert.Budget
 import WitCert.Refinement
 import WitCert.Bands
 import WitCert.TierB
+import WitCert.ChiSquare
+import WitCert.MassSplit
 
 /-!
 # WitCert: the statements the runtime meter relies on
