@@ -113,7 +113,7 @@ unsound_dispersion_from_scores = _from_scores(bounds.bound_unsound_dispersion)
 @_golden
 def mass_split_from_scores(scores: Sequence[Real], c: Sequence[Real], thresholds: Sequence[Real] | None = None) -> mpf:
     """50-digit ``bound_mass_split`` (MS) at ``p~ = softmax(scores)``; ``thresholds`` default to
-    ``spec.bounds.mass_split_thresholds`` (``D`` and ``2^(e - k)``, ``k = 1, 2, 3``).
+    ``spec.bounds.mass_split_thresholds`` (``D`` and the 11 largest 2-bit-mantissa floats below it).
 
     Cancellation-free like the others: ``delta = sum_H p~ expm1(c) / A-_L`` with
     ``A-_L = sum_L p~ e^{-c} + p~(H)`` (positive terms), second term ``delta (delta + 2) / 2``.

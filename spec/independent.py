@@ -30,7 +30,7 @@ STEP_DIGITS = 30
 MAX_TRIES = 5
 AGREE_DIGITS = 50
 SUP_BOX_MAX_TOKENS = 20
-MASS_SPLIT_LEVELS = 4  # MS thresholds: D = max c, then 2^(e - k) for k = 1, 2, 3, e = ceil(log2 D)
+MASS_SPLIT_LEVELS = 12  # MS thresholds: D = max c, then the 11 largest (1 + r/4) 2^q (r = 0..3) below D
 
 INF = Decimal("Infinity")
 ZERO = Decimal(0)
@@ -159,32 +159,28 @@ def _tanh(x: Decimal) -> Decimal:
     return (1 - t) / (1 + t)
 
 
-def _ceil_log2(x: Decimal) -> int:
-    """The least integer ``e`` with ``x <= 2^e``, for a finite ``x > 0`` (exact: integer ratio)."""
-    num, den = x.as_integer_ratio()
-    e = num.bit_length() - den.bit_length()
-    while not _at_most_power_of_two(num, den, e):
-        e += 1
-    while _at_most_power_of_two(num, den, e - 1):
-        e -= 1
-    return e
-
-
-def _at_most_power_of_two(num: int, den: int, e: int) -> bool:
-    """``num / den <= 2^e``, exactly."""
-    return num <= den << e if e >= 0 else num << -e <= den
+def _at_most_grid_value(num: int, den: int, index: int) -> bool:
+    """``num / den <= (1 + r/4) 2^q`` for ``index = 4q + r``, exactly (integers only)."""
+    q, r = divmod(index, 4)
+    lhs, rhs = 4 * num, (4 + r) * den
+    return lhs <= rhs << q if q >= 0 else lhs << -q <= rhs
 
 
 def _default_split_sets(d: Decimal) -> list[Callable[[Decimal], bool]]:
     """Membership of the low set ``L = {c <= g}`` for the default grid: ``g = D`` (every token) and
-    ``g = 2^(e - k)``, ``k = 1 .. MASS_SPLIT_LEVELS - 1``, ``e = ceil(log2 D)``; only ``D`` when
-    ``D`` is 0 or infinite."""
+    the ``MASS_SPLIT_LEVELS - 1`` largest numbers ``(1 + r/4) 2^q`` (``r = 0..3``, ``q`` any integer)
+    strictly below ``D``; only ``D`` when ``D`` is 0 or infinite."""
     if d == 0 or d.is_infinite():
         return [lambda ct: True]
-    top = _ceil_log2(d)
+    num, den = d.as_integer_ratio()
+    top = 4 * (num.bit_length() - den.bit_length())
+    while not _at_most_grid_value(num, den, top):
+        top += 1
+    while _at_most_grid_value(num, den, top - 1):
+        top -= 1  # now the least index whose value is >= D
 
-    def below(j: int) -> Callable[[Decimal], bool]:
-        return lambda ct: ct.is_finite() and _at_most_power_of_two(*ct.as_integer_ratio(), j)
+    def below(index: int) -> Callable[[Decimal], bool]:
+        return lambda ct: ct.is_finite() and _at_most_grid_value(*ct.as_integer_ratio(), index)
 
     return [lambda ct: True] + [below(top - k) for k in range(1, MASS_SPLIT_LEVELS)]
 
@@ -333,7 +329,7 @@ chi_square_from_scores = _from_scores("chi_square", "CS: ``sqrt(sum p~_t (e^{c_t
 def mass_split_from_scores(scores: Sequence[Number], c: Sequence[Number], thresholds: Sequence[Number] | None = None) -> Decimal:
     """MS: ``min_g [B_L + ((1 + delta)^2 - 1)/2]`` over the thresholds ``g`` (``L = {c <= g}``,
     ``B_L = min(T1, P1, CS, tanh(max_L c / 2))`` on ``c 1_L``, ``delta = sum_H p~ (e^c - 1) / A-_L``);
-    default thresholds ``D`` and ``2^(e - k)``, ``k = 1, 2, 3``, ``e = ceil(log2 D)``."""
+    default thresholds ``D`` and the 11 largest ``(1 + r/4) 2^q`` (``r = 0..3``) below ``D``."""
     if thresholds is None:
         return quantities(scores, c=c)["mass_split"]
     s = _scores(scores)

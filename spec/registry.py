@@ -98,7 +98,7 @@ THEOREMS: tuple[Theorem, ...] = (
         paper="mass-split bound (DESIGN.md §2, beyond the paper)",
         statement="L = {c_t <= g}: TV <= B_L + 1/2 ((1 + delta)^2 - 1),  B_L any bound on c 1_L,  delta = sum_H p~ expm1(c) / A-(c 1_L)",
         lean="WitCert.tv_le_mass_split",
-        note='torch and kernel: wave 2, in progress. Any set L; first term instantiated in `WitCert.tv_le_mass_split_eform`, `WitCert.tv_le_mass_split_chi_square`, `WitCert.tv_le_mass_split_tanh_half` and `WitCert.tv_le_mass_split_min` (the spec\'s min(T1, P1, CS, MN)); two-step core `WitCert.tv_le_split`, composition `WitCert.reweight_reweight`. Default thresholds: D and 2^(e-k), k = 1..3, e = ceil(log2 D).',
+        note='torch and kernel: wave 2, in progress. Any set L; first term instantiated in `WitCert.tv_le_mass_split_eform`, `WitCert.tv_le_mass_split_chi_square`, `WitCert.tv_le_mass_split_tanh_half` and `WitCert.tv_le_mass_split_min` (the spec\'s min(T1, P1, CS, MN)); two-step core `WitCert.tv_le_split`, composition `WitCert.reweight_reweight`. Default thresholds: D and the 11 largest floats (1 + r/4) 2^q below it (one pass, exact comparisons).',
         spec="witcert.spec.bounds.bound_mass_split",
         torch=None,
         kernel=None,

@@ -148,14 +148,18 @@ def test_threshold_at_max_c_is_the_base_bound(cell, data):
     assert at_most(golden.mass_split_from_scores(cell.scores, cell.c, [d, *extra]), base)
 
 
-def test_default_grid_is_max_c_then_powers_of_two_below_its_binade():
-    """D, then 2^(e-1), 2^(e-2), 2^(e-3) with e = ceil(log2 D); D = 0 or inf gives [D]."""
+def test_default_grid_is_max_c_then_two_bit_mantissa_floats_below_it():
+    """D, then the 11 largest (1 + r/4) 2^q strictly below D (exact); D = 0 or inf gives [D]."""
     grid = bounds.mass_split_thresholds((0.5, 0.5), (0.3, 0.7))
-    assert grid == [mpf("0.7"), mpf("0.5"), mpf("0.25"), mpf("0.125")]
-    assert bounds.mass_split_thresholds((0.5, 0.5), (0.25, 2.0)) == [2, 1, mpf("0.5"), mpf("0.25")]
+    assert grid == [mpf(0.7)] + [mpf(x) for x in (0.625, 0.5, 0.4375, 0.375, 0.3125, 0.25, 0.21875, 0.1875,
+                                                   0.15625, 0.125, 0.109375)]
+    assert bounds.mass_split_thresholds((0.5, 0.5), (0.25, 2.0))[:6] == [2, 1.75, 1.5, 1.25, 1, 0.875]
+    assert bounds.mass_split_thresholds((0.5, 0.5), (0.25, 0.75))[1] == mpf(0.625)  # strictly below a grid D
+    assert bounds.mass_split_thresholds((0.5, 0.5), (0.25, 0.7500001))[1] == mpf(0.75)
     assert bounds.mass_split_thresholds((1.0, 0.0), (0.1, 9.0))[0] == mpf(0.1)  # D over the support
     assert bounds.mass_split_thresholds((0.5, 0.5), (0.0, 0.0)) == [0]
     assert bounds.mass_split_thresholds((0.5, 0.5), (1.0, math.inf)) == [mpf("inf")]
+    assert len(bounds.mass_split_thresholds((0.5, 0.5), (0.3, 0.7))) == bounds.MASS_SPLIT_LEVELS == 12
     assert len(bounds.mass_split_thresholds((0.5, 0.5), (0.3, 0.7), levels=1)) == 1
     with pytest.raises(ValueError, match="levels"):
         bounds.mass_split_thresholds((0.5, 0.5), (0.3, 0.7), levels=0)
@@ -189,13 +193,30 @@ def test_golden_agrees_with_independent_at_explicit_thresholds(cell, data):
                  independent.mass_split_from_scores(cell.scores, cell.c, thresholds))
 
 
-@pytest.mark.parametrize("d", [1.0, 0.75, 2.0**-40, 3e-300, 700.0])
-def test_default_grid_agrees_on_binade_edges(d):
-    """Radii at and just off powers of two (and tiny D): both implementations pick the same
-    sets (exact comparisons) and agree to 40 digits."""
-    scores = (0.0, 0.3, -0.2, 1.0)
-    c = (d, d / 2, math.nextafter(d / 2, 0.0), d / 8)
+@pytest.mark.parametrize("d", [1.0, 0.75, 0.7, 2.0**-40, 3e-300, 700.0])
+def test_default_grid_agrees_on_grid_edges(d):
+    """Radii on, just below and just above grid values (and tiny or huge D): both implementations
+    pick the same sets (exact comparisons, each its own grid arithmetic) and agree to 40 digits."""
+    with mpmath.workdps(30):
+        grid = [float(g) for g in bounds.mass_split_thresholds((1.0,), (d,))]
+    scores = (0.0, 0.3, -0.2, 1.0, -1.0, 0.5)
+    c = (d, grid[1], math.nextafter(grid[2], 0.0), math.nextafter(grid[4], math.inf), grid[7], grid[11] / 2)
     assert agree(golden.mass_split_from_scores(scores, c), independent.mass_split_from_scores(scores, c))
+
+
+@pytest.mark.parametrize("d", [1.0, 0.75, 0.7, 2.0**-40, 3e-300, 700.0])
+def test_independent_grid_matches_the_spec_grid(d):
+    """The decimal implementation's low sets are {c <= g_k} for the spec's thresholds g_k: each g_k
+    itself is inside, the next float above it outside (grids derived separately: integer ratios vs
+    mpmath frexp)."""
+    from decimal import Decimal
+
+    with mpmath.workdps(30):
+        grid = [float(g) for g in bounds.mass_split_thresholds((1.0,), (d,))]
+    low_sets = independent._default_split_sets(Decimal(d))
+    assert len(low_sets) == len(grid)
+    for g, inside in zip(grid[1:], low_sets[1:]):
+        assert inside(Decimal(g)) and not inside(Decimal(math.nextafter(g, math.inf))), g
 
 
 # ----------------------------------------------------------------------------- input checks
