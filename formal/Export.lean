@@ -48,6 +48,39 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.tanh_half_le_tanh
 #print axioms WitCert.tanh_half_le_tanh
 
+#check @WitCert.tv_le_chi_square
+#print axioms WitCert.tv_le_chi_square
+
+#check @WitCert.sq_sum_mul_le_sum_mul_sq
+#print axioms WitCert.sq_sum_mul_le_sum_mul_sq
+
+#check @WitCert.sum_mul_sub_mean_sq_le
+#print axioms WitCert.sum_mul_sub_mean_sq_le
+
+#check @WitCert.abs_exp_neg_sub_one_le
+#print axioms WitCert.abs_exp_neg_sub_one_le
+
+#check @WitCert.tv_le_mass_split
+#print axioms WitCert.tv_le_mass_split
+
+#check @WitCert.tv_le_mass_split_eform
+#print axioms WitCert.tv_le_mass_split_eform
+
+#check @WitCert.tv_le_mass_split_chi_square
+#print axioms WitCert.tv_le_mass_split_chi_square
+
+#check @WitCert.tv_le_mass_split_tanh_half
+#print axioms WitCert.tv_le_mass_split_tanh_half
+
+#check @WitCert.tv_le_mass_split_min
+#print axioms WitCert.tv_le_mass_split_min
+
+#check @WitCert.tv_le_split
+#print axioms WitCert.tv_le_split
+
+#check @WitCert.reweight_reweight
+#print axioms WitCert.reweight_reweight
+
 #check @WitCert.band_norm_rotate
 #print axioms WitCert.band_norm_rotate
 

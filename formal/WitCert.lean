@@ -13,6 +13,8 @@ import WitCert.Bands
 import WitCert.RotationRounding
 import WitCert.TierB
 import WitCert.DeterministicBranch
+import WitCert.ChiSquare
+import WitCert.MassSplit
 
 /-!
 # WitCert: the statements the runtime meter relies on

@@ -1,4 +1,4 @@
-"""The executable spec of the meter's bounds (registry T1, P1, P1r, MN, RC, L4, UNSOUND).
+"""The executable spec of the meter's bounds (registry T1, P1, P1r, MN, RC, CS, MS, L4, UNSOUND).
 
 Implementations: ``spec/bounds.py`` (statements), ``spec/golden.py`` (50-digit mpmath golden),
 ``spec/independent.py`` (fourth implementation, ``decimal``, from the definitions).
@@ -38,7 +38,8 @@ from witcert.spec.registry import by_key
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "spec"
 SOUND = bounds.SOUND_BOUNDS
-KEY_OF_BOUND = {"eform": "T1", "two_sided": "P1", "retention": "P1r", "maxnorm": "MN", "competitor": "RC"}
+KEY_OF_BOUND = {"eform": "T1", "two_sided": "P1", "retention": "P1r", "maxnorm": "MN", "competitor": "RC",
+                "chi_square": "CS", "mass_split": "MS"}
 
 
 def _hypotheses_hold(name: str, cell: Cell) -> bool:
