@@ -17,6 +17,7 @@ from mpmath import mp, mpf
 
 import witcert
 from witcert import bounds, rounding, values
+from witcert.attacks import underflow
 from witcert.spec import golden
 from witcert.validate import check_scores_and_bounds
 from tests.oracles import to_mpf
@@ -73,6 +74,12 @@ def test_underflowed_mass_under_a_large_radius_fp32():
 def test_underflowed_mass_under_a_large_radius_fp64():
     """The fp64 analogue: e^{-800} underflows, e^{-800 + 760} does not."""
     _check_row(torch.tensor([0.0, -800.0], dtype=torch.float64), torch.tensor([0.0, 760.0], dtype=torch.float64))
+
+
+def test_exponent_rounded_below_underflow_hides_no_term():
+    """fp32 gap 2^30 + 2^28 + 192 rounds by 64: the computed y + c is -128 (e^{-128} = 0 in fp32), the
+    exact one -64. The term's slack must follow the exponent's error (meter was 9.4e-38, TV 1.6e-28)."""
+    _check_row(torch.tensor([2.0**30, -(2.0**28 + 192)]), torch.tensor([0.0, 1342177408.0]))
 
 
 def test_maxnorm_of_zero_radius_is_exactly_zero():
@@ -163,3 +170,8 @@ def test_fp64_tanh_and_expm1_accuracy_assumption():
         for xi, gi in zip(x.tolist(), got.tolist()):
             with mp.workdps(40):
                 assert mpf(rounding.ulps_up(torch.tensor(gi, dtype=torch.float64)).item()) >= exact(mpf(xi))
+
+
+def test_underflow_attack_class_finds_nothing():
+    tally = underflow.run(40, torch.Generator().manual_seed(0))
+    assert tally.cells > 0 and tally.violations == 0, tally.notes

@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from importlib import import_module
 
 # module names under witcert.attacks, in report order
-ATTACKS: tuple[str, ...] = ()
+ATTACKS: tuple[str, ...] = ("underflow", "gate_tau")
 
 
 @dataclass
