@@ -35,7 +35,7 @@ from witcert.repair import LayerPager, Repairer
 from witcert.spec import bounds as spec
 
 NAME = "gate-tau"
-SHARE = 0.001  # a gate call costs ~10-50 ms: 500 calls at --trials 500000
+SHARE = 0.0008  # a gate call costs ~50-150 ms: 400 calls at --trials 500000
 TIME_LIMIT_S = 60.0  # generous for a loaded machine: a terminating call takes well under a second
 _SIZES = (1, 3, 8, 16, 33, 64)
 _BLOCKS = (1, 4, 8, 16)

@@ -30,7 +30,7 @@ from witcert.attacks import AttackTally
 from witcert.spec import bounds as spec
 
 NAME = "underflow"
-SHARE = 0.006  # one row costs ~3-10 ms of 60-digit spec evaluations: 3,000 rows at --trials 500000
+SHARE = 0.01  # one row costs ~3-10 ms of 60-digit spec evaluations: 5,000 rows at --trials 500000
 DPS = 60
 _SIZES = ((1, 3), (2, 6), (3, 4), (4, 4), (5, 2), (8, 2), (12, 1), (64, 0.2), (256, 0.05), (1024, 0.01))
 _ROWS_PER_BATCH = 8
