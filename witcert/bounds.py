@@ -72,16 +72,18 @@ class Moments(Enclosure):
 
     ``mass``, ``excess`` and ``shortfall`` are the unnormalised ``e^{y}``, ``e^{y}(e^{c} - 1)``
     and ``e^{y}(1 - e^{-c})`` (``y = x - max x``) as :class:`witcert.rounding.Terms`;
-    ``total_lo`` is a lower bound on the exact sum of the masses (the softmax normaliser).
+    ``total_lo`` is a lower bound on the exact sum of the masses (the softmax normaliser);
+    ``live`` (..., S) marks the unmasked tokens.
     """
 
     mass: rounding.Terms
     excess: rounding.Terms
     shortfall: rounding.Terms
     total_lo: torch.Tensor
+    live: torch.Tensor
 
 
-def _excess_terms(y, c, mass, y_err, live, u_ratio, dtype):
+def _excess_terms(y, c, mass, y_err, live, live_or_all, u_ratio, dtype):
     """Per-token :class:`~witcert.rounding.Terms` of ``A - 1``, ``1 - A-`` and ``A-`` (unnormalised).
 
     ``k_t = e^{y}(e^{c} - 1)``, ``j_t = e^{y}(1 - e^{-c})``, ``a_t = e^{y - c}``. While every
@@ -95,9 +97,9 @@ def _excess_terms(y, c, mass, y_err, live, u_ratio, dtype):
         m = torch.expm1(c)
         one_plus = 1 + m
         return (
-            of_exp(mass * m, y, y_err, 3, live),  # exp, expm1, product
-            of_exp(mass * m / one_plus, y, y_err, 5, live),  # + add, division
-            of_exp(mass / one_plus, y, y_err, 4, live),  # exp, expm1, add, division
+            of_exp(mass * m, y, y_err, 3, live_or_all),  # exp, expm1, product
+            of_exp(mass * m / one_plus, y, y_err, 5, live_or_all),  # + add, division
+            of_exp(mass / one_plus, y, y_err, 4, live_or_all),  # exp, expm1, add, division
         )
     small = c <= _SPLIT_C
     g = y + c  # exponent of the large-c branch
@@ -108,9 +110,9 @@ def _excess_terms(y, c, mass, y_err, live, u_ratio, dtype):
     g_minus = y - c
     shrunk_err = y_err + torch.where(live, g_minus.double().abs() * u_ratio, torch.zeros_like(y_err))
     return (
-        of_exp(k_values, k_exponent, k_err, 3, live),  # exp, expm1, product
-        of_exp(mass * -torch.expm1(-c), y, y_err, 3, live),  # in [0, e^{y}]
-        of_exp(torch.exp(g_minus), g_minus, shrunk_err, 1, live),
+        of_exp(k_values, k_exponent, k_err, 3, live_or_all),  # exp, expm1, product
+        of_exp(mass * -torch.expm1(-c), y, y_err, 3, live_or_all),  # in [0, e^{y}]
+        of_exp(torch.exp(g_minus), g_minus, shrunk_err, 1, live_or_all),
     )
 
 
@@ -127,8 +129,9 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     if masked:
         y_err = y_err.masked_fill(~live, 0.0)
 
-    mass = rounding.Terms.of_exp(torch.exp(y), y, y_err, 1, live)  # e^{y_t}: p~_t times the normaliser
-    excess, shortfall, shrunk = _excess_terms(y, c, mass.values, y_err, live, u_ratio, dtype)
+    live_or_all = live if masked else None  # None: every token live (scalar underflow slack)
+    mass = rounding.Terms.of_exp(torch.exp(y), y, y_err, 1, live_or_all)  # e^{y_t}: p~_t times the normaliser
+    excess, shortfall, shrunk = _excess_terms(y, c, mass.values, y_err, live, live_or_all, u_ratio, dtype)
 
     total_lo = rounding.sum_lower(mass)  # >= 1 - tiny slack: the max token contributes 1
     total_hi = rounding.sum_upper(mass)
@@ -137,7 +140,7 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     direct = rounding.div_down(rounding.sum_lower(shrunk), total_hi)
     a_minus_lo = torch.maximum(rounding.sub_down(1.0, j_hi), direct).clamp(min=0.0)
     max_c = c.amax(-1).double()  # masked tokens already carry c = 0
-    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, excess, shortfall, total_lo)
+    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, excess, shortfall, total_lo, live)
 
 
 def _retention(m: Moments) -> torch.Tensor:
@@ -157,7 +160,7 @@ def _retention(m: Moments) -> torch.Tensor:
     rise = div_up(add_up(excess, mul_up(j, mass)), a_minus)  # inf where A- = 0
     fall = div_up(add_up(k_mass, shortfall), add_down(1.0, k))
     per_token = torch.minimum(grow, torch.maximum(rise, fall))  # (..., S)
-    per_token = torch.where(mass > 0, per_token, torch.zeros_like(per_token))  # masked tokens: no mass
+    per_token = torch.where(m.live, per_token, torch.zeros_like(per_token))  # masked tokens: no mass
     value = mul_up(div_up(rounding.sum_up(per_token), m.total_lo), 0.5)
     return torch.where(torch.isfinite(m.k_hi), value, torch.full_like(value, float("inf")))
 

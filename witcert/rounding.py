@@ -205,14 +205,19 @@ class Terms:
     def of_exp(cls, values, exponent, exponent_error, n_ops: int, live=None) -> "Terms":
         """Terms ``exp(exponent) f`` (``0 <= f <= 2``) from ``n_ops`` roundings, exponent off by ``exponent_error``.
 
-        ``live`` (bool, optional) marks the tokens whose exact term may be non-zero (masked tokens
-        are exactly 0: no underflow slack there).
+        ``live`` (bool, optional; ``None``: every token) marks the tokens whose exact term may be
+        non-zero (masked tokens are exactly 0: no underflow slack there). While every ``rho <= 1``
+        the slack is ``2U`` per live term (``>= U (1 + rho)``), a scalar when ``live`` is ``None``.
         """
         dtype = values.dtype
         rho = term_relative_error(exponent_error, n_ops, dtype)
+        unit = underflow_error(dtype)
+        if bool((rho <= 1).all()):  # the usual case: U (1 + rho) <= 2U for every term, one scalar
+            under = 2 * unit if live is None else live.to(torch.float64) * (2 * unit)
+            return cls(values, rho, under)
         # may the exact exponent reach the normal range? (-1: margin for this comparison's rounding)
         reaches = exponent.double() + exponent_error > math.log(torch.finfo(dtype).tiny) - 1
-        under = underflow_error(dtype) * torch.where(reaches, 1 + rho, torch.ones_like(rho))
+        under = unit * torch.where(reaches, 1 + rho, torch.ones_like(rho))
         if live is not None:
             under = torch.where(live, under, torch.zeros_like(under))
         return cls(values, rho, under)
