@@ -21,7 +21,7 @@ encloses the exact one as :class:`Terms` does::
   every summation tree, and to the subnormal range too: an addition that underflows is exact).
 
 Assumption, checked by ``tests/test_meter.py::test_exp_accuracy_assumption`` (fp32) and
-``tests/test_rounding.py`` (fp64): ``exp``, ``expm1`` and ``tanh`` are accurate to ``EXP_ULPS`` ulps
+``tests/test_underflow.py`` (fp64, against mpmath): ``exp``, ``expm1`` and ``tanh`` are accurate to ``EXP_ULPS`` ulps
 (torch CPU uses SLEEF/glibc at <= 1 ulp; CUDA's ``expf`` <= 2 ulps).
 
 **Directed fp64 arithmetic.** Enclosures are combined in fp64 by one-sided operations
