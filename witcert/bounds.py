@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from witcert import rounding
+from witcert.rounding import add_down, add_up, div_up, mul_up
 from witcert.validate import check_scores_and_bounds
 
 # Above this c the e^{y}(e^{c}-1) term is formed as e^{y+c}(1-e^{-c}) so it cannot overflow early.
@@ -26,9 +27,10 @@ _SPLIT_C = 1.0
 class Enclosure:
     """Per-row fp64 enclosures that every bound is formed from (T1, P1, MN, RC).
 
-    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``a_minus_lo <= A-`` and ``max_c = D``, each (...,).
+    ``k_hi >= A - 1``, ``j_hi >= 1 - A-``, ``a_minus_lo <= A-`` and ``max_c >= D``, each (...,).
     The torch reference builds them in :func:`moments`; the Triton kernel from its fp32
-    accumulators (``kernels/certificate.py``). Every method returns an fp64 upper bound.
+    accumulators (``kernels/certificate.py``). Every method returns an fp64 upper bound, formed
+    with directed operations (``witcert.rounding``) so it holds in the subnormal range too.
     """
 
     k_hi: torch.Tensor
@@ -38,23 +40,26 @@ class Enclosure:
 
     def eform(self) -> torch.Tensor:
         """T1: 1/2 (A^2 - 1) = 1/2 k (k + 2), increasing in k."""
-        return rounding.up(0.5 * self.k_hi * (self.k_hi + 2))
+        k = self.k_hi
+        return rounding.mul_up(rounding.mul_up(k, rounding.add_up(k, 2.0)), 0.5)
 
     def two_sided(self) -> torch.Tensor:
-        """P1: 1/2 (A/A- - A-/A) = (k + j)(1 + k + A-) / (2 (1 + k) A-): increasing in k, j; decreasing in A-."""
-        a_minus = self.a_minus_lo
-        # ((k + j) / 2A-) (1 + A-/(1 + k)): no intermediate overflow before the result itself overflows
-        value = rounding.up((self.k_hi + self.j_hi) / (2 * a_minus) * (1 + a_minus / (1 + self.k_hi)), 8)
-        finite = (a_minus > 0) & torch.isfinite(self.k_hi)  # else A- <= 0 or A = inf: trivial bound
+        """P1: 1/2 (A/A- - A-/A) = (k + j)/2 (1/A- + 1/(1 + k)): increasing in k (j <= 1) and j, decreasing in A-."""
+        k, a_minus = self.k_hi, self.a_minus_lo
+        excess = rounding.add_up(k, self.j_hi)
+        # (k + j)/A- + (k + j)/(1 + k): no intermediate overflow before the result itself overflows
+        both = rounding.add_up(rounding.div_up(excess, a_minus), rounding.div_up(excess, rounding.add_down(1.0, k)))
+        value = rounding.mul_up(both, 0.5)
+        finite = (a_minus > 0) & torch.isfinite(k)  # else A- <= 0 or A = inf: trivial bound
         return torch.where(finite, value, torch.full_like(value, float("inf")))
 
     def maxnorm(self) -> torch.Tensor:
-        """MN: tanh(D/2) (fp64 halving is exact)."""
-        return rounding.up(torch.tanh(self.max_c / 2)).clamp(max=1.0)  # tanh <= 1 exactly
+        """MN: tanh(D/2) (halving a subnormal D rounds: rounded up here)."""
+        return rounding.tanh_up(rounding.mul_up(self.max_c.double(), 0.5))
 
     def competitor(self) -> torch.Tensor:
         """RC: the Runtime-Certified competitor's shape tanh(D): sound, looser than tanh(D/2)."""
-        return rounding.up(torch.tanh(self.max_c)).clamp(max=1.0)
+        return rounding.tanh_up(self.max_c.double())
 
     def meter(self) -> torch.Tensor:
         """The reported meter: min(1, e-form, two-sided, tanh(D/2)) -- a minimum of sound bounds."""
@@ -63,48 +68,51 @@ class Enclosure:
 
 @dataclass(frozen=True)
 class Moments(Enclosure):
-    """The torch reference's enclosures plus the per-token masses the retention form needs.
+    """The torch reference's enclosures plus the per-token terms the retention form needs.
 
-    ``mass`` (..., S) is the computed unnormalised ``e^{x_t - max x}`` in the working dtype with
-    relative errors ``mass_rho``; ``total_lo`` is a lower bound on their exact sum.
+    ``mass``, ``excess`` and ``shortfall`` are the unnormalised ``e^{y}``, ``e^{y}(e^{c} - 1)``
+    and ``e^{y}(1 - e^{-c})`` (``y = x - max x``) as :class:`witcert.rounding.Terms`;
+    ``total_lo`` is a lower bound on the exact sum of the masses (the softmax normaliser);
+    ``live`` (..., S) marks the unmasked tokens.
     """
 
-    mass: torch.Tensor
-    mass_rho: torch.Tensor
+    mass: rounding.Terms
+    excess: rounding.Terms
+    shortfall: rounding.Terms
     total_lo: torch.Tensor
+    live: torch.Tensor
 
 
-def _excess_terms(y, c, mass, y_err, live, u_ratio, dtype):
-    """Per-token terms (and relative errors) of ``A - 1``, ``1 - A-`` and ``A-`` (unnormalised).
+def _excess_terms(y, c, mass, y_err, live, live_or_all, u_ratio, dtype):
+    """Per-token :class:`~witcert.rounding.Terms` of ``A - 1``, ``1 - A-`` and ``A-`` (unnormalised).
 
     ``k_t = e^{y}(e^{c} - 1)``, ``j_t = e^{y}(1 - e^{-c})``, ``a_t = e^{y - c}``. While every
     ``c <= 1`` (the usual case: logit errors are small) one ``m = expm1(c)`` serves all three:
-    ``j_t = e^{y} m/(1 + m)``, ``a_t = e^{y}/(1 + m)``; otherwise large radii are formed from
-    ``e^{y + c}`` so nothing overflows before the bound itself does.
+    ``j_t = e^{y} m/(1 + m)``, ``a_t = e^{y}/(1 + m)`` (factors <= e - 1 < 2 on ``e^{y}``);
+    otherwise large radii are formed from ``e^{y + c}`` so nothing overflows before the bound
+    itself does.
     """
+    of_exp = rounding.Terms.of_exp
     if bool((c <= _SPLIT_C).all()):
         m = torch.expm1(c)
         one_plus = 1 + m
         return (
-            (mass * m, rounding.term_relative_error(y_err, 3, dtype)),  # exp, expm1, product
-            (mass * m / one_plus, rounding.term_relative_error(y_err, 5, dtype)),  # + add, division
-            (mass / one_plus, rounding.term_relative_error(y_err, 4, dtype)),  # exp, expm1, add, division
+            of_exp(mass * m, y, y_err, 3, live_or_all),  # exp, expm1, product
+            of_exp(mass * m / one_plus, y, y_err, 5, live_or_all),  # + add, division
+            of_exp(mass / one_plus, y, y_err, 4, live_or_all),  # exp, expm1, add, division
         )
     small = c <= _SPLIT_C
     g = y + c  # exponent of the large-c branch
     g_err = y_err + torch.where(live, g.double().abs() * u_ratio, torch.zeros_like(y_err))
-    k_terms = torch.where(small, mass * torch.expm1(c), torch.exp(g) * -torch.expm1(-c))
-    k_rho = torch.where(
-        small,
-        rounding.term_relative_error(y_err, 3, dtype),  # exp, expm1, product
-        rounding.term_relative_error(g_err, 3, dtype),  # exp, expm1, product
-    )
+    k_values = torch.where(small, mass * torch.expm1(c), torch.exp(g) * -torch.expm1(-c))
+    k_exponent = torch.where(small, y, g)
+    k_err = torch.where(small, y_err, g_err)
     g_minus = y - c
     shrunk_err = y_err + torch.where(live, g_minus.double().abs() * u_ratio, torch.zeros_like(y_err))
     return (
-        (k_terms, k_rho),
-        (mass * -torch.expm1(-c), rounding.term_relative_error(y_err, 3, dtype)),  # in [0, e^{y}]
-        (torch.exp(g_minus), rounding.term_relative_error(shrunk_err, 1, dtype)),
+        of_exp(k_values, k_exponent, k_err, 3, live_or_all),  # exp, expm1, product
+        of_exp(mass * -torch.expm1(-c), y, y_err, 3, live_or_all),  # in [0, e^{y}]
+        of_exp(torch.exp(g_minus), g_minus, shrunk_err, 1, live_or_all),
     )
 
 
@@ -121,37 +129,39 @@ def moments(scores: torch.Tensor, c: torch.Tensor) -> Moments:
     if masked:
         y_err = y_err.masked_fill(~live, 0.0)
 
-    mass = torch.exp(y)  # e^{y_t}: p~_t times the normaliser
-    mass_rho = rounding.term_relative_error(y_err, 1, dtype)
-    (k_terms, k_rho), (j_terms, j_rho), (shrunk, shrunk_rho) = _excess_terms(y, c, mass, y_err, live, u_ratio, dtype)
+    live_or_all = live if masked else None  # None: every token live (scalar underflow slack)
+    mass = rounding.Terms.of_exp(torch.exp(y), y, y_err, 1, live_or_all)  # e^{y_t}: p~_t times the normaliser
+    excess, shortfall, shrunk = _excess_terms(y, c, mass.values, y_err, live, live_or_all, u_ratio, dtype)
 
-    total_lo = rounding.sum_lower(mass, mass_rho)  # >= 1 - tiny slack: the max token contributes 1
-    total_hi = rounding.sum_upper(mass, mass_rho)
-    k_hi = rounding.up(rounding.sum_upper(k_terms, k_rho) / total_lo)
-    j_hi = rounding.up(rounding.sum_upper(j_terms, j_rho) / total_lo)
-    direct = rounding.sum_lower(shrunk, shrunk_rho) / total_hi
-    a_minus_lo = torch.maximum(1 - j_hi, direct * (1 - 4 * rounding.FP64_SLACK))
+    total_lo = rounding.sum_lower(mass)  # >= 1 - tiny slack: the max token contributes 1
+    total_hi = rounding.sum_upper(mass)
+    k_hi = rounding.div_up(rounding.sum_upper(excess), total_lo)
+    j_hi = rounding.div_up(rounding.sum_upper(shortfall), total_lo)
+    direct = rounding.div_down(rounding.sum_lower(shrunk), total_hi)
+    a_minus_lo = torch.maximum(rounding.sub_down(1.0, j_hi), direct).clamp(min=0.0)
     max_c = c.amax(-1).double()  # masked tokens already carry c = 0
-    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, mass_rho, total_lo)
+    return Moments(k_hi, j_hi, a_minus_lo, max_c, mass, excess, shortfall, total_lo, live)
 
 
-def _retention(m: Moments, c: torch.Tensor) -> torch.Tensor:
-    """P1r: 1/2 sum p~_t min(A e^{c} - 1, max(e^{c}/A- - 1, 1 - e^{-c}/A)), written without cancellation.
+def _retention(m: Moments) -> torch.Tensor:
+    """P1r: 1/2 sum p~_t min(A e^{c} - 1, max(e^{c}/A- - 1, 1 - e^{-c}/A)), each branch times the mass.
 
-    ``A e^c - 1 = expm1(c) + k e^c``; ``e^c/A- - 1 = (expm1(c) + j)/A-``;
-    ``1 - e^{-c}/A = (k - expm1(-c))/(1 + k)``: each increasing in ``k``, ``j`` and decreasing in ``A-``.
+    With ``M_t = e^{y}``, ``K_t = e^{y}(e^{c} - 1)``, ``J_t = e^{y}(1 - e^{-c})`` (``p~_t = M_t / Z``):
+    ``M (A e^c - 1) = K (1 + k) + k M``, ``M (e^c/A- - 1) = (K + j M)/A-``,
+    ``M (1 - e^{-c}/A) = (k M + J)/(1 + k)``. The per-token factors ``e^{c}`` never meet a mass
+    that underflowed: each term carries its own underflow slack (:meth:`Terms.upper`), and
+    each branch is increasing in ``M, K, J, k, j`` and decreasing in ``A-`` (``J <= M``).
     """
-    c64 = c.double()
     k, j, a_minus = m.k_hi.unsqueeze(-1), m.j_hi.unsqueeze(-1), m.a_minus_lo.unsqueeze(-1)
-    em1 = torch.expm1(c64)
-    grow = em1 + k * torch.exp(c64)
-    rise = torch.where(a_minus > 0, (em1 + j) / a_minus, torch.full_like(em1, float("inf")))
-    fall = (k - torch.expm1(-c64)) / (1 + k)
+    mass, excess = m.mass.upper(), m.excess.upper()
+    shortfall = torch.minimum(m.shortfall.upper(), mass)  # J <= M keeps fall increasing in k
+    k_mass = mul_up(k, mass)
+    grow = add_up(mul_up(excess, add_up(1.0, k)), k_mass)
+    rise = div_up(add_up(excess, mul_up(j, mass)), a_minus)  # inf where A- = 0
+    fall = div_up(add_up(k_mass, shortfall), add_down(1.0, k))
     per_token = torch.minimum(grow, torch.maximum(rise, fall))  # (..., S)
-    mass = m.mass.double()
-    weighted = torch.where(mass > 0, mass * (1 + m.mass_rho) * per_token, torch.zeros_like(mass))
-    n = c.shape[-1]
-    value = rounding.up(0.5 * weighted.sum(-1) * (1 + (n + 4) * 2.0**-52) / m.total_lo, 16)
+    per_token = torch.where(m.live, per_token, torch.zeros_like(per_token))  # masked tokens: no mass
+    value = mul_up(div_up(rounding.sum_up(per_token), m.total_lo), 0.5)
     return torch.where(torch.isfinite(m.k_hi), value, torch.full_like(value, float("inf")))
 
 
@@ -181,10 +191,7 @@ competitor_bound = _public(Enclosure.competitor)
 def retention_bound(scores, c) -> torch.Tensor:
     """P1r, the per-token retention form (sound; rarely tighter, so not in the default meter).
 
-    Parameters and returns as :func:`eform_bound`; computed in fp64 from the working-dtype masses.
+    Parameters and returns as :func:`eform_bound`; computed in fp64 from the working-dtype terms.
     """
     scores, c = check_scores_and_bounds(scores, c)
-    live = scores > float("-inf")
-    m = moments(scores, c)
-    c_live = torch.where(live, c, torch.zeros_like(c))
-    return rounding.round_up_to(_retention(m, c_live), scores.dtype)
+    return rounding.round_up_to(_retention(moments(scores, c)), scores.dtype)

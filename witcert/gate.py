@@ -8,7 +8,8 @@ Usage (the API is this small)::
     gate = witcert.Gate(tau=0.2)                      # certified: tau < 1
     result = gate(scores, c, pager=pager)             # scores, c: (..., S)
     result.label        # "certified (tau=0.2 < 1): ..." or "risk-ranked (tau=5 >= 1): no guarantee"
-    result.scores, result.c                           # after repair: exact logits, c = 0 there
+    result.unreachable  # cells still above tau once nothing is left to repair (the gate always returns)
+    result.scores, result.c                           # after repair: exact logits, c = their error there
     result.blocks, result.bytes                       # per cell; result.bytes_paged in total
 
 ``scores`` are the compressed logits (scaled; ``-inf`` masks), ``c`` the per-token logit-error
@@ -41,7 +42,8 @@ Repair policy
 -------------
 ``repair="blocks"`` pages blocks in decreasing ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)``
 (:mod:`witcert.blocks`, Lemma 4 ``L4``), recomputing ``p~``, ``X`` and the real meter after
-every page-in, until the gated value is ``<= tau`` or nothing is left to repair. The policy is
+every page-in, until the gated value is ``<= tau`` or nothing is left to repair (each block is
+paged at most once per call; a cell still above ``tau`` then is flagged ``unreachable``). The policy is
 vectorized over cells: each round pages one block in every cell still over ``tau`` (the
 pager, if one is given, is still called once per (cell, block)); the result is the same as
 repairing the cells one at a time, and ``pages`` lists them cell by cell.
@@ -57,6 +59,7 @@ from typing import Callable
 import numpy as np
 import torch
 
+from witcert import rounding
 from witcert.blocks import block_tokens, expand_block_radius, log_block_excess
 from witcert.meter import meter, risk_score
 from witcert.validate import check_scores_and_bounds
@@ -79,10 +82,15 @@ class PageIn:
         the cast's rounding error instead of 0, so the meter stays sound.
     nbytes : int
         Bytes newly moved from the backing store (0 when served by the repair cache).
+    error : float or Tensor (n,), optional
+        A bound on ``|logits - exact logits|`` for logits that were themselves computed in
+        floating point (:class:`witcert.repair.LayerPager`'s fp64 dot products); default 0
+        (logits exact as given). It is added to the repaired tokens' ``c``.
     """
 
     logits: torch.Tensor
     nbytes: int
+    error: torch.Tensor | float = 0.0
 
 
 Pager = Callable[[tuple, int], PageIn]
@@ -116,6 +124,7 @@ class GateResult:
     after: torch.Tensor
     fired: torch.Tensor
     reached: torch.Tensor
+    unreachable: torch.Tensor
     blocks: torch.Tensor
     bytes: torch.Tensor
     scores: torch.Tensor
@@ -132,8 +141,13 @@ class GateResult:
     def label(self) -> str:
         """The regime label that must accompany every gating number."""
         if self.certified:
-            return f"certified (tau={self.tau:g} < 1): meter <= tau is a proved TV bound"
-        return f"risk-ranked (tau={self.tau:g} >= 1): raw risk score, no guarantee"
+            label = f"certified (tau={self.tau:g} < 1): meter <= tau is a proved TV bound"
+        else:
+            label = f"risk-ranked (tau={self.tau:g} >= 1): raw risk score, no guarantee"
+        n_out = int(self.unreachable.sum())
+        if n_out:
+            label += f"; tau unreachable in {n_out} cell(s) after full repair (see `after`)"
+        return label
 
     @property
     def bytes_paged(self) -> int:
@@ -215,7 +229,7 @@ class Gate:
         scores, c = self._inputs(scores, c, radius)
         source = self._source(scores, c.dtype, pager, exact)
         before = self.value(scores, c)  # (...)
-        over = before > self.tau
+        over = ~self._within(before)
         fired = over.clone() if self.granularity == "head" else over.any().expand(over.shape).clone()
         n_tokens = scores.shape[-1]
         flat_scores = scores.reshape(-1, n_tokens).clone()  # (N, S)
@@ -236,24 +250,35 @@ class Gate:
     def _repair_greedy(self, scores: torch.Tensor, c: torch.Tensor, rows: torch.Tensor, source) -> "_Pages":
         """Greedy page-in (Lemma 4 ``L4`` order) on rows ``rows`` of (N, S) ``scores``/``c``, in place.
 
-        One round pages, in every active row, the block with the largest ``X_j`` (recomputed: ``p~``
-        moved), then recomputes the gated value on the repaired row; a row stops when that real value
-        is ``<= tau`` or nothing is left to repair. The active rows are worked on as a compact copy.
+        One round pages, in every active row, the unpaged block with the largest ``X_j``
+        (recomputed: ``p~`` moved), then recomputes the gated value on the repaired row; a row
+        stops when that real value is ``<= tau`` or nothing is left to repair. A block is paged
+        at most once per call: paging it again would return the same exact logits (and the same
+        cast slack ``c``), so the loop ends after at most ``n_blocks`` rounds, ``tau`` reachable
+        or not. The active rows are worked on as a compact copy.
         """
         pages = _Pages()
         work_scores, work_c = scores[rows], c[rows]  # (n, S)
+        n_blocks = -(-scores.shape[-1] // self.block_size)
+        paged = torch.zeros(rows.numel(), n_blocks, dtype=torch.bool, device=scores.device)
         while rows.numel():
-            best_x, best = log_block_excess(work_scores, work_c, self.block_size).max(dim=-1)  # (n,)
-            useful = best_x > -math.inf  # nothing left to repair (masked or exact everywhere) otherwise
+            excess = log_block_excess(work_scores, work_c, self.block_size).masked_fill(paged, -math.inf)
+            best_x, best = excess.max(dim=-1)  # (n,)
+            useful = best_x > -math.inf  # nothing left to repair (masked, exact or paged everywhere) otherwise
             moved = self._splice(work_scores, work_c, rows, best, useful, source)
             pages.add(rows[useful], best[useful], moved)
+            paged[useful.nonzero().flatten(), best[useful]] = True
             still = useful.clone()
             if useful.any():  # the real gated value, recomputed on the repaired rows
-                still[useful] = self.value(work_scores[useful], work_c[useful]) > self.tau
+                still[useful] = ~self._within(self.value(work_scores[useful], work_c[useful]))
             done = ~still
             scores[rows[done]], c[rows[done]] = work_scores[done], work_c[done]
-            rows, work_scores, work_c = rows[still], work_scores[still], work_c[still]
+            rows, work_scores, work_c, paged = rows[still], work_scores[still], work_c[still], paged[still]
         return pages
+
+    def _within(self, value: torch.Tensor) -> torch.Tensor:
+        """``value <= tau``, decided in fp64 where ``tau`` is exact (an fp32 comparison rounds ``tau``, maybe up)."""
+        return value.double() <= self.tau
 
     def _repair_whole(self, scores: torch.Tensor, c: torch.Tensor, rows: torch.Tensor, source) -> "_Pages":
         """Page every block with a positive ``X_j`` of every fired row, at once, in place."""
@@ -383,7 +408,7 @@ class _PagerSource:
                 )
             cast = logits.to(device=exact.device, dtype=self.dtype)
             exact[local, tokens] = cast
-            slack[local, tokens] = _cast_slack(logits, cast, self.c_dtype)  # 0 unless the cast rounded
+            slack[local, tokens] = _cast_slack(logits, cast, self.c_dtype, _page_error(page, cell, block))
             moved[i] = int(page.nbytes)
         return exact, slack, moved
 
@@ -407,7 +432,8 @@ def _result(gate: Gate, before, after, fired, scores, c, pages: _Pages, source) 
         before=before,
         after=after,
         fired=fired,
-        reached=after <= gate.tau,
+        reached=gate._within(after),
+        unreachable=fired & ~gate._within(after),
         blocks=torch.bincount(rows, minlength=n_rows).reshape(fired.shape),
         bytes=torch.zeros(n_rows, dtype=torch.int64).index_add_(0, rows, moved).reshape(fired.shape),
         scores=scores,
@@ -417,16 +443,26 @@ def _result(gate: Gate, before, after, fired, scores, c, pages: _Pages, source) 
     )
 
 
-def _cast_slack(logits: torch.Tensor, cast: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
-    """Bound on ``|cast - logits|`` in ``dtype``, rounded up: the repaired tokens' new ``c``.
+def _page_error(page: PageIn, cell: tuple, block: int) -> torch.Tensor:
+    """The page's own logit error bound as an fp64 tensor (checked: >= 0, not NaN)."""
+    error = torch.as_tensor(page.error, dtype=torch.float64)
+    if torch.isnan(error).any() or (error < 0).any():
+        raise ValueError(f"pager returned a negative or NaN logit error for block {block} of cell {cell}")
+    return error
 
-    0 when the pager's logits already have the scores' dtype. When a pager returns fp64 logits
-    for fp32 scores, the cast rounds them; this slack keeps the recomputed meter sound with
-    respect to the pager's (more precise) exact logits. fp64 differences of a value and its
-    fp32 rounding are exact (Sterbenz), the final cast is stepped up where it rounded down.
+
+def _cast_slack(logits: torch.Tensor, cast: torch.Tensor, dtype: torch.dtype, error=0.0) -> torch.Tensor:
+    """Bound on ``|cast - exact logits|`` in ``dtype``, rounded up: the repaired tokens' new ``c``.
+
+    ``error`` bounds ``|logits - exact logits|`` (0: the pager's logits are exact). When a pager
+    returns fp64 logits for fp32 scores, the cast rounds them too; this slack keeps the
+    recomputed meter sound with respect to the exact logits. The fp64 difference of a value
+    and its fp32 rounding is exact (Sterbenz); the sum with ``error`` and the final cast are
+    rounded up.
     """
     slack = (cast.to(torch.float64) - logits.to(device=cast.device, dtype=torch.float64)).abs()
     slack = torch.nan_to_num(slack, nan=0.0)  # masked tokens (-inf - -inf): no mass, no bound needed
-    out = slack.to(dtype)
-    below = out.to(torch.float64) < slack
-    return torch.where(below, torch.nextafter(out, torch.full_like(out, math.inf)), out)
+    error = torch.as_tensor(error, dtype=torch.float64, device=slack.device)
+    if bool((error > 0).any()):
+        slack = torch.where(error > 0, rounding.add_up(slack, error), slack)
+    return rounding.round_up_to(slack, dtype)

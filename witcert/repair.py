@@ -25,6 +25,7 @@ from typing import Hashable
 import numpy as np
 import torch
 
+from witcert import rounding
 from witcert.backing_store import BackingStore, PagedBlock
 from witcert.gate import PageIn
 
@@ -223,8 +224,9 @@ class LayerPager:
         paged, nbytes = self.repairer.fetch(self.key, index, block)
         self._write_back(index, paged)
         q = self.q[cell].to(torch.float64)  # (d,)
-        logits = (paged.k.to(device=q.device, dtype=torch.float64) @ q) * float(self.sm_scale)  # (n,)
-        return PageIn(logits=logits, nbytes=nbytes)
+        k = paged.k.to(device=q.device, dtype=torch.float64)  # (n, d)
+        logits = (k @ q) * float(self.sm_scale)  # (n,)
+        return PageIn(logits=logits, nbytes=nbytes, error=_dot_error(k, q, float(self.sm_scale)))
 
     def _write_back(self, index: tuple, paged: PagedBlock) -> None:
         tokens = paged.tokens
@@ -236,6 +238,22 @@ class LayerPager:
             _write_exact(self.v_cache[index], tokens, paged.v, "v_cache")
         if self.witness is not None:
             self.witness[index][tokens] = 0
+
+
+def _dot_error(k: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
+    """``>= |fl(fl(k . q) scale) - (k . q) scale|`` per row of fp64 ``k`` (n, d), ``q`` (d,).
+
+    A d-term fp64 dot product (any order) then one product: ``gamma_{d+1} sum_i |k_i q_i|`` relative
+    to the absolute products (Higham, Thm. 3.1), with ``gamma`` taken at ``d + 2`` to cover the
+    rounding of that sum itself; below the normal range each product is off by half a
+    ``2^-1074`` step more (``d`` steps). The repaired tokens' ``c`` carries it: the pager's fp64
+    logits are not the exact ones.
+    """
+    d = k.shape[-1]
+    magnitude = rounding.sum_up(rounding.mul_up(k.abs(), q.abs()))  # (n,) >= sum_i |k_i q_i|
+    gamma = rounding.summation_gamma(d + 3, torch.float64)
+    dot_error = rounding.add_up(rounding.mul_up(magnitude, gamma), d * rounding.SUBNORMAL_STEP)
+    return rounding.add_up(rounding.mul_up(dot_error, scale), rounding.SUBNORMAL_STEP)
 
 
 def _write_exact(cache_row: torch.Tensor, tokens: slice, exact: torch.Tensor, name: str) -> None:

@@ -24,6 +24,7 @@ import torch
 
 from witcert import rounding
 from witcert.rounding import round_up_to
+from witcert.validate import check_scores_and_bounds
 from witcert.witness import norms_upper_fp64
 
 
@@ -43,38 +44,43 @@ class JointPass:
 def value_residual_norms(v: torch.Tensor, v_hat: torch.Tensor) -> torch.Tensor:
     """``rho_t >= ||v^_t - v_t||`` for ``v``, ``v_hat`` (..., S, d) -> (..., S).
 
-    fp64 for fp64 input, fp32 otherwise, rounded up (never below the exact norm).
+    fp64 for fp64 input, fp32 otherwise, rounded up (never below the exact norm, subnormal norms included).
     """
     _check_pair(v, v_hat)
-    rho = norms_upper_fp64(v_hat.to(torch.float64) - v.to(torch.float64))  # (..., S)
+    rho = _norms_up(v_hat.to(torch.float64) - v.to(torch.float64))  # (..., S); the difference rounds relatively
     return round_up_to(rho, torch.float64 if v.dtype == torch.float64 else torch.float32)
 
 
 def value_norms(v: torch.Tensor) -> torch.Tensor:
     """``>= ||v_t||`` for ``v`` (..., S, d) -> (..., S), fp64."""
     _check_pair(v, v)
-    return norms_upper_fp64(v.to(torch.float64))
+    return _norms_up(v.to(torch.float64))
+
+
+def _norms_up(x64: torch.Tensor) -> torch.Tensor:
+    """``norms_upper_fp64`` plus one ulp-step lift: its final product and inflation round to nearest,
+    which below the normal range can drop up to a ``2^-1074`` step each (``||(s, s)||`` came out as ``s``)."""
+    return rounding.ulps_up(norms_upper_fp64(x64), 1)
 
 
 def value_error_term(scores: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
     """fp64 upper bound on ``sum_t p~_t rho_t`` with ``p~ = softmax(scores)`` (..., S) -> (...).
 
-    ``scores`` are the compressed logits (``-inf`` masks a token); ``rho`` (broadcastable) the
-    value residual norms. Softmax rounding is enclosed with ``witcert.rounding`` (``FP``).
+    ``scores`` are the compressed logits (``-inf`` masks a token; a fully masked row is an error,
+    as for the meter); ``rho`` (broadcastable, a scalar too) the value residual norms. Softmax
+    rounding is enclosed with ``witcert.rounding`` (``FP``); a mass that underflowed keeps its
+    absolute slack through the product with ``rho``, however large ``rho`` is.
     """
     scores, rho64 = _scores_and_weights(scores, rho, "rho")
     scores, dtype = scores.double(), torch.float64  # fp64 throughout: one rounding model
     live = scores > float("-inf")
     y = scores - scores.amax(-1, keepdim=True)  # (..., S) <= 0
     u_ratio = rounding.unit_roundoff(dtype) / (1 - rounding.unit_roundoff(dtype))
-    y_err = torch.where(live, y.double().abs() * u_ratio, torch.zeros_like(y, dtype=torch.float64))
-    mass = torch.exp(y)  # (..., S) unnormalised p~
-    mass_rho = rounding.term_relative_error(y_err, 1, dtype)
+    y_err = torch.where(live, y.abs() * u_ratio, torch.zeros_like(y))
+    mass = rounding.Terms.of_exp(torch.exp(y), y, y_err, 1, live)  # (..., S) unnormalised p~
     rho64 = torch.where(live, rho64, torch.zeros_like(rho64))  # a masked token carries no mass
-    terms = torch.where(torch.isinf(rho64), rho64, mass * rho64)  # (..., S); inf rho stays inf
-    terms_rho = rounding.term_relative_error(y_err, 2, dtype)  # exp, then the fp64 product
-    upper = rounding.sum_upper(terms, terms_rho) / rounding.sum_lower(mass, mass_rho)
-    return rounding.up(upper)
+    weighted = rounding.sum_up(rounding.mul_up(mass.upper(), rho64))  # inf rho on a live token stays inf
+    return rounding.div_up(weighted, rounding.sum_lower(mass))
 
 
 def max_value_norm(v_norms: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
@@ -87,7 +93,8 @@ def output_bound(tv_bound: torch.Tensor, value_term: torch.Tensor, v_norm_max: t
     """``||y - y^|| <= 2 TV max_t ||v_t|| + sum_t p~_t rho_t`` (DESIGN.md §2 "Value side").
 
     Parameters are upper bounds: ``tv_bound >= TV(p, p~)`` (the meter), ``value_term`` from
-    :func:`value_error_term`, ``v_norm_max`` from :func:`max_value_norm`. Returns fp64, rounded up.
+    :func:`value_error_term`, ``v_norm_max`` from :func:`max_value_norm`. Returns fp64, rounded up
+    (directed operations: sound in the subnormal range too); a zero factor gives 0 even against inf.
     """
     tv = torch.as_tensor(tv_bound).double()
     vt = torch.as_tensor(value_term).double()
@@ -95,8 +102,8 @@ def output_bound(tv_bound: torch.Tensor, value_term: torch.Tensor, v_norm_max: t
     for name, x in (("tv_bound", tv), ("value_term", vt), ("v_norm_max", vmax)):
         if torch.isnan(x).any() or (x < 0).any():
             raise ValueError(f"{name} must be >= 0 and not NaN")
-    attention = torch.where((tv == 0) | (vmax == 0), torch.zeros_like(tv * vmax), 2 * tv * vmax)
-    return rounding.up(attention + vt)
+    attention = rounding.mul_up(rounding.mul_up(tv, vmax), 2.0)
+    return rounding.add_up(attention, vt)
 
 
 def joint_pass(
@@ -106,8 +113,9 @@ def joint_pass(
     for name, tau in (("tau_k", tau_k), ("tau_v", tau_v)):
         if not (isinstance(tau, (int, float)) and tau >= 0):
             raise ValueError(f"{name} must be a number >= 0, got {tau!r}")
-    pass_k = torch.as_tensor(meter) <= tau_k
-    pass_v = torch.as_tensor(value_term).double() <= tau_v * torch.as_tensor(v_norm_max).double()
+    # compared in fp64, where tau is exact (an fp32 comparison would round tau, maybe up)
+    pass_k = torch.as_tensor(meter).double() <= tau_k
+    pass_v = torch.as_tensor(value_term).double() <= rounding.mul_down(float(tau_v), torch.as_tensor(v_norm_max).double())
     pass_k, pass_v = torch.broadcast_tensors(pass_k, pass_v)
     return JointPass(pass_k, pass_v, pass_k & pass_v)
 
@@ -122,12 +130,7 @@ def _check_pair(v: torch.Tensor, v_hat: torch.Tensor) -> None:
         raise ValueError(f"v_hat shape {tuple(v_hat.shape)} differs from v shape {tuple(v.shape)}")
 
 
-def _scores_and_weights(scores: torch.Tensor, weights: torch.Tensor, name: str):
-    if not torch.is_floating_point(scores) or torch.isnan(scores).any() or (scores == float("inf")).any():
-        raise ValueError("scores must be floating, without NaN or +inf (-inf masks a token)")
-    if scores.dtype in (torch.float16, torch.bfloat16):
-        scores = scores.float()
-    w64 = torch.as_tensor(weights).double()
-    if torch.isnan(w64).any() or (w64 < 0).any():
-        raise ValueError(f"{name} must be >= 0 and not NaN")
-    return scores, w64.expand(torch.broadcast_shapes(scores.shape, w64.shape))
+def _scores_and_weights(scores, weights, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """The meter's input checks (``witcert.validate``) with ``weights`` in the role of ``c``; weights as fp64."""
+    scores, weights = check_scores_and_bounds(scores, weights, c_name=name)
+    return scores, weights.double()

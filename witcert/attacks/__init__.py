@@ -16,7 +16,9 @@ from dataclasses import dataclass, field
 from importlib import import_module
 
 # module names under witcert.attacks, in report order
-ATTACKS: tuple[str, ...] = ("rope_frame", "mutating_scheme", "model_dtypes", "batched_dither", "kernel_range")
+ATTACKS: tuple[str, ...] = (
+    "underflow", "gate_tau", "rope_frame", "mutating_scheme", "model_dtypes", "batched_dither", "kernel_range",
+)
 
 
 @dataclass
