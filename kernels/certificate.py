@@ -207,7 +207,7 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
     k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
     j_hi = torch.clamp((delta_max + j_hi) * FP64_MARGIN, max=1.0)
 
-    enclosure = bounds.Enclosure(k_hi, j_hi, (1 - j_hi).clamp(min=0.0), c_max)  # the reference's formulas
+    enclosure = bounds.Enclosure(k_hi, j_hi, rounding.sub_down(1.0, j_hi).clamp(min=0.0), c_max)  # A- from below
     eform = enclosure.eform()
     best = torch.where(capped, torch.ones_like(eform), enclosure.meter().clamp(min=0.0))
     risk = torch.where(capped, torch.full_like(eform, math.inf), eform)
