@@ -31,9 +31,9 @@ import math
 import torch
 
 import witcert
-from witcert import rounding
-from witcert.rounding import round_up_to
-from witcert.tier_b import DEQUANT_FACTOR, GRID_STEP, delta_local
+from witcert.core import rounding
+from witcert.core.rounding import round_up_to
+from witcert.tier_b.certificate import DEQUANT_FACTOR, GRID_STEP, delta_local
 
 from benchmarks.cost import SHAPES, _problem
 from benchmarks.timing import time_interleaved
@@ -41,7 +41,7 @@ from benchmarks.timing import time_interleaved
 
 def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout, sm: float) -> torch.Tensor:
     """Proposal 1: (Hkv, G, d) x (Hkv, S, B) -> (Hkv, G, S); same value as ``witcert.logit_bound``."""
-    from witcert.witness import norms_upper_fp64
+    from witcert.tier_a.witness import norms_upper_fp64
 
     qn = norms_upper_fp64(layout.split(q.double()))  # (Hkv, G, B)
     c = (qn @ w.double().transpose(-1, -2)) * sm  # (Hkv, G, S)
@@ -72,7 +72,7 @@ def _cheap_term_relative_error(exponent_error, n_ops, dtype):
 
 def proposed_moments(scores: torch.Tensor, c: torch.Tensor):
     """Proposal 4 (cost estimate): the library's enclosures with one expm1 pass (see module doc)."""
-    from witcert.bounds import _SPLIT_C, Moments, moments
+    from witcert.core.bounds import _SPLIT_C, Moments, moments
 
     live = scores > float("-inf")
     c = torch.where(live, c, torch.zeros_like(c))
@@ -106,7 +106,7 @@ def proposed_moments(scores: torch.Tensor, c: torch.Tensor):
 
 def proposed_meter(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """``witcert.meter`` with proposal 4's moments (input checks kept)."""
-    from witcert.validate import check_scores_and_bounds
+    from witcert.core.checks import check_scores_and_bounds
 
     scores, c = check_scores_and_bounds(scores, c)
     return round_up_to(proposed_moments(scores, c).meter(), scores.dtype)

@@ -5,12 +5,12 @@ Per (layer, query head, query) cell, for each scheme:
 * the meter (``witcert.meter``: min of T1, P1, MN) and each bound alone (e-form T1, two-sided P1,
   ``tanh(D/2)`` MN, retention P1r) on the same per-token ``c``;
 * the competitor (Runtime-Certified [5]): ``tanh(max_t Delta_t)``, ``Delta_t = sm sum_c |q_c| e_{t,c}``.
-  For the dithered cache ``e = s/2`` exactly (``witcert.tier_b.deterministic_delta``). For a
+  For the dithered cache ``e = s/2`` exactly (``witcert.tier_b.certificate.deterministic_delta``). For a
   black-box Tier A scheme the step is not exposed, so ``e`` is the largest ``|residual|`` in the
   scheme's quantization group (token x 32 channels for RTN, 32 tokens x channel for KIVI keys,
   the element itself for raw FP8): never above ``s/2``, i.e. favourable to the competitor;
 * true TV (fp64, exact keys) -- a violation is ``true TV > meter`` in any cell (must be 0);
-* the value side ``pass_V`` (``witcert.values``) for the joint event ``pass_K and pass_V``.
+* the value side ``pass_V`` (``witcert.core.values``) for the joint event ``pass_K and pass_V``.
 
 Tier A schemes use the band witness (``witcert.observe``). The dithered INT8 cache (Tier B, keys
 with ``m`` outlier pairs by block energy, values with ``m = 0``) reports ``c = min(u + beta, Delta)``
@@ -25,10 +25,10 @@ from collections import defaultdict
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.observe import score_rounding
-from witcert.schemes import apply_scheme
-from witcert.tier_b import deterministic_delta, delta_local, tier_b_logit_bound
+from witcert.core import bounds
+from witcert.tier_a.observation import score_rounding
+from witcert.schemes.registry import apply_scheme
+from witcert.tier_b.certificate import deterministic_delta, delta_local, tier_b_logit_bound
 
 from benchmarks.capture import Capture
 
@@ -112,8 +112,8 @@ def tier_a_cells(layer: Layer, scheme: str) -> dict:
 
 
 def dithered_cells(layer: Layer, m: int, request: int, n_layers: int) -> dict:
-    counter_k = witcert.StandaloneCounter(request=request, layer=layer.index, side="k")
-    counter_v = witcert.StandaloneCounter(request=request, layer=layer.index, side="v")
+    counter_k = witcert.tier_b.counters.StandaloneCounter(request=request, layer=layer.index, side="k")
+    counter_v = witcert.tier_b.counters.StandaloneCounter(request=request, layer=layer.index, side="v")
     qk = witcert.DitheredInt8(outlier_pairs=m)
     store = qk.quantize(layer.k, counter_k)
     k_hat = qk.dequantize(store, counter_k)

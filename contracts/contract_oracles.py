@@ -13,7 +13,7 @@ test compares against lives here:
 * fp64 truths: ``compressed_scores`` / ``exact_scores`` (GQA-expanded logits, ``-inf`` beyond
   ``seq_len``), ``true_tv`` (exact keys vs compressed keys, the quantity the meter bounds),
   ``reference_radius`` (torch ``c_t``: ``witcert.logit_bound`` / ``witcert.tier_b_logit_bound``),
-  ``reference_meter`` (``witcert.meter``) and ``reference_moments`` (``witcert.bounds.moments``).
+  ``reference_meter`` (``witcert.meter``) and ``reference_moments`` (``witcert.core.bounds.moments``).
 * ``kernel_run``: the kernel's ``DecodeAttention`` for a case, cached -- the interpreter is slow
   and several contracts read the same run.
 
@@ -26,15 +26,15 @@ from dataclasses import dataclass
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.bands import BandLayout
-from witcert.counters import PagedCounter, StandaloneCounter
-from witcert.dithered_int8 import DitheredInt8
+from witcert.core import bounds
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter
+from witcert.tier_b.quantizer import DitheredInt8
 from witcert.kernels.decode_attention import DecodeAttention, decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys
 from witcert.kernels.witness_write import witness_write
-from witcert.tier_b import tier_b_logit_bound
+from witcert.tier_b.certificate import tier_b_logit_bound
 
 BATCH, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 9, 3, 64
 GROUP = Q_HEADS // KV_HEADS
@@ -239,7 +239,7 @@ def reference_meter(c: AttentionCase) -> torch.Tensor:
 
 
 def reference_moments(c: AttentionCase) -> bounds.Moments:
-    """``witcert.bounds.moments``: fp64 enclosures of ``A - 1`` (``k_hi``) and ``1 - A-`` (``j_hi``)."""
+    """``witcert.core.bounds.moments``: fp64 enclosures of ``A - 1`` (``k_hi``) and ``1 - A-`` (``j_hi``)."""
     return bounds.moments(compressed_scores(c), reference_radius(c))
 
 

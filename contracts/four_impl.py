@@ -15,7 +15,7 @@ meter       ``spec.golden.meter_from_scores``        ``spec.independent.quantiti
 
 The kernel's per-token radii come from single-token rows (``D = max_t c_t = c_t`` when ``S = 1``);
 ``A`` and the meter from the full rows. torch: ``witcert.logit_bound``, ``tier_b_logit_bound``,
-``witcert.bounds.moments``, ``witcert.meter`` (fp64). Golden and independent see the exact
+``witcert.core.bounds.moments``, ``witcert.meter`` (fp64). Golden and independent see the exact
 logits (``q . k^`` of the stored values, at full precision) and their own exact radii.
 
 Used by ``contracts/test_four_implementations.py`` (assertions) and
@@ -31,20 +31,20 @@ import mpmath
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.bands import BandLayout
-from witcert.counters import StandaloneCounter
-from witcert.dithered_int8 import DitheredInt8
+from witcert.core import bounds
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.tier_b.quantizer import DitheredInt8
 from witcert.kernels.certificate import RADIUS_EXCESS
 from witcert.kernels.decode_attention import decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys
 from witcert.kernels.witness_write import witness_write
-from witcert.packed_store import PackedStore
+from witcert.tier_b.packed_store import PackedStore
 from witcert.spec import bands as spec_bands
 from witcert.spec import dither as spec_dither
 from witcert.spec import golden, independent
-from witcert.tier_b import tier_b_logit_bound
+from witcert.tier_b.certificate import tier_b_logit_bound
 
 Q_HEADS, KV_HEADS, TOKENS, HEAD_DIM, BANDS = 9, 3, 6, 64, 16
 GROUP = Q_HEADS // KV_HEADS

@@ -72,7 +72,8 @@ def _drive(call):
 
 
 def _problems():
-    from witcert import BandLayout, DitheredInt8, StandaloneCounter
+    from witcert import BandLayout, DitheredInt8
+    from witcert.tier_b.counters import StandaloneCounter
     from witcert.kernels.packed_keys import PackedKeys
 
     generator = torch.Generator().manual_seed(0)

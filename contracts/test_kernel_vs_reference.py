@@ -2,7 +2,7 @@
 
 Implementation: ``witcert.kernels.decode_attention`` / ``decode_attention_packed``.
 Oracle: fp64 attention over the same compressed keys; the torch certificate
-``witcert.bounds.moments`` / ``witcert.meter`` on fp64 logits with the torch radius
+``witcert.core.bounds.moments`` / ``witcert.meter`` on fp64 logits with the torch radius
 (``witcert.logit_bound``, ``witcert.tier_b_logit_bound``).
 Domain: ``contract_oracles.CASES``.
 Tolerances (each justified where it is used):

@@ -4,8 +4,8 @@ Implementation: ``witcert.kernels.philox.philox4x32_10`` (int64 words, explicit 
 dither helper the write/read kernels inline (``dither_block``, via ``dither_stream``,
 ``dither_write`` and ``dequantize_packed``).
 Oracles: the Random123 known-answer vectors (``kat_vectors``: philox4x32 10), the torch
-reference ``witcert.philox.philox4x32_10``, the spec ``witcert.spec.philox.philox4x32_10``
-(Python integers), ``witcert.dither.dither_of`` and ``DitheredInt8.quantize/dequantize``.
+reference ``witcert.tier_b.philox.philox4x32_10``, the spec ``witcert.spec.philox.philox4x32_10``
+(Python integers), ``witcert.tier_b.dither.dither_of`` and ``DitheredInt8.quantize/dequantize``.
 Domain: the three published vectors; counters of both layouts with random words over the
 full 32-bit range (slots up to 2^45, seeds up to 2^64); grids of 4..256 rows per program;
 permuted batch orders; batches keyed one request id per row, as the HF integration does.
@@ -16,13 +16,13 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from witcert.counters import PagedCounter, StandaloneCounter, batch_requests
-from witcert.dither import dither_of
-from witcert.dithered_int8 import DitheredInt8
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter, batch_requests
+from witcert.tier_b.dither import dither_of
+from witcert.tier_b.quantizer import DitheredInt8
 from witcert.kernels.dither_write import dither_stream, dither_write
 from witcert.kernels.packed_keys import PackedKeys, dequantize_packed
 from witcert.kernels.philox import philox4x32_10 as kernel_philox
-from witcert.philox import philox4x32_10 as torch_philox
+from witcert.tier_b.philox import philox4x32_10 as torch_philox
 from witcert.spec.philox import philox4x32_10 as spec_philox
 
 # Random123 tests/kat_vectors, "philox4x32 10" lines: counter (4 words), key (2), expected (4).

@@ -5,7 +5,7 @@ The kernel reads fp16/bf16/fp32 queries and forms every radius from them (band n
 fp32's maximum, not only at typical magnitudes.
 
 Implementation: ``decode_attention`` (Tier A) and ``decode_attention_packed`` (Tier B) on fp32
-queries, problems from ``witcert.attacks.kernel_range`` (one batch row, one kv head, 16 query
+queries, problems from ``witcert.verification.attacks.kernel_range`` (one batch row, one kv head, 16 query
 heads; see its docstring for the scale-free construction).
 Oracles:
 
@@ -39,12 +39,12 @@ import torch
 
 import witcert
 from contract_oracles import relative_budget
-from witcert.attacks import kernel_range as kr
+from witcert.verification.attacks import kernel_range as kr
 from witcert.kernels.certificate import RADIUS_EXCESS
 from witcert.kernels.merge import STAT_DELTA_MAX, stat_column
 from witcert.spec import bands as spec_bands
 from witcert.spec import dither as spec_dither
-from witcert.tier_b import tier_b_logit_bound
+from witcert.tier_b.certificate import tier_b_logit_bound
 
 EXPONENTS = (-38, -30, -22, -12, 0, 12, 22, 30, 37)
 SCALE_FREE = (-38, -30, -22, -12, 0, 12, 22, 30, 36)  # keys at 10^-e fit fp32 (1e+-36)

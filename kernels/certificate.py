@@ -8,10 +8,10 @@ max and split-KV merge (``kernels/merge.py``)::
 with ``y_t = s'_t - m`` (``s'_t`` the kernel's fp64 logit, ``m`` the max). This module turns
 them into an upper bound on the exact-arithmetic meter ``min(1, 1/2(A^2-1), 1/2(A/A- - A-/A),
 tanh(D/2))`` of Theorem 1 (``T1``), Proposition 1 (``P1``) and the max-norm bound (``MN``),
-reusing the bound formulas of ``witcert.bounds`` and the error constants of
-``witcert.rounding`` (registry key ``FP``).
+reusing the bound formulas of ``witcert.core.bounds`` and the error constants of
+``witcert.core.rounding`` (registry key ``FP``).
 
-Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.rounding.exp_relative_error``)
+Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.core.rounding.exp_relative_error``)
 ------------------------------------------------------------------------------------
 Logit rounding. ``|s'_t - s_t| <= delta_t = sm_scale kappa_dot sum_i |q_i k_i|`` with
 ``kappa_dot`` twice ``(2 d + 8) 2^-53``: the fp64 dot (any order, at most ``d + 1`` roundings on
@@ -46,7 +46,7 @@ so the relative error from exponents is at most ``a_l = 4.1 u ln S`` for ``l``, 
 and ``j`` either ``a_rel = 4.1 u 88`` relative (normal-range terms have ``|y| <= 88``) or
 ``4.1 u g(c'_max) l ln S`` absolute, whichever is smaller.
 
-Assumption (as ``witcert.rounding``): one fp32 ``exp`` is within ``EXP_ULPS`` ulps (the CPU
+Assumption (as ``witcert.core.rounding``): one fp32 ``exp`` is within ``EXP_ULPS`` ulps (the CPU
 interpreter's numpy ``exp`` is; on CUDA ``tl.exp`` is ``ex2.approx`` of ``y log2 e``, whose
 argument product is the ``log2 e`` term above -- the ulp bound of ``ex2.approx`` is assumed,
 not measured here).
@@ -67,7 +67,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from witcert import bounds, rounding
+from witcert.core import bounds, rounding
 
 from .expm1 import expm1_relative_error
 

@@ -16,20 +16,20 @@ What the kernel does per element, and which hypothesis it serves:
   one fp16 step up if short: checked exactly in fp64) -- the *stored* fp16 scale is the one
   used to quantize, so ``|err| <= s/2`` holds (DESIGN.md §2) and ``|n| <= Q``: no clipping;
 * the dither ``xi`` comes from in-kernel Philox4x32-10 (``kernels/philox.py``, int64 words)
-  on the counter layout of ``witcert.counters`` (channel ``c`` uses output word ``c & 3`` of
+  on the counter layout of ``witcert.tier_b.counters`` (channel ``c`` uses output word ``c & 3`` of
   the counter whose word 1 carries ``c >> 2``), mapped to the centred 24-bit grid of
-  ``witcert.dither``; the stream depends only on the element's counter tuple, not on the grid;
+  ``witcert.tier_b.dither``; the stream depends only on the element's counter tuple, not on the grid;
 * the code is the integer nearest to ``x/s + xi`` exactly: the fp64 candidate
-  ``floor(x/s + xi + 1/2)`` fixed by the two exact comparisons of ``witcert.dithered_int8``.
+  ``floor(x/s + xi + 1/2)`` fixed by the two exact comparisons of ``witcert.tier_b.quantizer``.
 """
 import torch
 import triton
 import triton.language as tl
 
-from witcert.counters import PagedCounter, StandaloneCounter, _key_of
-from witcert.dithered_int8 import FP16_MAX, SCALE_DIVISOR, DitheredInt8
-from witcert.outliers import pair_channels
-from witcert.packed_store import PackedStore
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter, _key_of
+from witcert.tier_b.quantizer import FP16_MAX, SCALE_DIVISOR, DitheredInt8
+from witcert.tier_b.outliers import pair_channels
+from witcert.tier_b.packed_store import PackedStore
 
 from ._validate import require, require_tensor
 from .philox import philox_rounds
@@ -62,7 +62,7 @@ def dither_block(c0, c1_base, c2, c3, k0, k1, BLOCK_ROWS: tl.constexpr, BLOCK_D:
     """Dither (BLOCK_ROWS, BLOCK_D) for row counter words ``c0, c2, c3`` (rows, 1) and ``c1_base``.
 
     Channel ``c`` uses output word ``c & 3`` of the counter whose word 1 is ``c1_base | c >> 2``
-    (``witcert.counters``): one Philox call per four channels, its words interleaved back into
+    (``witcert.tier_b.counters``): one Philox call per four channels, its words interleaved back into
     channel order. All words are int64 in ``[0, 2^32)``.
     """
     offs_group = tl.arange(0, BLOCK_D // 4)  # channel >> 2
@@ -237,7 +237,7 @@ def _dither_stream_kernel(counter_ptr, key_ptr, xi_ptr, n_rows, stride_counter_r
 def dither_stream(counter, shape: tuple[int, ...], *, block_rows: int = 16, device="cpu") -> torch.Tensor:
     """The dither (*shape) fp64 that the write and read kernels use, computed by :func:`dither_block`.
 
-    For the Philox stream contracts: must equal ``witcert.dither.dither_of(counter, shape)``
+    For the Philox stream contracts: must equal ``witcert.tier_b.dither.dither_of(counter, shape)``
     bit for bit, for any ``block_rows`` (grid) and any batch order of the counter's tuples.
     """
     require(isinstance(counter, (StandaloneCounter, PagedCounter)), "counter",

@@ -1,6 +1,6 @@
 """Reading the packed dithered INT8 keys inside the decode kernel, and their Tier B radius (L2, TB).
 
-:class:`PackedKeys` is the read plan of a ``witcert.PackedStore`` (built once, reused every
+:class:`PackedKeys` is the read plan of a ``witcert.tier_b.packed_store.PackedStore`` (built once, reused every
 decode step): the store's tensors plus the counter words that let the kernel regenerate the
 dither with in-kernel Philox. Three ``@triton.jit`` helpers serve ``kernels/decode_attention.py``:
 
@@ -9,7 +9,7 @@ dither with in-kernel Philox. Three ``@triton.jit`` helpers serve ``kernels/deco
   and the fp16 outlier channels, in the same pass over the data;
 * :func:`query_group_sums` -- once per program, ``sum |q_c|`` and ``sum q_c^2`` over the INT8
   channels of every scale group (fp64: exact squares, no under- or overflow for any fp32 query);
-* :func:`dither_radius` -- the per-token Tier B bound of ``witcert.tier_b`` from those group
+* :func:`dither_radius` -- the per-token Tier B bound of ``witcert.tier_b.certificate`` from those group
   sums and the token's scales: ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t``
   (``RADIUS_MIN``), or one branch (``RADIUS_DELTA``: deterministic, valid for every query;
   ``RADIUS_U``), in fp64 with the groups (and outlier channels) summed in index order, so
@@ -22,7 +22,7 @@ at most ``d + 1`` roundings on a term's path (``Gc + d/Gc <= d + 1``); then the 
 additions: below ``(d + 24) u64`` relative. ``KernelRounding.kappa_b`` is twice that; the
 fp32 round-up (``kernels/radius.py``) covers it.
 
-Scope as ``witcert.tier_b``: the ``u_t`` branch is for NON-ADAPTIVE queries; ``Delta_t`` and
+Scope as ``witcert.tier_b.certificate``: the ``u_t`` branch is for NON-ADAPTIVE queries; ``Delta_t`` and
 the Tier A witness hold for every query.
 """
 import dataclasses
@@ -33,11 +33,11 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.counters import PagedCounter, StandaloneCounter, _key_of
-from witcert.dither import GRID_STEP
-from witcert.outliers import pair_channels
-from witcert.packed_store import PackedStore
-from witcert.tier_b import DEQUANT_FACTOR, FP16_ABS_FLOOR, FP16_UNIT
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter, _key_of
+from witcert.tier_b.dither import GRID_STEP
+from witcert.tier_b.outliers import pair_channels
+from witcert.tier_b.packed_store import PackedStore
+from witcert.tier_b.certificate import DEQUANT_FACTOR, FP16_ABS_FLOOR, FP16_UNIT
 
 from ._validate import require
 from .dither_write import dither_block
@@ -100,7 +100,7 @@ class PackedKeys:
         head_words = words[:, :, 0, :][..., [1, 3]]
         require(bool((words[..., [0, 2]] == token_words[:, None]).all()) and
                 bool((words[..., [1, 3]] == head_words[:, :, None]).all()), "counter",
-                "layout must put the token in words 0/2 and the head in words 1/3 (witcert.counters)")
+                "layout must put the token in words 0/2 and the head in words 1/3 (witcert.tier_b.counters)")
         device = store.payload.device
         store = dataclasses.replace(store, payload=store.payload.contiguous(), scales=store.scales.contiguous(),
                                     outliers=store.outliers.contiguous())  # unit channel stride for the kernel
@@ -181,7 +181,7 @@ def query_group_sums(q64, slot, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GR
 def dither_radius(q_l1, q_sq, scale_rows, mask_n, q_rows, mask_h, outlier_rows, outlier_chans, sm_scale, log_term,
                   MODE: tl.constexpr, NUM_GROUPS: tl.constexpr, NUM_OUTLIERS: tl.constexpr,
                   OUTLIER_SLACK: tl.constexpr):
-    """Tier B per-token bound (BLOCK_H, BLOCK_N) in fp64 (``witcert.tier_b``), before the round-up.
+    """Tier B per-token bound (BLOCK_H, BLOCK_N) in fp64 (``witcert.tier_b.certificate``), before the round-up.
 
     ``q_l1``/``q_sq`` are :func:`query_group_sums`; ``scale_rows`` (BLOCK_N,) points at each
     token's row of fp16 group scales; ``q_rows`` (BLOCK_H,) at the query rows and

@@ -7,7 +7,7 @@ differ between the interpreter and the GPU, so every round here works on int64 w
 hold a value in ``[0, 2^32)``: the 32 x 32 -> 64 bit product wraps modulo ``2^64`` (two's
 complement), its low and high words are taken with an explicit ``& 0xFFFFFFFF`` after the
 shift (the shift is arithmetic on int64, the mask undoes the sign extension), and every key
-bump is masked. The torch reference (``witcert.philox.philox4x32_10``) does the same, and
+bump is masked. The torch reference (``witcert.tier_b.philox.philox4x32_10``) does the same, and
 both are checked against the Random123 known-answer vectors (``contracts/test_philox_stream.py``).
 
 Public: :func:`philox4x32_10` (a launcher for whole counter/key tensors, used by the

@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.bands import BandLayout
+from witcert.tier_a.bands import BandLayout
 
 from ._validate import require, require_finite, require_tensor
 

@@ -3,7 +3,7 @@
 Synthetic keys with massive-activation RoPE pairs and an attention-sink token, queries aimed
 at "needle" tokens with norms spread over a decade, keys quantized by a registered Tier A
 scheme (default ``rtn-int4``), Tier A band witness -> per-token ``c`` (Theorem 2), the gate of
-``witcert.gate`` repairing from a verified ``BackingStore``. Every repaired cell is checked per
+``witcert.gate.policy`` repairing from a verified ``BackingStore``. Every repaired cell is checked per
 query: true TV (exact vs repaired logits, fp64) <= recomputed meter.
 
 Tables printed (and written as JSON with ``--json``):
@@ -25,9 +25,9 @@ import time
 import torch
 
 import witcert
-from witcert.backing_store import BackingStore
-from witcert.gate import Gate
-from witcert.repair import LayerPager, Repairer
+from witcert.gate.backing_store import BackingStore
+from witcert.gate.policy import Gate
+from witcert.gate.repair import LayerPager, Repairer
 
 TAUS = (0.2, 1.0, 5.0)
 

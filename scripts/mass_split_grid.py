@@ -193,7 +193,7 @@ def evaluate(name: str, rows, variants) -> list[str]:
     p = torch.softmax(scores, -1)
     t1, p1, mn, cs = base_bounds(p, c)
     base = torch.minimum(torch.minimum(t1, p1), mn).clamp(max=1)
-    sup = witcert.sup_box_tv(scores, c).tv
+    sup = witcert.verification.adversary.sup_box_tv(scores, c).tv
     meters = {"base: min(1, T1, P1, MN)": base, "+CS": torch.minimum(base, cs)}
     for kind, k in variants:
         ms = mass_split_all(p, c) if kind == "all" else mass_split(p, c, grid(kind, k, c, p))

@@ -106,7 +106,7 @@ def rotation_rounding(rope_dtype: str) -> tuple[mpf, mpf, mpf]:
 
     ``u = 2^-p`` is the unit roundoff and ``sigma`` the smallest subnormal; ``eta`` bounds
     ``sqrt(c~^2 + s~^2) - 1``, ``kappa`` and ``alpha0`` the per-component rounding
-    ``|delta| <= kappa (|a c~| + |b s~|) + alpha0`` (justified in ``witcert.rope``).
+    ``|delta| <= kappa (|a c~| + |b s~|) + alpha0`` (justified in ``witcert.tier_a.rotary``).
     """
     p, sub, _ = _format(rope_dtype)
     with mp.workdps(SPEC_DPS):

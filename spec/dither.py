@@ -1,6 +1,6 @@
 """Executable statements of Tier B (registry keys L2s, L2, L2v, L3, TB); pure Python + mpmath.
 
-Mirrors ``witcert.tier_b`` at the caller's working precision (``mpmath.mp``); no torch.
+Mirrors ``witcert.tier_b.certificate`` at the caller's working precision (``mpmath.mp``); no torch.
 
 * ``sinh_bound(x)``: the right side ``x exp(x^2/6)`` of ``sinh x <= x exp(x^2/6)`` (L2s);
 * ``uniform_mgf(lam, a)``: ``E exp(lam X)`` for ``X ~ U[-a, a]`` = ``sinh(lam a)/(lam a)``;

@@ -1,6 +1,6 @@
 """Dither counter layouts and the 24-bit grid (Tier B, registry "L2").
 
-Implementation: ``witcert.counters`` / ``witcert.dither``. Oracles: decoding the documented
+Implementation: ``witcert.tier_b.counters`` / ``witcert.tier_b.dither``. Oracles: decoding the documented
 bit layout back to the tuple (injectivity), exhaustive uniqueness on small grids, the spec
 Philox for single words, and the documented grid formula. Tolerance: exact.
 """
@@ -9,9 +9,9 @@ import itertools
 import pytest
 import torch
 
-from witcert import PagedCounter, StandaloneCounter
-from witcert.counters import batch_requests, pack_paged, pack_standalone
-from witcert.dither import GRID_STEP, dither_numerators, dither_of
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter
+from witcert.tier_b.counters import batch_requests, pack_paged, pack_standalone
+from witcert.tier_b.dither import GRID_STEP, dither_numerators, dither_of
 from witcert.spec import philox as spec_philox
 
 SEED = 0x5EED  # tests fix the seed explicitly (the library draws a secret one by default)

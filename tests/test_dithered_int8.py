@@ -1,6 +1,6 @@
 """Dithered INT8 quantizer and packed store (Tier B, registry "L2", "TB").
 
-Implementation: ``witcert.DitheredInt8`` / ``witcert.PackedStore``. Oracles: the exact
+Implementation: ``witcert.DitheredInt8`` / ``witcert.tier_b.packed_store.PackedStore``. Oracles: the exact
 interval check ``s (n - xi - 1/2) <= x <= s (n - xi + 1/2)`` (both ends exact in fp64), a
 Kolmogorov-Smirnov test against U[-1/2, 1/2), the analytic byte formulas and the paper's byte
 figures. Domain: fp16/bf16/fp32 inputs including adversarial ones (exact amax, ties at .5,
@@ -12,10 +12,12 @@ import pytest
 import torch
 from scipy import stats
 
-from witcert import DitheredInt8, PackedStore, PagedCounter, StandaloneCounter
-from witcert.dither import dither_of
-from witcert.dithered_int8 import SCALE_DIVISOR
-from witcert.packed_store import StoreLayout
+from witcert import DitheredInt8
+from witcert.tier_b.packed_store import PackedStore
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter
+from witcert.tier_b.dither import dither_of
+from witcert.tier_b.quantizer import SCALE_DIVISOR
+from witcert.tier_b.packed_store import StoreLayout
 
 CONFIGS = [
     dict(granularity="token-group"),

@@ -1,8 +1,8 @@
 """Gates at thresholds the repaired cells cannot reach, and thresholds compared exactly (issue 16, item 6).
 
-Implementations: ``witcert.gate.Gate`` (exact shadow, table pager, ``LayerPager`` over a
-``BackingStore``), ``witcert.values.joint_pass``; the ``gate-tau`` attack class.
-Oracles: termination under a time limit (``witcert.attacks.gate_tau.time_limit``); the 50-digit TV
+Implementations: ``witcert.gate.policy.Gate`` (exact shadow, table pager, ``LayerPager`` over a
+``BackingStore``), ``witcert.core.values.joint_pass``; the ``gate-tau`` attack class.
+Oracles: termination under a time limit (``witcert.verification.attacks.gate_tau.time_limit``); the 50-digit TV
 between softmax of the exact logits (the exact dot products for a ``LayerPager``) and of the
 repaired ones; exact comparisons of ``after`` with ``tau`` in Python floats.
 Domain: fp32 scores with fp64 exact logits, fp64 scores through a ``LayerPager``; ``tau`` 0,
@@ -14,14 +14,14 @@ import pytest
 import torch
 from mpmath import mp, mpf
 
-from witcert.attacks import gate_tau
-from witcert.attacks.gate_tau import time_limit
-from witcert.backing_store import BackingStore
-from witcert.gate import Gate, PageIn
-from witcert.meter import meter
-from witcert.repair import LayerPager, Repairer
+from witcert.verification.attacks import gate_tau
+from witcert.verification.attacks.gate_tau import time_limit
+from witcert.gate.backing_store import BackingStore
+from witcert.gate.policy import Gate, PageIn
+from witcert.core.metering import meter
+from witcert.gate.repair import LayerPager, Repairer
 from witcert.spec import bounds as spec
-from witcert.values import joint_pass
+from witcert.core.values import joint_pass
 
 LIMIT_S = 60.0
 

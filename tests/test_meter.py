@@ -1,6 +1,6 @@
 """The torch meter against the 50-digit golden (T1, P1, P1r, MN, RC, FP).
 
-Implementation: ``witcert.meter``, ``witcert.risk_score`` and ``witcert.bounds.*`` (fp64, fp32).
+Implementation: ``witcert.meter``, ``witcert.risk_score`` and ``witcert.core.bounds.*`` (fp64, fp32).
 Oracle: ``witcert.spec.golden`` (mpmath, 50 digits) on the exact values the torch code received.
 Domain: ``tests/oracles.py`` cells (S <= 8, ties, masks, c in {0, 1e-30, ..., 700}) plus large-S
 adversarial rows. Tolerance: fp64 within 1e-12 relative of the golden and never below it; fp32
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import witcert
-from witcert import bounds, rounding
+from witcert.core import bounds, rounding
 from witcert.spec import golden
 from tests.oracles import cells, to_mpf, with_edge_cells
 

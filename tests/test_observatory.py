@@ -16,11 +16,12 @@ import numpy as np
 import pytest
 import torch
 
-from witcert import models, observatory, report, telemetry, workloads
-from witcert.compressed_kv import CompressedLayer
-from witcert.gate import Gate, PageIn
-from witcert.hf_attention import ATTN_NAME, Session, compressed_attention, layout_for, register
-from witcert.schemes import register_scheme
+from witcert.integrations.hf import default_model as models
+from witcert.observatory import runner as observatory, report, telemetry, workloads
+from witcert.integrations.hf.compressed_cache import CompressedLayer
+from witcert.gate.policy import Gate, PageIn
+from witcert.integrations.hf.attention import ATTN_NAME, Session, compressed_attention, layout_for, register
+from witcert.schemes.registry import register_scheme
 
 SHORT = dict(context_tokens=160, probe_tokens=8, new_tokens=2, cases=1)
 

@@ -1,8 +1,8 @@
 """Lemma 1 in floating point (``L1fp``): a witness stored before RoPE, RoPE computed in the cache dtype.
 
-Implementations: ``witcert.witness_of(..., rope_dtype=...)`` (``witcert.rope.rounded_rotation_witness``,
+Implementations: ``witcert.witness_of(..., rope_dtype=...)`` (``witcert.tier_a.rotary.rounded_rotation_witness``,
 ``rotation_rounding``), ``witcert.apply_rope`` (both arithmetics), the attack class
-``witcert.attacks.rope_frame``. Oracles: HF Llama's own rotary embedding and
+``witcert.verification.attacks.rope_frame``. Oracles: HF Llama's own rotary embedding and
 ``apply_rotary_pos_emb`` (transformers 5.23); the spec mirror ``witcert.spec.bands``
 (``bound_rounded_rotation``, ``rotate_rounded``: every rounding emulated exactly at 50+ digits);
 fp64 band norms, logit errors and TV over the keys as actually rotated. Domain: fp16, bf16,
@@ -19,8 +19,8 @@ from hypothesis import strategies as st
 from mpmath import mp, mpf
 
 import witcert
-from witcert.attacks import rope_frame
-from witcert.rope import rotation_rounding
+from witcert.verification.attacks import rope_frame
+from witcert.tier_a.rotary import rotation_rounding
 from witcert.spec import bands as spec
 
 HALF = (torch.float16, torch.bfloat16)

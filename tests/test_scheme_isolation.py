@@ -1,8 +1,8 @@
 """A scheme can never touch the exact keys (issue 16, item 9).
 
-Implementations: ``witcert.schemes.apply_scheme`` (and ``get_scheme``), ``witcert.observe``,
-``witcert.compressed_kv.CompressedLayer`` and the ``"witcert"`` attention on a tiny random Llama;
-the attack class ``witcert.attacks.mutating_scheme``. Oracles: a saved copy of every exact
+Implementations: ``witcert.schemes.registry.apply_scheme`` (and ``get_scheme``), ``witcert.observe``,
+``witcert.integrations.hf.compressed_cache.CompressedLayer`` and the ``"witcert"`` attention on a tiny random Llama;
+the attack class ``witcert.verification.attacks.mutating_scheme``. Oracles: a saved copy of every exact
 tensor (bitwise equality), the fp64 true TV against the *original* keys, the stock model's
 cache. Domain: schemes that quantize in place, return views of their input, return the input
 itself, or zero their input; fp16/fp32/fp64. Tolerance: none.
@@ -11,9 +11,9 @@ import pytest
 import torch
 
 import witcert
-from witcert.attacks import mutating_scheme
-from witcert.compressed_kv import CompressedLayer
-from witcert.schemes import _REGISTRY, apply_scheme, shares_memory
+from witcert.verification.attacks import mutating_scheme
+from witcert.integrations.hf.compressed_cache import CompressedLayer
+from witcert.schemes.registry import _REGISTRY, apply_scheme, shares_memory
 
 LAYOUT = witcert.BandLayout(64, 16)
 
@@ -113,8 +113,8 @@ def test_hf_path_keeps_the_exact_shadow():
     import transformers
     from transformers import DynamicCache
 
-    from witcert import telemetry
-    from witcert.hf_attention import Session, compressed_attention, layout_for
+    from witcert.observatory import telemetry
+    from witcert.integrations.hf.attention import Session, compressed_attention, layout_for
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)

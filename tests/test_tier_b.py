@@ -1,6 +1,6 @@
-"""Tier B certificate: spec statements L2s/L2/L2v/L3/TB and the torch bound (``witcert.tier_b``).
+"""Tier B certificate: spec statements L2s/L2/L2v/L3/TB and the torch bound (``witcert.tier_b.certificate``).
 
-Implementation: ``witcert.tier_b_logit_bound`` and ``witcert.tier_b.tier_b_terms``. Oracles:
+Implementation: ``witcert.tier_b_logit_bound`` and ``witcert.tier_b.certificate.tier_b_terms``. Oracles:
 ``witcert.spec.dither`` at 40 digits (composition of the bound), the true logit error of the
 dequantized cache (soundness), and the binomial law for the request-level count.
 Domain: synthetic caches with and without massive pairs, fp32, fp16 and bf16 sources and key
@@ -17,9 +17,10 @@ from hypothesis import example, given, strategies as st
 from mpmath import mp
 from scipy import stats
 
-from witcert import DitheredInt8, StandaloneCounter, meter, tier_b_logit_bound
+from witcert import DitheredInt8, meter, tier_b_logit_bound
+from witcert.tier_b.counters import StandaloneCounter
 from witcert.spec import dither as spec
-from witcert.tier_b import (delta_local, deterministic_branch, deterministic_delta, outlier_error_bound,
+from witcert.tier_b.certificate import (delta_local, deterministic_branch, deterministic_delta, outlier_error_bound,
                             tier_b_terms)
 
 # ------------------------------------------------------------------ spec statements
@@ -200,7 +201,7 @@ def test_fp16_subnormal_keys_need_the_subnormal_floor():
 
 
 def test_deterministic_branch_is_the_spec_statement_DB():
-    """Implementation: ``witcert.tier_b.deterministic_branch``; oracle: ``spec.deterministic_branch``
+    """Implementation: ``witcert.tier_b.certificate.deterministic_branch``; oracle: ``spec.deterministic_branch``
     (the DB statement ``sm sum |q_c| (s_c/2 + e_c)``) with ``e_c`` assembled per element from the
     documented terms; domain: bf16 keys with outliers; tolerance: 1e-12 relative (fp64 sums)."""
     x = synthetic_keys((1, 24, 64), massive=True, seed=25, dtype=torch.bfloat16)

@@ -1,9 +1,9 @@
 """Tier B through the HF integration: model dtypes, batched streams, secret seeds (issue 16 items 2, 3, 8).
 
-Implementations: ``witcert.hf_attention`` (``Session``, the ``"witcert"`` attention) over
-``witcert.compressed_kv.DitheredLayer``, ``witcert.cells.tighten_with_tier_b``, the telemetry of
-``witcert.telemetry``, and the attack classes ``witcert.attacks.model_dtypes`` /
-``witcert.attacks.batched_dither``. Oracles: the fp64 TV over the exact keys of the model cache
+Implementations: ``witcert.integrations.hf.attention`` (``Session``, the ``"witcert"`` attention) over
+``witcert.integrations.hf.compressed_cache.DitheredLayer``, ``witcert.integrations.hf.cells.tighten_with_tier_b``, the telemetry of
+``witcert.observatory.telemetry``, and the attack classes ``witcert.verification.attacks.model_dtypes`` /
+``witcert.verification.attacks.batched_dither``. Oracles: the fp64 TV over the exact keys of the model cache
 (``model_dtypes.oracle_tv``, causal mask built independently), single-row quantization with the
 row's own request id, and bitwise comparison of reconstructions. Domain: tiny random Llama models
 (head dim 32, GQA) in fp32, fp16 and bf16, batches of 2-5 rows. Tolerance: none.
@@ -12,11 +12,13 @@ import numpy as np
 import pytest
 import torch
 
-from witcert import DitheredInt8, StandaloneCounter, telemetry
-from witcert.attacks import ATTACKS, batched_dither, model_dtypes
-from witcert.bands import BandLayout
-from witcert.compressed_kv import DitheredLayer
-from witcert.hf_attention import DITHERED, Session
+from witcert import DitheredInt8
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.observatory import telemetry
+from witcert.verification.attacks import ATTACKS, batched_dither, model_dtypes
+from witcert.tier_a.bands import BandLayout
+from witcert.integrations.hf.compressed_cache import DitheredLayer
+from witcert.integrations.hf.attention import DITHERED, Session
 
 LAYOUT = BandLayout(head_dim=32, bands=8, rope="rotate_half")
 

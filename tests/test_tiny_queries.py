@@ -8,7 +8,8 @@ import mpmath
 import pytest
 import torch
 
-from witcert import BandLayout, DitheredInt8, StandaloneCounter, logit_bound, tier_b_logit_bound, witness_of
+from witcert import BandLayout, DitheredInt8, logit_bound, tier_b_logit_bound, witness_of
+from witcert.tier_b.counters import StandaloneCounter
 from tests.test_tier_b import spec_bound_of_token
 
 TINY = 1e-200
@@ -50,13 +51,13 @@ def test_tier_b_bound_covers_tiny_fp64_queries(mode):
 
 
 def test_kernel_range_attack_finds_no_violation():
-    """``witcert fuzz``'s kernel attack class (``witcert.attacks.kernel_range``): two trials.
+    """``witcert fuzz``'s kernel attack class (``witcert.verification.attacks.kernel_range``): two trials.
 
     Implementation: the Triton decode kernel (interpreter without CUDA) on fp32 queries drawn over
     the whole fp32 range. Oracle: exact TV and logit errors (fp64), the torch reference radius.
     Domain: two seeded trials (32 cells x 3 checks). Tolerance: 0 violations.
     """
-    from witcert.attacks import ATTACKS, kernel_range
+    from witcert.verification.attacks import ATTACKS, kernel_range
 
     assert "kernel_range" in ATTACKS
     tally = kernel_range.run(2, torch.Generator().manual_seed(3))
@@ -69,7 +70,7 @@ def test_kernel_range_oracle_resolves_tiny_tv():
 
     Oracle: first order, ``TV = 1/2 sum_t p_t |eps_t - E_p eps|`` (exact to ``O(eps^2)``).
     """
-    from witcert.attacks.kernel_range import exact_tv
+    from witcert.verification.attacks.kernel_range import exact_tv
 
     scores = torch.tensor([[0.0, 1.0, -2.0]], dtype=torch.float64)
     eps = torch.tensor([[1e-25, -3e-25, 2e-25]], dtype=torch.float64)

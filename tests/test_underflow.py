@@ -1,7 +1,7 @@
 """Every public bound below and at the bottom of the normal range (issue 16, items 4 and 5; FP).
 
-Implementations: ``witcert.meter``, ``witcert.risk_score``, ``witcert.bounds.*`` (fp32 and fp64),
-``witcert.values.value_error_term`` / ``output_bound`` / ``value_norms``.
+Implementations: ``witcert.meter``, ``witcert.risk_score``, ``witcert.core.bounds.*`` (fp32 and fp64),
+``witcert.core.values.value_error_term`` / ``output_bound`` / ``value_norms``.
 Oracles: ``witcert.spec.golden`` (mpmath, 50 digits) of the same statement on the exact values the
 torch code received, and the exact sup-box TV (exhaustive, 50 digits) -- never an fp64 value,
 which itself rounds in the subnormal range.
@@ -16,10 +16,10 @@ import torch
 from mpmath import mp, mpf
 
 import witcert
-from witcert import bounds, rounding, values
-from witcert.attacks import underflow
+from witcert.core import bounds, rounding, values
+from witcert.verification.attacks import underflow
 from witcert.spec import golden
-from witcert.validate import check_scores_and_bounds
+from witcert.core.checks import check_scores_and_bounds
 from tests.oracles import to_mpf
 
 SUB64, SUB32 = 2.0**-1074, 2.0**-149

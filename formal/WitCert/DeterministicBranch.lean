@@ -7,7 +7,7 @@ The dithered INT8 cache guarantees `|s_c (n_c - ξ_c) - x_c| ≤ s_c / 2` in exa
 keys attention reads are that value rounded (an fp32 kernel chain, then a cast to the model's
 dtype: fp16 or bf16 round far more than fp32), so the per-element error `r_c` of the keys read is
 only bounded by `s_c / 2 + e_c`, with `e_c` the rounding bound of that element (derived per dtype
-in `witcert/tier_b.py`). Both branches of the Tier B bound then carry the term
+in `witcert/tier_b/certificate.py`). Both branches of the Tier B bound then carry the term
 `sm ∑_c |q_c| e_c` (registry key `DB`):
 
 * the deterministic branch, valid for every query (adaptive ones included):

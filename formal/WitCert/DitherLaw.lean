@@ -10,7 +10,7 @@ independent. Two laws are provided:
 * `WitCert.unitCell`: the continuous uniform law on `(-1/2, 1/2]` (Lebesgue measure on a set of
   measure one);
 * `WitCert.gridCell N`: the implementation's law, mass `1/N` on each of the `N` grid points
-  `WitCert.gridPoint N j` (the dither of `witcert.dither` has `N = 2^24`).
+  `WitCert.gridPoint N j` (the dither of `witcert.tier_b.dither` has `N = 2^24`).
 
 Both have sub-Gaussian moment generating function with proxy `1/12` (`WitCert.cellProxy`):
 Lemma 2 (`WitCert.uniform_mgf_le` with `a = 1/2`) for the first, its grid form

@@ -15,7 +15,7 @@ rotation is bounded by the scaled residual before it plus the two roundings (reg
 rounding, so a witness built from it does not depend on the position.
 
 Which floating-point arithmetic gives which `η` and which bound on `‖dx‖` is a rounding-error
-analysis (`witcert/rope.py`), checked against an exact oracle, not a Lean statement.
+analysis (`witcert/tier_a/rotary.py`), checked against an exact oracle, not a Lean statement.
 
 ## Main definitions
 

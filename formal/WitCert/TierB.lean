@@ -14,7 +14,7 @@ subtractive dither the logit error of token `t` is `eps t = d t + ∑_c k t c * 
 * `k t c = sm * q c * s t c` is fixed: the query `q` does not depend on the dither
   (non-adaptive queries), `s` is the quantization step, `sm` the softmax scale;
 * `d t` is deterministic with `|d t| ≤ β t`: the offset of the grid residual's mean (the
-  grid-offset slack `beta_t` of `witcert.tier_b`).
+  grid-offset slack `beta_t` of `witcert.tier_b.certificate`).
 
 Chain of the proof: each component is sub-Gaussian with proxy `1/12` (Lemma 2, in
 `WitCert.DitherLaw`); the channel sum has proxy `v t = ∑_c k_c² / 12`

@@ -1,0 +1,2 @@
+"""Integrations with the runtimes people serve with (transformers, vLLM).
+"""
