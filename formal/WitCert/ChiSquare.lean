@@ -129,6 +129,6 @@ theorem tv_le_chi_square (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1)
     mul_le_mul_of_nonneg_left (by linarith [hAZ]) hq
   rw [div_mul_cancel₀ _ h2Z.ne'] at hden
   rw [tv_reweight_eq hp hZ, le_div_iff₀ (by linarith [hAm] : (0 : ℝ) < 2 * massExpNeg pt c)]
-  linarith [hden, hmV]
+  exact le_trans hden hmV
 
 end WitCert
