@@ -45,6 +45,7 @@ import triton.language as tl
 
 from witcert.tier_a.bands import BandLayout
 
+from . import require_backend
 from ._validate import require, require_finite, require_nonnegative, require_tensor
 from .certificate import C_CAP, Certificate, KernelRounding, certificate_from_moments
 from .expm1 import expm1_nonneg, one_minus_exp_neg
@@ -264,6 +265,7 @@ def _launch_stage1(q, values, plan: _Launch, seq_lens, scalars, shape: KernelRou
         head_words = torch.zeros((1, 1, 2), dtype=torch.int64, device=device)
         key = torch.zeros(2, dtype=torch.int64, device=device)
         scale_group, token_div, outlier_slack, num_outliers = 1, 1, False, 0
+    require_backend(_decode_stage1_kernel)
     _decode_stage1_kernel[(batch, kv_heads, splits)](
         q, plan.keys, values, witness, band_index, seq_lens, scalars, part_acc, part_stat,
         kscale, outliers, slots, outlier_chans, token_words, head_words, key,

@@ -31,6 +31,7 @@ from witcert.tier_b.quantizer import FP16_MAX, SCALE_DIVISOR, DitheredInt8
 from witcert.tier_b.outliers import pair_channels
 from witcert.tier_b.packed_store import PackedStore
 
+from . import require_backend
 from ._validate import require, require_tensor
 from .philox import philox_rounds
 
@@ -199,6 +200,7 @@ def dither_write(x: torch.Tensor, quantizer: DitheredInt8, counter, *, block_row
     scales = torch.empty((n_rows, head_dim // group), dtype=torch.float16, device=x.device)
     outliers = torch.empty((n_rows, n_outlier), dtype=torch.float16, device=x.device)
     if n_rows:
+        require_backend(_dither_write_kernel)
         _dither_write_kernel[(triton.cdiv(n_rows, block_rows),)](
             rows, counters, key, mask, chans, payload, scales, outliers,
             n_rows, tokens,
@@ -249,6 +251,7 @@ def dither_stream(counter, shape: tuple[int, ...], *, block_rows: int = 16, devi
     n_rows = counters.shape[0]
     xi = torch.empty((n_rows, head_dim), dtype=torch.float64, device=device)
     if n_rows:
+        require_backend(_dither_stream_kernel)
         _dither_stream_kernel[(triton.cdiv(n_rows, block_rows),)](
             counters, _key_of(counter.seed).to(device), xi, n_rows, counters.stride(0), xi.stride(0),
             HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, BLOCK_D=triton.next_power_of_2(head_dim),

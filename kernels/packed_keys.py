@@ -39,6 +39,7 @@ from witcert.tier_b.outliers import pair_channels
 from witcert.tier_b.packed_store import PackedStore
 from witcert.tier_b.certificate import DEQUANT_FACTOR, FP16_ABS_FLOOR, FP16_UNIT
 
+from . import require_backend
 from ._validate import require
 from .dither_write import dither_block
 from .radius import column
@@ -254,6 +255,7 @@ def dequantize_packed(keys: PackedKeys, *, block_n: int = 32) -> torch.Tensor:
     outliers = keys.store.outliers
     if outliers.shape[-1] == 0:
         outliers = torch.zeros((1, 1, 1, 1), dtype=torch.float16, device=payload.device)
+    require_backend(_dequantize_kernel)
     _dequantize_kernel[(batch, heads, triton.cdiv(tokens, block_n))](
         payload, keys.scales, outliers, keys.outlier_slot, keys.token_words, keys.head_words, keys.key,
         out, tokens,

@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import require_backend
 from ._validate import require, require_tensor
 
 # Random123 constants (Salmon et al., SC'11): multipliers and Weyl key increments.
@@ -83,6 +84,7 @@ def _launch_philox(counter: torch.Tensor, key: torch.Tensor, block: int) -> torc
     out = torch.empty_like(counter)
     n = counter.shape[0]
     grid = (triton.cdiv(n, block),)
+    require_backend(_philox_block_kernel)
     _philox_block_kernel[grid](
         counter, key, out, n,
         counter.stride(0), key.stride(0), out.stride(0),

@@ -18,6 +18,7 @@ import triton.language as tl
 
 from witcert.tier_a.bands import BandLayout
 
+from . import require_backend
 from ._validate import require, require_finite, require_tensor
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -60,6 +61,7 @@ def _launch_witness_write(k_rows, k_hat_rows, band_index, block_rows):
     bands, band_width = band_index.shape
     w = torch.empty((n_rows, bands), dtype=torch.float16, device=k_rows.device)
     inflate = 1.0 + (band_width + 8) * 2.0**-52
+    require_backend(_witness_write_kernel)
     _witness_write_kernel[(triton.cdiv(n_rows, block_rows),)](
         k_rows, k_hat_rows, band_index, w, n_rows, inflate,
         k_rows.stride(0), k_hat_rows.stride(0), w.stride(0),
