@@ -1,7 +1,9 @@
 """Scheme registry: any cache-preserving quantizer, registered as one tensor function (Tier A).
 
 A scheme is ``fn(x) -> x_hat``: ``x`` is a cache tensor ``(..., S, d)`` (tokens on axis -2,
-channels on axis -1) and ``x_hat`` its reconstruction with the **same shape and dtype**.
+channels on axis -1) and ``x_hat`` its reconstruction: a plain ``torch.Tensor`` with the **same
+shape, dtype and device** (a quantized-tensor wrapper is not a reconstruction: call its
+``dequantize()``).
 Tier A (Theorem 2, ``T2``) covers exactly such cache-preserving schemes; eviction, merging or
 latent caches store no per-token reconstruction, and :func:`apply_scheme` rejects them.
 
@@ -80,9 +82,10 @@ def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> 
 
     ``x`` is never handed to the scheme and never changed: the scheme gets ``x.clone()`` (it
     may mutate or return it), and an output sharing memory with ``x`` is copied, so the
-    reconstruction never aliases the exact tensor. Raises ``ValueError`` when the output is
-    not a tensor of ``x``'s shape and dtype (Tier A needs one reconstructed vector per cached
-    token) or contains NaN/Inf.
+    reconstruction never aliases the exact tensor. Raises ``ValueError`` unless the output is a
+    plain dense ``torch.Tensor`` (not a subclass such as a quantized-tensor wrapper, whose values
+    the witness could not read) of ``x``'s shape, dtype and device (Tier A needs one
+    reconstructed vector per cached token), with no NaN/Inf.
     """
     if role not in ROLES:
         raise ValueError(f"role must be one of {ROLES}, got {role!r}")
@@ -91,17 +94,54 @@ def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> 
     name, fn, takes_role = _resolve(scheme)
     private = x.clone()  # the scheme may quantize in place or return a view: never of x
     x_hat = fn(private, role=role) if takes_role else fn(private)
-    if not isinstance(x_hat, torch.Tensor) or x_hat.shape != x.shape:
-        got = tuple(x_hat.shape) if isinstance(x_hat, torch.Tensor) else type(x_hat).__name__
+    _check_output(name, x, x_hat)
+    return x_hat.clone() if shares_memory(x_hat, x) else x_hat
+
+
+def _check_output(name: str, x: torch.Tensor, x_hat) -> None:
+    """Raise ``ValueError`` unless ``x_hat`` is a plain finite reconstruction of ``x`` (say what to return).
+
+    The plain-tensor check comes first: a wrapper subclass (e.g. optimum-quanto's ``QTensor``)
+    reports the shape and dtype of the data it packs, so it would pass the later checks and fail
+    opaquely downstream, or be read as something other than the values attention uses.
+    """
+    wanted = f"a plain torch.Tensor of the input's shape {tuple(x.shape)} and dtype {x.dtype}"
+    if not isinstance(x_hat, torch.Tensor):
+        raise ValueError(f"scheme {name!r} returned {_type_name(x_hat)}; it must return {wanted}, "
+                         "the reconstruction of every cached token")
+    if type(x_hat) is not torch.Tensor:
+        hint = (f"call .dequantize() on it and return that" if _overrides_dequantize(x_hat)
+                else "return the reconstructed values as a plain tensor")
+        raise ValueError(f"scheme {name!r} returned a tensor subclass ({_type_name(x_hat)}); it must return "
+                         f"{wanted}: {hint}")
+    if x_hat.is_quantized:
+        raise ValueError(f"scheme {name!r} returned a quantized tensor (dtype {x_hat.dtype}); it must return "
+                         f"{wanted}: call .dequantize() on it and return that")
+    if x_hat.layout != torch.strided or x_hat.is_nested:
+        raise ValueError(f"scheme {name!r} returned a {x_hat.layout} tensor; it must return {wanted} (dense)")
+    if x_hat.shape != x.shape:
         raise ValueError(
-            f"scheme {name!r} is not shape-preserving: input {tuple(x.shape)}, output {got}. "
+            f"scheme {name!r} is not shape-preserving: input {tuple(x.shape)}, output {tuple(x_hat.shape)}. "
             "Tier A covers cache-preserving schemes only (one reconstruction per cached token)."
         )
     if x_hat.dtype != x.dtype:
-        raise ValueError(f"scheme {name!r} changed dtype {x.dtype} -> {x_hat.dtype}; return the reconstruction")
+        raise ValueError(f"scheme {name!r} changed dtype {x.dtype} -> {x_hat.dtype}; it must return {wanted} "
+                         "(cast the reconstruction back)")
+    if x_hat.device != x.device:
+        raise ValueError(f"scheme {name!r} moved the tensor from {x.device} to {x_hat.device}; it must return "
+                         f"{wanted} on the input's device")
     if not torch.isfinite(x_hat).all():
         raise ValueError(f"scheme {name!r} produced NaN/Inf on finite input")
-    return x_hat.clone() if shares_memory(x_hat, x) else x_hat
+
+
+def _overrides_dequantize(x_hat: torch.Tensor) -> bool:
+    """Whether a tensor subclass defines its own ``dequantize`` (``torch.Tensor`` has one for qint types)."""
+    return callable(getattr(type(x_hat), "dequantize", None)) and type(x_hat).dequantize is not torch.Tensor.dequantize
+
+
+def _type_name(obj) -> str:
+    cls = type(obj)
+    return cls.__qualname__ if cls.__module__ == "builtins" else f"{cls.__module__}.{cls.__qualname__}"
 
 
 def shares_memory(a: torch.Tensor, b: torch.Tensor) -> bool:
