@@ -5,13 +5,16 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
+from witcert.cli import _args
+
 HELP = "adversarial per-query regression of every TV bound (sup-box adversary, golden re-checks)"
 
 
 def add_arguments(parser) -> None:
-    parser.add_argument("--trials", type=int, default=50_000, help="queries to check (default 50000)")
-    parser.add_argument("--seed", type=int, default=0, help="deterministic seed (default 0)")
-    parser.add_argument("--json", metavar="PATH", help="also write the report as JSON")
+    parser.add_argument("--trials", type=_args.positive_int, default=50_000,
+                        help="queries to check (the CI regression uses 500000)")
+    parser.add_argument("--seed", type=_args.non_negative_int, default=0, help="deterministic seed")
+    parser.add_argument("--json", type=_args.output_file, metavar="PATH", help="also write the report as JSON")
 
 
 def _table(report) -> Table:
@@ -57,8 +60,6 @@ def _attack_table(attacks) -> Table:
 
 
 def run(args) -> int:
-    if args.trials < 1:
-        raise SystemExit("--trials must be >= 1")
     from witcert.verification.fuzz import run_fuzz  # torch import deferred so `witcert --help` stays fast
 
     console = Console()

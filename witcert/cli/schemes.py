@@ -1,6 +1,9 @@
-"""``witcert schemes``: list the registered KV-cache schemes with their one-line descriptions."""
+"""``witcert schemes``: list the schemes ``witcert observe --scheme`` accepts, with one-line descriptions."""
+from witcert.cli import _args
+from witcert.schemes.plugins import entry_points
+from witcert.schemes.registry import get_scheme, list_schemes
 
-HELP = "list the registered KV-cache compression schemes (Tier A: any cache-preserving quantizer)"
+HELP = "list the registered KV-cache compression schemes (Tier A: any cache-preserving quantizer) and installed plugins"
 
 
 def add_arguments(parser) -> None:
@@ -8,16 +11,17 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    from witcert.schemes.registry import _REGISTRY, list_schemes
-
-    names = list_schemes()
-    for name in names:
-        if args.names:
-            print(name)
-            continue
-        doc = (getattr(_REGISTRY[name], "__doc__", None) or "").strip().splitlines()
-        print(f"{name:<18} {doc[0] if doc else ''}")
+    plugins = {name: value for name, value in entry_points().items() if name not in list_schemes()}
+    rows = [(name, _first_line(get_scheme(name).__doc__)) for name in list_schemes()]
+    rows += [(name, f"plugin {value} (loaded when used)") for name, value in sorted(plugins.items())]
+    rows += [(name, f"[cache] {about}") for name, about in _args.CACHE_SCHEMES.items()]
+    for name, about in rows:
+        print(name if args.names else f"{name:<18} {about}")
     if not args.names:
-        print("\nTier B (--tier B): dithered-int8, the dithered INT8 cache with its probabilistic certificate "
-              "(non-adaptive scope).")
+        print("\nAny fn(x) -> x_hat of your own: --scheme module:function (checked before the model loads).")
     return 0
+
+
+def _first_line(doc: str | None) -> str:
+    lines = (doc or "").strip().splitlines()
+    return lines[0] if lines else ""
