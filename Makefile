@@ -1,4 +1,7 @@
 # Two commands do the whole set-up on a fresh machine (README): `make demo` and `make test`.
+# `make install` installs the exact pins of requirements.txt into .venv, then this checkout in
+# editable mode without dependencies (pyproject.toml declares ranges for `pip install .[extras]`);
+# it reruns only when requirements.txt or pyproject.toml changed (the stamp file).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
