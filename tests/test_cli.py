@@ -115,6 +115,19 @@ def test_a_bad_argument_exits_2_with_its_name_before_any_work(argv, message, cap
     assert re.search(message, err), err
 
 
+@pytest.mark.parametrize("argv,missing,extra", [
+    (["observe"], "matplotlib", "observatory"),
+    (["fuzz"], "triton", "verify"),
+])
+def test_a_missing_extra_is_named_before_any_work(argv, missing, extra, capsys, no_model_load, monkeypatch):
+    from witcert.cli import _args
+
+    real = _args.importlib.util.find_spec
+    monkeypatch.setattr(_args.importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+    status, err = _exit_status(argv, capsys)
+    assert status == 2 and f"needs {missing}, which is not installed: pip install 'witcert[{extra}]'" in err
+
+
 def test_model_path_must_be_a_checkpoint(capsys, no_model_load, tmp_path):
     (tmp_path / "weights.bin").write_bytes(b"\0")
     status, err = _exit_status(["observe", "--model", str(tmp_path)], capsys)

@@ -6,6 +6,7 @@ prints ``witcert <command>: error: argument --x: ...`` and exits with status 2 b
 subcommand's ``check(args)`` (``witcert.cli.main`` turns its ``ValueError`` into the same error).
 """
 import argparse
+import importlib.util
 import math
 import os
 from pathlib import Path
@@ -17,6 +18,14 @@ CACHE_SCHEMES = {
     "dithered-int8": "the dithered INT8 cache (witcert.DitheredInt8) with its Tier B certificate "
                      "(--tier B; the probabilistic branch for non-adaptive queries only)",
 }
+
+
+def require_installed(command: str, extra: str, *modules: str) -> None:
+    """``ValueError`` naming the extra to install when one of ``modules`` is missing (nothing is imported)."""
+    missing = [name for name in modules if importlib.util.find_spec(name) is None]
+    if missing:
+        raise ValueError(f"{command} needs {', '.join(missing)}, which is not installed: "
+                         f"pip install 'witcert[{extra}]' (or `make install` in a checkout)")
 
 
 class HelpFormatter(argparse.ArgumentDefaultsHelpFormatter):

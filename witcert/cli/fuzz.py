@@ -17,6 +17,11 @@ def add_arguments(parser) -> None:
     parser.add_argument("--json", type=_args.output_file, metavar="PATH", help="also write the report as JSON")
 
 
+def check(args) -> None:
+    """The attack classes drive the Triton kernels and a small transformers model: both must be installed."""
+    _args.require_installed("witcert fuzz", "verify", "triton", "transformers")
+
+
 def _table(report) -> Table:
     table = Table(title=f"witcert fuzz: {report.trials} trials, {report.seconds:.1f} s, "
                   f"{report.trials / max(report.seconds, 1e-9):,.0f} trials/s")

@@ -58,6 +58,7 @@ def check(args) -> None:
     task, the tier, the model path (and, where its ``config.json`` is readable, ``--bands`` against
     its head dim). Raises ``ValueError`` naming the argument.
     """
+    _args.require_installed("witcert observe", "observatory", "transformers", "matplotlib")
     args.schemes = _schemes(args)
     for name in args.schemes:
         if name not in _args.CACHE_SCHEMES:
