@@ -1,4 +1,4 @@
-"""Section 4 -- where the meter's looseness comes from (DESIGN.md §2 "How loose, and where").
+"""Section 4 -- where the meter's looseness comes from (docs/design.md "How loose, and where").
 
 For sampled real-model cells with their per-token bounds ``c``:
 

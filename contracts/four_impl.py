@@ -1,4 +1,4 @@
-"""The four-implementation table (DESIGN.md §4): kernel, torch, mpmath golden, independent.
+"""The four-implementation table (docs/design.md "Verification chain"): kernel, torch, mpmath golden, independent.
 
 For a few small cells (one batch row, 9 query heads over 3 kv heads, ``S = 6`` tokens, d = 64;
 Tier A keys through ``rtn-int4`` (large radii) or ``fp8-e4m3`` (small radii)) each certificate

@@ -1,7 +1,7 @@
 """Contract: the write kernel never clips a non-outlier channel and ``|err| <= s16/2`` (L2, TB).
 
 Hypothesis served: Tier B's ``Delta_t`` and the sub-Gaussian residual (Lemma 2) need, for every
-INT8 channel, ``|s16 (n - xi) - x| <= s16/2`` with ``s16`` the STORED fp16 scale (DESIGN.md §2).
+INT8 channel, ``|s16 (n - xi) - x| <= s16/2`` with ``s16`` the STORED fp16 scale (docs/design.md "Tier B: the dithered INT8 cache").
 Implementation: ``witcert.kernels.dither_write.dither_write``.
 Oracle: exact fp64 comparisons ``s16 (n - xi -+ 1/2)`` vs ``x`` (both sides exact: 11 x 33 bits),
 the dither from ``witcert.tier_b.dither.dither_of``.
@@ -56,7 +56,7 @@ def violations(x: torch.Tensor, store, counter) -> tuple[int, int]:
 
 
 def fp32_scale_quantize(x: torch.Tensor, counter):
-    """The negative control: quantize with the fp32 scale, store it as fp16 (DESIGN.md §2)."""
+    """The negative control: quantize with the fp32 scale, store it as fp16 (docs/design.md "Tier B: the dithered INT8 cache")."""
     x64 = x.to(torch.float64)
     amax = x64.abs().view(*x.shape[:-1], HEAD_DIM // GROUP, GROUP).amax(-1)
     scale32 = (amax / SCALE_DIVISOR).to(torch.float32).to(torch.float64)

@@ -2,7 +2,7 @@
 
 One decode query per (batch, query head) attends over ``S`` cached tokens. Alongside the
 attention output, every program accumulates the meter's moments over its tokens
-(DESIGN.md §2, notation of ``witcert.core.bounds``):
+(docs/design.md "Notation", notation of ``witcert.core.bounds``):
 
 * ``l = sum_t e^{y_t}`` with ``y_t = s_t - m`` (``m`` the running max of the logits ``s``),
 * ``k = sum_t e^{y_t} (e^{c'_t} - 1)``  (``A - 1 = k / l``, Theorem 1 ``T1``),
@@ -10,7 +10,7 @@ attention output, every program accumulates the meter's moments over its tokens
 * ``D = max_t c_t`` (max-norm bound ``MN``),
 
 where ``c_t`` is the per-token logit-error bound, the per-token minimum of what is available
-(DESIGN.md §2 "Per-token minimum of valid bounds"):
+(docs/design.md "Per-token minimum of valid bounds"):
 
 * Tier A: from the band norms of ``q`` and the stored fp16 witness (Theorem 2 ``T2``,
   Lemma 1 ``L1``) -- :func:`decode_attention` over any reconstructed keys;

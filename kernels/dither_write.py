@@ -14,7 +14,7 @@ What the kernel does per element, and which hypothesis it serves:
 * the group scale is the smallest fp16 ``s`` with ``s (Q - 1/2) >= amax`` of the group's
   non-outlier channels (fp64 quotient, cast through fp32 to fp16 exactly as torch casts, then
   one fp16 step up if short: checked exactly in fp64) -- the *stored* fp16 scale is the one
-  used to quantize, so ``|err| <= s/2`` holds (DESIGN.md §2) and ``|n| <= Q``: no clipping;
+  used to quantize, so ``|err| <= s/2`` holds (docs/design.md "Tier B: the dithered INT8 cache") and ``|n| <= Q``: no clipping;
 * the dither ``xi`` comes from in-kernel Philox4x32-10 (``kernels/philox.py``, int64 words)
   on the counter layout of ``witcert.tier_b.counters`` (channel ``c`` uses output word ``c & 3`` of
   the counter whose word 1 carries ``c >> 2``), mapped to the centred 24-bit grid of
@@ -95,7 +95,7 @@ def _dither_write_kernel(
     x = tl.load(x_ptr + offs_row[:, None] * stride_x_row + offs_c[None, :], mask=mask, other=0.0).to(tl.float64)
     is_outlier = tl.load(outlier_mask_ptr + head_row[:, None] * stride_mask_head + offs_c[None, :],
                          mask=mask, other=0) != 0
-    # group amax of the non-outlier channels (outliers are excluded from the amax: DESIGN.md §2)
+    # group amax of the non-outlier channels (outliers are excluded from the amax: docs/design.md "Tier B: the dithered INT8 cache")
     x_abs = tl.where(is_outlier, 0.0, tl.abs(x))
     amax = tl.max(tl.reshape(x_abs, (BLOCK_ROWS, N_GROUPS, GROUP)), axis=2)  # (rows, groups)
     scale16 = _round_up_scale(amax, SCALE_DIV)

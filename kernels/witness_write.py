@@ -3,7 +3,7 @@
 For each incoming token, ``w_{t,b} >= ||(k^_t - k_t)_b||`` for every band ``b`` of the
 ``BandLayout`` (whole RoPE pairs under the model's convention, so by Lemma 1 the witness of a
 pre-RoPE residual serves post-RoPE queries). The witness must never be rounded down
-(DESIGN.md §2): the kernel computes in fp64 and rounds up to fp16 explicitly.
+(docs/design.md "Tier A: the band witness"): the kernel computes in fp64 and rounds up to fp16 explicitly.
 
 Rounding: the fp64 residual of two fp16/bf16/fp32 values is off by at most ``2^-53``
 relative, the ``2P`` squares and their sum by ``gamma_{2P}``, the sqrt by one more rounding;

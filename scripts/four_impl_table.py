@@ -1,6 +1,6 @@
 """Print the four-implementation table (kernel, torch, mpmath golden, independent) as markdown.
 
-DESIGN.md §4: every certificate quantity computed four ways. The machinery is
+docs/design.md "Verification chain": every certificate quantity computed four ways. The machinery is
 ``contracts/four_impl.py`` (also asserted by ``contracts/test_four_implementations.py``); this
 script only prints it, with the budgets the kernel column is held to.
 

@@ -1,4 +1,4 @@
-"""Measure meter-driven gating and repair on synthetic activations (DESIGN.md §3).
+"""Measure meter-driven gating and repair on synthetic activations (docs/design.md "Gating and repair").
 
 Synthetic keys with massive-activation RoPE pairs and an attention-sink token, queries aimed
 at "needle" tokens with norms spread over a decade, keys quantized by a registered Tier A

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# CI step for the Lean development (DESIGN.md §4, §5).
+# CI step for the Lean development (docs/design.md "Verification chain").
 # - When `lake` is on PATH: build the dependency-free layer and the Mathlib layer with warnings
 #   as errors, then check that every registered theorem uses only the standard axioms.
 # - Otherwise: say in one line that the proofs were NOT checked.

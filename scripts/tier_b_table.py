@@ -1,4 +1,4 @@
-"""Tier B measurements for the closing note (dithered INT8 cache; DESIGN.md §2 "Tier B").
+"""Tier B measurements for the closing note (dithered INT8 cache; docs/design.md "Tier B: the dithered INT8 cache").
 
 Tables printed (and written as JSON with ``--json``):
 

@@ -1,4 +1,4 @@
-"""Executable statements of the meter's bounds (DESIGN.md §2; registry keys T1, P1, P1r, MN, RC, CS, MS, L4).
+"""Executable statements of the meter's bounds (docs/design.md "Mathematics"; registry keys T1, P1, P1r, MN, RC, CS, MS, L4).
 
 Pure Python + mpmath, evaluated at the caller's working precision (``mpmath.mp``); no torch,
 no numpy. Each statement is a pair:
@@ -112,7 +112,7 @@ def logsumexp(scores: Sequence[Real]) -> mpf:
 def perturbed(p_tilde: Sequence[Real], eps: Sequence[Real]) -> list[mpf]:
     """The exact-key distribution ``p_t = p~_t e^{-eps_t} / Z``, ``Z = sum_t p~_t e^{-eps_t}``.
 
-    ``eps_t = l~_t - l_t`` is the logit error (DESIGN.md §2). Tokens with ``p~_t = 0`` get
+    ``eps_t = l~_t - l_t`` is the logit error (docs/design.md "Notation"). Tokens with ``p~_t = 0`` get
     ``p_t = 0`` whatever their ``eps_t``; ``eps`` must be finite on the support.
     """
     p = _distribution(p_tilde)

@@ -1,4 +1,4 @@
-"""The 50-digit mpmath golden for every certificate quantity (DESIGN.md §4).
+"""The 50-digit mpmath golden for every certificate quantity (docs/design.md "Verification chain").
 
 One of the four independent implementations (kernel, torch, this golden, ``spec/independent``).
 Inputs are the compressed logits ``scores`` (``-inf`` = masked), per-token radii ``c >= 0`` and,
@@ -149,7 +149,7 @@ def meter_from_scores(scores: Sequence[Real], c: Sequence[Real]) -> mpf:
 def sup_box_tv_exhaustive(scores: Sequence[Real], c: Sequence[Real]) -> mpf:
     """Exact ``sup_{|eps_t| <= c_t} TV(softmax(scores - eps), softmax(scores))``.
 
-    The sup is attained at a vertex ``eps = -c`` on a set ``T``, ``+c`` off it (DESIGN.md §2):
+    The sup is attained at a vertex ``eps = -c`` on a set ``T``, ``+c`` off it (docs/design.md "How loose, and where"):
     ``max_T [ sum_T p~ e^c / (sum_T p~ e^c + sum_{not T} p~ e^-c) - p~(T) ]``, enumerated over all
     ``2^S`` subsets of the unmasked tokens; refuses more than ``SUP_BOX_MAX_TOKENS`` of them.
     """

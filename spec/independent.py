@@ -1,7 +1,7 @@
-"""A fourth implementation, written only from the definitions (DESIGN.md §4).
+"""A fourth implementation, written only from the definitions (docs/design.md "Verification chain").
 
 Python ``decimal`` (no mpmath, nothing from ``spec.bounds``): every quantity is formed literally
-from its definition in DESIGN.md §2 (``p~ = softmax(l~)``, ``Z = sum p~ e^{-eps}``,
+from its definition in docs/design.md "Notation" (``p~ = softmax(l~)``, ``Z = sum p~ e^{-eps}``,
 ``p = p~ e^{-eps} / Z``, ``TV = 1/2 sum |p - p~|``, ``A = sum p~ e^c``, ...), with no
 reformulation against cancellation. Precision is managed instead:
 
@@ -365,7 +365,7 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Number], Sequence[Number]], Dec
 
 def sup_box_tv_exhaustive(scores: Sequence[Number], c: Sequence[Number]) -> Decimal:
     """Exact sup of the true TV over the box ``|eps_t| <= c_t``: the max over the ``2^S`` vertices
-    ``eps = -c`` on ``T``, ``+c`` off it (DESIGN.md §2). At most ``SUP_BOX_MAX_TOKENS`` unmasked tokens."""
+    ``eps = -c`` on ``T``, ``+c`` off it (docs/design.md "How loose, and where"). At most ``SUP_BOX_MAX_TOKENS`` unmasked tokens."""
     s = _scores(scores)
     r = _radii(c, len(s))
     if sum(1 for v in s if v.is_finite()) > SUP_BOX_MAX_TOKENS:

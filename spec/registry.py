@@ -1,4 +1,4 @@
-"""The theorem registry: one row per statement the meter relies on (DESIGN.md §4).
+"""The theorem registry: one row per statement the meter relies on (docs/design.md "Verification chain").
 
 Each row ties the paper item to its Lean declaration (``formal/``), the executable spec
 mirror (``spec/``), the torch implementation (``witcert/``), the Triton kernel
@@ -19,7 +19,7 @@ class Theorem:
 
     key: str  # short id used in docstrings and test names
     paper: str  # where the paper states it
-    statement: str  # one line, clean notation (DESIGN.md §2)
+    statement: str  # one line, clean notation (docs/design.md "Mathematics")
     lean: str | None  # fully qualified Lean declaration in formal/
     spec: str | None  # dotted name of the spec mirror (witcert.spec...)
     torch: str | None  # dotted name of the torch implementation
@@ -63,7 +63,7 @@ THEOREMS: tuple[Theorem, ...] = (
     ),
     Theorem(
         key="MN",
-        paper="max-norm bound (DESIGN.md §2)",
+        paper='max-norm bound (docs/design.md "Mathematics")',
         statement="|eps_t| <= D for all t  =>  TV(p, p~) <= tanh(D/2)",
         lean="WitCert.tv_le_tanh_half",
         note='Chord of w -> |w - Z| on [e^-D, e^D] (`WitCert.mul_abs_sub_le_chord`), optimised over Z.',
@@ -84,7 +84,7 @@ THEOREMS: tuple[Theorem, ...] = (
     ),
     Theorem(
         key="CS",
-        paper="chi-square (variance) bound (DESIGN.md §2, beyond the paper)",
+        paper='chi-square (variance) bound (beyond the paper; docs/design.md "Mathematics")',
         statement="|eps_t| <= c_t  =>  TV(p, p~) <= 1/2 sqrt(sum_t p~_t expm1(c_t)^2) / A-",
         lean="WitCert.tv_le_chi_square",
         note='torch and kernel: wave 2, in progress. Weighted Cauchy-Schwarz `WitCert.sq_sum_mul_le_sum_mul_sq`; centering `WitCert.sum_mul_sub_mean_sq_le`; pointwise `WitCert.abs_exp_neg_sub_one_le`.',
@@ -95,7 +95,7 @@ THEOREMS: tuple[Theorem, ...] = (
     ),
     Theorem(
         key="MS",
-        paper="mass-split bound (DESIGN.md §2, beyond the paper)",
+        paper='mass-split bound (beyond the paper; docs/design.md "Mathematics")',
         statement="L = {c_t <= g}: TV <= B_L + 1/2 ((1 + delta)^2 - 1),  B_L any bound on c 1_L,  delta = sum_H p~ expm1(c) / A-(c 1_L)",
         lean="WitCert.tv_le_mass_split",
         note='torch and kernel: wave 2, in progress. Any set L; first term instantiated in `WitCert.tv_le_mass_split_eform`, `WitCert.tv_le_mass_split_chi_square`, `WitCert.tv_le_mass_split_tanh_half` and `WitCert.tv_le_mass_split_min` (the spec\'s min(T1, P1, CS, MN)); two-step core `WitCert.tv_le_split`, composition `WitCert.reweight_reweight`. Default thresholds: D and the 11 largest floats (1 + r/4) 2^q below it (one pass, exact comparisons).',
@@ -226,7 +226,7 @@ THEOREMS: tuple[Theorem, ...] = (
     ),
     Theorem(
         key="FP",
-        paper="rounding inflation (DESIGN.md §2, beyond the paper)",
+        paper='rounding inflation (beyond the paper; docs/design.md "Rounding enclosures")',
         statement="the fp32/fp64 meter, inflated a priori, is never below the exact-arithmetic bound",
         lean=None,
         spec="witcert.spec.golden.meter_from_scores",

@@ -1,4 +1,4 @@
-"""The exact backing store holds real data: content is checked, not bytes moved (DESIGN.md §3).
+"""The exact backing store holds real data: content is checked, not bytes moved (docs/design.md "Gating and repair").
 
 Implementation: ``witcert.gate.backing_store.BackingStore`` (CRC-32 per block over the bytes written,
 verified on every page-in). Oracle: the source tensors themselves, compared bitwise.

@@ -1,4 +1,4 @@
-"""Static audit of the Lean development (DESIGN.md §4), runnable without a Lean toolchain.
+"""Static audit of the Lean development (docs/design.md "Verification chain"), runnable without a Lean toolchain.
 
 Implementation under test: ``scripts/gen_theorem_map.py`` (declaration parser, forbidden-token
 scan, scope check, map and ``Export.lean`` rendering) applied to ``formal/`` and

@@ -1,4 +1,4 @@
-"""Gate, block decomposition and persistent repair (DESIGN.md §3; registry T1, L4).
+"""Gate, block decomposition and persistent repair (docs/design.md "Gating and repair"; registry T1, L4).
 
 Implementations: ``witcert.gate.policy.Gate``, ``witcert.gate.blocks``, ``witcert.gate.repair``.
 Oracles: the 50-digit spec (``witcert.spec.bounds.softmax`` / ``tv``) for the true TV between

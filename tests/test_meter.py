@@ -76,7 +76,7 @@ def test_fp32_large_rows_never_below_golden(seed):
 
 
 def test_counterexample_meter_bounds_true_tv():
-    """DESIGN.md §2: p~ = (1/2, 1/2), c = 0.1, eps = (0.1, -0.1): TV 0.049834 <= meter."""
+    """docs/design.md "The meter and the risk score": p~ = (1/2, 1/2), c = 0.1, eps = (0.1, -0.1): TV 0.049834 <= meter."""
     scores, c = torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), 0.1, dtype=torch.float64)
     tv = golden.tv_from_scores([0.0, 0.0], [0.1, -0.1])
     assert abs(float(tv) - 0.049834) < 1e-6

@@ -9,7 +9,7 @@ Domain: ``tests/oracles`` cells (scores in [-40, 40] with ties and ``-inf`` mask
 {0} u [1e-30, 12] u {50, 700}), S <= 12 for the sup, explicit thresholds drawn around the radii.
 Tolerances: ``sup <= bound`` and ``TV <= bound`` up to 1e-45 relative (two 50-digit values);
 golden vs fourth 40 digits; the ``g = max c`` identity exactly (same arithmetic).
-Every property is checked per input (DESIGN.md §2).
+Every property is checked per input (docs/design.md "The meter and the risk score").
 """
 import math
 

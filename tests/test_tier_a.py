@@ -69,7 +69,7 @@ def test_layout_index_matches_spec_and_holds_whole_pairs(head_dim, bands, rope):
 
 
 def test_layout_conventions_spelled_out():
-    """rotate_half pairs (j, j + d/2); interleaved pairs (2j, 2j+1) (DESIGN.md §2)."""
+    """rotate_half pairs (j, j + d/2); interleaved pairs (2j, 2j+1) (docs/design.md "Tier A: the band witness")."""
     assert witcert.BandLayout(8, 2, "rotate_half").index.tolist() == [[0, 4, 1, 5], [2, 6, 3, 7]]
     assert witcert.BandLayout(8, 2, "interleaved").index.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert witcert.BandLayout(128).pairs_per_band == 4
@@ -151,7 +151,7 @@ def test_witness_round_up_single_coordinate_boundaries():
 
 
 def test_witness_overflow_is_inf_not_error():
-    """Norm above fp16 range -> inf (trivial bound, DESIGN.md: overflow is not an error)."""
+    """Norm above fp16 range -> inf (trivial bound, docs/design.md "Scope of the guarantee": overflow is not an error)."""
     layout = witcert.BandLayout(2, 1)
     k = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
     k_hat = torch.tensor([[65504.0, 1.0], [3e38, 0.0]])

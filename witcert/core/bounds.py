@@ -1,6 +1,6 @@
 """Torch implementations of every sound TV bound, sharing one pass over the tokens.
 
-Notation (DESIGN.md §2): compressed logits ``x`` (``scores``), ``p~ = softmax(x)``, per-token
+Notation (docs/design.md "Notation"): compressed logits ``x`` (``scores``), ``p~ = softmax(x)``, per-token
 bounds ``c_t >= |eps_t|``, ``A = sum p~ e^{c}``, ``A- = sum p~ e^{-c}``, ``D = max c``.
 To avoid cancellation for small ``c`` the moments are carried as
 ``k = A - 1 = sum p~ (e^{c} - 1) >= 0`` and ``j = 1 - A- = sum p~ (1 - e^{-c}) in [0, 1]``;

@@ -5,7 +5,7 @@ Values carry no RoPE; ``rho_t = ||v^_t - v_t||``. With ``y = sum_t p_t v_t`` (ex
 
     ``y - y^ = sum_t (p_t - p~_t) v_t + sum_t p~_t (v_t - v^_t)``,
 
-so ``||y - y^|| <= 2 TV max_t ||v_t|| + sum_t p~_t rho_t`` (DESIGN.md §2 "Value side"; it is
+so ``||y - y^|| <= 2 TV max_t ||v_t|| + sum_t p~_t rho_t`` (docs/design.md "Value side"; it is
 deterministic given ``p~``, so the joint event spends no probabilistic budget).
 
 The joint event is ``pass_K and pass_V`` with
@@ -90,7 +90,7 @@ def max_value_norm(v_norms: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
 
 
 def output_bound(tv_bound: torch.Tensor, value_term: torch.Tensor, v_norm_max: torch.Tensor) -> torch.Tensor:
-    """``||y - y^|| <= 2 TV max_t ||v_t|| + sum_t p~_t rho_t`` (DESIGN.md §2 "Value side").
+    """``||y - y^|| <= 2 TV max_t ||v_t|| + sum_t p~_t rho_t`` (docs/design.md "Value side").
 
     Parameters are upper bounds: ``tv_bound >= TV(p, p~)`` (the meter), ``value_term`` from
     :func:`value_error_term`, ``v_norm_max`` from :func:`max_value_norm`. Returns fp64, rounded up

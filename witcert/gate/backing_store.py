@@ -1,6 +1,6 @@
 """Exact backing store for gated repair: a host copy of every exact key (and value) written.
 
-The gate (DESIGN.md §3) repairs compressed cache slots by paging exact values in from here.
+The gate (docs/design.md "Gating and repair") repairs compressed cache slots by paging exact values in from here.
 The paper's serving system once allocated this store and never wrote it: repair paged in
 zeros and quality collapsed while a smoke test that counted bytes moved stayed green. So
 this store checks *content*, not bytes:

@@ -1,4 +1,4 @@
-"""Block decomposition of the e-form sum ``A`` (Lemma 4 ``L4``; DESIGN.md §3).
+"""Block decomposition of the e-form sum ``A`` (Lemma 4 ``L4``; docs/design.md "Gating and repair").
 
 With ``A = sum_t p~_t e^{c_t}`` (Theorem 1, ``T1``) and ``sum_t p~_t = 1``,
 

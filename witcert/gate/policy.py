@@ -1,4 +1,4 @@
-"""Meter-driven gating with block-level repair (DESIGN.md §3).
+"""Meter-driven gating with block-level repair (docs/design.md "Gating and repair").
 
 A :class:`Gate` decides, per (layer, head) cell or per request, whether the compressed
 attention is close enough to exact, and if not pages exact blocks in until it is.
@@ -157,7 +157,7 @@ class GateResult:
 
 @dataclass(frozen=True)
 class Gate:
-    """Meter-driven gate with block-level repair (DESIGN.md §3; soundness from Theorem 1 ``T1``).
+    """Meter-driven gate with block-level repair (docs/design.md "Gating and repair"; soundness from Theorem 1 ``T1``).
 
     Parameters
     ----------

@@ -29,7 +29,7 @@ class BandLayout:
     head_dim : int
         Head dimension ``d`` (even).
     bands : int
-        Number of bands ``B``; must divide ``d / 2``. Default 16 (DESIGN.md §2).
+        Number of bands ``B``; must divide ``d / 2``. Default 16 (docs/design.md "Tier A: the band witness").
     rope : {"rotate_half", "interleaved"}
         The model's RoPE pair convention; a band must hold whole pairs under it.
 

@@ -1,6 +1,6 @@
 """Dither counter layouts for Tier B: which Philox counter and word each cache element uses.
 
-Two layouts (DESIGN.md §2 "Dither counter"):
+Two layouts (docs/design.md "Dither counter"):
 
 * standalone ``(request, layer, kv_head, token, channel)`` for offline harnesses;
 * paged ``(layer, kv_head, slot, channel)`` for a paged pool (slots are stable under

@@ -1,7 +1,7 @@
 """Outlier RoPE pairs for Tier B: which pairs bypass INT8 and stay fp16.
 
 Massive activations sit in a few RoPE frequency pairs; keeping ``m`` pairs in fp16 and
-*excluding them from the group amax* (DESIGN.md §2) stops them inflating every scale of
+*excluding them from the group amax* (docs/design.md "Tier B: the dithered INT8 cache") stops them inflating every scale of
 their group. A pair's energy ``sum_t x_{t,a}^2 + x_{t,b}^2`` is invariant under the RoPE
 rotation (Lemma 1, "L1"), which is why a fixed per-(layer, kv_head) set learned from a
 calibration prefix stays valid at every position.

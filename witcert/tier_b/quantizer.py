@@ -4,7 +4,7 @@ Per element, with ``Q = 127`` and the dither ``xi`` of ``witcert.tier_b.dither``
 grid, regenerated from the counter at read time):
 
 1. ``s`` = group amax / ``(Q - 1/2)``, rounded UP to fp16 and stored; the same fp16 value is
-   used to quantize (an fp32 scale with an fp16 store breaks ``|err| <= s/2``: DESIGN.md §2).
+   used to quantize (an fp32 scale with an fp16 store breaks ``|err| <= s/2``: docs/design.md "Tier B: the dithered INT8 cache").
    Rounding up keeps ``|x| / s <= Q - 1/2``, so ``|n| <= Q``: non-outlier channels never clip.
 2. ``n`` = the integer nearest to ``x/s + xi`` *exactly*: a candidate
    ``floor(fl64(x/s + xi) + 1/2)`` is corrected by exact comparisons

@@ -1,7 +1,7 @@
 """The sup-box adversary: the worst true TV over all logit errors with ``|eps_t| <= c_t``.
 
 For fixed ``p~`` and ``c`` the supremum sits at a vertex ``eps = -c`` on a set ``T`` and ``+c``
-off it (DESIGN.md §2 "How loose, and where")::
+off it (docs/design.md "How loose, and where")::
 
     sup TV = max_T  a_T / (a_T + b_T) - p~(T),   a_T = sum_T p~ e^{c},  b_T = sum_{not T} p~ e^{-c}.
 

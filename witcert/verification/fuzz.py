@@ -1,4 +1,4 @@
-"""Adversarial regression of every bound, per query (DESIGN.md §2: never in aggregate).
+"""Adversarial regression of every bound, per query (docs/design.md "The meter and the risk score": never in aggregate).
 
 Each trial is one query: compressed logits and per-token radii drawn from an adversarial
 *family* (peaked and flat ``p~``, huge and tiny ``c``, one massive spike, masked tokens,
@@ -105,7 +105,7 @@ FAMILIES: dict[str, Callable] = {
 
 
 def counterexample() -> tuple[torch.Tensor, torch.Tensor]:
-    """DESIGN.md §2: p~ = (1/2, 1/2), c = (0.1, 0.1); eps = (0.1, -0.1) breaks the dispersion form."""
+    """docs/design.md "The meter and the risk score": p~ = (1/2, 1/2), c = (0.1, 0.1); eps = (0.1, -0.1) breaks the dispersion form."""
     return torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), 0.1, dtype=torch.float64)
 
 
