@@ -12,7 +12,7 @@ HELP = "adversarial per-query regression of every TV bound (sup-box adversary, g
 
 def add_arguments(parser) -> None:
     parser.add_argument("--trials", type=_args.positive_int, default=50_000,
-                        help="queries to check (the CI regression uses 500000)")
+                        help="queries to check (`make fuzz` runs 500000)")
     parser.add_argument("--seed", type=_args.non_negative_int, default=0, help="deterministic seed")
     parser.add_argument("--json", type=_args.output_file, metavar="PATH", help="also write the report as JSON")
 
