@@ -243,5 +243,6 @@ def test_a_user_scheme_runs_in_observe_and_every_cell_is_sound(plugin_dir, tmp_p
     assert status == 0
     rows = [json.loads(line) for line in (tmp_path / "report" / "telemetry.jsonl").read_text().splitlines()]
     assert rows and {r["scheme"] for r in rows} == {"my_schemes:halve_error"}
+    assert {r["tier"] for r in rows} == {"A"}  # the tier used, not the --tier option's "auto"
     tv, meter = np.array([r["true_tv"] for r in rows]), np.array([r["meter"] for r in rows])
     assert not np.isnan(tv).any() and (tv <= meter).all()

@@ -108,7 +108,7 @@ def run(args) -> int:
     out = args.out or Path("reports") / f"observe-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
     jsonl = out / "telemetry.jsonl"
     for r in results:
-        run_tag = {"scheme": r.scheme, "tier": config.tier, "task": r.task, "gated": False}
+        run_tag = {"scheme": r.scheme, "tier": r.tier, "task": r.task, "gated": False}  # the tier used, not "auto"
         telemetry.write_jsonl(jsonl, r.raw, run_tag)
         if r.gated is not None:
             telemetry.write_jsonl(jsonl, r.gated, {**run_tag, "gated": True})
