@@ -22,7 +22,7 @@ from witcert.core.metering import meter, risk_score
 from witcert.gate.policy import Gate
 from witcert.schemes.registry import get_scheme, list_schemes, register_scheme
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.observation import observe
+from witcert.tier_a.observation import observe, score_rounding_bound
 from witcert.tier_a.rotary import apply_rope
 from witcert.tier_a.witness import logit_bound, witness_of
 from witcert.tier_b.certificate import tier_b_logit_bound
@@ -42,6 +42,7 @@ __all__ = [
     "observe",
     "register_scheme",
     "risk_score",
+    "score_rounding_bound",
     "tier_b_logit_bound",
     "witness_of",
 ]
