@@ -21,6 +21,7 @@ against the exact ``sm_scale q . k^_t``. A runtime that computes its own logits 
 rounds far more; a caller metering *those* logits adds :func:`score_rounding_bound` for the
 runtime's dtypes to ``c`` (Theorem 1 needs ``c_t >= |runtime logit - exact logit|``).
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -234,7 +235,7 @@ def score_rounding_bound(q: torch.Tensor, k_hat: torch.Tensor, sm_scale: float, 
     - the final cast: ``(1 + u_out) max(a, b) + u_out sm M + h_out``.
 
     ``gamma_d = d u_acc / (1 - d u_acc)`` (Higham, Thm. 3.1, any summation order). Every step
-    is evaluated in fp64 with one-sided rounding (:mod:`witcert.core.rounding`).
+    has its constants rounded up and is evaluated in fp64, inflated a priori for that evaluation.
     """
     for name, dt in (("score_dtype", score_dtype), ("accumulate_dtype", accumulate_dtype)):
         if dt not in SCORE_DTYPES:
@@ -257,35 +258,46 @@ def score_rounding_bound(q: torch.Tensor, k_hat: torch.Tensor, sm_scale: float, 
         raise ValueError(f"input_dtype must be one of {SCORE_DTYPES}, got {input_dtype!r}")
     d = q.shape[-1]
     lead, tq, s = q.shape[:-3], q.shape[-2], k_hat.shape[-2]
+    a_m, a_l, a_0, b_m, b_0, out_m, out_0 = _score_rounding_coefficients(d, float(sm_scale), input_dtype,
+                                                                         accumulate_dtype, score_dtype)
+    q_abs = q.to(torch.float64).abs().reshape(*lead, hkv, groups * tq, d)  # kv head's query heads folded
+    k_abs = k_hat.to(torch.float64).abs()
+    sm_m = (q_abs @ k_abs.transpose(-1, -2)) * float(sm_scale)  # (..., Hkv, G Tq, S): sm M, to fp64 rounding
+    l1 = q_abs.sum(-1, keepdim=True) + k_abs.sum(-1).unsqueeze(-2)  # ||q||_1 + ||k^_t||_1
+    case_a = sm_m * a_m + l1 * a_l + a_0
+    case_b = sm_m * b_m + b_0
+    final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + out_0[1]
+    # the fp64 evaluation: a d-term dot (gamma_d), then at most 8 roundings, each relative u or absolute
+    # below 2^-1074: 16 subnormal steps and (d + 16) u cover them; the last product rounds up by one step
+    inflate = 1 + (d + 16) * 2.0**-52
+    up = (final + 16 * rounding.SUBNORMAL_STEP) * inflate
+    return rounding.next_up(up).reshape(*lead, hkv * groups, tq, s)
+
+
+def _score_rounding_coefficients(d: int, sm: float, input_dtype, accumulate_dtype, score_dtype) -> tuple:
+    """The constants of :func:`score_rounding_bound`'s cases as upper bounds (Python floats, rounded up).
+
+    ``case_a = a_m sm M + a_l (||q||_1 + ||k^||_1) + a_0``, ``case_b = b_m sm M + b_0``, result
+    ``out_m max(a, b) + out_0[0] sm M + out_0[1]`` (see its docstring for the terms).
+    """
+    def up(x: float) -> float:
+        return math.nextafter(x, math.inf)
+
     u_in, u_acc, u_out = (rounding.unit_roundoff(t) for t in (input_dtype, accumulate_dtype, score_dtype))
     h_in, h_acc, h_out = (_subnormal_step(t) for t in (input_dtype, accumulate_dtype, score_dtype))
     gamma = rounding.summation_gamma(d + 1, accumulate_dtype)  # gamma_d = d u / (1 - d u), rounded up
-    sm = float(sm_scale)
-    root = rounding.ulps_up(torch.tensor(sm**0.5, dtype=torch.float64), 1)  # >= sqrt(sm)
-
-    q_abs = q.to(torch.float64).abs().reshape(*lead, hkv, groups * tq, d)  # kv head's query heads folded
-    k_abs = k_hat.to(torch.float64).abs()
-    dot = q_abs @ k_abs.transpose(-1, -2)  # (..., Hkv, G Tq, S): M up to fp64 rounding
-    big_m = rounding.mul_up(dot, 1 + rounding.summation_gamma(d + 2, torch.float64))  # >= M
-    l1 = rounding.add_up(rounding.mul_up(q_abs.sum(-1, keepdim=True), 1 + rounding.summation_gamma(d + 1, torch.float64)),
-                         rounding.mul_up(k_abs.sum(-1).unsqueeze(-2), 1 + rounding.summation_gamma(d + 1, torch.float64)))
-    sm_m = rounding.mul_up(big_m, sm)  # >= sm M
-
-    # e = (1 + u_acc)^2 (1 + u_in) - 1 <= (2 u_acc + u_in)(1 + u_acc + u_in) (as a float 1 + u would round)
-    e = float(rounding.mul_up(rounding.add_up(torch.tensor(2 * u_acc, dtype=torch.float64), u_in),
-                              rounding.add_up(torch.tensor(1 + u_acc, dtype=torch.float64), u_in)))
-    e_factor = float(rounding.mul_up(torch.tensor(e, dtype=torch.float64), 2 + e))  # 2e + e^2
-    prescale = rounding.add_up(rounding.add_up(
-        rounding.mul_up(sm_m, e_factor),
-        rounding.mul_up(rounding.mul_up(l1, h_in), rounding.mul_up(root, 2 + e))),
-        rounding.mul_up(rounding.mul_up(torch.tensor(h_in, dtype=torch.float64), h_in), d))
-    case_a = rounding.add_up(rounding.add_up(prescale, rounding.mul_up(rounding.add_up(sm_m, prescale), gamma)), d * h_acc)
-    case_b = rounding.add_up(rounding.add_up(
-        rounding.mul_up(rounding.mul_up(rounding.add_up(rounding.mul_up(big_m, gamma), d * h_acc), sm), 1 + u_acc),
-        rounding.mul_up(sm_m, u_acc)), h_acc)
-    final = rounding.add_up(rounding.add_up(rounding.mul_up(torch.maximum(case_a, case_b), 1 + u_out),
-                                            rounding.mul_up(sm_m, u_out)), h_out)
-    return final.reshape(*lead, hkv * groups, tq, s)
+    root = up(up(math.sqrt(sm)))  # >= sqrt(sm)
+    e = up(up(2 * u_acc + u_in) * up(up(1 + u_acc) + u_in))  # >= (1 + u_acc)^2 (1 + u_in) - 1
+    e_factor = up(e * up(2 + e))  # 2e + e^2
+    c_l = up(up(h_in * root) * up(2 + e))  # h_in sqrt(sm) (2 + e)
+    c_0 = up(d * up(h_in * h_in)) if h_in * h_in > 0 else up(d * rounding.SUBNORMAL_STEP)  # d h_in^2
+    one_gamma = up(1 + gamma)
+    a_m = up(up(e_factor * one_gamma) + gamma)  # P (1 + gamma) + gamma sm M, P's sm M part
+    a_l = up(c_l * one_gamma)
+    a_0 = up(up(c_0 * one_gamma) + up(d * h_acc))
+    b_m = up(up(gamma * up(1 + u_acc)) + u_acc)
+    b_0 = up(up(up(sm * up(d * h_acc)) * up(1 + u_acc)) + h_acc)
+    return a_m, a_l, a_0, b_m, b_0, up(1 + u_out), (u_out, h_out)
 
 
 def _subnormal_step(dtype: torch.dtype) -> float:

@@ -1,13 +1,14 @@
 """Cell telemetry: flatten :class:`witcert.integrations.hf.cells.CellBatch` records into columns and JSONL.
 
-One JSONL line per cell: ``run`` (scheme, tier, task, gated), ``case`` (workload case index),
-``layer``, ``head``, ``pos`` (absolute query position), ``batch``, ``meter``, ``risk``,
-``true_tv``, ``output_bound``, ``true_output_error``, ``joint``, ``c_max``, ``repaired``.
-``risk`` is the raw e-form score (``inf`` on overflow, written as the string ``"inf"``): above 1
-it carries no guarantee. ``true_tv`` is ``null`` when the exact shadow was not consulted.
-Cells of a dithered (Tier B) cache also carry ``seed`` (the secret Philox seed, drawn per
-request) and ``request`` (the request id of the cell's batch row): with them a run can be
-replayed (``witcert observe --seed``).
+One JSONL line per cell: the run tags, ``request`` (the monitor's request id of the cell's
+batch row), ``case`` (observatory workload case), ``layer``, ``head``, ``pos`` (absolute query
+position), ``batch`` (row in its forward call), ``tier`` (the certificate actually used: ``"A"``
+or ``"B"``, never ``"auto"``), ``adaptive`` (Tier B used only its deterministic branch), ``meter``,
+``risk``, ``true_tv``, ``output_bound``, ``true_output_error``, ``joint``, ``c_max``,
+``repaired``. ``risk`` is the raw e-form score (``inf`` on overflow, written as the string
+``"inf"``): above 1 it carries no guarantee. ``true_tv`` is ``null`` when the exact keys were not
+kept. Cells of a dithered cache also carry ``seed`` (the secret Philox seed drawn for the
+request): with it and ``request`` a run can be replayed.
 """
 from __future__ import annotations
 
@@ -44,26 +45,29 @@ class CellTable:
 
 
 def cell_table(batches, case: int = 0) -> CellTable:
-    """Flatten a list of ``CellBatch`` (one case) into a :class:`CellTable`."""
+    """Flatten a list of ``CellBatch`` into a :class:`CellTable` (``case`` fills the case column)."""
     extras = sorted(batches[0].extra) if batches else []
-    dithered = bool(batches) and batches[0].seed is not None
-    cols = {k: [] for k in ("case", "layer", "head", "pos", "batch", *_FLOATS, *_BOOLS, *extras,
-                            *(("seed", "request") if dithered else ()))}
+    dithered = bool(batches) and all(batch.seed is not None for batch in batches)
+    cols = {k: [] for k in ("case", "request", "layer", "head", "pos", "batch", "tier", "adaptive", *_FLOATS, *_BOOLS,
+                            *extras, *(("seed",) if dithered else ()))}
     for batch in batches:
         b, hq, tq = batch.meter.shape
         grid_b, grid_h, grid_t = np.meshgrid(np.arange(b), np.arange(hq), np.arange(tq), indexing="ij")
-        cols["case"].append(np.full(grid_b.size, case))
-        cols["layer"].append(np.full(grid_b.size, batch.layer))
+        n = grid_b.size
+        cols["case"].append(np.full(n, case))
+        cols["request"].append(np.asarray(batch.requests, dtype=np.int64)[grid_b.ravel()])
+        cols["layer"].append(np.full(n, batch.layer))
         cols["head"].append(grid_h.ravel())
         cols["pos"].append(batch.positions.numpy()[grid_t.ravel()])
         cols["batch"].append(grid_b.ravel())
+        cols["tier"].append(np.full(n, batch.tier))
+        cols["adaptive"].append(np.full(n, batch.adaptive))
         for name in (*_FLOATS, *_BOOLS):
             cols[name].append(getattr(batch, name).numpy().ravel())
         for name in extras:
             cols[name].append(batch.extra[name].numpy().ravel())
         if dithered:
-            cols["seed"].append(np.full(grid_b.size, batch.seed, dtype=np.uint64))
-            cols["request"].append(np.asarray(batch.requests, dtype=np.int64)[grid_b.ravel()])
+            cols["seed"].append(np.full(n, batch.seed, dtype=np.uint64))
     if not cols["layer"]:
         return CellTable({k: np.array([]) for k in cols})
     return CellTable({k: np.concatenate(v) for k, v in cols.items()})
@@ -77,7 +81,11 @@ def concat(tables) -> CellTable:
 
 
 def write_jsonl(path: Path, table: CellTable, run: dict) -> int:
-    """Append one line per cell of ``table`` (tagged with ``run``) to ``path``; returns lines written."""
+    """Append one line per cell of ``table`` (tagged with ``run``) to ``path``; returns lines written.
+
+    A column of the table wins over a run tag of the same name (a cell's ``tier`` is the tier it
+    was certified with).
+    """
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     names = list(table.columns)
@@ -100,6 +108,8 @@ def _json_value(x):
         return bool(x)
     if isinstance(x, (np.integer,)):
         return int(x)
+    if isinstance(x, (str, np.str_)):
+        return str(x)
     x = float(x)
     if math.isnan(x):
         return None
