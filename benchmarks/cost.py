@@ -51,7 +51,7 @@ def _attention(p: dict) -> torch.Tensor:
 
 
 def _tier_a(p: dict, scores: torch.Tensor) -> torch.Tensor:
-    c = witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"])  # (Hkv, G, S)
+    c = witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"])  # (Hkv, G, S): G queries per kv head
     return witcert.meter(scores, c)
 
 
@@ -74,7 +74,7 @@ def measure_shape(name: str, s: int, reps: int) -> dict:
     hq, hkv, d = SHAPES[name]
     p = _problem(hq, hkv, d, s)
     scores = (p["q"] @ p["k"].transpose(-1, -2)) * p["sm"]
-    c_a = witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"])
+    c_a = witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"])
     w32 = p["w"].float()  # the fp16 witness widened once (a kernel widens it in registers)
     mass = torch.exp(scores - scores.amax(-1, keepdim=True))
     fns = {
@@ -82,7 +82,7 @@ def measure_shape(name: str, s: int, reps: int) -> dict:
         "tier_a": lambda: _tier_a(p, scores),
         "tier_b": lambda: _tier_b(p, scores),
         "part: input checks": lambda: check_scores_and_bounds(scores, c_a),
-        "part: logit_bound (Tier A c)": lambda: witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"]),
+        "part: logit_bound (Tier A c)": lambda: witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"]),
         "part: tier_b_logit_bound (Tier B c)": lambda: witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"]),
         "part: bounds.moments": lambda: bounds.moments(scores, c_a),
         "part: meter(scores, c)": lambda: witcert.meter(scores, c_a),

@@ -127,7 +127,7 @@ def measure(name: str, s: int, reps: int) -> dict:
     hq, hkv, d = SHAPES[name]
     p = _problem(hq, hkv, d, s)
     scores = (p["q"] @ p["k"].transpose(-1, -2)) * p["sm"]
-    c_lib = witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"])
+    c_lib = witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"])
     c_fast = fast_logit_bound(p["q"], p["w"], p["layout"], p["sm"])
     b_lib = witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"])
     b_fast = fast_tier_b(p["q"], p["store"], p["delta_loc"], p["sm"])
@@ -142,7 +142,7 @@ def measure(name: str, s: int, reps: int) -> dict:
 
     fns = {
         "attention": lambda: torch.softmax((p["q"] @ p["k"].transpose(-1, -2)) * p["sm"], -1) @ p["v"],
-        "logit_bound (library)": lambda: witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"]),
+        "logit_bound (library)": lambda: witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"]),
         "logit_bound (proposal 1)": lambda: fast_logit_bound(p["q"], p["w"], p["layout"], p["sm"]),
         "tier_b c (library)": lambda: witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"]),
         "tier_b c (proposal 2)": lambda: fast_tier_b(p["q"], p["store"], p["delta_loc"], p["sm"]),

@@ -26,7 +26,7 @@ import torch
 
 import witcert
 from witcert.core import bounds
-from witcert.tier_a.observation import score_rounding
+from witcert.tier_a.observation import score_rounding_bound
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_b.certificate import deterministic_delta, delta_local, tier_b_logit_bound
 
@@ -85,11 +85,12 @@ class Layer:
         return x.reshape(self.hq, self.tq, *x.shape[3:])
 
     def scores(self, k_hat: torch.Tensor) -> torch.Tensor:
-        s = self.sm * self.qg @ k_hat.double()[:, None].transpose(-1, -2)
+        s = (self.qg @ k_hat.double()[:, None].transpose(-1, -2)) * self.sm
         return self.flat(s).masked_fill(~self.mask, -math.inf)  # (Hq, Tq, S)
 
     def rounding(self, k_hat: torch.Tensor) -> torch.Tensor:
-        return self.flat(score_rounding(self.qg, k_hat.double(), self.sm))
+        return score_rounding_bound(self.q.double(), k_hat.double(), self.sm, score_dtype=torch.float64,
+                                    accumulate_dtype=torch.float64)  # (Hq, Tq, S)
 
     def observe(self, k_hat, v_hat):
         return witcert.observe(self.q, self.k, self.v, "rtn-int8", self.layout, sm_scale=self.sm, mask=self.mask,
@@ -121,12 +122,11 @@ def dithered_cells(layer: Layer, m: int, request: int, n_layers: int) -> dict:
     v_hat = qv.dequantize(qv.quantize(layer.v, counter_v), counter_v)
     obs = layer.observe(k_hat, v_hat)
     scores, slack = layer.scores(k_hat), layer.rounding(k_hat)
-    q4 = layer.qg.reshape(layer.hkv, layer.groups * layer.tq, layer.d)
 
     def c_of(mode, delta_req):
         loc = delta_local(delta_req, n_layers, layer.hq, layer.tq)
-        c = tier_b_logit_bound(q4, store, loc, sm_scale=layer.sm, mode=mode).double()
-        return (layer.flat(c.reshape(layer.hkv, layer.groups, layer.tq, layer.s)) + slack) * (1 + 2.0**-50)
+        c = tier_b_logit_bound(layer.q, store, loc, sm_scale=layer.sm, mode=mode).double()  # (Hq, Tq, S)
+        return (c + slack) * (1 + 2.0**-50)
 
     out = {"meter[A]": witcert.meter(scores, obs.c), "meter[delta]": witcert.meter(scores, c_of("delta", 0.5))}
     for delta_req in DELTAS:
@@ -137,8 +137,8 @@ def dithered_cells(layer: Layer, m: int, request: int, n_layers: int) -> dict:
         if delta_req == HEADLINE_DELTA:
             out.update(_bounds_of(scores, c_min, prefix="[min] "))
             out["_c"] = c_min
-    delta_c = deterministic_delta(q4, store, layer.sm).reshape(layer.hkv, layer.groups, layer.tq, layer.s)
-    out["competitor"] = _competitor(layer.flat(delta_c) + slack, layer.mask)
+    delta_c = deterministic_delta(layer.q, store, layer.sm)  # (Hq, Tq, S)
+    out["competitor"] = _competitor(delta_c + slack, layer.mask)
     out["meter"] = out[f"meter[min] d={HEADLINE_DELTA:g}"]
     out["true_tv"], out["pass_v"] = obs.true_tv, obs.pass_v
     out["_scores"] = scores

@@ -223,10 +223,10 @@ def reference_radius(c: AttentionCase) -> torch.Tensor:
     """The torch reference's per-token ``c_t`` (B, Hq, S), fp64 values; ``0`` on masked tokens."""
     radius = None
     if c.witness is not None:
-        q = c.q.double().view(BATCH, KV_HEADS, GROUP, HEAD_DIM)
-        radius = witcert.logit_bound(q, c.witness[:, :, None], c.layout).reshape(BATCH, Q_HEADS, -1).double()
+        q = c.q.double()[:, :, None]  # (B, Hq, Tq=1, d) against the witness (B, Hkv, S, B): GQA inside
+        radius = witcert.logit_bound(q, c.witness, c.layout).reshape(BATCH, Q_HEADS, -1).double()
     if c.packed is not None:
-        q = c.q.view(BATCH, KV_HEADS, GROUP, HEAD_DIM)
+        q = c.q[:, :, None]  # (B, Hq, Tq=1, d) against the store (B, Hkv, S, d)
         tier_b = tier_b_logit_bound(q, c.packed.store, DELTA_LOC, mode=c.mode).reshape(BATCH, Q_HEADS, -1).double()
         radius = tier_b if radius is None else torch.minimum(radius, tier_b)
     live = compressed_scores(c) > -math.inf

@@ -151,9 +151,9 @@ def kernel_budget() -> dict:
 
 
 def torch_radii(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    q = p.q.double().view(KV_HEADS, GROUP, HEAD_DIM)
-    tier_a = witcert.logit_bound(q, p.witness[0][:, None], p.layout).reshape(Q_HEADS, TOKENS)
-    tier_b = tier_b_logit_bound(p.q.view(1, KV_HEADS, GROUP, HEAD_DIM), p.store, DELTA_LOC, mode="u")
+    q = p.q.double().view(Q_HEADS, 1, HEAD_DIM)  # (Hq, Tq=1, d) against (Hkv, S, B): GQA inside
+    tier_a = witcert.logit_bound(q, p.witness[0], p.layout).reshape(Q_HEADS, TOKENS)
+    tier_b = tier_b_logit_bound(p.q.view(1, Q_HEADS, 1, HEAD_DIM), p.store, DELTA_LOC, mode="u")
     return tier_a.double(), tier_b.reshape(Q_HEADS, TOKENS).double()
 
 

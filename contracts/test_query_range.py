@@ -115,7 +115,7 @@ def test_radius_matches_the_reference_and_covers_the_logit_error(config, regime)
     q = problem["q"]
     reference = torch.full_like(kernel, math.inf)
     if problem["witness"] is not None:
-        reference = witcert.logit_bound(q, problem["witness"][None], problem["layout"], sm_scale=kr.SM_SCALE)[:, 0]
+        reference = witcert.logit_bound(q[None], problem["witness"][None], problem["layout"], sm_scale=kr.SM_SCALE)[0, :, 0]
     if problem["tier"] == "B":
         tier_b = tier_b_logit_bound(q.view(1, 1, kr.HEADS, kr.HEAD_DIM), problem["store"], kr.DELTA_LOC,
                                     sm_scale=kr.SM_SCALE, mode=problem["mode"])
@@ -149,7 +149,7 @@ def test_meter_matches_the_reference_at_every_magnitude(exponent):
     problem, run = _scale_free_rows(exponent)
     q64 = problem["q"].double()
     compressed = kr.SM_SCALE * q64 @ problem["k_hat"].T  # the keys the kernel read, fp64 logits
-    radius = witcert.logit_bound(q64, problem["witness"][None], problem["layout"], sm_scale=kr.SM_SCALE)
+    radius = witcert.logit_bound(q64[None], problem["witness"][None], problem["layout"], sm_scale=kr.SM_SCALE)[0]
     reference = witcert.meter(compressed, radius)
     seq = compressed.shape[-1]
     budget = 2 * relative_budget(seq, 2, float(run.certificate.c_max.max()))

@@ -65,7 +65,7 @@ def tier_a_bounds(q, k, k_hat, sm_scale):
     """Tier A: c (H, T, S) from the fp16 round-up band witness (T2)."""
     layout = witcert.BandLayout(q.shape[-1], 16)
     w = witcert.witness_of(k, k_hat, layout)  # (H, S, B)
-    return witcert.logit_bound(q, w[:, None], layout, sm_scale).double()  # (H, T, S)
+    return witcert.logit_bound(q, w, layout, sm_scale).double()  # (H, T, S)
 
 
 def logits(q, k, sm_scale):
@@ -192,7 +192,7 @@ def decode_traffic(tau, data, steps, policy):
             pager = LayerPager(repairer, "layer", q, sm_scale, k_cache=cache[:, :n], witness=witness[:, :n])
             kc, wc = cache[:, :n], witness[:, :n]
         scores = torch.einsum("hd,hsd->hs", q.double(), kc.double()) * sm_scale
-        c = witcert.logit_bound(q, wc, layout, sm_scale).double()
+        c = witcert.logit_bound(q[:, None], wc, layout, sm_scale)[:, 0].double()  # (H, S)
         gate(scores, c, pager=pager)
     return repairer.totals()
 

@@ -255,7 +255,7 @@ def smollm2_rows(n_tokens=512, n_queries=16) -> tuple[list[dict], torch.Tensor |
         cells = coverage_cells(keys, queries, quantizer, counter, sm, loc, mask=mask)
         store = cells["_store"]
         witness = witcert.witness_of(keys, quantizer.dequantize(store, counter), layout)
-        c_a = witcert.logit_bound(queries, witness.unsqueeze(-3), layout, sm_scale=sm).double()  # (L, H, Tq, S)
+        c_a = witcert.logit_bound(queries, witness, layout, sm_scale=sm).double()  # (L, H, Tq, S)
         b = cells["_bounds"]
         live = mask.expand_as(c_a)
         c_best = torch.minimum(b["min"], c_a)

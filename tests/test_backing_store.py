@@ -40,10 +40,8 @@ class NeverWrittenStore(BackingStore):
 
     def write(self, key, k, v=None):
         stream = self._stream_for(key, k, v)
-        from witcert.gate.backing_store import _ensure_capacity
-
         stop = stream.length + k.shape[-2]
-        _ensure_capacity(stream, stop, self.block_size)
+        self._ensure_capacity(stream, stop)
         stream.length = stop
         self.bytes_written += k.numel() * k.element_size()
 

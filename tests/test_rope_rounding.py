@@ -67,10 +67,10 @@ def test_reviewer_case_pre_rope_witness_needs_the_rotation_slack():
     q[:, 67] = q[:, 3] / 2
     scale = 128**-0.5
     scores, exact = scale * q @ k_hat_rot[0].T, scale * q @ k_rot[0].T
-    c = witcert.logit_bound(q, w[0], layout, scale)  # (4, S)
+    c = witcert.logit_bound(q[None], w, layout, scale)[0]  # (4, S)
     assert ((exact - scores).abs() <= c).all()
     assert (true_tv(exact, scores) <= witcert.meter(scores, c)).all()
-    plain_meter = witcert.meter(scores, witcert.logit_bound(q, plain[0], layout, scale))
+    plain_meter = witcert.meter(scores, witcert.logit_bound(q[None], plain, layout, scale)[0])
     assert (true_tv(exact, scores) > plain_meter).any()  # meter below TV without the slack
 
 
@@ -217,7 +217,7 @@ def test_hf_llama_rotation_end_to_end(dtype):
         assert (layout.band_norms(r) <= w.double()).all(), scheme
         qq = q[0, 0] / q[0, 0].norm(dim=-1, keepdim=True) * (40 / float(k_rot.double().norm(dim=-1).max()))
         scores, exact = scale * qq @ k_hat_rot[0, 0].double().T, scale * qq @ k_rot[0, 0].double().T
-        c = witcert.logit_bound(qq, w, layout, scale)
+        c = witcert.logit_bound(qq[None], w[None], layout, scale)[0]
         assert ((exact - scores).abs() <= c).all(), scheme
         assert (true_tv(exact, scores) <= witcert.meter(scores, c)).all(), scheme
 

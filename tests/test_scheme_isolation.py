@@ -1,7 +1,7 @@
 """A scheme can never touch the exact keys (issue 16, item 9).
 
 Implementations: ``witcert.schemes.registry.apply_scheme`` (and ``get_scheme``), ``witcert.observe``,
-``witcert.integrations.hf.compressed_cache.CompressedLayer`` and the ``"witcert"`` attention on a tiny random Llama;
+``witcert.integrations.hf.compressed_cache.CompressedLayer`` and ``witcert.monitor`` on a tiny random Llama;
 the attack class ``witcert.verification.attacks.mutating_scheme``. Oracles: a saved copy of every exact
 tensor (bitwise equality), the fp64 true TV against the *original* keys, the stock model's
 cache. Domain: schemes that quantize in place, return views of their input, return the input
@@ -12,7 +12,9 @@ import torch
 
 import witcert
 from witcert.verification.attacks import mutating_scheme
+from witcert.integrations.hf.codecs import Reconstruction
 from witcert.integrations.hf.compressed_cache import CompressedLayer
+from witcert.tier_a.bands import BandLayout
 from witcert.schemes.registry import _REGISTRY, apply_scheme, shares_memory
 
 LAYOUT = witcert.BandLayout(64, 16)
@@ -99,22 +101,20 @@ def test_compressed_layer_leaves_the_cache_alone_and_passes_the_role():
 
     cache = torch.randn(1, 2, 6, 8, generator=torch.Generator().manual_seed(2))
     saved = cache.clone()
-    layer = CompressedLayer(compress_key=scheme, compress_value=scheme)
-    layer.sync(cache, cache)
-    assert torch.equal(cache, saved)
-    assert torch.equal(layer.k_hat, saved * 0.5) and calls == ["key", "value"]
-    assert not shares_memory(layer.k_hat, cache) and not shares_memory(layer.v_hat, cache)
+    layer = CompressedLayer(Reconstruction(scheme), BandLayout(8, 2))
+    layer.append(cache, cache)
+    k_hat, v_hat = layer.read()
+    assert torch.equal(cache, saved) and torch.equal(layer.exact()[0], saved)
+    assert torch.equal(k_hat, saved * 0.5) and calls == ["key", "value"]
+    assert not shares_memory(k_hat, cache) and not shares_memory(v_hat, cache)
 
 
 def test_hf_path_keeps_the_exact_shadow():
-    """Tiny random Llama through the "witcert" attention with an in-place scheme: the model's
-    cache (exact shadow, gate backing data) equals the stock run's, and every cell's meter is
-    >= its true TV against that shadow (fp64). Before the fix the cache was overwritten."""
+    """Tiny random Llama under ``witcert.monitor`` with an in-place scheme: the monitored cache's exact
+    keys (true-TV oracle, gate backing data) equal the stock run's, and every cell's meter is >= its
+    true TV against them (fp64). Before the fix the cache was overwritten."""
     import transformers
     from transformers import DynamicCache
-
-    from witcert.observatory import telemetry
-    from witcert.integrations.hf.attention import Session, compressed_attention, layout_for
 
     config = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
                                       num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
@@ -128,8 +128,7 @@ def test_hf_path_keeps_the_exact_shadow():
     _REGISTRY.pop("test-inplace-int2", None)
     witcert.register_scheme("test-inplace-int2")(inplace_int2)
     try:
-        session = Session("test-inplace-int2", layout_for(model, bands=8))
-        with torch.no_grad(), compressed_attention(model, session):
+        with torch.no_grad(), witcert.monitor(model, "test-inplace-int2", bands=8) as mon:
             cache = DynamicCache(config=model.config)
             model(ids[:, :32], past_key_values=cache)
             shadow = [layer.keys[..., :32, :].clone() for layer in cache.layers]
@@ -139,7 +138,7 @@ def test_hf_path_keeps_the_exact_shadow():
     for ours, theirs, before in zip(cache.layers, stock.layers, shadow):
         assert torch.equal(ours.keys[..., :32, :], theirs.keys) and torch.equal(ours.values[..., :32, :], theirs.values)
         assert torch.equal(ours.keys[..., :32, :], before)  # the decode step did not rewrite the prefix
-    table = telemetry.cell_table(session.batches)
+    table = mon.table()
     assert len(table) == 2 * 4 * 8
     assert (table["true_tv"] <= table["meter"]).all()
 

@@ -157,9 +157,9 @@ def test_witness_overflow_is_inf_not_error():
     k_hat = torch.tensor([[65504.0, 1.0], [3e38, 0.0]])
     w = witcert.witness_of(k, k_hat, layout)
     assert torch.isinf(w).all()
-    c = witcert.logit_bound(torch.tensor([0.0, 0.0]), w, layout, 1.0)
+    c = witcert.logit_bound(torch.tensor([[[0.0, 0.0]]]), w[None], layout, 1.0)  # (1, 1, 2)
     assert (c == 0).all()  # a zero query band meets an inf witness: exact contribution 0
-    assert torch.isinf(witcert.logit_bound(torch.tensor([1.0, 0.0]), w, layout, 1.0)).all()
+    assert torch.isinf(witcert.logit_bound(torch.tensor([[[1.0, 0.0]]]), w[None], layout, 1.0)).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -202,8 +202,8 @@ def test_logit_bound_sound_and_tight_against_spec(case, sm_scale):
     w = witcert.witness_of(torch.tensor(k, dtype=torch.float64), torch.tensor(k_hat, dtype=torch.float64), layout)
     for dtype in (torch.float64, torch.float32):
         qt = torch.tensor(q, dtype=torch.float64).to(dtype)
-        c = witcert.logit_bound(qt, w[None], layout, sm_scale)  # (1,)
-        assert c.dtype == dtype and c.shape == (1,)
+        c = witcert.logit_bound(qt[None, None], w[None, None], layout, sm_scale)  # one head, one query, one token
+        assert c.dtype == dtype and c.shape == (1, 1, 1)
         q_exact = qt.double().tolist()
         residual = [mpf(a) - mpf(b) for a, b in zip(k_hat, k)]
         with mp.workdps(60):
@@ -225,8 +225,8 @@ def test_logit_bound_tight_for_aligned_query():
     q = (layout.split(r) / layout.band_norms(r)[..., None] * alpha[..., None]).flatten(-2)
     q = q[:, torch.argsort(layout.index.flatten())]  # back to coordinate order
     w = witcert.witness_of(torch.zeros_like(r), r, layout)
-    c = witcert.logit_bound(q, w, layout, 0.1)  # (500,) with q (500, d) against w (500, B): row-wise
-    assert c.shape == (500, 500)  # q's leading dim broadcasts against S: every query x every token
+    c = witcert.logit_bound(q[None], w[None], layout, 0.1)[0]  # one head: 500 queries x 500 tokens
+    assert c.shape == (500, 500)
     eps = 0.1 * (q * r).sum(-1)
     diag = c.diagonal()
     assert (diag >= eps.abs()).all()
@@ -235,30 +235,36 @@ def test_logit_bound_tight_for_aligned_query():
 
 @pytest.mark.parametrize("hkv,groups", [(1, 1), (2, 3), (4, 2)])
 def test_logit_bound_gqa_layout(hkv, groups):
-    """q (Hkv, G, Tq, d) with w[:, None, None] equals the per-query-head loop h -> h // G."""
+    """q (Hq, Tq, d) against w (Hkv, S, B) (GQA inside) equals the per-query-head loop h -> h // G."""
     gen = torch.Generator().manual_seed(1)
     layout = witcert.BandLayout(64, 8)
     tq, s = 5, 7
     q = torch.randn(hkv * groups, tq, 64, generator=gen)
     k = torch.randn(hkv, s, 64, generator=gen)
     w = witcert.witness_of(k, k + 0.01 * torch.randn(hkv, s, 64, generator=gen), layout)
-    batched = witcert.logit_bound(q.view(hkv, groups, tq, 64), w[:, None, None], layout)
+    batched = witcert.logit_bound(q, w, layout)  # (Hq, Tq, S)
+    assert batched.shape == (hkv * groups, tq, s)
     for h in range(hkv * groups):
-        single = witcert.logit_bound(q[h], w[h // groups][None], layout)  # (Tq, S)
-        torch.testing.assert_close(batched[h // groups, h % groups], single, rtol=0, atol=0)
+        single = witcert.logit_bound(q[h][None], w[h // groups][None], layout)[0]  # (Tq, S)
+        torch.testing.assert_close(batched[h], single, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
     "q,w,sm_scale,match",
     [
-        (torch.zeros(8), torch.zeros(3, 2), None, None),
-        (torch.zeros(6), torch.zeros(3, 2), None, "last dim"),
-        (torch.zeros(8), torch.zeros(3, 3), None, "B=2"),
-        (torch.zeros(8), -torch.ones(3, 2), None, "negative"),
-        (torch.zeros(8), torch.full((3, 2), math.nan), None, "NaN"),
-        (torch.full((8,), math.nan), torch.zeros(3, 2), None, "q contains NaN"),
-        (torch.zeros(8), torch.zeros(3, 2), -1.0, "sm_scale"),
-        (torch.zeros(8), torch.zeros(3, 2), math.inf, "sm_scale"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 2), None, None),
+        (torch.zeros(1, 1, 6), torch.zeros(1, 3, 2), None, "last dim"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 3), None, "B=2"),
+        (torch.zeros(1, 1, 8), -torch.ones(1, 3, 2), None, "negative"),
+        (torch.zeros(1, 1, 8), torch.full((1, 3, 2), math.nan), None, "NaN"),
+        (torch.full((1, 1, 8), math.nan), torch.zeros(1, 3, 2), None, "q contains NaN"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 2), -1.0, "sm_scale"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 2), math.inf, "sm_scale"),
+        (torch.zeros(8), torch.zeros(3, 2), None, "explicit query-head and query axes"),
+        (torch.zeros(2, 8), torch.zeros(2, 3, 2), None, "explicit query-head and query axes"),
+        (torch.zeros(2, 1, 8), torch.zeros(3, 2), None, "same leading dims"),
+        (torch.zeros(3, 2, 1, 8), torch.zeros(1, 2, 3, 2), None, "same leading dims"),
+        (torch.zeros(3, 1, 8), torch.zeros(2, 3, 2), None, "multiple of kv heads"),
     ],
 )
 def test_logit_bound_input_checks(q, w, sm_scale, match):
@@ -273,8 +279,8 @@ def test_logit_bound_input_checks(q, w, sm_scale, match):
 def test_default_scale_rounds_up():
     """Default sm_scale covers the real 1/sqrt(d): c >= the spec bound with scale 1/sqrt(d) exactly."""
     layout = witcert.BandLayout(128, 16)
-    q = torch.ones(128, dtype=torch.float64)
-    w = torch.ones(1, 16, dtype=torch.float16)
+    q = torch.ones(1, 1, 128, dtype=torch.float64)
+    w = torch.ones(1, 1, 16, dtype=torch.float16)
     c = witcert.logit_bound(q, w, layout)
     assert mpf(c.item()) >= spec.bound_band_witness([1.0] * 128, [1.0] * 16, 16)
 
@@ -347,10 +353,10 @@ def test_post_rope_witness_bounds_every_position_query():
     layout = witcert.BandLayout(64, 16, "interleaved")
     k = torch.randn(1, 30, 64, generator=gen, dtype=torch.float64)
     k_hat = witcert.get_scheme("fp8-e5m2")(k)
-    w = witcert.witness_of(k, k_hat, layout, rope_dtype=torch.float64)[0]  # pre-RoPE
+    w = witcert.witness_of(k, k_hat, layout, rope_dtype=torch.float64)  # (1, S, B), pre-RoPE
     pos = torch.randint(0, 10000, (30,), generator=gen)
     r_post = witcert.apply_rope(k_hat, pos, "interleaved") - witcert.apply_rope(k, pos, "interleaved")
     q = witcert.apply_rope(torch.randn(1, 20, 64, generator=gen, dtype=torch.float64), torch.arange(20) * 999, "interleaved")
-    c = witcert.logit_bound(q[0], w, layout, 0.125)  # (20, 30)
+    c = witcert.logit_bound(q, w, layout, 0.125)[0]  # (20, 30)
     eps = 0.125 * q[0] @ r_post[0].T
     assert (eps.abs() <= c).all()

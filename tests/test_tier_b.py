@@ -315,24 +315,28 @@ def test_meter_on_tier_b_bounds_dominates_the_true_tv():
 def test_bad_query_and_budget_are_rejected():
     store = DitheredInt8().quantize(torch.zeros(1, 4, 32), StandaloneCounter(request=0, layer=0))
     with pytest.raises(ValueError, match="NaN or Inf"):
-        tier_b_logit_bound(torch.full((1, 32), float("nan")), store, 1e-3)
+        tier_b_logit_bound(torch.full((1, 1, 32), float("nan")), store, 1e-3)
     with pytest.raises(ValueError, match="head dim"):
-        tier_b_logit_bound(torch.zeros(1, 16), store, 1e-3)
+        tier_b_logit_bound(torch.zeros(1, 1, 16), store, 1e-3)
     with pytest.raises(ValueError, match="delta_loc"):
-        tier_b_logit_bound(torch.zeros(1, 32), store, 0.0)
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 0.0)
     with pytest.raises(ValueError, match="mode"):
-        tier_b_logit_bound(torch.zeros(1, 32), store, 1e-3, mode="max")
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 1e-3, mode="max")
     with pytest.raises(ValueError, match="key_dtype"):
-        tier_b_logit_bound(torch.zeros(1, 32), store, 1e-3, key_dtype=torch.int8)
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 1e-3, key_dtype=torch.int8)
     with pytest.raises(ValueError, match="key_dtype"):
-        tier_b_logit_bound(torch.zeros(1, 32), store, 1e-3, key_dtype="bf16")
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 1e-3, key_dtype="bf16")
+    with pytest.raises(ValueError, match="explicit query-head and query axes"):
+        tier_b_logit_bound(torch.zeros(1, 32), store, 1e-3)  # (H, d): no query axis, ambiguous
+    with pytest.raises(ValueError, match="same leading dims"):
+        tier_b_logit_bound(torch.zeros(2, 1, 1, 32), store, 1e-3)
     for key_dtype in KEY_DTYPES.values():  # all-zero cache: exact in every key dtype
-        assert (tier_b_logit_bound(torch.ones(1, 32), store, 1e-3, key_dtype=key_dtype) == 0).all()
+        assert (tier_b_logit_bound(torch.ones(1, 1, 32), store, 1e-3, key_dtype=key_dtype) == 0).all()
 
 
 def test_terms_have_the_documented_order():
     x = synthetic_keys((2, 64, 64), seed=14)
     store = DitheredInt8().quantize(x, StandaloneCounter(request=0, layer=0))
-    terms = tier_b_terms(synthetic_keys((2, 64), seed=15), store, 1e-5)
+    terms = tier_b_terms(synthetic_keys((2, 1, 64), seed=15), store, 1e-5)
     assert (terms.beta <= terms.delta * 2.0**-23).all() and (terms.rho <= terms.delta * 1e-4).all()
-    assert terms.u.shape == (2, 64) and (terms.outlier == 0).all()
+    assert terms.u.shape == (2, 1, 64) and (terms.outlier == 0).all()

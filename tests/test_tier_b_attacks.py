@@ -1,8 +1,9 @@
 """Tier B through the HF integration: model dtypes, batched streams, secret seeds (issue 16 items 2, 3, 8).
 
-Implementations: ``witcert.integrations.hf.attention`` (``Session``, the ``"witcert"`` attention) over
-``witcert.integrations.hf.compressed_cache.DitheredLayer``, ``witcert.integrations.hf.cells.tighten_with_tier_b``, the telemetry of
-``witcert.observatory.telemetry``, and the attack classes ``witcert.verification.attacks.model_dtypes`` /
+Implementations: ``witcert.monitor`` (the ``"witcert"`` attention) over the dithered codec of
+``witcert.integrations.hf.codecs`` in ``witcert.integrations.hf.compressed_cache.CompressedLayer``,
+``witcert.integrations.hf.cells.tighten_with_tier_b``, the telemetry of
+``witcert.integrations.hf.telemetry``, and the attack classes ``witcert.verification.attacks.model_dtypes`` /
 ``witcert.verification.attacks.batched_dither``. Oracles: the fp64 TV over the exact keys of the model cache
 (``model_dtypes.oracle_tv``, causal mask built independently), single-row quantization with the
 row's own request id, and bitwise comparison of reconstructions. Domain: tiny random Llama models
@@ -12,13 +13,14 @@ import numpy as np
 import pytest
 import torch
 
-from witcert import DitheredInt8
+from witcert import DitheredInt8, Monitor
 from witcert.tier_b.counters import StandaloneCounter
-from witcert.observatory import telemetry
+from witcert.integrations.hf import telemetry
+from witcert.integrations.hf.codecs import Dither
+from witcert.integrations.hf.compressed_cache import CompressedLayer
+from witcert.integrations.hf.monitoring import DITHERED
 from witcert.verification.attacks import ATTACKS, batched_dither, model_dtypes
 from witcert.tier_a.bands import BandLayout
-from witcert.integrations.hf.compressed_cache import DitheredLayer
-from witcert.integrations.hf.attention import DITHERED, Session
 
 LAYOUT = BandLayout(head_dim=32, bands=8, rope="rotate_half")
 
@@ -38,8 +40,8 @@ def test_bf16_model_adaptive_cells_cover_the_cast_of_the_keys():
     """A spiky bf16 model, three copies of one token, adaptive probe: the configuration where the
     fp32-only deterministic branch gave meter < TV (2 cells, TV/meter = 1.25 before the fix)."""
     model = model_dtypes.spiky_llama(torch.bfloat16, 31, 14.41218646547984, 24.67829895260539)
-    session = Session(DITHERED, LAYOUT, tier="B", seed=1255200654889945937)
-    calls = model_dtypes.recorded_run(model, session, torch.full((4, 3), 14), 2, adaptive_probe=True)
+    monitor = Monitor(model, DITHERED, tier="B", bands=8, seed=1255200654889945937)
+    calls = model_dtypes.recorded_run(model, monitor, torch.full((4, 3), 14), 2, adaptive_probe=True)
     assert len(calls) == 2
     for call in calls:
         assert call.k_hat.dtype == torch.bfloat16
@@ -55,10 +57,25 @@ def test_model_dtypes_attack_finds_no_violation():
 # ---------------------------------------------------------------- item 3: one stream per batch row
 
 
+class _Layer:
+    """A dithered layer store and the keys it reads back."""
+
+    def __init__(self, requests=None, seed=99):
+        self.codec = Dither(DitheredInt8(rope="rotate_half"), layer=1, seed=seed, requests=requests)
+        self.store = CompressedLayer(self.codec, LAYOUT)
+
+    def append(self, x):
+        self.store.append(x, x)
+
+    @property
+    def k_hat(self):
+        return self.store.read()[0]
+
+
 def _layer_keys(requests=None, x=None, seed=99):
     x = torch.randn(1, 2, 6, 32, generator=torch.Generator().manual_seed(3)).expand(3, -1, -1, -1) if x is None else x
-    layer = DitheredLayer(DitheredInt8(rope="rotate_half"), layer=1, seed=seed, requests=requests)
-    layer.sync(x, x)
+    layer = _Layer(requests, seed)
+    layer.append(x)
     return layer, x
 
 
@@ -70,7 +87,7 @@ def test_batch_rows_with_identical_keys_get_distinct_dither():
     for a, b in [(0, 1), (0, 2), (1, 2)]:
         assert not (k_hat[a] == k_hat[b]).all(-1).any()
         assert (k_hat[a] == k_hat[b]).float().mean() < 0.01
-    assert layer.row_requests == (0, 1, 2)
+    assert layer.codec.row_requests == (0, 1, 2)
 
 
 def test_each_row_is_read_back_from_its_own_request_stream():
@@ -91,18 +108,16 @@ def test_rows_keep_their_stream_across_batch_orders_and_decode_steps():
     moved, _ = _layer_keys(requests=(12, 40, 7), x=x[order])
     assert torch.equal(moved.k_hat, layer.k_hat[order])
     stepwise, _ = _layer_keys(requests=(40, 7, 12), x=x[..., :5, :])
-    stepwise.sync(x, x)  # two decode steps appended one chunk later
+    stepwise.append(x[..., 5:, :])  # two decode steps appended one chunk later
     assert torch.equal(stepwise.k_hat, layer.k_hat)
 
 
 def test_batch_requests_are_validated():
     x = torch.zeros(2, 1, 2, 32)
     with pytest.raises(ValueError, match="own id"):
-        DitheredLayer(DitheredInt8(), layer=0, seed=1, requests=(5, 5)).sync(x, x)
+        _Layer(requests=(5, 5), seed=1).append(x)
     with pytest.raises(ValueError, match="expected 2"):
-        DitheredLayer(DitheredInt8(), layer=0, seed=1, requests=(5,)).sync(x, x)
-    with pytest.raises(ValueError, match="own id"):
-        Session(DITHERED, LAYOUT, tier="B", requests=(1, 1))
+        _Layer(requests=(5,), seed=1).append(x)
 
 
 def test_batched_dither_attack_finds_no_violation():
@@ -113,42 +128,41 @@ def test_batched_dither_attack_finds_no_violation():
 # ---------------------------------------------------------------- item 8: the seed is secret
 
 
-def test_session_draws_a_secret_seed_per_request():
-    sessions = [Session(DITHERED, LAYOUT, tier="B") for _ in range(8)]
-    seeds = {s.dither_seed for s in sessions}
-    assert len(seeds) == 8 and 0 not in seeds
-    first = sessions[0].dither_seed
-    sessions[0].reset()  # a new request
-    assert sessions[0].dither_seed != first
-    fixed = Session(DITHERED, LAYOUT, tier="B", seed=7)
-    fixed.reset()
-    assert fixed.dither_seed == 7  # explicit opt-in (tests, replay)
-    assert Session("rtn-int4", LAYOUT).dither_seed is None
+def test_monitor_draws_a_secret_seed_per_request():
+    """Every request (cache) of a monitor gets a fresh seed from the OS; a fixed seed is an explicit opt-in."""
+    model = model_dtypes.tiny_llama(torch.float32)
+    ids = torch.randint(0, model_dtypes.VOCAB, (1, 4), generator=torch.Generator().manual_seed(6))
+    with torch.no_grad(), Monitor(model, DITHERED, bands=8) as monitor:
+        for _ in range(6):
+            model(ids)
+    seeds = {r.seed for r in monitor.requests}
+    assert len(seeds) == 6 and 0 not in seeds
+    with torch.no_grad(), Monitor(model, DITHERED, bands=8, seed=7) as fixed:
+        model(ids)
+        model(ids)
+    assert [r.seed for r in fixed.requests] == [7, 7]  # tests, replay
+    assert Monitor(model, "rtn-int4", bands=8).dithered is False
     with pytest.raises(ValueError, match="seed"):
-        Session(DITHERED, LAYOUT, tier="B", seed=-1)
-    assert DitheredLayer(DitheredInt8(), layer=0).seed != DitheredLayer(DitheredInt8(), layer=0).seed
+        Monitor(model, DITHERED, seed=-1)
+    assert Dither(DitheredInt8(), layer=0).seed != Dither(DitheredInt8(), layer=0).seed
 
 
 def test_cells_record_seed_and_request_so_a_run_replays():
-    """Telemetry carries the drawn seed and each row's request id; a session fixed to them
+    """Telemetry carries the drawn seed and each row's request id; a monitor fixed to that seed
     reproduces every meter bit for bit."""
     model = model_dtypes.tiny_llama(torch.float32)
     ids = torch.randint(0, model_dtypes.VOCAB, (2, 12), generator=torch.Generator().manual_seed(6))
-    session = Session(DITHERED, LAYOUT, tier="B", requests=(31, 4))
-    model_dtypes.recorded_run(model, session, ids, 10)
-    table = telemetry.cell_table(session.batches)
-    assert (table["seed"] == np.uint64(session.dither_seed)).all()
-    assert set(table["request"][table["batch"] == 0]) == {31} and set(table["request"][table["batch"] == 1]) == {4}
-    replay = Session(DITHERED, LAYOUT, tier="B", seed=int(table["seed"][0]), requests=(31, 4))
+    monitor = Monitor(model, DITHERED, tier="B", bands=8)
+    model_dtypes.recorded_run(model, monitor, ids, 10)
+    table = telemetry.cell_table(monitor.batches)
+    assert (table["seed"] == np.uint64(monitor.requests[0].seed)).all()
+    assert set(table["request"][table["batch"] == 0]) == {0} and set(table["request"][table["batch"] == 1]) == {1}
+    replay = Monitor(model, DITHERED, tier="B", bands=8, seed=int(table["seed"][0]))
     model_dtypes.recorded_run(model, replay, ids, 10)
     assert np.array_equal(telemetry.cell_table(replay.batches)["meter"], table["meter"])
-    assert "seed" not in telemetry.cell_table(_tier_a_batches(model, ids)).columns
-
-
-def _tier_a_batches(model, ids):
-    session = Session("rtn-int4", LAYOUT)
-    model_dtypes.recorded_run(model, session, ids, 10)
-    return session.batches
+    tier_a = Monitor(model, "rtn-int4", bands=8)
+    model_dtypes.recorded_run(model, tier_a, ids, 10)
+    assert "seed" not in telemetry.cell_table(tier_a.batches).columns
 
 
 def test_attack_classes_are_registered():

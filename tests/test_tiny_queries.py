@@ -26,8 +26,8 @@ def test_tier_a_bound_covers_tiny_fp64_queries(tiny):
     g = torch.Generator().manual_seed(0)
     k = torch.randn(1, 8, 64, generator=g)
     w = witness_of(k, k + 1e-3 * torch.randn(1, 8, 64, generator=g), layout)  # (1, 8, B)
-    q = _tiny_queries((1, 64), seed=1) / TINY * tiny
-    c = logit_bound(q, w, layout, sm_scale=0.125)
+    q = _tiny_queries((1, 1, 64), seed=1)[0] / TINY * tiny  # one head, one query: (1, 64) as (Hq=1, Tq=1, d)
+    c = logit_bound(q[None], w, layout, sm_scale=0.125)[:, 0]  # (1, S)
     with mpmath.workdps(60):
         for t in range(8):
             exact = 0

@@ -20,9 +20,10 @@ user needs are here; everything else lives in the subpackage of its layer:
 """
 from witcert.core.metering import meter, risk_score
 from witcert.gate.policy import Gate
+from witcert.integrations.hf.monitoring import Monitor, monitor
 from witcert.schemes.registry import get_scheme, list_schemes, register_scheme
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.observation import observe
+from witcert.tier_a.observation import observe, score_rounding_bound
 from witcert.tier_a.rotary import apply_rope
 from witcert.tier_a.witness import logit_bound, witness_of
 from witcert.tier_b.certificate import tier_b_logit_bound
@@ -34,14 +35,17 @@ __all__ = [
     "BandLayout",
     "DitheredInt8",
     "Gate",
+    "Monitor",
     "apply_rope",
     "get_scheme",
     "list_schemes",
     "logit_bound",
     "meter",
+    "monitor",
     "observe",
     "register_scheme",
     "risk_score",
+    "score_rounding_bound",
     "tier_b_logit_bound",
     "witness_of",
 ]

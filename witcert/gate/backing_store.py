@@ -19,11 +19,18 @@ along ``S``. Block ``j`` of lead index ``i`` is tokens ``[j * block_size, (j + 1
 of ``stream[i]`` (the last block may be partial). Bytes paged = tokens x d x itemsize (keys)
 plus the same for values when values are stored.
 
+Where the bytes live: host memory by default; with ``directory``, memory-mapped files there
+(one file per stream and side, grown by doubling), so the exact copy occupies neither the
+accelerator nor resident host memory. The content check is the same either way: a page-in
+verifies the file's bytes against the CRC of the bytes written.
+
 CRC-32 detects every error burst up to 32 bits and any other corruption with probability
 ``1 - 2^-32``; it is an integrity check against bugs and bit rot, not an adversarial MAC.
 """
+import itertools
 import zlib
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Hashable
 
 import numpy as np
@@ -79,6 +86,7 @@ class _Stream:
     v_crc: np.ndarray | None
     written: np.ndarray  # (*lead, n_blocks_capacity) int64, tokens delivered to each block
     length: int = 0
+    files: dict = field(default_factory=dict)  # "k"/"v" -> Path of a file-backed buffer
 
     @property
     def lead(self) -> tuple[int, ...]:
@@ -93,6 +101,9 @@ class BackingStore:
     ----------
     block_size : int
         Tokens per block (the page-in unit). Default 16.
+    directory : str or Path, optional
+        Keep the buffers in memory-mapped files in this directory (created if missing) instead
+        of host memory.
 
     Attributes
     ----------
@@ -104,13 +115,20 @@ class BackingStore:
     """
 
     block_size: int = 16
+    directory: str | Path | None = None
     bytes_written: int = field(default=0, init=False)
     bytes_paged: int = field(default=0, init=False)
     _streams: dict = field(default_factory=dict, init=False, repr=False)
+    _file_ids: itertools.count = field(default_factory=itertools.count, init=False, repr=False)
 
     def __post_init__(self):
         if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
             raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        if self.directory is not None:
+            self.directory = Path(self.directory)
+            if self.directory.exists() and not self.directory.is_dir():
+                raise ValueError(f"directory {str(self.directory)!r} exists and is not a directory")
+            self.directory.mkdir(parents=True, exist_ok=True)
 
     # -- write path ---------------------------------------------------------------------
     def write(self, key: Hashable, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
@@ -128,7 +146,7 @@ class BackingStore:
         k_host = k.detach().to("cpu", copy=True).contiguous()  # (*lead, T, d)
         v_host = None if v is None else v.detach().to("cpu", copy=True).contiguous()
         start, stop = stream.length, stream.length + k_host.shape[-2]
-        _ensure_capacity(stream, stop, self.block_size)
+        self._ensure_capacity(stream, stop)
         self._copy_in(stream.k, k_host, start, stop)
         _fold_crc(stream.k_crc, k_host, start, self.block_size)
         if v_host is not None:
@@ -206,12 +224,16 @@ class BackingStore:
         """Whether stream ``key`` keeps values."""
         return self._get(key).v is not None
 
+    def nbytes(self) -> int:
+        """Bytes of the buffers allocated for every stream (host memory or files)."""
+        return sum(_nbytes(s.k) + (0 if s.v is None else _nbytes(s.v)) for s in self._streams.values())
+
     def clear(self, key: Hashable | None = None) -> None:
-        """Drop one stream (end of its request) or all of them."""
-        if key is None:
-            self._streams.clear()
-        else:
-            self._streams.pop(key, None)
+        """Drop one stream (end of its request) or all of them (their files are removed)."""
+        for name in (list(self._streams) if key is None else [key]):
+            stream = self._streams.pop(name, None)
+            for path in (stream.files.values() if stream is not None else ()):
+                path.unlink(missing_ok=True)
 
     # -- internals ----------------------------------------------------------------------
     def _get(self, key: Hashable) -> _Stream:
@@ -228,9 +250,60 @@ class BackingStore:
         start = int(block) * self.block_size
         return slice(start, min(start + self.block_size, stream.length))
 
+    def _allocate(self, stream: _Stream | None, part: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A zero buffer: host memory, or a fresh memory-mapped file (the old file of ``part`` removed)."""
+        if self.directory is None:
+            return torch.zeros(shape, dtype=dtype)
+        path = self.directory / f"backing-{next(self._file_ids)}-{part}.bin"
+        count = int(np.prod(shape))
+        with path.open("wb") as f:  # a sparse file of zeros of the right size
+            f.truncate(count * torch.empty((), dtype=dtype).element_size())
+        buffer = torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
+        if stream is not None:
+            old = stream.files.get(part)
+            stream.files[part] = path
+            if old is not None:
+                old.unlink(missing_ok=True)  # the old mapping stays valid until its tensor is freed
+        return buffer
+
+    def _new_stream(self, k: torch.Tensor, v: torch.Tensor | None) -> _Stream:
+        lead = tuple(k.shape[:-2])
+        records = lead + (1,)
+        stream = _Stream(k=None, v=None, k_crc=np.zeros(records, dtype=np.uint32),
+                         v_crc=None if v is None else np.zeros(records, dtype=np.uint32),
+                         written=np.zeros(records, dtype=np.int64))
+        stream.k = self._allocate(stream, "k", (*lead, self.block_size, k.shape[-1]), k.dtype)
+        if v is not None:
+            stream.v = self._allocate(stream, "v", (*lead, self.block_size, v.shape[-1]), v.dtype)
+        return stream
+
+    def _ensure_capacity(self, stream: _Stream, stop: int) -> None:
+        """Grow the buffers (doubling, whole blocks) so that ``stop`` tokens fit."""
+        capacity = stream.k.shape[-2]
+        if stop <= capacity:
+            return
+        new_blocks = max(2 * capacity // self.block_size, -(-stop // self.block_size))
+
+        def grow_buffer(part, x):
+            out = self._allocate(stream, part, (*x.shape[:-2], new_blocks * self.block_size, x.shape[-1]), x.dtype)
+            out[..., :capacity, :] = x
+            return out
+
+        def grow_record(a):
+            out = np.zeros(a.shape[:-1] + (new_blocks,), dtype=a.dtype)
+            out[..., : a.shape[-1]] = a
+            return out
+
+        stream.k = grow_buffer("k", stream.k)
+        stream.k_crc = grow_record(stream.k_crc)
+        stream.written = grow_record(stream.written)
+        if stream.v is not None:
+            stream.v = grow_buffer("v", stream.v)
+            stream.v_crc = grow_record(stream.v_crc)
+
     def _stream_for(self, key: Hashable, k: torch.Tensor, v: torch.Tensor | None) -> _Stream:
         if key not in self._streams:
-            self._streams[key] = _new_stream(k, v, self.block_size)
+            self._streams[key] = self._new_stream(k, v)
             return self._streams[key]
         stream = self._streams[key]
         if tuple(k.shape[:-2]) != stream.lead or k.shape[-1] != stream.k.shape[-1] or k.dtype != stream.k.dtype:
@@ -261,47 +334,6 @@ def _check_index(index, lead: tuple[int, ...]) -> tuple[int, ...]:
     if len(index) != len(lead) or any(not 0 <= i < n for i, n in zip(index, lead)):
         raise ValueError(f"index {index} does not address the stream's leading shape {lead}")
     return index
-
-
-def _new_stream(k: torch.Tensor, v: torch.Tensor | None, block_size: int) -> _Stream:
-    lead = tuple(k.shape[:-2])
-    cap_blocks = 1
-
-    def buffer(x):
-        return torch.zeros(*lead, cap_blocks * block_size, x.shape[-1], dtype=x.dtype)
-
-    return _Stream(
-        k=buffer(k),
-        v=None if v is None else buffer(v),
-        k_crc=np.zeros(lead + (cap_blocks,), dtype=np.uint32),
-        v_crc=None if v is None else np.zeros(lead + (cap_blocks,), dtype=np.uint32),
-        written=np.zeros(lead + (cap_blocks,), dtype=np.int64),
-    )
-
-
-def _ensure_capacity(stream: _Stream, stop: int, block_size: int) -> None:
-    """Grow the buffers (doubling, whole blocks) so that ``stop`` tokens fit."""
-    capacity = stream.k.shape[-2]
-    if stop <= capacity:
-        return
-    new_blocks = max(2 * capacity // block_size, -(-stop // block_size))
-
-    def grow_buffer(x):
-        out = torch.zeros(*x.shape[:-2], new_blocks * block_size, x.shape[-1], dtype=x.dtype)
-        out[..., :capacity, :] = x
-        return out
-
-    def grow_record(a):
-        out = np.zeros(a.shape[:-1] + (new_blocks,), dtype=a.dtype)
-        out[..., : a.shape[-1]] = a
-        return out
-
-    stream.k = grow_buffer(stream.k)
-    stream.k_crc = grow_record(stream.k_crc)
-    stream.written = grow_record(stream.written)
-    if stream.v is not None:
-        stream.v = grow_buffer(stream.v)
-        stream.v_crc = grow_record(stream.v_crc)
 
 
 def _row_bytes(x: torch.Tensor) -> np.ndarray:

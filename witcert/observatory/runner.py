@@ -2,13 +2,17 @@
 
 For each case the context is prefilled (exact in-flight attention, compressed on write), then a
 *probe* chunk is fed on top of the compressed cache: the needle question (followed by greedy
-decoding of the answer) or the teacher-forced continuation of a text/code source. Every probe
-query and decode step is a measured cell (:mod:`witcert.integrations.hf.cells`). The same case run on the stock
-model (no compression) is the quality reference: teacher-forced KL(p_exact || p_compressed)
-and top-1 agreement on the probe tokens, and needle exact-match accuracy.
+decoding of the answer) or the teacher-forced continuation of a text/code source. The model runs
+under :func:`witcert.monitor` (the same attention path, stores and cells as any user's monitored
+model), one request per case; the prefill and the probe are declared non-adaptive
+(:meth:`~witcert.integrations.hf.monitoring.Monitor.non_adaptive`), the greedy answer is not. Every
+probe query and decode step is a measured cell. The same case run on the stock model (no
+compression) is the quality reference: teacher-forced KL(p_exact || p_compressed) and top-1
+agreement on the probe tokens, and needle exact-match accuracy.
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from dataclasses import dataclass, field
 
@@ -16,11 +20,12 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from witcert.observatory import telemetry, workloads
-from witcert.tier_b.counters import check_seed
 from witcert.gate.policy import Gate
-from witcert.integrations.hf.attention import DITHERED, Session, compressed_attention, layout_for
+from witcert.integrations.hf import telemetry
+from witcert.integrations.hf.monitoring import DITHERED, Monitor
+from witcert.observatory import workloads
 from witcert.tier_b.certificate import delta_local
+from witcert.tier_b.counters import check_seed
 
 SWEEP_DELTAS = (0.5, 1e-1, 1e-3, 1e-5)  # Tier B request budgets recorded beside delta_req (risk-coverage)
 
@@ -106,45 +111,40 @@ def _depths(n: int) -> tuple[float, ...]:
     return (0.5,) if n == 1 else tuple(float(d) for d in np.linspace(0.1, 0.9, n))
 
 
-def run_case(
-    model, tokenizer, case, new_tokens: int, session: Session | None = None, delta_req: float = 1e-2, request: int = 0
-) -> CaseOutput:
+def run_case(model, tokenizer, case, new_tokens: int, monitor: Monitor | None = None,
+             delta_req: float = 1e-2) -> CaseOutput:
     """Prefill the context, feed the probe chunk, and (needle) decode the answer greedily.
 
-    With a session, its Tier B budget is ``delta_req`` spread over the request's cells
-    (Lemma 3: layers x query heads x measured steps), and ``request`` keys its dither stream
-    (distinct requests never share dither values). The session is reset first: a new request,
-    with a fresh secret dither seed unless the session's seed is fixed (the cells record it).
+    With a monitor (active around the call), the case is one new request (its own cache, so
+    fresh stores and a fresh secret dither seed unless the monitor's seed is fixed; the cells
+    record it), and its Tier B budget is ``delta_req`` spread over the request's cells (Lemma 3:
+    layers x query heads x measured steps).
     """
     context, probe = (case.context, case.question) if hasattr(case, "question") else (case.context, case.continuation)
     ctx_ids = tokenizer(context, return_tensors="pt").input_ids
     probe_ids = tokenizer(probe, return_tensors="pt", add_special_tokens=False).input_ids
     with torch.no_grad():
-        if session is None:
+        if monitor is None:
             return _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens)
-        session.requests = (request,)
-        session.reset()
-        session.batches.clear()
-        session.adaptive = False
         steps = probe_ids.shape[1] + (new_tokens if hasattr(case, "question") else 0)
         config = model.config
         n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
-        session.delta_loc = delta_local(delta_req, n_layers, n_heads, steps)
-        session.delta_sweep = {f"meter_delta={d:g}": delta_local(d, n_layers, n_heads, steps) for d in SWEEP_DELTAS}
-        with compressed_attention(model, session):
-            out = _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, session)
-        out.cells = telemetry.cell_table(session.batches)
+        monitor.delta_loc = delta_local(delta_req, n_layers, n_heads, steps)
+        monitor.delta_sweep = {f"meter_delta={d:g}": delta_local(d, n_layers, n_heads, steps) for d in SWEEP_DELTAS}
+        before = len(monitor.batches)
+        out = _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, monitor)
+        out.cells = telemetry.cell_table(monitor.batches[before:])
         return out
 
 
-def _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, session=None) -> CaseOutput:
+def _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, monitor=None) -> CaseOutput:
     cache = DynamicCache(config=model.config)
-    model(ctx_ids, past_key_values=cache, use_cache=True)
-    logits = model(probe_ids, past_key_values=cache, use_cache=True).logits[0]  # (Tp, V)
+    # the context and the probe are given text: their queries do not depend on the dither
+    with monitor.non_adaptive() if monitor is not None else contextlib.nullcontext():
+        model(ctx_ids, past_key_values=cache, use_cache=True)
+        logits = model(probe_ids, past_key_values=cache, use_cache=True).logits[0]  # (Tp, V)
     answer = ""
-    if hasattr(case, "question"):
-        if session is not None:
-            session.adaptive = True  # from here on the queries depend on the compressed cache
+    if hasattr(case, "question"):  # greedy decoding: from here on the queries depend on the compressed cache
         generated = []
         next_id = logits[-1].argmax()
         for _ in range(new_tokens):
@@ -174,7 +174,6 @@ def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[Sche
     """Run every scheme of ``config`` on its task; returns the results and the reference quality."""
     model, tokenizer = loaded.model, loaded.tokenizer
     cases = build_cases(tokenizer, config)
-    layout = layout_for(model, config.bands)
     steps = len(cases) * (1 + len(config.schemes) * (2 if config.gate else 1))
     tick = progress.start(steps) if progress else (lambda *_: None)
     reference = []
@@ -188,15 +187,13 @@ def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[Sche
     for scheme in config.schemes:
         start = time.perf_counter()
         tier = config.tier_of(scheme)
-        session = Session(scheme, layout, observe=config.observe, tier=tier, seed=config.seed)
-        raw = _run_scheme(model, tokenizer, cases, config, session, tick)
+        raw = _run_scheme(model, tokenizer, cases, config, _monitor(model, scheme, config, tier), tick)
         result = SchemeResult(
             scheme=scheme, task=config.task, raw=_tables(raw), quality=quality(reference, raw, cases), tier=tier
         )
         if config.gate:
-            session = Session(scheme, layout, observe=config.observe, gate=Gate(tau=config.tau), tier=tier,
-                              seed=config.seed)
-            gated = _run_scheme(model, tokenizer, cases, config, session, tick)
+            monitor = _monitor(model, scheme, config, tier, gate=Gate(tau=config.tau))
+            gated = _run_scheme(model, tokenizer, cases, config, monitor, tick)
             result.gated = _tables(gated)
             result.extra["gated_quality"] = quality(reference, gated, cases)
         result.wall_s = time.perf_counter() - start
@@ -204,13 +201,20 @@ def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[Sche
     return results, baseline
 
 
-def _run_scheme(model, tokenizer, cases, config, session, tick) -> list[CaseOutput]:
+def _monitor(model, scheme, config: ObserveConfig, tier: str, gate: Gate | None = None) -> Monitor:
+    """One monitor per (scheme, gated) run: one request per case, numbered from 0 like the cases."""
+    return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=config.observe, bands=config.bands,
+                   seed=config.seed, tau=config.tau)
+
+
+def _run_scheme(model, tokenizer, cases, config, monitor: Monitor, tick) -> list[CaseOutput]:
     outputs = []
-    for i, case in enumerate(cases):
-        out = run_case(model, tokenizer, case, config.new_tokens, session, config.delta_req, request=i)
-        out.cells.columns["case"][:] = i
-        outputs.append(out)
-        tick(f"{session.scheme}{' gated' if session.gate else ''}")
+    with monitor:
+        for i, case in enumerate(cases):
+            out = run_case(model, tokenizer, case, config.new_tokens, monitor, config.delta_req)
+            out.cells.columns["case"][:] = i
+            outputs.append(out)
+            tick(f"{monitor.scheme}{' gated' if monitor.gate else ''}")
     return outputs
 
 

@@ -78,15 +78,19 @@ def witness_of(
 def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None) -> torch.Tensor:
     """Per-token logit error bound ``c_t = sm_scale sum_b ||q_b|| w_{t,b}`` (Theorem 2, ``T2``).
 
+    The head axes are named by position and checked: query heads against kv heads, GQA inside.
+
     Parameters
     ----------
-    q : Tensor (..., d)
-        Queries in the frame attention uses (post-RoPE, as computed); ``w`` from the keys
-        attention reads, or from the keys before RoPE with ``rope_dtype`` (``L1fp``).
-        fp16/bf16/fp32/fp64.
-    w : Tensor (..., S, B)
-        Witnesses from :func:`witness_of` (any float dtype, ``>= 0``, ``inf`` allowed).
-        ``q.shape[:-1]`` and ``w.shape[:-2]`` must broadcast.
+    q : Tensor (..., Hq, Tq, d)
+        Queries of ``Hq`` query heads, ``Tq`` each, in the frame attention uses (post-RoPE, as
+        computed); fp16/bf16/fp32/fp64. One query of one head is ``(1, 1, d)``.
+    w : Tensor (..., Hkv, S, B)
+        Witnesses from :func:`witness_of` of ``Hkv`` kv heads (any float dtype, ``>= 0``, ``inf``
+        allowed), with the same leading dims ``...`` as ``q`` (no broadcasting). Query head ``h``
+        reads kv head ``h // (Hq / Hkv)`` (HF ``repeat_kv`` order); ``Hq`` must be a multiple of
+        ``Hkv``. ``w`` from the keys attention reads, or from the keys before RoPE with
+        ``rope_dtype`` (``L1fp``).
     layout : BandLayout
     sm_scale : float, optional
         Softmax scale, taken as the exact real multiplier. Default: ``1/sqrt(d)`` rounded up
@@ -94,48 +98,81 @@ def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: 
 
     Returns
     -------
-    c : Tensor (broadcast(q.shape[:-1], w.shape[:-2]) + (S,))
-        fp64 for fp64 ``q``, fp32 otherwise; ``>= `` the exact real value of
-        ``sm_scale sum_b ||q_b|| w_b`` (and so ``>= |eps_t|``); ``inf`` on overflow.
+    c : Tensor (..., Hq, Tq, S)
+        fp64 for fp64 ``q``, fp32 otherwise; ``>=`` the exact real value of
+        ``sm_scale sum_b ||q_b|| w_b`` (and so ``>= |eps_t|``, the logit error in exact
+        arithmetic); ``inf`` on overflow.
+
+    Raises
+    ------
+    ValueError
+        On a rank below 3, ranks or leading dims that differ, or ``Hq`` not a multiple of
+        ``Hkv``: a pairing of heads that is not spelled out is refused, never broadcast.
 
     Notes
     -----
-    GQA: with ``Hq = G * Hkv`` query heads ordered as HF does (query head ``h`` reads kv head
-    ``h // G``), give ``q`` as ``(..., Hkv, G, Tq, d)`` (``q.view(Hkv, G, Tq, d)``) and ``w`` as
-    ``(..., Hkv, 1, 1, S, B)`` (``w[:, None, None]``); the result is ``(..., Hkv, G, Tq, S)``.
+    ``c`` bounds the error of logits computed in exact arithmetic. Logits a runtime computes in
+    floating point (bf16/fp16 scores, fp32 accumulation) differ from those by their rounding:
+    add :func:`witcert.score_rounding_bound` (:mod:`witcert.tier_a.observation`) to ``c`` before calling
+    :func:`witcert.meter` on them.
     """
     _check_layout(layout)
     _check_last_dim(q, layout.head_dim, "q")
     _check_finite_float(q, "q")
     _check_witness(w, layout)
+    hkv, groups = check_head_pairing(q.shape, w.shape, "q", "w")
     scale = _resolve_scale(sm_scale, layout.head_dim)
-    q_norms = _band_norms_upper_fp64(q.to(torch.float64), layout)  # (..., B), already inflated
+    q_norms = _band_norms_upper_fp64(q.to(torch.float64), layout)  # (..., Hq, Tq, B), already inflated
     # c grows with every ||q_b||: lifting tiny nonzero norms keeps an upper bound and keeps the
     # fp64 products against fp16 witnesses (>= 2^-24) out of subnormals (fp32 queries never get here)
     q_norms = torch.where(q_norms > 0, q_norms.clamp(min=2.0**-500), q_norms)
-    w64 = w.to(torch.float64)  # (..., S, B)
-    c = _band_dot(q_norms, w64) * scale  # (..., S)
+    lead, tq = q.shape[:-3], q.shape[-2]
+    q_norms = q_norms.reshape(*lead, hkv, groups * tq, layout.bands)  # each kv head's G query heads, folded
+    c = _band_dot(q_norms, w.to(torch.float64)) * scale  # (..., Hkv, G Tq, S)
     # One B-term fp64 dot of non-negative terms in any order (BLAS blocking, FMA or not) is
     # within gamma_B ~ B 2^-53 relative of the exact value; the scale multiply adds one rounding
     # and this inflation one more: B + 2 roundings < (B + 4) 2^-52 <= (B + 8) 2^-52 (margin 2x).
     c = c * (1.0 + (layout.bands + 8) * _U)
     out_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
-    return round_up_to(c, out_dtype)
+    return round_up_to(c, out_dtype).reshape(*q.shape[:-1], w.shape[-2])  # (..., Hq, Tq, S)
+
+
+def check_head_pairing(q_shape, kv_shape, q_name: str, kv_name: str) -> tuple[int, int]:
+    """``(Hkv, G)`` for queries ``(..., Hq, Tq, d)`` against a kv-head tensor ``(..., Hkv, S, x)``.
+
+    Refuses (``ValueError``) every shape whose pairing of heads would have to be guessed: a rank
+    below 3, ranks or leading dims that differ (no broadcasting), ``Hq`` not a multiple of
+    ``Hkv``. A query tensor ``(H, Tq, d)`` against ``(H, S, B)`` pairs head ``h`` with head
+    ``h``; it can never pair ``w``'s head axis with ``q``'s query axis.
+    """
+    q_shape, kv_shape = tuple(q_shape), tuple(kv_shape)
+    if len(q_shape) < 3:
+        raise ValueError(f"{q_name} must be (..., Hq, Tq, d) with explicit query-head and query axes, got shape "
+                         f"{q_shape}; one query of one head is (1, 1, d)")
+    if len(kv_shape) != len(q_shape) or kv_shape[:-3] != q_shape[:-3]:
+        raise ValueError(f"{kv_name} must be (..., Hkv, S, .) with the same leading dims as {q_name} "
+                         f"(..., Hq, Tq, d): got {q_name} {q_shape} and {kv_name} {kv_shape} (no broadcasting: "
+                         "give every axis explicitly)")
+    hq, hkv = q_shape[-3], kv_shape[-3]
+    if hkv == 0 or hq % hkv:
+        raise ValueError(f"query heads Hq={hq} ({q_name} axis -3) must be a multiple of kv heads Hkv={hkv} "
+                         f"({kv_name} axis -3)")
+    return hkv, hq // hkv
 
 
 def _band_dot(q_norms: torch.Tensor, w64: torch.Tensor) -> torch.Tensor:
-    """``sum_b q_norms[..., b] w64[..., t, b]`` (..., B) x (..., S, B) -> (..., S), ``0 * inf = 0``.
+    """``sum_b q_norms[..., i, b] w64[..., t, b]`` (..., Q, B) x (..., S, B) -> (..., Q, S), ``0 * inf = 0``.
 
-    One batched fp64 matmul (``einsum`` folds broadcast axes, e.g. GQA's query group, into the
-    matrix dimension instead of materialising an (..., S, B) product). A zero band norm or a zero
+    One batched fp64 matmul (``q_norms`` (..., Q, B) against ``w64`` (..., S, B): the queries of
+    one kv head, GQA group folded in, form the matrix dimension; no (..., Q, S, B) product). A zero band norm or a zero
     witness contributes exactly 0 even against ``inf`` (the band's logit error is then 0); a matmul
     may turn ``0 * inf`` into NaN, so that rare case falls back to the elementwise sum.
     """
-    c = torch.einsum("...b,...sb->...s", q_norms, w64)  # (..., S)
+    c = q_norms @ w64.transpose(-1, -2)  # (..., Q, S)
     if not torch.isnan(c).any():
         return c
-    terms = q_norms.unsqueeze(-2) * w64  # (..., S, B)
-    terms = torch.where((q_norms.unsqueeze(-2) == 0) | (w64 == 0), torch.zeros_like(terms), terms)
+    terms = q_norms.unsqueeze(-2) * w64.unsqueeze(-3)  # (..., Q, S, B)
+    terms = torch.where((q_norms.unsqueeze(-2) == 0) | (w64.unsqueeze(-3) == 0), torch.zeros_like(terms), terms)
     return terms.sum(dim=-1)
 
 

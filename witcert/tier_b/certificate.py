@@ -76,6 +76,7 @@ from witcert.tier_b.dither import GRID_STEP
 from witcert.tier_b.quantizer import Q_LEVELS
 from witcert.tier_b.packed_store import PackedStore
 from witcert.core.rounding import round_up_to
+from witcert.tier_a.witness import check_head_pairing
 
 FP32_UNIT = 2.0 ** -24
 DEQUANT_FACTOR = (Q_LEVELS + 0.5) * (2 * FP32_UNIT + FP32_UNIT**2)  # fp32 chain part of rho / (sm sum |q| s)
@@ -118,7 +119,7 @@ def delta_local(delta_req: float, n_layers: int, n_heads: int, n_steps: int) -> 
 
 @dataclass(frozen=True)
 class TierBTerms:
-    """Per-token pieces (..., Tq, S) in fp64, before rounding up (see module docstring)."""
+    """Per-token pieces (*lead, Hq, Tq, S) in fp64, before rounding up (see module docstring)."""
 
     u: torch.Tensor  # sub-Gaussian radius u_t
     beta: torch.Tensor  # grid-offset slack
@@ -139,20 +140,22 @@ class TierBTerms:
         return core + self.rho + self.outlier
 
 
-def _check_query(q: torch.Tensor, store: PackedStore) -> tuple[torch.Tensor, bool]:
-    """``q`` as (*lead, H, Tq, d) fp64, and whether a Tq axis was added."""
+def _check_query(q: torch.Tensor, store: PackedStore) -> tuple[torch.Tensor, int, int]:
+    """``q`` (*lead, Hq, Tq, d) as fp64 folded to (*lead, Hkv, G Tq, d), with ``(Hkv, G)``.
+
+    The head axes are named by position: ``q``'s query heads (axis -3) against the store's kv heads
+    (axis -3), the same leading dims, ``Hq`` a multiple of ``Hkv`` (query head ``h`` reads kv head
+    ``h // G``). Any other pairing raises instead of broadcasting.
+    """
     if not isinstance(q, torch.Tensor) or not torch.is_floating_point(q):
-        raise ValueError("q: expected a float tensor (..., H, d) or (..., H, Tq, d)")
+        raise ValueError("q: expected a float tensor (*lead, Hq, Tq, d)")
     if not torch.isfinite(q).all():
         raise ValueError("q: contains NaN or Inf")
     if q.shape[-1] != store.layout.head_dim:
         raise ValueError(f"q: head dim {q.shape[-1]} differs from the store's {store.layout.head_dim}")
-    added = q.dim() == store.payload.dim() - 1
-    if added:
-        q = q.unsqueeze(-2)
-    if q.dim() != store.payload.dim():
-        raise ValueError(f"q: expected {store.payload.dim() - 1} or {store.payload.dim()} dims, got {q.dim()}")
-    return _lift_tiny(q.to(torch.float64)), added
+    hkv, groups = check_head_pairing(q.shape, store.payload.shape, "q", "store")
+    folded = q.to(torch.float64).reshape(*q.shape[:-3], hkv, groups * q.shape[-2], q.shape[-1])
+    return _lift_tiny(folded), hkv, groups
 
 
 TINY_QUERY = 2.0**-500  # |q_c| below this would let fp64 squares and products fall into subnormals
@@ -249,15 +252,16 @@ def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale
                  n_tokens: int | None = None, key_dtype: torch.dtype = torch.float32) -> TierBTerms:
     """The fp64 pieces of the Tier B bound (Lemma 2, Theorem 3, deterministic branch: "L2", "TB", "DB").
 
-    ``q`` (*lead, H, d) or (*lead, H, Tq, d); ``delta_loc`` the per-(layer, head, step)
-    budget (``delta_local``); ``n_tokens`` the union size (default: the store's ``S``);
-    ``key_dtype`` the dtype attention reads the dequantized keys in (the ``dtype`` given to
-    ``DitheredInt8.dequantize``, whose default is fp32). Returns terms shaped (*lead, H, S) or
-    (*lead, H, Tq, S).
+    ``q`` (*lead, Hq, Tq, d): ``Hq`` query heads against the store's (*lead, Hkv, S, d) kv heads,
+    same leading dims, ``Hq`` a multiple of ``Hkv`` (GQA inside; any other pairing raises);
+    ``delta_loc`` the per-(layer, head, step) budget (``delta_local``); ``n_tokens`` the union size
+    (default: the store's ``S``); ``key_dtype`` the dtype attention reads the dequantized keys in
+    (the ``dtype`` given to ``DitheredInt8.dequantize``, whose default is fp32). Returns terms
+    shaped (*lead, Hq, Tq, S).
     """
     if not 0 < delta_loc < 1:
         raise ValueError(f"delta_loc: expected a probability in (0, 1), got {delta_loc!r}")
-    q64, added = _check_query(q, store)
+    q64, hkv, groups = _check_query(q, store)  # (*lead, Hkv, G Tq, d)
     cast_bound = key_cast_error_bound(store, key_dtype)
     head_dim = store.layout.head_dim
     sm = 1 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
@@ -272,10 +276,9 @@ def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale
     rho = l1 * DEQUANT_FACTOR
     if cast_bound is not None:
         rho = rho + sm * _abs_dot(q64.abs(), cast_bound)
-    terms = TierBTerms(u=u, beta=l1 * (GRID_STEP / 2), delta=l1 / 2, rho=rho, outlier=sm * outlier_sum)
-    if added:
-        terms = TierBTerms(*(t.squeeze(-2) for t in (terms.u, terms.beta, terms.delta, terms.rho, terms.outlier)))
-    return terms
+    per_query_head = q.shape[:-1] + (store.payload.shape[-2],)  # (*lead, Hq, Tq, S)
+    parts = (u, l1 * (GRID_STEP / 2), l1 / 2, rho, sm * outlier_sum)
+    return TierBTerms(*(t.reshape(per_query_head) for t in parts))
 
 
 def radius_u(q, store, delta_loc, sm_scale=None) -> torch.Tensor:
@@ -303,12 +306,16 @@ def tier_b_logit_bound(q: torch.Tensor, store: PackedStore, delta_loc: float, sm
                        key_dtype: torch.dtype = torch.float32) -> torch.Tensor:
     """Per-token logit-error bound ``c`` (fp32, rounded up) for ``witcert.meter`` ("TB", "L3", "DB").
 
+    ``q`` (*lead, Hq, Tq, d) query heads against the store's (*lead, Hkv, S, d) kv heads (see
+    :func:`tier_b_terms`); returns (*lead, Hq, Tq, S).
     ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t`` (``mode="min"``); ``mode="u"`` or
     ``"delta"`` keeps one branch (for benchmarks). Holds for all ``S`` tokens jointly with
     probability ``>= 1 - delta_loc`` over the dither, for a query chosen without looking at
     the dither (non-adaptive scope; the ``"delta"`` branch holds for every query).
     ``key_dtype`` must be the dtype attention reads the dequantized keys in (default fp32, as
     ``DitheredInt8.dequantize``): a model running in fp16 or bf16 passes its dtype.
+    ``c`` bounds the logit error in exact arithmetic; logits a runtime computes in floating point
+    need :func:`witcert.score_rounding_bound` added before :func:`witcert.meter` is called on them.
     """
     terms = tier_b_terms(q, store, delta_loc, sm_scale, n_tokens, key_dtype)
     c64 = terms.combined(mode) * (1 + (store.layout.head_dim + 16) * 2.0**-52)

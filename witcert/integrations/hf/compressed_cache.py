@@ -1,12 +1,24 @@
-"""The compressed twin of one layer's KV cache: what a compressed runtime would have stored.
+"""The per-layer store of a monitored cache: what one layer holds, and what the meter reads from it.
 
-Every token is compressed exactly once, when it is first written (the chunk of new tokens a
-forward pass appends goes through the scheme as one tensor); old tokens are never
-re-quantized. The exact keys and values stay in the model's own cache: that is the exact
-shadow (and the backing store the gate repairs from). The Tier A witness of a token is a
-function of (k_t, k^_t) alone (Lemma 1 / Theorem 2, ``L1``/``T2``), so
-:func:`witcert.observe` recomputes it from the shadow and this store with the same fp16 values
-a runtime would have stored at write time.
+A store is small on purpose (:class:`LayerStore`, the protocol every kind of store meets):
+
+- ``append(key, value)``: the exact new tokens of one forward call (B, Hkv, T, d), compressed
+  once, on write; the Tier A witness and the value statistics are formed right then, while the
+  exact tokens exist (Lemma 1 ``L1`` / Theorem 2 ``T2``);
+- ``read()``: the keys and values attention reads (B, Hkv, S, d), in the model's dtype;
+- ``stored()``: :class:`witcert.tier_a.observation.StoredKeys` (reconstruction, witness, value
+  statistics): everything the meter needs;
+- ``exact()``: the exact keys and values when the store keeps them (the shadow the true TV and
+  the in-memory gate use), else ``None``. It must hold only what the model computed, never a
+  reconstruction: that is what makes it the oracle;
+- ``memory()``: the bytes it holds, by part, against the exact cache of the same tokens.
+
+:class:`CompressedLayer` is the store for every WitCert scheme: a codec
+(:mod:`witcert.integrations.hf.codecs`) holds the compressed chunks, in the packed form where
+one exists. With ``keep_exact`` it also keeps the exact keys and values (and caches the decoded
+reconstruction, so reads cost nothing); without it, it holds only the packed chunks and the
+witness and decodes on read (the memory saving), and the exact tokens go, if anywhere, to a
+:class:`witcert.gate.backing_store.BackingStore` on the host for the gate.
 
 Chunk-wise application matters for schemes that share statistics across tokens: KIVI keys
 quantize complete 32-token groups of a chunk and keep the chunk's remainder exact (so single
@@ -15,120 +27,182 @@ decode tokens stay exact); a per-tensor scale is computed per chunk.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Hashable, Protocol
 
 import torch
 
-from witcert.schemes.registry import apply_scheme
+from witcert.core.rounding import round_up_to
+from witcert.gate.backing_store import BackingStore
+from witcert.integrations.hf.codecs import nbytes
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.observation import StoredKeys, stored_keys
+
+
+@dataclass(frozen=True)
+class MemoryAccount:
+    """Bytes one store (or a sum of stores) holds, by part, and what the exact cache would hold.
+
+    ``compressed``: the compressed keys and values as stored (packed codes, scales, fp8 values,
+    or reconstructions); ``witness``: the Tier A witness and the value statistics;
+    ``decoded``: a cached decoded copy of the reconstruction (only with the exact cache kept);
+    ``exact_shadow``: exact keys and values kept on the device; ``exact_cache``: the bytes an
+    uncompressed cache of the same tokens holds; ``backing_host``: exact blocks in the gate's
+    host (or file) backing store, not on the device.
+    """
+
+    compressed: int = 0
+    witness: int = 0
+    decoded: int = 0
+    exact_shadow: int = 0
+    exact_cache: int = 0
+    backing_host: int = 0
+
+    @property
+    def held(self) -> int:
+        """Bytes the cache holds on the device: compressed + witness + decoded copy + exact shadow."""
+        return self.compressed + self.witness + self.decoded + self.exact_shadow
+
+    @property
+    def saved(self) -> int:
+        """``exact_cache - held``: negative when the monitored cache holds more than the exact one."""
+        return self.exact_cache - self.held
+
+    def __add__(self, other: "MemoryAccount") -> "MemoryAccount":
+        return MemoryAccount(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
+
+
+class LayerStore(Protocol):
+    """What the monitor needs from the store of one layer (see the module docstring)."""
+
+    @property
+    def length(self) -> int: ...
+
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> None: ...
+
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]: ...
+
+    def stored(self) -> StoredKeys: ...
+
+    def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None: ...
+
+    def memory(self) -> MemoryAccount: ...
 
 
 @dataclass
 class CompressedLayer:
-    """Reconstructed keys and values of one layer, in write order.
+    """The store of one layer for any WitCert codec (Tier A schemes and the Tier B dithered cache).
 
-    The compress callables run through :func:`witcert.schemes.registry.apply_scheme`: each gets a
-    private copy of the new tokens (a scheme that quantizes in place or returns a view can
-    never write into the model's cache, the exact shadow and the gate's backing data) and its
-    output is checked to be a finite tensor of the same shape and dtype. A callable that
-    accepts ``role`` gets ``"key"`` / ``"value"``.
+    Parameters
+    ----------
+    codec : a codec of :mod:`witcert.integrations.hf.codecs` (``encode``/``decode``/``nbytes``)
+    layout : BandLayout
+        Bands of the witness.
+    keep_exact : bool
+        Keep the exact keys and values (true TV, in-memory gate) and the decoded reconstruction.
+    backing : BackingStore or None
+        Write every exact token there too (the production gate's page-in source).
+    backing_key : hashable
+        The backing-store stream of this layer.
     """
 
-    compress_key: object  # callable (x) -> x_hat, role "key"
-    compress_value: object  # callable (x) -> x_hat, role "value"
-    k_hat: torch.Tensor | None = field(default=None, repr=False)  # (B, Hkv, S, d)
-    v_hat: torch.Tensor | None = field(default=None, repr=False)  # (B, Hkv, S, d)
+    codec: object
+    layout: BandLayout
+    keep_exact: bool = True
+    backing: BackingStore | None = None
+    backing_key: Hashable = 0
+    key_chunks: list = field(default_factory=list, repr=False)  # codec-packed, in write order
+    value_chunks: list = field(default_factory=list, repr=False)
+    _dtype: torch.dtype | None = field(default=None, repr=False)
+    _stats: dict = field(default_factory=dict, repr=False)  # witness, value_residual, value_norm, (B, Hkv, S, ...)
+    _exact: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
+    _decoded: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
+    _length: int = field(default=0, repr=False)
 
     def __post_init__(self):
-        if not callable(self.compress_key) or not callable(self.compress_value):
-            raise ValueError("compress_key and compress_value must be callables x -> x_hat")
+        for name in ("encode", "decode", "nbytes"):
+            if not callable(getattr(self.codec, name, None)):
+                raise ValueError(f"codec must have an {name} method, got {type(self.codec).__name__}")
+        if not isinstance(self.layout, BandLayout):
+            raise ValueError(f"layout must be a BandLayout, got {type(self.layout).__name__}")
+        if self.backing is not None and not isinstance(self.backing, BackingStore):
+            raise ValueError(f"backing must be a BackingStore or None, got {type(self.backing).__name__}")
 
     @property
     def length(self) -> int:
-        """Number of tokens stored."""
-        return 0 if self.k_hat is None else self.k_hat.shape[-2]
+        """Tokens stored."""
+        return self._length
 
-    def sync(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Bring the store up to the exact cache ``key``/``value`` (B, Hkv, S, d).
+    def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
+        """Compress the exact new tokens ``key``/``value`` (B, Hkv, T, d) once and store them with their witness.
 
-        Tokens beyond :attr:`length` are compressed and appended. A cache shorter than the
-        store (a new request reusing the layer) restarts the store.
+        The codec gets private copies (:func:`witcert.schemes.registry.apply_scheme` for schemes):
+        it can never write into the model's tensors.
         """
-        if key.shape != value.shape or key.dim() != 4:
-            raise ValueError(f"key/value must both be (B, Hkv, S, d), got {tuple(key.shape)} and {tuple(value.shape)}")
-        total = key.shape[-2]
-        if total < self.length or (self.k_hat is not None and self.k_hat.shape[:2] != key.shape[:2]):
-            self.reset()
-        start = self.length
-        if total == start:
+        if not isinstance(key, torch.Tensor) or key.shape != getattr(value, "shape", None) or key.dim() != 4:
+            raise ValueError(f"key/value must both be (B, Hkv, T, d), got {getattr(key, 'shape', key)} and "
+                             f"{getattr(value, 'shape', value)}")
+        if self._dtype is not None and (key.dtype != self._dtype or key.shape[:2] != self._stats["witness"].shape[:2]):
+            raise ValueError(f"key {tuple(key.shape)} / {key.dtype} does not continue the stored "
+                             f"{tuple(self._stats['witness'].shape[:2])} / {self._dtype} cache")
+        if key.shape[-2] == 0:
             return
-        new_k, new_v = key[..., start:, :], value[..., start:, :]  # views of the exact cache
-        self.k_hat = _append(self.k_hat, apply_scheme(self.compress_key, new_k, role="key"))
-        self.v_hat = _append(self.v_hat, apply_scheme(self.compress_value, new_v, role="value"))
+        start = self._length
+        k_packed = self.codec.encode(key, "key", start)
+        v_packed = self.codec.encode(value, "value", start)
+        k_hat, v_hat = self.codec.decode(k_packed, key.dtype), self.codec.decode(v_packed, value.dtype)
+        new = stored_keys(key, k_hat, value, v_hat, self.layout)
+        self.key_chunks.append(k_packed)
+        self.value_chunks.append(v_packed)
+        # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
+        _extend(self._stats, witness=new.witness, value_residual=new.value_residual,
+                value_norm=round_up_to(new.value_norm, torch.float32))
+        if self.keep_exact:
+            _extend(self._exact, k=key.detach().clone(), v=value.detach().clone())
+            _extend(self._decoded, k=k_hat, v=v_hat)
+        if self.backing is not None:
+            self.backing.write(self.backing_key, key.detach(), value.detach())
+        self._dtype = key.dtype
+        self._length = start + key.shape[-2]
 
-    def reset(self) -> None:
-        self.k_hat = self.v_hat = None
+    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Keys and values attention reads (B, Hkv, S, d): the decoded copy, or every chunk decoded now."""
+        if not self._length:
+            raise ValueError("the store is empty: nothing was appended")
+        if self._decoded:
+            return self._decoded["k"], self._decoded["v"]
+        keys = torch.cat([self.codec.decode(p, self._dtype) for p in self.key_chunks], dim=-2)
+        vals = torch.cat([self.codec.decode(p, self._dtype) for p in self.value_chunks], dim=-2)
+        return keys, vals
+
+    def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
+        """:class:`StoredKeys` of every token (``k_hat``: the keys just read, to skip a second decode)."""
+        k_hat = self.read()[0] if k_hat is None else k_hat
+        return StoredKeys(k_hat=k_hat, **self._stats)
+
+    def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The exact keys and values (B, Hkv, S, d) as the model computed them, when kept."""
+        return (self._exact["k"], self._exact["v"]) if self._exact else None
+
+    def memory(self) -> MemoryAccount:
+        """Bytes held, by part (:class:`MemoryAccount`)."""
+        if not self._length:
+            return MemoryAccount()
+        itemsize = torch.empty((), dtype=self._dtype).element_size()
+        b, hkv, _, bands = self._stats["witness"].shape
+        backing = 0
+        if self.backing is not None and self.backing_key in self.backing:
+            backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * 2
+        return MemoryAccount(
+            compressed=sum(self.codec.nbytes(p) for p in (*self.key_chunks, *self.value_chunks)),
+            witness=nbytes(*self._stats.values()),
+            decoded=nbytes(*self._decoded.values()),
+            exact_shadow=nbytes(*self._exact.values()),
+            exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
+            backing_host=backing,
+        )
 
 
-def _append(old: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    return new if old is None else torch.cat([old, new], dim=2)
-
-
-
-@dataclass
-class DitheredLayer:
-    """Tier B twin of one layer: a dithered INT8 store per written chunk (:class:`witcert.DitheredInt8`).
-
-    Every batch row is its own sequence with its own dither stream: a token's stream is keyed by
-    ``(requests[b], layer, kv_head, token, channel)``, the side (K or V) and the secret ``seed``
-    through :class:`witcert.tier_b.counters.StandaloneCounter`, so it is regenerated identically at read time and
-    differs across rows, layers, sides and tokens. ``requests`` holds one distinct id per row
-    (a row keeps its stream when the batch is reordered together with its id); ``None`` numbers
-    the rows. ``seed=None`` draws a secret seed (:func:`witcert.tier_b.counters.fresh_seed`).
-
-    The reconstruction is dequantized to the cache's dtype, the dtype attention reads the keys
-    in; Tier B bounds of these keys take it as ``key_dtype`` (``witcert.tier_b.certificate``, registry "DB").
-    """
-
-    quantizer: object  # witcert.DitheredInt8
-    layer: int
-    seed: int | None = None
-    requests: tuple[int, ...] | None = None
-    k_hat: torch.Tensor | None = field(default=None, repr=False)  # (B, Hkv, S, d)
-    v_hat: torch.Tensor | None = field(default=None, repr=False)
-    key_stores: list = field(default_factory=list, repr=False)  # PackedStore per chunk
-    row_requests: tuple[int, ...] = ()  # the request id each batch row's stream was keyed with
-
-    def __post_init__(self):
-        from witcert.tier_b.counters import check_seed, fresh_seed
-
-        self.seed = check_seed(fresh_seed() if self.seed is None else self.seed)
-
-    @property
-    def length(self) -> int:
-        return 0 if self.k_hat is None else self.k_hat.shape[-2]
-
-    def sync(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Quantize the tokens beyond :attr:`length` (see :meth:`CompressedLayer.sync`)."""
-        from witcert.tier_b.counters import StandaloneCounter, batch_requests
-
-        if key.shape != value.shape or key.dim() != 4:
-            raise ValueError(f"key/value must both be (B, Hkv, S, d), got {tuple(key.shape)} and {tuple(value.shape)}")
-        total = key.shape[-2]
-        if total < self.length or (self.k_hat is not None and self.k_hat.shape[:2] != key.shape[:2]):
-            self.reset()
-        start = self.length
-        if total == start:
-            return
-        rows = batch_requests(self.requests, key.shape[0])
-        stores = []
-        for side, x in (("k", key[..., start:, :]), ("v", value[..., start:, :])):
-            counter = StandaloneCounter(request=rows, layer=self.layer, seed=self.seed, side=side, token_offset=start)
-            store = self.quantizer.quantize(x, counter)
-            stores.append((store, self.quantizer.dequantize(store, counter, dtype=x.dtype)))
-        self.row_requests = tuple(rows.tolist())
-        self.key_stores.append(stores[0][0])
-        self.k_hat = _append(self.k_hat, stores[0][1])
-        self.v_hat = _append(self.v_hat, stores[1][1])
-
-    def reset(self) -> None:
-        self.k_hat = self.v_hat = None
-        self.key_stores = []
+def _extend(parts: dict, **new: torch.Tensor) -> None:
+    """Append each tensor along the token axis (2) of the stored one."""
+    for name, tensor in new.items():
+        parts[name] = tensor if name not in parts else torch.cat([parts[name], tensor], dim=2)

@@ -215,7 +215,8 @@ def reference_radius(problem: dict) -> torch.Tensor:
     q64 = problem["q"].double()
     radius = torch.full((HEADS, problem["k"].shape[0]), math.inf, dtype=torch.float64)
     if problem["witness"] is not None:
-        radius = logit_bound(q64, problem["witness"][None], problem["layout"], sm_scale=SM_SCALE).double()
+        # the HEADS queries read one kv head: (Hq=1, Tq=HEADS, d) against (Hkv=1, S, B)
+        radius = logit_bound(q64[None], problem["witness"][None], problem["layout"], sm_scale=SM_SCALE)[0].double()
     if problem["tier"] == "B":
         terms = tier_b_terms(q64.view(1, 1, HEADS, HEAD_DIM), problem["store"], DELTA_LOC, sm_scale=SM_SCALE)
         radius = torch.minimum(radius, terms.combined(problem["mode"])[0, 0])

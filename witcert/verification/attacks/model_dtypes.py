@@ -1,4 +1,4 @@
-"""Attack class: fp16, bf16 and fp32 models end to end through ``witcert.integrations.hf.attention``.
+"""Attack class: fp16, bf16 and fp32 models end to end through ``witcert.monitor`` (the ``"witcert"`` attention).
 
 A tiny random Llama (``LlamaConfig``: hidden 128, 2 layers, 4 query heads over 2 kv heads, head
 dim 32) is cast to each dtype and run with the ``"witcert"`` attention on a compressed cache:
@@ -12,10 +12,10 @@ finds violations within a few dozen bf16 trials, mostly where attention splits i
 few copies of one token).
 
 Oracle, per cell (layer, query head, query): the TV between softmax over the exact keys (the
-model cache's own keys, what an uncompressed model attends over) and softmax over the keys the
-compressed attention actually read, both in fp64 with a causal mask built here, from the query
-the attention received. The library's own ``true_tv`` is not used. The bound is the cell's
-reported meter.
+keys the model wrote into its cache, what an uncompressed model attends over) and softmax over
+the keys the compressed attention actually read, both in fp64 with a causal mask built here,
+from the query the attention received. The library's own ``true_tv`` is not used. The bound is
+the cell's reported meter.
 """
 from __future__ import annotations
 
@@ -68,46 +68,51 @@ class Call:
 
     layer: int
     query: torch.Tensor  # (B, Hq, Tq, d) post-RoPE, as attention received it
-    key: torch.Tensor  # (B, Hkv, S, d) the exact cache
+    key: torch.Tensor  # (B, Hkv, S, d) the exact keys the model wrote
     k_hat: torch.Tensor  # (B, Hkv, S, d) the keys the compressed attention read
     scale: float
     meter: torch.Tensor  # (B, Hq, Tq) reported
 
 
-_RECORDING: list = []  # [(session, calls)] while a recorded run is active
+_RECORDING: list = []  # [(monitor, calls)] while a recorded run is active
 
 
 def _recording_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
-    from witcert.integrations.hf.attention import witcert_attention_forward
+    from witcert.integrations.hf import attention
 
-    session, calls = _RECORDING[-1]
-    before = len(session.batches)
-    out = witcert_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
-    if len(session.batches) > before:  # a measured (non-prefill) call
+    monitor, calls = _RECORDING[-1]
+    before = len(monitor.batches)
+    out = attention.witcert_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                              dropout=dropout, **kwargs)
+    if len(monitor.batches) > before:  # a measured (non-prefill) call: key is what attention read
         scale = module.scaling if scaling is None else scaling
-        calls.append(Call(module.layer_idx, query.detach().clone(), key.detach().clone(), session.layers[module.layer_idx].k_hat.clone(),
-                          float(scale), session.batches[-1].meter))
+        exact = attention._ACTIVE[-1].layer(module.layer_idx).store.exact()[0]
+        calls.append(Call(module.layer_idx, query.detach().clone(), exact.clone(), key.detach().clone(),
+                          float(scale), monitor.batches[-1].meter))
     return out
 
 
-def recorded_run(model, session, ids: torch.Tensor, prefill: int, adaptive_probe: bool = False) -> list[Call]:
-    """Prefill ``ids[:, :prefill]`` then feed the rest as one probe chunk; returns the measured calls."""
+def recorded_run(model, monitor, ids: torch.Tensor, prefill: int, adaptive_probe: bool = False) -> list[Call]:
+    """Prefill ``ids[:, :prefill]`` then feed the rest as one probe chunk under ``monitor`` (a
+    :class:`witcert.integrations.hf.monitoring.Monitor` keeping the exact cache); returns the measured
+    calls. The probe is declared non-adaptive unless ``adaptive_probe`` (Tier B's deterministic branch)."""
+    import contextlib
+
     from transformers import AttentionInterface, DynamicCache
     from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
-
-    from witcert.integrations.hf.attention import compressed_attention
 
     AttentionInterface.register(RECORDER, _recording_forward)
     AttentionMaskInterface.register(RECORDER, sdpa_mask)
     calls: list[Call] = []
-    _RECORDING.append((session, calls))
+    _RECORDING.append((monitor, calls))
     try:
-        with torch.no_grad(), compressed_attention(model, session):
-            model.set_attn_implementation(RECORDER)
+        with torch.no_grad(), monitor:
+            model.set_attn_implementation(RECORDER)  # the monitor restores the model's own on exit
             cache = DynamicCache(config=model.config)
-            model(ids[:, :prefill], past_key_values=cache, use_cache=True)
-            session.adaptive = adaptive_probe
-            model(ids[:, prefill:], past_key_values=cache, use_cache=True)
+            with monitor.non_adaptive():
+                model(ids[:, :prefill], past_key_values=cache, use_cache=True)
+            with contextlib.nullcontext() if adaptive_probe else monitor.non_adaptive():
+                model(ids[:, prefill:], past_key_values=cache, use_cache=True)
     finally:
         _RECORDING.pop()
     return calls
@@ -153,11 +158,9 @@ def _weighted(options: dict, g: torch.Generator):
 
 
 def run(n: int, g: torch.Generator) -> AttackTally:
-    from witcert.tier_a.bands import BandLayout
-    from witcert.integrations.hf.attention import DITHERED, Session
+    from witcert.integrations.hf.monitoring import DITHERED, Monitor
 
     tally = AttackTally(NAME)
-    layout = BandLayout(head_dim=HEAD_DIM, bands=8, rope="rotate_half")
     for _ in range(n):
         dtype = _weighted({torch.float32: 0.2, torch.float16: 0.3, torch.bfloat16: 0.5}, g)
         if torch.rand((), generator=g) < 0.8:  # a low-frequency RoPE channel barely rotates across positions
@@ -168,9 +171,9 @@ def run(n: int, g: torch.Generator) -> AttackTally:
         ids, prefill = _inputs(g)
         cache = _weighted({"B": 0.4, "B-adaptive": 0.4, "A": 0.2}, g)
         if cache == "A":
-            session = Session(_pick(TIER_A_SCHEMES, g), layout)
+            monitor = Monitor(model, _pick(TIER_A_SCHEMES, g), bands=8)
         else:  # the seed is drawn independently of the queries (a fixed one only to replay the fuzz)
-            session = Session(DITHERED, layout, tier="B", seed=int(torch.randint(0, 2**62, (), generator=g)))
-        for call in recorded_run(model, session, ids, prefill, adaptive_probe=cache == "B-adaptive"):
+            monitor = Monitor(model, DITHERED, tier="B", bands=8, seed=int(torch.randint(0, 2**62, (), generator=g)))
+        for call in recorded_run(model, monitor, ids, prefill, adaptive_probe=cache == "B-adaptive"):
             tally.add(oracle_tv(call), call.meter)
     return tally

@@ -19,6 +19,7 @@ import torch
 from witcert.verification.attacks import AttackTally
 from witcert.verification.attacks.rope_frame import count_meter, one_thread
 from witcert.tier_a.bands import BandLayout
+from witcert.integrations.hf.codecs import Reconstruction
 from witcert.integrations.hf.compressed_cache import CompressedLayer
 from witcert.tier_a.observation import observe
 from witcert.schemes.registry import apply_scheme, shares_memory
@@ -98,7 +99,7 @@ def _layer(hkv: int, dtype, scheme, g, tally: AttackTally) -> None:
 
     qg = q.to(dtype).double().reshape(hkv, GROUPS, QUERIES, HEAD_DIM)
     scale = HEAD_DIM**-0.5
-    scores = scale * qg @ k_hat.double()[:, None].transpose(-1, -2)  # as observe forms them
+    scores = (qg @ k_hat.double()[:, None].transpose(-1, -2)) * scale  # as observe forms them
     k_rep = k0.double()[:, None].expand(hkv, GROUPS, TOKENS, HEAD_DIM)
     count_meter(
         tally, obs.meter.reshape(-1, QUERIES), scores.reshape(-1, QUERIES, TOKENS),
@@ -106,10 +107,12 @@ def _layer(hkv: int, dtype, scheme, g, tally: AttackTally) -> None:
     )
 
     cache_k, cache_v = k[None].clone(), v[None].clone()  # (1, Hkv, S, d): a model's exact cache
-    layer = CompressedLayer(compress_key=scheme, compress_value=scheme)
-    layer.sync(cache_k, cache_v)
-    _count_unchanged(tally, (cache_k, k0[None]), (cache_v, v0[None]))
-    aliased = shares_memory(layer.k_hat, cache_k) or shares_memory(layer.v_hat, cache_v)
+    layer = CompressedLayer(Reconstruction(scheme), LAYOUT)
+    layer.append(cache_k, cache_v)
+    shadow_k, shadow_v = layer.exact()
+    _count_unchanged(tally, (cache_k, k0[None]), (cache_v, v0[None]), (shadow_k, k0[None]), (shadow_v, v0[None]))
+    read_k, read_v = layer.read()
+    aliased = shares_memory(read_k, cache_k) or shares_memory(read_v, cache_v)
     tally.add(float(aliased), 0.0)
 
 

@@ -21,7 +21,7 @@ import torch
 from witcert.verification.attacks import AttackTally
 from witcert.tier_a.bands import BandLayout
 from witcert.core.metering import meter
-from witcert.tier_a.observation import score_rounding
+from witcert.tier_a.observation import score_rounding_bound
 from witcert.tier_a.rotary import apply_rope
 from witcert.schemes.registry import apply_scheme
 from witcert.spec import golden
@@ -84,10 +84,11 @@ def _batch(b: int, g: torch.Generator, tally: AttackTally) -> None:
 
     q = _queries(b, d, k_rot, residual, g)  # (b, Tq, d) fp64
     scale = d**-0.5
-    c = logit_bound(q, w[:, None], layout, scale)  # (b, Tq, S)
-    c = c + score_rounding(q[:, None], k_hat_rot, scale)[:, 0]
-    scores = scale * q @ k_hat_rot.transpose(-1, -2)  # (b, Tq, S), what the meter sees
-    exact = scale * q @ k_rot.transpose(-1, -2)  # fp64 image of the exact logits
+    c = logit_bound(q[:, None], w[:, None], layout, scale)[:, 0]  # one head per problem: (b, Tq, S)
+    c = c + score_rounding_bound(q[:, None], k_hat_rot[:, None], scale, score_dtype=torch.float64,
+                                 accumulate_dtype=torch.float64)[:, 0]
+    scores = (q @ k_hat_rot.transpose(-1, -2)) * scale  # (b, Tq, S), what the meter sees
+    exact = (q @ k_rot.transpose(-1, -2)) * scale  # fp64 image of the exact logits
     _check_logits(exact, scores, c, q, k_rot, scale, tally)
     count_meter(tally, meter(scores, c), scores, q, k_rot, scale)
 
