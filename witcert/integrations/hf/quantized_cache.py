@@ -105,6 +105,8 @@ class QuantizedCacheWitness:
 
     def update(self, key_states: torch.Tensor, value_states: torch.Tensor, *args, **kwargs):
         """The wrapped layer's ``update``: witnesses of the returned keys/values, then return them."""
+        if "update" not in self._wrapped:
+            raise RuntimeError("the witness is not attached to its layer: call attach() before the first write")
         if self._values is None:
             self._values = WitnessedTensor(BandLayout(value_states.shape[-1], 1), keep_exact=self.keep_exact)
         self._keys.append_exact(key_states)
