@@ -16,6 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 	grep -v 'no-deps' requirements.txt | $(PIP) -r /dev/stdin
 	grep 'no-deps' requirements.txt | $(PIP) --no-deps -r /dev/stdin
 	$(PIP) --no-deps --no-build-isolation -e .
+	DISABLE_CUDA=1 $(PIP) --no-deps --no-build-isolation -r requirements-quant.txt && { $(PY) -c "from optimum.quanto.library.extensions import get_extension as g; g('quanto_cpp').lib" >/dev/null || echo "optimum-quanto: C++ extension not prebuilt (compiled on first use)"; }
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -93,6 +93,18 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.pairBandNorm_scaledRot_le
 #print axioms WitCert.pairBandNorm_scaledRot_le
 
+#check @WitCert.bandNorm_sub_le_add_of_le
+#print axioms WitCert.bandNorm_sub_le_add_of_le
+
+#check @WitCert.bandNorm_add_le
+#print axioms WitCert.bandNorm_add_le
+
+#check @WitCert.bandNorm_sub_le_add_sum
+#print axioms WitCert.bandNorm_sub_le_add_sum
+
+#check @WitCert.abs_inner_div_sqrt_le_maintained
+#print axioms WitCert.abs_inner_div_sqrt_le_maintained
+
 #check @WitCert.abs_inner_le_sum_band_norms
 #print axioms WitCert.abs_inner_le_sum_band_norms
 

@@ -15,6 +15,7 @@ import WitCert.TierB
 import WitCert.DeterministicBranch
 import WitCert.ChiSquare
 import WitCert.MassSplit
+import WitCert.WitnessMaintenance
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -28,6 +29,7 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
   `WitCert.tv_le_tanh_half` (max-norm), `WitCert.tanh_half_le_tanh` (competitor shape).
 * `WitCert.band_norm_rotate` (Lemma 1), `WitCert.abs_inner_le_sum_band_norms` (Theorem 2).
 * `WitCert.band_norm_sub_le_of_rounded_rotation` (Lemma 1 in floating point: a rounded rotation).
+* `WitCert.bandNorm_sub_le_add_of_le` (witness maintenance: a witness after a re-quantization).
 * `WitCert.sinh_le_mul_exp_sq_div_six`, `WitCert.uniform_mgf_le`, `WitCert.uniform_variance`
   (Lemma 2).
 * `WitCert.grid_mgf_le` (Lemma 2 on the implementation's dither grid),

@@ -138,6 +138,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_rope_rounding.py", "tests/test_tier_a.py"),
     ),
     Theorem(
+        key="WM",
+        paper="witness maintenance under re-quantization (beyond the paper)",
+        statement="||x^_old - x||_b <= w_b  =>  ||x^_new - x||_b <= w_b + ||x^_new - x^_old||_b",
+        lean="WitCert.bandNorm_sub_le_add_of_le",
+        note='Triangle inequality on band norms (`WitCert.bandNorm_add_le`). Over a chain of re-quantizations: `WitCert.bandNorm_sub_le_add_sum`; with Theorem 2: `WitCert.abs_inner_div_sqrt_le_maintained`. A token held exactly until its quantization (w = 0, x^_old = x) gets its exact witness. Keeps Tier A sound for caches that re-quantize (transformers QuantizedCache: witcert.integrations.hf.quantized_cache) and for streaming caches with an exact window (witcert.schemes.streaming). The fp16 upward rounding of the sum is the implementation\'s (witcert/tier_a/maintenance.py), checked against the fp64 and mpmath oracles, not a Lean statement.',
+        spec="witcert.spec.maintenance.bound_maintained_witness",
+        torch="witcert.tier_a.maintenance.maintained_witness",
+        kernel=None,
+        tests=("tests/test_witness_maintenance.py", "tests/test_quantized_cache.py", "tests/test_streaming.py"),
+    ),
+    Theorem(
         key="T2",
         paper="Theorem 2 (band Cauchy-Schwarz witness)",
         statement="|q.r| <= sum_b ||q_b|| ||r_b||,  so c_t = (1/sqrt d) sum_b ||q_b|| w_{t,b} >= |eps_t|",

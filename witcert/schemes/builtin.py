@@ -15,6 +15,7 @@ import math
 import torch
 
 from witcert.schemes.registry import register_scheme
+from witcert.schemes.streaming import FlushPolicy, StreamingScheme, register_streaming_scheme
 
 GROUP = 32  # channel group (per-token schemes) and token group (KIVI keys)
 E4M3_MAX = 448.0
@@ -106,21 +107,47 @@ def fp8_e5m2(x: torch.Tensor) -> torch.Tensor:
     return xw.to(torch.float8_e5m2).to(x.dtype)
 
 
-@register_scheme("kivi-2bit")
-def kivi_2bit(x: torch.Tensor, role: str = "key") -> torch.Tensor:
-    """KIVI 2-bit (Liu et al., ICML 2024): keys per-channel asymmetric over 32-token groups, values per-token.
-
-    Keys: each complete group of 32 tokens is quantized per channel; the trailing ``S mod 32``
-    tokens stay exact (KIVI's full-precision residual). Values: per-token asymmetric over groups
-    of 32 channels.
-    """
+def _kivi_keys(x: torch.Tensor) -> torch.Tensor:
+    """KIVI keys: per-channel asymmetric 2-bit over each complete group of 32 tokens; the rest exact."""
     xw = _work(x)
-    if role == "value":
-        return _asymmetric(_channel_groups(xw), 2, dim=-1).flatten(-2).to(x.dtype)
     full = (x.shape[-2] // GROUP) * GROUP
     head = xw[..., :full, :].unflatten(-2, (-1, GROUP))  # (..., S/32, 32, d)
     quantized = _asymmetric(head, 2, dim=-2).flatten(-3, -2)  # (..., full, d)
     return torch.cat([quantized, xw[..., full:, :]], dim=-2).to(x.dtype)
+
+
+def _kivi_values(x: torch.Tensor) -> torch.Tensor:
+    """KIVI values: per-token asymmetric 2-bit over groups of 32 channels."""
+    return _asymmetric(_channel_groups(_work(x)), 2, dim=-1).flatten(-2).to(x.dtype)
+
+
+@register_scheme("kivi-2bit")
+def kivi_2bit(x: torch.Tensor, role: str = "key") -> torch.Tensor:
+    """KIVI 2-bit quantizer (Liu et al., ICML 2024) on one tensor: keys per-channel over 32-token groups, values per-token.
+
+    Keys: each complete group of 32 tokens is quantized per channel; the trailing ``S mod 32``
+    tokens stay exact. Values: per-token asymmetric over groups of 32 channels. This is KIVI's
+    quantizer applied to one written tensor; the KIVI *cache* (an exact window of the 128 newest
+    tokens, keys flushed in 128-token units, so decode tokens are quantized too) is the streaming
+    scheme :data:`KIVI_2BIT` of the same name (:mod:`witcert.schemes.streaming`).
+    """
+    return _kivi_values(x) if role == "value" else _kivi_keys(x)
+
+
+KIVI_RESIDUAL = 128  # KIVI's full-precision window R (paper and code default; a multiple of GROUP)
+
+KIVI_2BIT = register_streaming_scheme(
+    StreamingScheme(
+        name="kivi-2bit",
+        quantize_key=_kivi_keys,
+        quantize_value=_kivi_values,
+        key_policy=FlushPolicy(unit=KIVI_RESIDUAL),  # window fills to R, then R/32 per-channel groups
+        value_policy=FlushPolicy(unit=1, keep=KIVI_RESIDUAL),  # R newest exact, older per token
+    )
+)
+"""The KIVI 2-bit cache (Liu et al., ICML 2024; its reference code): keys held exactly until 128
+have gathered, then quantized per channel in four 32-token groups; the 128 newest values exact,
+each older value quantized per token (groups of 32 channels); the prefill attends exact keys."""
 
 
 @register_scheme("kvquant-4bit")
