@@ -14,14 +14,18 @@ ROOT = Path(__file__).resolve().parents[1]
 PROJECT = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
 
 
+PIN_FILES = ["requirements.txt", "requirements-quant.txt"]  # the core pins, then the 'quant' extra's
+
+
 def _pins() -> dict[str, str]:
     pins = {}
-    for line in (ROOT / "requirements.txt").read_text().splitlines():
+    lines = [line for name in PIN_FILES for line in (ROOT / name).read_text().splitlines()]
+    for line in lines:
         line = line.split("#", 1)[0].strip()
         if line:
             req = Requirement(line)
             (spec,) = req.specifier
-            assert spec.operator == "==", f"requirements.txt pins exactly: {line}"
+            assert spec.operator == "==", f"pin files pin exactly: {line}"
             pins[canonicalize_name(req.name)] = spec.version
     return pins
 
