@@ -92,6 +92,13 @@ def _problems():
     return q, k, v, layout, witness, counter, quantizer, plan, per_scale
 
 
+def _skip_backend_check() -> None:
+    """Let launchers reach ``JITFunction.run`` without CUDA: the recorder compiles, it never launches."""
+    for name, module in list(sys.modules.items()):
+        if name.startswith("witcert.kernels.") and hasattr(module, "require_backend"):
+            module.require_backend = lambda kernel: None
+
+
 def main() -> int:
     JITFunction.run = _compile_instead
     from witcert import DitheredInt8
@@ -102,6 +109,7 @@ def main() -> int:
     from witcert.kernels.philox import philox4x32_10
     from witcert.kernels.witness_write import witness_write
 
+    _skip_backend_check()
     q, k, v, layout, witness, counter, quantizer, plan, per_scale = _problems()
     calls = [
         lambda: philox4x32_10(torch.zeros(4, 4, dtype=torch.int64), torch.zeros(4, 2, dtype=torch.int64)),
