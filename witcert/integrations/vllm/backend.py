@@ -136,13 +136,19 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 def _one_thread():
     """Meter on one thread: the tensors are tiny, and OpenMP fork/join on a busy machine costs
     far more than the work (measured: a (3, 3, 64) x (3, 64, 30) fp64 matmul 20 ms on 2 threads
-    of a loaded 2-core machine, 0.05 ms on one). vLLM's own thread count is restored after."""
+    of a loaded 2-core machine, 0.05 ms on one).
+
+    vLLM's CPU worker replaces ``torch.set_num_threads`` by a no-op once it has pinned its OpenMP
+    threads to cores, so this calls the original, ``torch._C.set_num_threads``. OpenMP keeps its
+    pooled (pinned) threads while a region asks for fewer, and vLLM's count is restored on exit;
+    ``tests/vllm/test_engine.py`` checks the outputs stay bit-identical to the plugin off.
+    """
     threads = torch.get_num_threads()
-    torch.set_num_threads(1)
+    torch._C.set_num_threads(1)
     try:
         yield
     finally:
-        torch.set_num_threads(threads)
+        torch._C.set_num_threads(threads)
 
 
 def _witness(exact: torch.Tensor, stored: torch.Tensor, band_layout) -> torch.Tensor:
