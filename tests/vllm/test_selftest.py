@@ -70,3 +70,15 @@ def test_refuses_attention_the_meter_does_not_cover(overrides, match):
     _refuse_unsupported(_impl())  # plain causal attention passes
     with pytest.raises(ValueError, match=match):
         _refuse_unsupported(_impl(**overrides))
+
+
+@pytest.mark.parametrize("kv_cache_dtype,expected", [("fp8_e4m3", float("inf")), ("auto", 0.25)])
+def test_key_scale_change_voids_fp8_witnesses(kv_cache_dtype, expected):
+    # an fp8 entry written under scale s0 is read at the new scale: its witness no longer holds
+    from witcert.integrations.vllm.backend import WitCertCPUAttentionImpl
+
+    impl = SimpleNamespace(kv_cache_dtype=kv_cache_dtype, k_scale=1.0, witness=torch.full((2, 3), 0.25))
+    WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=1.0))
+    assert (impl.witness == 0.25).all()
+    WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=2.0))
+    assert (impl.witness == expected).all() and impl.k_scale == 2.0

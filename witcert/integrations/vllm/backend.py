@@ -44,6 +44,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.layer_index = None
         self.witness = None  # (blocks, Hkv, block_size, B) fp16, allocated with the cache
         self.shadow = None  # (blocks, Hkv, block_size, d) exact keys, shadow mode only
+        self.k_scale = None  # the key scale the stored witnesses were formed under
         if self.metered:
             _refuse_unsupported(self)
             try:
@@ -57,6 +58,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if not self.metered:
             return
         self._prepare(layer, kv_cache, key.dtype)
+        self._follow_scale(layer)
         n = slot_mapping.shape[0]
         keep = slot_mapping >= 0  # -1 marks padding
         slots = slot_mapping[keep].long()
@@ -73,6 +75,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         result = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                  output_block_scale)
         if self.metered and attn_metadata is not None and self.witness is not None:
+            self._follow_scale(layer)
             self._meter(layer, query, kv_cache, attn_metadata, output)
         return result
 
@@ -88,9 +91,19 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             v_scale=layer._v_scale_float, scale=self.scale)
         self.runtime.telemetry.selftest = result
         self.witness = torch.zeros(blocks, heads, block_size, self.layout.bands, dtype=torch.float16)
+        self.k_scale = layer._k_scale_float
         if self.runtime.config.shadow:
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
         self.layer_index = extract_layer_index(layer.layer_name)
+
+    def _follow_scale(self, layer) -> None:
+        """A witness holds for the key scale it was formed under. If vLLM changes the scale (e.g.
+        calculated KV scales), the kernel reads every older fp8 entry at the new scale, which no
+        stored witness covers: make them all the trivial bound (``inf``: meter 1) from then on."""
+        if layer._k_scale_float != self.k_scale:
+            if self.kv_cache_dtype not in layout.LOSSLESS:
+                self.witness.fill_(math.inf)
+            self.k_scale = layer._k_scale_float
 
     def _meter(self, layer, query, kv_cache, md, output) -> None:
         """Meter every decode row (one query token) of this step for this layer."""
