@@ -25,10 +25,16 @@ def engine(smollm2, tmp_path_factory):
     if not HAS_VLLM:
         pytest.skip(NO_VLLM)
     out = tmp_path_factory.mktemp("witcert-vllm")
-    os.environ.update({"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WITCERT_VLLM": "1", "WITCERT_VLLM_SHADOW": "1",
-                       "WITCERT_VLLM_JSONL": str(out / "cells.jsonl"), "WITCERT_VLLM_METRICS_DIR": str(out)})
-    from vllm import LLM
+    switches = {"VLLM_ENABLE_V1_MULTIPROCESSING": "0", "WITCERT_VLLM": "1", "WITCERT_VLLM_SHADOW": "1",
+                "WITCERT_VLLM_JSONL": str(out / "cells.jsonl"), "WITCERT_VLLM_METRICS_DIR": str(out)}
+    saved = {name: os.environ.get(name) for name in switches}
+    os.environ.update(switches)
+    try:
+        from vllm import LLM
 
-    llm = LLM(str(smollm2), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
-              kv_cache_memory_bytes=128 << 20)
+        llm = LLM(str(smollm2), dtype="float32", enforce_eager=True, max_model_len=1024, seed=0,
+                  kv_cache_memory_bytes=128 << 20)
+    finally:  # the plugin read its switches at start-up; engines started later get their own
+        for name, value in saved.items():
+            os.environ.pop(name) if value is None else os.environ.__setitem__(name, value)
     return llm, out

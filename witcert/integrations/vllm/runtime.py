@@ -27,7 +27,7 @@ class Runtime:
         """After each metered layer: publish once the last layer of the step is done."""
         if layer >= self.last_layer:
             self.last_layer = layer
-            self.telemetry.publish(os.environ.get(config.METRICS_DIR))
+            self.telemetry.publish(self.config.metrics_dir)
             if self.cell_log is not None:
                 self.cell_log.flush()
 
