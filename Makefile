@@ -1,4 +1,7 @@
 # Two commands do the whole set-up on a fresh machine (README): `make demo` and `make test`.
+# `make install` installs the exact pins of requirements.txt into .venv, then this checkout in
+# editable mode without dependencies (pyproject.toml declares ranges for `pip install .[extras]`);
+# it reruns only when requirements.txt or pyproject.toml changed (the stamp file).
 VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
@@ -13,6 +16,7 @@ $(STAMP): requirements.txt pyproject.toml
 	grep -v 'no-deps' requirements.txt | $(PIP) -r /dev/stdin
 	grep 'no-deps' requirements.txt | $(PIP) --no-deps -r /dev/stdin
 	$(PIP) --no-deps --no-build-isolation -e .
+	DISABLE_CUDA=1 $(PIP) --no-deps --no-build-isolation -r requirements-quant.txt && { $(PY) -c "from optimum.quanto.library.extensions import get_extension as g; g('quanto_cpp').lib" >/dev/null || echo "optimum-quanto: C++ extension not prebuilt (compiled on first use)"; }
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -42,7 +46,7 @@ $(VSTAMP): requirements-vllm.txt pyproject.toml
 	touch $(VSTAMP)
 
 test-vllm: $(STAMP) $(VSTAMP)
-	$(PY) -c "import witcert.models as m; m.load_model()"
+	$(PY) -c "from witcert.integrations.hf.default_model import load_model; load_model()"
 	$(VPY) -m pytest -q tests/vllm
 
 clean:

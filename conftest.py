@@ -1,7 +1,20 @@
-"""Shared pytest set-up: hypothesis profiles `dev` (default) and `ci` (derandomized, CI=true)."""
+"""Shared pytest set-up for ``tests/`` and ``contracts/``.
+
+* Hypothesis profiles ``dev`` (default) and ``ci`` (derandomized, selected by ``CI=true``).
+* The Triton backend. Product code never changes the process environment, so the test run
+  chooses it here: without CUDA the kernels run under Triton's CPU interpreter
+  (``TRITON_INTERPRET=1``). Triton reads the variable when a ``@triton.jit`` decorator runs, i.e.
+  when a kernel module is first imported; pytest loads this root ``conftest.py`` before it
+  collects any test module, so the setting holds whichever test imports a kernel first. An
+  explicit setting in the environment wins; with CUDA the kernels compile for the GPU.
+"""
 import os
 
+import torch
 from hypothesis import HealthCheck, settings
+
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"
 
 settings.register_profile("dev", max_examples=200, deadline=None)
 settings.register_profile(

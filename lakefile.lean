@@ -1,7 +1,7 @@
 import Lake
 open Lake DSL
 
-/-! Lean 4 development of WitCert (DESIGN.md §4): `formal/WitCert/**`.
+/-! Lean 4 development of WitCert (docs/design.md "Verification chain"): `formal/WitCert/**`.
 
 * `lake build WitCertCore`: the dependency-free layer (core Lean only, seconds).
 * `lake build`: everything, against Mathlib at the tag matching the toolchain.

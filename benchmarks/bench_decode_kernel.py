@@ -20,13 +20,17 @@ Usage: ``.venv/bin/python benchmarks/bench_decode_kernel.py [--batch 8 --heads 3
 """
 import argparse
 import json
+import os
 import time
 
 import torch
 
-import witcert.kernels  # noqa: F401  (sets TRITON_INTERPRET=1 without CUDA, before Triton loads)
-from witcert import BandLayout, DitheredInt8, StandaloneCounter, get_scheme
-from witcert.dithered_int8 import Q_LEVELS
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # Triton's CPU interpreter; read when the first kernel module is imported
+
+from witcert import BandLayout, DitheredInt8, get_scheme
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.tier_b.quantizer import Q_LEVELS
 from witcert.kernels.decode_attention import decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys

@@ -33,7 +33,7 @@ class Capture:
 
 def prompt_ids(tokenizer, domain: str, n_tokens: int) -> torch.Tensor:
     """Token ids (1, ~n_tokens) of the domain's prompt: a passkey haystack, prose or stdlib code."""
-    from witcert.workloads import needle_cases, text_cases
+    from witcert.observatory.workloads import needle_cases, text_cases
 
     if domain == "needle":
         text = needle_cases(tokenizer, n_tokens, depths=(0.5,), keys=(4,))[0].prompt
@@ -79,6 +79,6 @@ def capture(loaded, domain: str, n_tokens: int, n_queries: int) -> Capture:
 
 def load():
     """The default model (eager attention, so the hook sees the plain Llama path)."""
-    from witcert.models import load_model
+    from witcert.integrations.hf.default_model import load_model
 
     return load_model(attn_implementation="eager")

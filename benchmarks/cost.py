@@ -18,9 +18,9 @@ import math
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.tier_b import delta_local
-from witcert.validate import check_scores_and_bounds
+from witcert.core import bounds
+from witcert.tier_b.certificate import delta_local
+from witcert.core.checks import check_scores_and_bounds
 
 from benchmarks.timing import time_interleaved
 
@@ -40,7 +40,7 @@ def _problem(hq: int, hkv: int, d: int, s: int, seed: int = 0) -> dict:
     layout = witcert.BandLayout(d, 16)
     k_hat = witcert.get_scheme("rtn-int8")(k)
     w = witcert.witness_of(k, k_hat, layout)  # (Hkv, S, B) fp16, written once at cache-write time
-    store = witcert.DitheredInt8().quantize(k, witcert.StandaloneCounter(request=0, layer=0))
+    store = witcert.DitheredInt8().quantize(k, witcert.tier_b.counters.StandaloneCounter(request=0, layer=0))
     return dict(q=q, k=k_hat, v=v, w=w, layout=layout, store=store, sm=d**-0.5,
                 delta_loc=delta_local(1e-2, 30, hq, 1024))
 
@@ -51,7 +51,7 @@ def _attention(p: dict) -> torch.Tensor:
 
 
 def _tier_a(p: dict, scores: torch.Tensor) -> torch.Tensor:
-    c = witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"])  # (Hkv, G, S)
+    c = witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"])  # (Hkv, G, S): G queries per kv head
     return witcert.meter(scores, c)
 
 
@@ -74,7 +74,7 @@ def measure_shape(name: str, s: int, reps: int) -> dict:
     hq, hkv, d = SHAPES[name]
     p = _problem(hq, hkv, d, s)
     scores = (p["q"] @ p["k"].transpose(-1, -2)) * p["sm"]
-    c_a = witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"])
+    c_a = witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"])
     w32 = p["w"].float()  # the fp16 witness widened once (a kernel widens it in registers)
     mass = torch.exp(scores - scores.amax(-1, keepdim=True))
     fns = {
@@ -82,7 +82,7 @@ def measure_shape(name: str, s: int, reps: int) -> dict:
         "tier_a": lambda: _tier_a(p, scores),
         "tier_b": lambda: _tier_b(p, scores),
         "part: input checks": lambda: check_scores_and_bounds(scores, c_a),
-        "part: logit_bound (Tier A c)": lambda: witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"]),
+        "part: logit_bound (Tier A c)": lambda: witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"]),
         "part: tier_b_logit_bound (Tier B c)": lambda: witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"]),
         "part: bounds.moments": lambda: bounds.moments(scores, c_a),
         "part: meter(scores, c)": lambda: witcert.meter(scores, c_a),

@@ -1,9 +1,9 @@
-"""Section 4 -- where the meter's looseness comes from (DESIGN.md §2 "How loose, and where").
+"""Section 4 -- where the meter's looseness comes from (docs/design.md "How loose, and where").
 
 For sampled real-model cells with their per-token bounds ``c``:
 
 * shape looseness: ``meter / sup-box TV``, the sup-box TV being the adversary's (near-)sup of the
-  true TV over every error with ``|eps_t| <= c_t`` (``witcert.sup_box_tv``: local search at these
+  true TV over every error with ``|eps_t| <= c_t`` (``witcert.verification.adversary.sup_box_tv``: local search at these
   ``S``, an achieved value, so the ratio is an upper estimate of the shape loss);
 * per-token-bound looseness: ``sup-box TV / true TV`` (how far the actual errors are from the
   worst case the per-token bounds allow).
@@ -13,7 +13,7 @@ Saturated cells (meter = 1) are reported separately: there the shape ratio only 
 import torch
 
 import witcert
-from witcert import bounds
+from witcert.core import bounds
 
 
 def _stats(x: torch.Tensor) -> dict:
@@ -39,7 +39,7 @@ def _tail_cause(scores: torch.Tensor, shape: torch.Tensor, threshold: float = 10
 def split(sampled: dict) -> list[dict]:
     rows = []
     for config, t in sampled.items():
-        sup = witcert.sup_box_tv(t["scores"], t["c"]).tv
+        sup = witcert.verification.adversary.sup_box_tv(t["scores"], t["c"]).tv
         live = (t["meter"] < 1) & (sup > 0)
         shape = t["meter"][live] / sup[live]
         per_token = sup[live & (t["true_tv"] > 0)] / t["true_tv"][live & (t["true_tv"] > 0)]

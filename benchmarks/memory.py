@@ -25,7 +25,7 @@ def packed_bytes(head_dim: int, side: str, **kwargs) -> float:
     x = _keys(head_dim)
     if fixed and quantizer.outlier_pairs:
         quantizer = quantizer.calibrate(x[:, :64])
-    store = quantizer.quantize(x, witcert.StandaloneCounter(request=0, layer=0, side=side))
+    store = quantizer.quantize(x, witcert.tier_b.counters.StandaloneCounter(request=0, layer=0, side=side))
     return store.nbytes() / (N_HEADS * N_TOKENS)
 
 

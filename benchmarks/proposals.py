@@ -31,9 +31,9 @@ import math
 import torch
 
 import witcert
-from witcert import rounding
-from witcert.rounding import round_up_to
-from witcert.tier_b import DEQUANT_FACTOR, GRID_STEP, delta_local
+from witcert.core import rounding
+from witcert.core.rounding import round_up_to
+from witcert.tier_b.certificate import DEQUANT_FACTOR, GRID_STEP, delta_local
 
 from benchmarks.cost import SHAPES, _problem
 from benchmarks.timing import time_interleaved
@@ -41,7 +41,7 @@ from benchmarks.timing import time_interleaved
 
 def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout, sm: float) -> torch.Tensor:
     """Proposal 1: (Hkv, G, d) x (Hkv, S, B) -> (Hkv, G, S); same value as ``witcert.logit_bound``."""
-    from witcert.witness import norms_upper_fp64
+    from witcert.tier_a.witness import norms_upper_fp64
 
     qn = norms_upper_fp64(layout.split(q.double()))  # (Hkv, G, B)
     c = (qn @ w.double().transpose(-1, -2)) * sm  # (Hkv, G, S)
@@ -72,7 +72,7 @@ def _cheap_term_relative_error(exponent_error, n_ops, dtype):
 
 def proposed_moments(scores: torch.Tensor, c: torch.Tensor):
     """Proposal 4 (cost estimate): the library's enclosures with one expm1 pass (see module doc)."""
-    from witcert.bounds import _SPLIT_C, Moments, moments
+    from witcert.core.bounds import _SPLIT_C, Moments, moments
 
     live = scores > float("-inf")
     c = torch.where(live, c, torch.zeros_like(c))
@@ -106,7 +106,7 @@ def proposed_moments(scores: torch.Tensor, c: torch.Tensor):
 
 def proposed_meter(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """``witcert.meter`` with proposal 4's moments (input checks kept)."""
-    from witcert.validate import check_scores_and_bounds
+    from witcert.core.checks import check_scores_and_bounds
 
     scores, c = check_scores_and_bounds(scores, c)
     return round_up_to(proposed_moments(scores, c).meter(), scores.dtype)
@@ -127,7 +127,7 @@ def measure(name: str, s: int, reps: int) -> dict:
     hq, hkv, d = SHAPES[name]
     p = _problem(hq, hkv, d, s)
     scores = (p["q"] @ p["k"].transpose(-1, -2)) * p["sm"]
-    c_lib = witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"])
+    c_lib = witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"])
     c_fast = fast_logit_bound(p["q"], p["w"], p["layout"], p["sm"])
     b_lib = witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"])
     b_fast = fast_tier_b(p["q"], p["store"], p["delta_loc"], p["sm"])
@@ -142,7 +142,7 @@ def measure(name: str, s: int, reps: int) -> dict:
 
     fns = {
         "attention": lambda: torch.softmax((p["q"] @ p["k"].transpose(-1, -2)) * p["sm"], -1) @ p["v"],
-        "logit_bound (library)": lambda: witcert.logit_bound(p["q"], p["w"][:, None], p["layout"], p["sm"]),
+        "logit_bound (library)": lambda: witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"]),
         "logit_bound (proposal 1)": lambda: fast_logit_bound(p["q"], p["w"], p["layout"], p["sm"]),
         "tier_b c (library)": lambda: witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"]),
         "tier_b c (proposal 2)": lambda: fast_tier_b(p["q"], p["store"], p["delta_loc"], p["sm"]),

@@ -5,12 +5,12 @@ Per (layer, query head, query) cell, for each scheme:
 * the meter (``witcert.meter``: min of T1, P1, MN) and each bound alone (e-form T1, two-sided P1,
   ``tanh(D/2)`` MN, retention P1r) on the same per-token ``c``;
 * the competitor (Runtime-Certified [5]): ``tanh(max_t Delta_t)``, ``Delta_t = sm sum_c |q_c| e_{t,c}``.
-  For the dithered cache ``e = s/2`` exactly (``witcert.tier_b.deterministic_delta``). For a
+  For the dithered cache ``e = s/2`` exactly (``witcert.tier_b.certificate.deterministic_delta``). For a
   black-box Tier A scheme the step is not exposed, so ``e`` is the largest ``|residual|`` in the
   scheme's quantization group (token x 32 channels for RTN, 32 tokens x channel for KIVI keys,
   the element itself for raw FP8): never above ``s/2``, i.e. favourable to the competitor;
 * true TV (fp64, exact keys) -- a violation is ``true TV > meter`` in any cell (must be 0);
-* the value side ``pass_V`` (``witcert.values``) for the joint event ``pass_K and pass_V``.
+* the value side ``pass_V`` (``witcert.core.values``) for the joint event ``pass_K and pass_V``.
 
 Tier A schemes use the band witness (``witcert.observe``). The dithered INT8 cache (Tier B, keys
 with ``m`` outlier pairs by block energy, values with ``m = 0``) reports ``c = min(u + beta, Delta)``
@@ -25,10 +25,10 @@ from collections import defaultdict
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.observe import score_rounding
-from witcert.schemes import apply_scheme
-from witcert.tier_b import deterministic_delta, delta_local, tier_b_logit_bound
+from witcert.core import bounds
+from witcert.tier_a.observation import score_rounding_bound
+from witcert.schemes.registry import apply_scheme
+from witcert.tier_b.certificate import deterministic_delta, delta_local, tier_b_logit_bound
 
 from benchmarks.capture import Capture
 
@@ -85,11 +85,12 @@ class Layer:
         return x.reshape(self.hq, self.tq, *x.shape[3:])
 
     def scores(self, k_hat: torch.Tensor) -> torch.Tensor:
-        s = self.sm * self.qg @ k_hat.double()[:, None].transpose(-1, -2)
+        s = (self.qg @ k_hat.double()[:, None].transpose(-1, -2)) * self.sm
         return self.flat(s).masked_fill(~self.mask, -math.inf)  # (Hq, Tq, S)
 
     def rounding(self, k_hat: torch.Tensor) -> torch.Tensor:
-        return self.flat(score_rounding(self.qg, k_hat.double(), self.sm))
+        return score_rounding_bound(self.q.double(), k_hat.double(), self.sm, score_dtype=torch.float64,
+                                    accumulate_dtype=torch.float64)  # (Hq, Tq, S)
 
     def observe(self, k_hat, v_hat):
         return witcert.observe(self.q, self.k, self.v, "rtn-int8", self.layout, sm_scale=self.sm, mask=self.mask,
@@ -112,8 +113,8 @@ def tier_a_cells(layer: Layer, scheme: str) -> dict:
 
 
 def dithered_cells(layer: Layer, m: int, request: int, n_layers: int) -> dict:
-    counter_k = witcert.StandaloneCounter(request=request, layer=layer.index, side="k")
-    counter_v = witcert.StandaloneCounter(request=request, layer=layer.index, side="v")
+    counter_k = witcert.tier_b.counters.StandaloneCounter(request=request, layer=layer.index, side="k")
+    counter_v = witcert.tier_b.counters.StandaloneCounter(request=request, layer=layer.index, side="v")
     qk = witcert.DitheredInt8(outlier_pairs=m)
     store = qk.quantize(layer.k, counter_k)
     k_hat = qk.dequantize(store, counter_k)
@@ -121,12 +122,11 @@ def dithered_cells(layer: Layer, m: int, request: int, n_layers: int) -> dict:
     v_hat = qv.dequantize(qv.quantize(layer.v, counter_v), counter_v)
     obs = layer.observe(k_hat, v_hat)
     scores, slack = layer.scores(k_hat), layer.rounding(k_hat)
-    q4 = layer.qg.reshape(layer.hkv, layer.groups * layer.tq, layer.d)
 
     def c_of(mode, delta_req):
         loc = delta_local(delta_req, n_layers, layer.hq, layer.tq)
-        c = tier_b_logit_bound(q4, store, loc, sm_scale=layer.sm, mode=mode).double()
-        return (layer.flat(c.reshape(layer.hkv, layer.groups, layer.tq, layer.s)) + slack) * (1 + 2.0**-50)
+        c = tier_b_logit_bound(layer.q, store, loc, sm_scale=layer.sm, mode=mode).double()  # (Hq, Tq, S)
+        return (c + slack) * (1 + 2.0**-50)
 
     out = {"meter[A]": witcert.meter(scores, obs.c), "meter[delta]": witcert.meter(scores, c_of("delta", 0.5))}
     for delta_req in DELTAS:
@@ -137,8 +137,8 @@ def dithered_cells(layer: Layer, m: int, request: int, n_layers: int) -> dict:
         if delta_req == HEADLINE_DELTA:
             out.update(_bounds_of(scores, c_min, prefix="[min] "))
             out["_c"] = c_min
-    delta_c = deterministic_delta(q4, store, layer.sm).reshape(layer.hkv, layer.groups, layer.tq, layer.s)
-    out["competitor"] = _competitor(layer.flat(delta_c) + slack, layer.mask)
+    delta_c = deterministic_delta(layer.q, store, layer.sm)  # (Hq, Tq, S)
+    out["competitor"] = _competitor(delta_c + slack, layer.mask)
     out["meter"] = out[f"meter[min] d={HEADLINE_DELTA:g}"]
     out["true_tv"], out["pass_v"] = obs.true_tv, obs.pass_v
     out["_scores"] = scores

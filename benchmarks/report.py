@@ -136,7 +136,7 @@ def markdown(results: dict) -> str:
                   _quality_md(results), "![coverage](coverage.png)", ""]
     if results.get("looseness"):
         parts += ["## 4. Looseness split (sampled real-model cells)", "",
-                  "shape = meter / sup-box TV (adversary of DESIGN.md §2; unsaturated cells); per-token = "
+                  'shape = meter / sup-box TV (adversary of docs/design.md "How loose, and where"; unsaturated cells); per-token = '
                   "sup-box TV / true TV.", "", _looseness_md(results), ""]
     if results.get("throughput"):
         t = results["throughput"]

@@ -1,5 +1,5 @@
 """Section 5 -- regression throughput: adversarial per-query trials per second (``witcert fuzz``)."""
-from witcert.fuzz import run_fuzz
+from witcert.verification.fuzz import run_fuzz
 
 
 def run(trials: int) -> dict:

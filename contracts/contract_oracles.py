@@ -13,7 +13,7 @@ test compares against lives here:
 * fp64 truths: ``compressed_scores`` / ``exact_scores`` (GQA-expanded logits, ``-inf`` beyond
   ``seq_len``), ``true_tv`` (exact keys vs compressed keys, the quantity the meter bounds),
   ``reference_radius`` (torch ``c_t``: ``witcert.logit_bound`` / ``witcert.tier_b_logit_bound``),
-  ``reference_meter`` (``witcert.meter``) and ``reference_moments`` (``witcert.bounds.moments``).
+  ``reference_meter`` (``witcert.meter``) and ``reference_moments`` (``witcert.core.bounds.moments``).
 * ``kernel_run``: the kernel's ``DecodeAttention`` for a case, cached -- the interpreter is slow
   and several contracts read the same run.
 
@@ -26,15 +26,15 @@ from dataclasses import dataclass
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.bands import BandLayout
-from witcert.counters import PagedCounter, StandaloneCounter
-from witcert.dithered_int8 import DitheredInt8
+from witcert.core import bounds
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter
+from witcert.tier_b.quantizer import DitheredInt8
 from witcert.kernels.decode_attention import DecodeAttention, decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys
 from witcert.kernels.witness_write import witness_write
-from witcert.tier_b import tier_b_logit_bound
+from witcert.tier_b.certificate import tier_b_logit_bound
 
 BATCH, Q_HEADS, KV_HEADS, HEAD_DIM = 2, 9, 3, 64
 GROUP = Q_HEADS // KV_HEADS
@@ -172,15 +172,15 @@ def case(name: str) -> AttentionCase:
 
 
 @functools.lru_cache(maxsize=None)
-def kernel_run(name: str, num_splits: int = DEFAULT_SPLITS, certify: bool = True) -> DecodeAttention:
+def kernel_run(name: str, num_splits: int = DEFAULT_SPLITS, certify: bool = True, block_n: int = 32) -> DecodeAttention:
     """The decode kernel on a case (cached: several contracts read one run)."""
     c = case(name)
     if c.packed is None:
         return decode_attention(c.q, c.k_hat, c.v, c.witness, c.layout, seq_lens=c.seq_lens,
-                                num_splits=num_splits, certify=certify)
+                                num_splits=num_splits, block_n=block_n, certify=certify)
     return decode_attention_packed(c.q, c.packed, c.v, delta_loc=DELTA_LOC, mode=c.mode, witness=c.witness,
                                    layout=c.layout if c.witness is not None else None, seq_lens=c.seq_lens,
-                                   num_splits=num_splits, certify=certify)
+                                   num_splits=num_splits, block_n=block_n, certify=certify)
 
 
 def _expand(x: torch.Tensor) -> torch.Tensor:
@@ -223,10 +223,10 @@ def reference_radius(c: AttentionCase) -> torch.Tensor:
     """The torch reference's per-token ``c_t`` (B, Hq, S), fp64 values; ``0`` on masked tokens."""
     radius = None
     if c.witness is not None:
-        q = c.q.double().view(BATCH, KV_HEADS, GROUP, HEAD_DIM)
-        radius = witcert.logit_bound(q, c.witness[:, :, None], c.layout).reshape(BATCH, Q_HEADS, -1).double()
+        q = c.q.double()[:, :, None]  # (B, Hq, Tq=1, d) against the witness (B, Hkv, S, B): GQA inside
+        radius = witcert.logit_bound(q, c.witness, c.layout).reshape(BATCH, Q_HEADS, -1).double()
     if c.packed is not None:
-        q = c.q.view(BATCH, KV_HEADS, GROUP, HEAD_DIM)
+        q = c.q[:, :, None]  # (B, Hq, Tq=1, d) against the store (B, Hkv, S, d)
         tier_b = tier_b_logit_bound(q, c.packed.store, DELTA_LOC, mode=c.mode).reshape(BATCH, Q_HEADS, -1).double()
         radius = tier_b if radius is None else torch.minimum(radius, tier_b)
     live = compressed_scores(c) > -math.inf
@@ -239,7 +239,7 @@ def reference_meter(c: AttentionCase) -> torch.Tensor:
 
 
 def reference_moments(c: AttentionCase) -> bounds.Moments:
-    """``witcert.bounds.moments``: fp64 enclosures of ``A - 1`` (``k_hi``) and ``1 - A-`` (``j_hi``)."""
+    """``witcert.core.bounds.moments``: fp64 enclosures of ``A - 1`` (``k_hi``) and ``1 - A-`` (``j_hi``)."""
     return bounds.moments(compressed_scores(c), reference_radius(c))
 
 
@@ -263,19 +263,24 @@ def delta_max(name: str, num_splits: int = DEFAULT_SPLITS) -> torch.Tensor:
 
 
 def kernel_relative_budget(name: str, num_splits: int = DEFAULT_SPLITS) -> float:
+    """:func:`relative_budget` of a named case's run."""
+    c = case(name)
+    d_max = float(kernel_run(name, num_splits).certificate.c_max.max())
+    return relative_budget(c.k.shape[2], num_splits, d_max, bands=c.layout.bands)
+
+
+def relative_budget(seq: int, num_splits: int, d_max: float, *, block_n: int = 32, bands: int = 16) -> float:
     """Stated relative slack of the kernel's ``A - 1`` over the exact value (``kernels/certificate.py``).
 
     Twice the sum of the enclosure's relative terms (per-term errors of ``l`` and ``k``, exponent
-    arguments) plus the radius round-up ``kappa`` amplified by ``(1 + D)`` (``d(e^c - 1)/(e^c - 1)
+    arguments) plus the radius round-up ``kappa`` (``RADIUS_EXCESS`` and the ``2^-22`` of
+    ``c' = (c + delta)(1 + 2^-22)``) amplified by ``(1 + D)`` (``d(e^c - 1)/(e^c - 1)
     <= (1 + c) dc/c`` for ``c <= 1``; beyond, ``e^c`` grows the same way), and the reference's own
     fp32 round-up of ``c`` (one ulp).
     """
-    from witcert.kernels.certificate import ARG_ERROR, Y_NORMAL, KernelRounding
+    from witcert.kernels.certificate import ARG_ERROR, RADIUS_EXCESS, Y_NORMAL, KernelRounding
 
-    c = case(name)
-    shape = KernelRounding(max_seq_len=c.k.shape[2], block_n=32, num_splits=num_splits, head_dim=HEAD_DIM,
-                           bands=c.layout.bands)
-    d_max = float(kernel_run(name, num_splits).certificate.c_max.max())
-    kappa = max(shape.kappa_c, shape.kappa_b) + 2.0**-22 + 2.0**-23
-    arguments = math.expm1(ARG_ERROR * Y_NORMAL) + ARG_ERROR * math.log(c.k.shape[2])
+    shape = KernelRounding(max_seq_len=seq, block_n=block_n, num_splits=num_splits, head_dim=HEAD_DIM, bands=bands)
+    kappa = RADIUS_EXCESS + 2.0**-22 + 2.0**-23
+    arguments = math.expm1(ARG_ERROR * Y_NORMAL) + ARG_ERROR * math.log(seq)
     return 2 * (shape.mass_error() + shape.moment_error() + arguments) + 2 * kappa * (1 + d_max)

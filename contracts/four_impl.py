@@ -1,4 +1,4 @@
-"""The four-implementation table (DESIGN.md §4): kernel, torch, mpmath golden, independent.
+"""The four-implementation table (docs/design.md "Verification chain"): kernel, torch, mpmath golden, independent.
 
 For a few small cells (one batch row, 9 query heads over 3 kv heads, ``S = 6`` tokens, d = 64;
 Tier A keys through ``rtn-int4`` (large radii) or ``fp8-e4m3`` (small radii)) each certificate
@@ -15,7 +15,7 @@ meter       ``spec.golden.meter_from_scores``        ``spec.independent.quantiti
 
 The kernel's per-token radii come from single-token rows (``D = max_t c_t = c_t`` when ``S = 1``);
 ``A`` and the meter from the full rows. torch: ``witcert.logit_bound``, ``tier_b_logit_bound``,
-``witcert.bounds.moments``, ``witcert.meter`` (fp64). Golden and independent see the exact
+``witcert.core.bounds.moments``, ``witcert.meter`` (fp64). Golden and independent see the exact
 logits (``q . k^`` of the stored values, at full precision) and their own exact radii.
 
 Used by ``contracts/test_four_implementations.py`` (assertions) and
@@ -31,20 +31,20 @@ import mpmath
 import torch
 
 import witcert
-from witcert import bounds
-from witcert.bands import BandLayout
-from witcert.counters import StandaloneCounter
-from witcert.dithered_int8 import DitheredInt8
-from witcert.kernels.certificate import KernelRounding
+from witcert.core import bounds
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.tier_b.quantizer import DitheredInt8
+from witcert.kernels.certificate import RADIUS_EXCESS
 from witcert.kernels.decode_attention import decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys
 from witcert.kernels.witness_write import witness_write
-from witcert.packed_store import PackedStore
+from witcert.tier_b.packed_store import PackedStore
 from witcert.spec import bands as spec_bands
 from witcert.spec import dither as spec_dither
 from witcert.spec import golden, independent
-from witcert.tier_b import tier_b_logit_bound
+from witcert.tier_b.certificate import tier_b_logit_bound
 
 Q_HEADS, KV_HEADS, TOKENS, HEAD_DIM, BANDS = 9, 3, 6, 64, 16
 GROUP = Q_HEADS // KV_HEADS
@@ -118,7 +118,8 @@ def _token_row_plan(p: Problem) -> PackedKeys:
     return dataclasses.replace(plan, store=store, scales=store.scales,
                                token_words=plan.token_words.transpose(0, 1).contiguous(),
                                head_words=plan.head_words.expand(TOKENS, -1, -1).contiguous(),
-                               outlier_slot=plan.outlier_slot.repeat(TOKENS, 1))
+                               outlier_slot=plan.outlier_slot.repeat(TOKENS, 1),
+                               outlier_channels=plan.outlier_channels.repeat(TOKENS, 1))
 
 
 def kernel_radii(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
@@ -138,17 +139,21 @@ def kernel_certificate(p: Problem):
 
 
 def kernel_budget() -> dict:
-    shape = KernelRounding(max_seq_len=TOKENS, block_n=32, num_splits=2, head_dim=HEAD_DIM, bands=BANDS)
-    return {"kappa_c": shape.kappa_c, "kappa_b": shape.kappa_b, "shape": shape}
+    """The kernel's stated round-ups: its fp32 radii are at most ``(1 + 2 kappa)`` x the exact ones.
+
+    Both radii are computed in fp64 and rounded up to fp32 (``kernels/radius.py``): ``2 kappa``
+    is ``RADIUS_EXCESS`` for either tier.
+    """
+    return {"kappa_c": RADIUS_EXCESS / 2, "kappa_b": RADIUS_EXCESS / 2}
 
 
 # ----------------------------------------------------------------------------- torch side
 
 
 def torch_radii(p: Problem) -> tuple[torch.Tensor, torch.Tensor]:
-    q = p.q.double().view(KV_HEADS, GROUP, HEAD_DIM)
-    tier_a = witcert.logit_bound(q, p.witness[0][:, None], p.layout).reshape(Q_HEADS, TOKENS)
-    tier_b = tier_b_logit_bound(p.q.view(1, KV_HEADS, GROUP, HEAD_DIM), p.store, DELTA_LOC, mode="u")
+    q = p.q.double().view(Q_HEADS, 1, HEAD_DIM)  # (Hq, Tq=1, d) against (Hkv, S, B): GQA inside
+    tier_a = witcert.logit_bound(q, p.witness[0], p.layout).reshape(Q_HEADS, TOKENS)
+    tier_b = tier_b_logit_bound(p.q.view(1, Q_HEADS, 1, HEAD_DIM), p.store, DELTA_LOC, mode="u")
     return tier_a.double(), tier_b.reshape(Q_HEADS, TOKENS).double()
 
 
@@ -282,9 +287,7 @@ def markdown(quantities) -> str:
 
 
 def kernel_a_budget(d_max: float) -> float:
-    """Stated relative slack of the kernel's ``A - 1`` for this problem (as ``kernel_relative_budget``)."""
-    from witcert.kernels.certificate import ARG_ERROR, Y_NORMAL
+    """Stated relative slack of the kernel's ``A - 1`` for this problem (``contract_oracles.relative_budget``)."""
+    from contract_oracles import relative_budget
 
-    shape = kernel_budget()["shape"]
-    arguments = math.expm1(ARG_ERROR * Y_NORMAL) + ARG_ERROR * math.log(TOKENS)
-    return 2 * (shape.mass_error() + shape.moment_error() + arguments) + 2 * (shape.kappa_c + 2.0**-22) * (1 + d_max)
+    return relative_budget(TOKENS, 2, d_max, bands=BANDS)

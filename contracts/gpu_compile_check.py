@@ -72,7 +72,8 @@ def _drive(call):
 
 
 def _problems():
-    from witcert import BandLayout, DitheredInt8, StandaloneCounter
+    from witcert import BandLayout, DitheredInt8
+    from witcert.tier_b.counters import StandaloneCounter
     from witcert.kernels.packed_keys import PackedKeys
 
     generator = torch.Generator().manual_seed(0)
@@ -85,7 +86,10 @@ def _problems():
     quantizer = DitheredInt8(outlier_pairs=2).calibrate(k.float())
     store = quantizer.quantize(k.float(), counter)  # fp32 source: outlier slack on
     plan = PackedKeys.from_store(store, counter)
-    return q, k, v, layout, witness, counter, quantizer, plan
+    # per-channel (block-channel) and per-token scales: scale groups of 1 and of d channels
+    per_scale = [PackedKeys.from_store(DitheredInt8(granularity=granularity, block=16).quantize(k, counter), counter)
+                 for granularity in ("block-channel", "token")]
+    return q, k, v, layout, witness, counter, quantizer, plan, per_scale
 
 
 def main() -> int:
@@ -98,7 +102,7 @@ def main() -> int:
     from witcert.kernels.philox import philox4x32_10
     from witcert.kernels.witness_write import witness_write
 
-    q, k, v, layout, witness, counter, quantizer, plan = _problems()
+    q, k, v, layout, witness, counter, quantizer, plan, per_scale = _problems()
     calls = [
         lambda: philox4x32_10(torch.zeros(4, 4, dtype=torch.int64), torch.zeros(4, 2, dtype=torch.int64)),
         lambda: witness_write(k, k, layout),
@@ -114,6 +118,7 @@ def main() -> int:
         lambda: decode_attention_packed(q, plan, v, mode="delta", validate=False),
         lambda: decode_attention_packed(q, plan, v, delta_loc=1e-6, mode="u", validate=False),
         lambda: decode_attention_packed(q, plan, v, certify=False, dithered=False, mode="delta", validate=False),
+        *(lambda p=p: decode_attention_packed(q, p, v, delta_loc=1e-6, mode="min", validate=False) for p in per_scale),
     ]
     sys.path.insert(0, os.path.dirname(__file__))
     import test_kernel_arithmetic

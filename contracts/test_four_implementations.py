@@ -1,4 +1,4 @@
-"""Contract: four implementations of c_t, the Tier B radius, A and the meter agree (DESIGN.md §4).
+"""Contract: four implementations of c_t, the Tier B radius, A and the meter agree (docs/design.md "Verification chain").
 
 Implementations: the Triton kernel, the torch reference, the 50-digit mpmath golden (``spec``)
 and an independent ``decimal`` implementation written from the theorem statements
@@ -7,12 +7,13 @@ Domain: 9 cells per scheme (one row, GQA 9/3, S = 6, d = 64): Tier A over rtn-in
 and fp8-e4m3 keys (A ~ 1.05), Tier B packed keys (u-branch radius ``u_t + beta_t + rho_t``).
 Tolerances:
 
-* golden vs independent: 40 significant digits (DESIGN.md §4);
+* golden vs independent: 40 significant digits (docs/design.md "Verification chain");
 * torch (fp64) vs golden: 1e-12 relative, never below (each rounds up); the Tier B radius is
   rounded up to fp32 by the reference: up to ``2^-22`` above;
-* kernel (fp32) vs golden: never below; above by at most its stated round-up -- ``2 kappa_c``
-  for ``c_t``, ``2 kappa_b`` for the Tier B radius (``kernels/certificate.py``), the ``A - 1``
-  budget ``kernel_a_budget`` for ``A`` (relative to ``A - 1``) and twice that for the meter.
+* kernel (fp64 radii rounded up to fp32) vs golden: never below; above by at most its stated
+  round-up -- ``2 kappa = RADIUS_EXCESS`` for ``c_t`` and the Tier B radius
+  (``kernels/certificate.py``), the ``A - 1`` budget ``kernel_a_budget`` for ``A`` (relative to
+  ``A - 1``) and twice that for the meter.
 """
 import mpmath
 import pytest

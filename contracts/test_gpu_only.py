@@ -36,7 +36,8 @@ def _tier_a_problem(device):
 
 
 def _tier_b_problem(device):
-    from witcert import DitheredInt8, StandaloneCounter
+    from witcert import DitheredInt8
+    from witcert.tier_b.counters import StandaloneCounter
     from witcert.kernels.dither_write import dither_write
     from witcert.kernels.packed_keys import PackedKeys
 

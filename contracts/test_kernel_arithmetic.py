@@ -14,7 +14,7 @@ import triton
 import triton.language as tl
 
 from witcert.kernels.expm1 import expm1_nonneg, expm1_relative_error, one_minus_exp_neg
-from witcert.rounding import exp_relative_error
+from witcert.core.rounding import exp_relative_error
 
 UNIT = 2.0**-24
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"

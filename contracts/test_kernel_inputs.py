@@ -11,7 +11,8 @@ error type and the argument named in its message).
 import pytest
 import torch
 
-from witcert import BandLayout, DitheredInt8, StandaloneCounter
+from witcert import BandLayout, DitheredInt8
+from witcert.tier_b.counters import StandaloneCounter
 from witcert.kernels.decode_attention import decode_attention, decode_attention_packed
 from witcert.kernels.dither_write import dither_write
 from witcert.kernels.packed_keys import PackedKeys

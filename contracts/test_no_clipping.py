@@ -1,10 +1,10 @@
 """Contract: the write kernel never clips a non-outlier channel and ``|err| <= s16/2`` (L2, TB).
 
 Hypothesis served: Tier B's ``Delta_t`` and the sub-Gaussian residual (Lemma 2) need, for every
-INT8 channel, ``|s16 (n - xi) - x| <= s16/2`` with ``s16`` the STORED fp16 scale (DESIGN.md §2).
+INT8 channel, ``|s16 (n - xi) - x| <= s16/2`` with ``s16`` the STORED fp16 scale (docs/design.md "Tier B: the dithered INT8 cache").
 Implementation: ``witcert.kernels.dither_write.dither_write``.
 Oracle: exact fp64 comparisons ``s16 (n - xi -+ 1/2)`` vs ``x`` (both sides exact: 11 x 33 bits),
-the dither from ``witcert.dither.dither_of``.
+the dither from ``witcert.tier_b.dither.dither_of``.
 Domain: adversarial groups -- channel scales 1e-3..1e3, a channel exactly at the amax (both
 signs), amax/126.5 just above / below / on fp16 rounding points, fp16-subnormal scales,
 all-zero groups, massive fixed outlier pairs (excluded from the amax), fp16/bf16/fp32 inputs,
@@ -15,9 +15,9 @@ paper's bug) must violate the bound on the same data.
 import pytest
 import torch
 
-from witcert.counters import StandaloneCounter
-from witcert.dither import dither_of
-from witcert.dithered_int8 import Q_LEVELS, SCALE_DIVISOR, DitheredInt8, nearest_code
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.tier_b.dither import dither_of
+from witcert.tier_b.quantizer import Q_LEVELS, SCALE_DIVISOR, DitheredInt8, nearest_code
 from witcert.kernels.dither_write import dither_write
 
 COUNTER = StandaloneCounter(request=torch.tensor([4, 5]), layer=2, seed=1234)
@@ -56,7 +56,7 @@ def violations(x: torch.Tensor, store, counter) -> tuple[int, int]:
 
 
 def fp32_scale_quantize(x: torch.Tensor, counter):
-    """The negative control: quantize with the fp32 scale, store it as fp16 (DESIGN.md §2)."""
+    """The negative control: quantize with the fp32 scale, store it as fp16 (docs/design.md "Tier B: the dithered INT8 cache")."""
     x64 = x.to(torch.float64)
     amax = x64.abs().view(*x.shape[:-1], HEAD_DIM // GROUP, GROUP).amax(-1)
     scale32 = (amax / SCALE_DIVISOR).to(torch.float32).to(torch.float64)

@@ -4,11 +4,11 @@ Implementation: ``witcert.kernels.philox.philox4x32_10`` (int64 words, explicit 
 dither helper the write/read kernels inline (``dither_block``, via ``dither_stream``,
 ``dither_write`` and ``dequantize_packed``).
 Oracles: the Random123 known-answer vectors (``kat_vectors``: philox4x32 10), the torch
-reference ``witcert.philox.philox4x32_10``, the spec ``witcert.spec.philox.philox4x32_10``
-(Python integers), ``witcert.dither.dither_of`` and ``DitheredInt8.quantize/dequantize``.
+reference ``witcert.tier_b.philox.philox4x32_10``, the spec ``witcert.spec.philox.philox4x32_10``
+(Python integers), ``witcert.tier_b.dither.dither_of`` and ``DitheredInt8.quantize/dequantize``.
 Domain: the three published vectors; counters of both layouts with random words over the
 full 32-bit range (slots up to 2^45, seeds up to 2^64); grids of 4..256 rows per program;
-permuted batch orders.
+permuted batch orders; batches keyed one request id per row, as the HF integration does.
 Tolerance: none -- bitwise equality.
 """
 import pytest
@@ -16,13 +16,13 @@ import torch
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from witcert.counters import PagedCounter, StandaloneCounter
-from witcert.dither import dither_of
-from witcert.dithered_int8 import DitheredInt8
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter, batch_requests
+from witcert.tier_b.dither import dither_of
+from witcert.tier_b.quantizer import DitheredInt8
 from witcert.kernels.dither_write import dither_stream, dither_write
 from witcert.kernels.packed_keys import PackedKeys, dequantize_packed
 from witcert.kernels.philox import philox4x32_10 as kernel_philox
-from witcert.philox import philox4x32_10 as torch_philox
+from witcert.tier_b.philox import philox4x32_10 as torch_philox
 from witcert.spec.philox import philox4x32_10 as spec_philox
 
 # Random123 tests/kat_vectors, "philox4x32 10" lines: counter (4 words), key (2), expected (4).
@@ -151,3 +151,40 @@ def test_read_path_regenerates_the_stream_of_a_reference_store(granularity):
     store = quantizer.quantize(x, counter)
     read = dequantize_packed(PackedKeys.from_store(store, counter))
     assert torch.equal(read, quantizer.dequantize(store, counter, torch.float64))
+
+
+# ---------------------------------------------------------------- one stream per sequence of a batch (issue 16)
+
+
+def _batch_counter(requests=None, seed=0x9E3779B97F4A7C15):
+    """The HF integration's counter for a batch: one request id per row (``batch_requests``)."""
+    return StandaloneCounter(request=batch_requests(requests, SHAPE[0]), layer=3, seed=seed)
+
+
+def test_rows_of_a_batch_never_share_dither():
+    """Rows 0 and 1 (different sequences) must differ: no (head, token) dither row is equal and
+    equal elements occur at the chance rate of a 24-bit grid; the kernel stream agrees."""
+    stream = dither_stream(_batch_counter(), SHAPE)
+    assert torch.equal(stream, dither_of(_batch_counter(), SHAPE))
+    assert not bool((stream[0] == stream[1]).all(dim=-1).any())
+    assert float((stream[0] == stream[1]).double().mean()) < 1e-3
+
+
+def test_each_row_writes_and_reads_its_own_stream():
+    """Kernel write of the batch == torch quantize of each row alone under its request id, and the
+    decode loader reads each row back from that row's stream."""
+    counter = _batch_counter(requests=(17, 5))
+    x = torch.randn(SHAPE, generator=torch.Generator().manual_seed(12))
+    quantizer = DitheredInt8()
+    store = dither_write(x, quantizer, counter, block_rows=8)
+    read = dequantize_packed(PackedKeys.from_store(store, counter))
+    for row, request in enumerate((17, 5)):
+        alone = StandaloneCounter(request=torch.tensor([request]), layer=3, seed=counter.seed)
+        reference = quantizer.quantize(x[row:row + 1], alone)
+        assert torch.equal(store.payload[row:row + 1], reference.payload)
+        assert torch.equal(read[row:row + 1], quantizer.dequantize(reference, alone, torch.float64))
+
+
+def test_a_row_keeps_its_stream_across_batch_orders():
+    forward, backward = _batch_counter(requests=(17, 5)), _batch_counter(requests=(5, 17))
+    assert torch.equal(dither_stream(backward, SHAPE), dither_stream(forward, SHAPE).flip(0))

@@ -3,7 +3,7 @@
 Implementation: ``witcert.kernels.decode_attention`` / ``decode_attention_packed`` (fp32
 accumulation, fp64 logits, a-priori rounding slack).
 Oracle: the true TV between attention over the exact keys and over the compressed keys, in
-fp64 (``contract_oracles.true_tv``), and the sup-box adversary ``witcert.sup_box_tv`` over the
+fp64 (``contract_oracles.true_tv``), and the sup-box adversary ``witcert.verification.adversary.sup_box_tv`` over the
 torch reference radius (the worst logit error the radius admits).
 Domain: ``contract_oracles.CASES`` -- 14 cases x 18 cells: Tier A over five schemes, both RoPE
 conventions, ``S = 1`` rows, ties, peaked attention, logits ~1e4, residuals aligned with the
@@ -20,6 +20,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 import witcert
+from witcert.verification.adversary import sup_box_tv
 from witcert.kernels.decode_attention import decode_attention
 
 from contract_oracles import CASES, case, tier_a_case, compressed_scores, exact_scores, kernel_run, reference_radius, true_tv
@@ -56,7 +57,7 @@ def test_sup_box_adversary_below_kernel_meter(name):
     """The adversary's worst TV over the whole box |eps| <= c stays below the kernel's meter."""
     c = case(name)
     meter = kernel_run(name).certificate.meter.double()
-    worst = witcert.sup_box_tv(compressed_scores(c), reference_radius(c)).tv
+    worst = sup_box_tv(compressed_scores(c), reference_radius(c)).tv
     violations = (worst > meter + ADVERSARY_FP64_NOISE).sum().item()
     assert violations == 0, f"{name}: sup-box TV above the meter in {violations} cells"
 

@@ -6,12 +6,14 @@ Oracles: the unsplit run (``num_splits = 1``); the spec ``witcert.spec.bounds.a_
 mpmath) applied to the kernel's own partials ``(lse_i, A_i)``; the torch fp64 mirror
 ``witcert.kernels.merge.merge_splits_reference``.
 Domain: 1, 2, 5 and 7 splits; a row with ``S = 1`` (most splits empty, ``lse_i = -inf``) next to a
-row with 70 tokens; Tier A and Tier B.
+row with 70 tokens; Tier A and Tier B; block sizes 16, 32 and 64 (``TILINGS``).
 Tolerances: ``A - 1`` of a split run vs the unsplit run within the sum of both runs' stated
 budgets (``kernel_relative_budget``: every split count has its own rounding), outputs within
 ``2 x 2^-11 max|v|`` (each run rounds its own softmax weights to fp16); the spec merge of
 the partials vs the kernel merge within ``2^-19`` relative (stage 2 adds one exp (<= 8 ulps),
-a product and a ``splits``-term fp32 sum per term); ``D`` exactly (a max is exact).
+a product and a ``splits``-term fp32 sum per term); ``D`` exactly: a max is exact, and every
+token's radius is a fixed number whatever the tiling (``kernels/radius.py``: fp64, summed over
+bands or scale groups in index order, no position-dependent ``tl.dot``).
 """
 import mpmath
 import pytest
@@ -23,6 +25,8 @@ from witcert.kernels.merge import (STAT_C_MAX, STAT_K, STAT_L, STAT_M, merge_spl
 from witcert.spec.bounds import a_merge
 
 SPLIT_CASES = [("A-rtn-int4", 2), ("A-rtn-int4", 5), ("A-fp8-masked", 7), ("B-min-standalone", 2)]
+# (case, num_splits, block_n) against the case's default run (3 splits, blocks of 32)
+TILINGS = [("A-fp8-masked", 5, 64), ("B-delta-paged-outliers-fp32", 2, 16), ("B-min-with-witness", 5, 64)]
 STAGE2_RELATIVE = 2.0**-19
 
 
@@ -72,6 +76,13 @@ def test_kernel_merge_equals_torch_mirror(name, splits):
     _, mirror_stats = merge_splits_reference(part_acc, run.partial_stats)
     kernel_a, mirror_a = _a_minus_one(kernel_stats), _a_minus_one(mirror_stats)
     assert bool(((kernel_a - mirror_a).abs() <= STAGE2_RELATIVE * mirror_a + 1e-30).all())
+
+
+@pytest.mark.parametrize(("name", "splits", "block_n"), TILINGS)
+def test_max_radius_is_the_same_for_every_tiling(name, splits, block_n):
+    """A token's radius does not depend on its split or its column in a block (what L4 merges)."""
+    default, other = kernel_run(name), kernel_run(name, splits, block_n=block_n)
+    assert torch.equal(stat_column(default.stats, STAT_C_MAX), stat_column(other.stats, STAT_C_MAX))
 
 
 def test_empty_splits_carry_no_weight_and_no_nan():

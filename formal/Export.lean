@@ -48,8 +48,62 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.tanh_half_le_tanh
 #print axioms WitCert.tanh_half_le_tanh
 
+#check @WitCert.tv_le_chi_square
+#print axioms WitCert.tv_le_chi_square
+
+#check @WitCert.sq_sum_mul_le_sum_mul_sq
+#print axioms WitCert.sq_sum_mul_le_sum_mul_sq
+
+#check @WitCert.sum_mul_sub_mean_sq_le
+#print axioms WitCert.sum_mul_sub_mean_sq_le
+
+#check @WitCert.abs_exp_neg_sub_one_le
+#print axioms WitCert.abs_exp_neg_sub_one_le
+
+#check @WitCert.tv_le_mass_split
+#print axioms WitCert.tv_le_mass_split
+
+#check @WitCert.tv_le_mass_split_eform
+#print axioms WitCert.tv_le_mass_split_eform
+
+#check @WitCert.tv_le_mass_split_chi_square
+#print axioms WitCert.tv_le_mass_split_chi_square
+
+#check @WitCert.tv_le_mass_split_tanh_half
+#print axioms WitCert.tv_le_mass_split_tanh_half
+
+#check @WitCert.tv_le_mass_split_min
+#print axioms WitCert.tv_le_mass_split_min
+
+#check @WitCert.tv_le_split
+#print axioms WitCert.tv_le_split
+
+#check @WitCert.reweight_reweight
+#print axioms WitCert.reweight_reweight
+
 #check @WitCert.band_norm_rotate
 #print axioms WitCert.band_norm_rotate
+
+#check @WitCert.band_norm_sub_le_of_rounded_rotation
+#print axioms WitCert.band_norm_sub_le_of_rounded_rotation
+
+#check @WitCert.rounded_rotation_witness
+#print axioms WitCert.rounded_rotation_witness
+
+#check @WitCert.pairBandNorm_scaledRot_le
+#print axioms WitCert.pairBandNorm_scaledRot_le
+
+#check @WitCert.bandNorm_sub_le_add_of_le
+#print axioms WitCert.bandNorm_sub_le_add_of_le
+
+#check @WitCert.bandNorm_add_le
+#print axioms WitCert.bandNorm_add_le
+
+#check @WitCert.bandNorm_sub_le_add_sum
+#print axioms WitCert.bandNorm_sub_le_add_sum
+
+#check @WitCert.abs_inner_div_sqrt_le_maintained
+#print axioms WitCert.abs_inner_div_sqrt_le_maintained
 
 #check @WitCert.abs_inner_le_sum_band_norms
 #print axioms WitCert.abs_inner_le_sum_band_norms
@@ -90,8 +144,35 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.tier_b_radius
 #print axioms WitCert.tier_b_radius
 
+#check @WitCert.grid_mgf_le
+#print axioms WitCert.grid_mgf_le
+
+#check @WitCert.gridCell_hasSubgaussianMGF
+#print axioms WitCert.gridCell_hasSubgaussianMGF
+
+#check @WitCert.hasSubgaussianMGF_sum_mul
+#print axioms WitCert.hasSubgaussianMGF_sum_mul
+
+#check @WitCert.measure_lt_abs_le_of_subgaussian
+#print axioms WitCert.measure_lt_abs_le_of_subgaussian
+
 #check @WitCert.exp_neg_sq_tierBRadius
 #print axioms WitCert.exp_neg_sq_tierBRadius
+
+#check @WitCert.tier_b_request
+#print axioms WitCert.tier_b_request
+
+#check @WitCert.tier_b_radius_continuous
+#print axioms WitCert.tier_b_radius_continuous
+
+#check @WitCert.abs_logit_error_le_deterministic
+#print axioms WitCert.abs_logit_error_le_deterministic
+
+#check @WitCert.abs_logit_error_le_probabilistic
+#print axioms WitCert.abs_logit_error_le_probabilistic
+
+#check @WitCert.abs_smul_sum_le
+#print axioms WitCert.abs_smul_sum_le
 
 #check @WitCert.block_sum_eq_token_sum
 #print axioms WitCert.block_sum_eq_token_sum

@@ -5,10 +5,17 @@ import WitCert.EForm
 import WitCert.TwoSided
 import WitCert.MaxNorm
 import WitCert.Dither
+import WitCert.DitherGrid
+import WitCert.DitherLaw
 import WitCert.Budget
 import WitCert.Refinement
 import WitCert.Bands
+import WitCert.RotationRounding
 import WitCert.TierB
+import WitCert.DeterministicBranch
+import WitCert.ChiSquare
+import WitCert.MassSplit
+import WitCert.WitnessMaintenance
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -21,8 +28,18 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
 * `WitCert.tv_le_eform` (T1), `WitCert.tv_le_two_sided` (P1), `WitCert.tv_le_retention` (P1r),
   `WitCert.tv_le_tanh_half` (max-norm), `WitCert.tanh_half_le_tanh` (competitor shape).
 * `WitCert.band_norm_rotate` (Lemma 1), `WitCert.abs_inner_le_sum_band_norms` (Theorem 2).
+* `WitCert.band_norm_sub_le_of_rounded_rotation` (Lemma 1 in floating point: a rounded rotation).
+* `WitCert.bandNorm_sub_le_add_of_le` (witness maintenance: a witness after a re-quantization).
 * `WitCert.sinh_le_mul_exp_sq_div_six`, `WitCert.uniform_mgf_le`, `WitCert.uniform_variance`
   (Lemma 2).
-* `WitCert.measure_iUnion_le_budget` (Lemma 3), `WitCert.tier_b_radius` (Theorem 3),
-  `WitCert.block_sum_eq_token_sum`, `WitCert.massExp_merge` (Lemma 4).
+* `WitCert.grid_mgf_le` (Lemma 2 on the implementation's dither grid),
+  `WitCert.unitCell_hasSubgaussianMGF`, `WitCert.gridCell_hasSubgaussianMGF` (the dither laws),
+  `WitCert.hasSubgaussianMGF_sum_mul` (independent channels).
+* `WitCert.measure_iUnion_le_budget` (Lemma 3).
+* `WitCert.tier_b_radius` (Theorem 3, from the grid dither model: independent components,
+  uniform on the grid, fixed query), `WitCert.tier_b_radius_continuous` (continuous uniform
+  model), `WitCert.tier_b_request` (over the cells of a request).
+* `WitCert.block_sum_eq_token_sum`, `WitCert.massExp_merge` (Lemma 4).
+* `WitCert.abs_logit_error_le_deterministic`, `WitCert.abs_logit_error_le_probabilistic` (Tier B
+  with the rounding of the keys attention reads).
 -/

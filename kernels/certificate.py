@@ -8,26 +8,34 @@ max and split-KV merge (``kernels/merge.py``)::
 with ``y_t = s'_t - m`` (``s'_t`` the kernel's fp64 logit, ``m`` the max). This module turns
 them into an upper bound on the exact-arithmetic meter ``min(1, 1/2(A^2-1), 1/2(A/A- - A-/A),
 tanh(D/2))`` of Theorem 1 (``T1``), Proposition 1 (``P1``) and the max-norm bound (``MN``),
-reusing the bound formulas of ``witcert.bounds`` and the error constants of
-``witcert.rounding`` (registry key ``FP``).
+reusing the bound formulas of ``witcert.core.bounds`` and the error constants of
+``witcert.core.rounding`` (registry key ``FP``).
 
-Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.rounding.exp_relative_error``)
+Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.core.rounding.exp_relative_error``)
 ------------------------------------------------------------------------------------
 Logit rounding. ``|s'_t - s_t| <= delta_t = sm_scale kappa_dot sum_i |q_i k_i|`` with
 ``kappa_dot`` twice ``(2 d + 8) 2^-53``: the fp64 dot (any order, at most ``d + 1`` roundings on
 the path of a product: the product itself, which is exact for fp16/fp32 keys and may round once
 for dequantized INT8 keys, and the adds), the fp64 scale product and the fp64 rounding of
 ``1/sqrt(d)`` (``sm_scale`` is read from an fp64 tensor and taken as the exact multiplier of the
-exact logits); the fp32 ``sum |q||k|`` and the fp32 products forming ``delta_t`` fall short by far
-less than the factor two kept. With ``p'`` the softmax of the kernel's logits and ``p~`` the exact one,
+exact logits); the fp32 ``sum |q||k|`` (``|k|`` rounded to fp32 once) falls short by at most ``(d + 1) u``
+relative, far less than the factor two kept, plus what underflow loses: below ``2^-126`` per
+product and per partial sum (a GPU may flush subnormals), covered by adding ``d 2^-125``
+(``DOT_FLOOR``) before the fp64 product with ``sm_scale kappa_dot``, which is then rounded up to
+fp32 (``kernels/radius.py``). With ``p'`` the softmax of the kernel's logits and ``p~`` the exact one,
 ``p~_t <= p'_t e^{delta_t + delta_max}``, so ``A <= e^{delta_max} sum_t p'_t e^{c_t + delta_t}``:
 the kernel accumulates with ``c'_t >= c_t + delta_t`` and here
 ``A - 1 <= expm1(delta_max) + e^{delta_max} k/l`` and ``1 - A- <= delta_max + j/l``.
 
-Tier B radius. ``kappa_b`` (``kernels/packed_keys.py``).
-
-Witness radius. ``c_t`` in fp32: band sums of ``2P`` squares, a sqrt, a ``B``-term dot, two
-scale products, the fp32 scale: at most ``(2P + B + 8) u`` relative; ``kappa_c`` is twice that.
+Radii (``kernels/radius.py``). ``c_t`` is computed in fp64 from the exact fp64 images of the
+query, witness and scales (squares and products of fp32-range values neither underflow nor
+overflow in fp64), so its relative error is a count of roundings for every query magnitude:
+Tier A, band sums of ``2P`` exact squares, a sqrt, ``B`` products and ``B - 1`` additions, the
+scale product: below ``(2P + B + 4) 2^-53``, ``kappa_c`` is twice that; Tier B below
+``(d + 24) 2^-53`` (``kernels/packed_keys.py``), ``kappa_b`` is twice that. Both are far below
+``2^-23`` (checked), which the fp32 round-up (``x (1 + 2^-21)`` then the cast, with floor
+``2^-126``) covers: the fp32 ``c_t`` is never below the exact radius and above it by at most
+``RADIUS_EXCESS`` relative (or is the floor ``2^-126``).
 
 Exponent arguments. Each term's exponent is off by at most ``4.001 u |y_t|``: the fp32 cast of
 ``y_t`` (fp64 subtraction below ``2^-53 |y_t|``), the ``log2 e`` product inside ``exp``, and, for
@@ -38,7 +46,7 @@ so the relative error from exponents is at most ``a_l = 4.1 u ln S`` for ``l``, 
 and ``j`` either ``a_rel = 4.1 u 88`` relative (normal-range terms have ``|y| <= 88``) or
 ``4.1 u g(c'_max) l ln S`` absolute, whichever is smaller.
 
-Assumption (as ``witcert.rounding``): one fp32 ``exp`` is within ``EXP_ULPS`` ulps (the CPU
+Assumption (as ``witcert.core.rounding``): one fp32 ``exp`` is within ``EXP_ULPS`` ulps (the CPU
 interpreter's numpy ``exp`` is; on CUDA ``tl.exp`` is ``ex2.approx`` of ``y log2 e``, whose
 argument product is the ``log2 e`` term above -- the ulp bound of ``ex2.approx`` is assumed,
 not measured here).
@@ -59,7 +67,7 @@ from dataclasses import dataclass
 import torch
 import triton.language as tl
 
-from witcert import bounds, rounding
+from witcert.core import bounds, rounding
 
 from .expm1 import expm1_relative_error
 
@@ -69,6 +77,7 @@ UNIT = 2.0**-24  # fp32 unit roundoff
 ARG_ERROR = 4.1 * UNIT  # exponent error per unit |y_t| (4.001 u, rounded up with margin)
 Y_NORMAL = 88.0  # |y| above which fp32 e^{y} is subnormal or zero
 FP64_MARGIN = 1.0 + 64 * 2.0**-52  # covers the few fp64 roundings of this module
+RADIUS_EXCESS = 2.0**-20  # fp32 radius <= exact (1 + this): 2^-21 + 2^-24 + kappa + products (kernels/radius.py)
 
 
 @dataclass(frozen=True)
@@ -100,6 +109,8 @@ class KernelRounding:
                 raise ValueError(f"{name} must be a positive int, got {value!r}")
         if self.depth * UNIT > 2.0**-10:
             raise ValueError(f"summation depth {self.depth} is too deep for the fp32 budget")
+        if max(self.kappa_c, self.kappa_b) > 2.0**-23:
+            raise ValueError(f"head_dim {self.head_dim} is too large for the radius' fp32 round-up")
 
     @property
     def blocks_per_split(self) -> int:
@@ -114,9 +125,9 @@ class KernelRounding:
 
     @property
     def kappa_c(self) -> float:
-        """Relative round-up of the fp32 witness radius ``c_t`` (twice the rounding count)."""
+        """Relative error bound of the fp64 witness radius ``c_t`` (twice the rounding count)."""
         band_width = self.head_dim // self.bands
-        return 2 * (band_width + self.bands + 8) * UNIT
+        return 2 * (band_width + self.bands + 8) * 2.0**-53
 
     @property
     def kappa_dot(self) -> float:
@@ -125,8 +136,8 @@ class KernelRounding:
 
     @property
     def kappa_b(self) -> float:
-        """Relative round-up of the fp32 Tier B radius (``kernels/packed_keys.py``): twice ``(d + 24) u``."""
-        return 2 * (self.head_dim + 24) * UNIT
+        """Relative error bound of the fp64 Tier B radius (``kernels/packed_keys.py``): twice ``(d + 24) 2^-53``."""
+        return 2 * (self.head_dim + 24) * 2.0**-53
 
     def mass_error(self) -> float:
         """Per-term relative error of ``l`` terms, exponent arguments aside."""
@@ -196,7 +207,7 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
     k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
     j_hi = torch.clamp((delta_max + j_hi) * FP64_MARGIN, max=1.0)
 
-    enclosure = bounds.Enclosure(k_hi, j_hi, (1 - j_hi).clamp(min=0.0), c_max)  # the reference's formulas
+    enclosure = bounds.Enclosure(k_hi, j_hi, rounding.sub_down(1.0, j_hi).clamp(min=0.0), c_max)  # A- from below
     eform = enclosure.eform()
     best = torch.where(capped, torch.ones_like(eform), enclosure.meter().clamp(min=0.0))
     risk = torch.where(capped, torch.full_like(eform, math.inf), eform)

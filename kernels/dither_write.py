@@ -14,23 +14,24 @@ What the kernel does per element, and which hypothesis it serves:
 * the group scale is the smallest fp16 ``s`` with ``s (Q - 1/2) >= amax`` of the group's
   non-outlier channels (fp64 quotient, cast through fp32 to fp16 exactly as torch casts, then
   one fp16 step up if short: checked exactly in fp64) -- the *stored* fp16 scale is the one
-  used to quantize, so ``|err| <= s/2`` holds (DESIGN.md §2) and ``|n| <= Q``: no clipping;
+  used to quantize, so ``|err| <= s/2`` holds (docs/design.md "Tier B: the dithered INT8 cache") and ``|n| <= Q``: no clipping;
 * the dither ``xi`` comes from in-kernel Philox4x32-10 (``kernels/philox.py``, int64 words)
-  on the counter layout of ``witcert.counters`` (channel ``c`` uses output word ``c & 3`` of
+  on the counter layout of ``witcert.tier_b.counters`` (channel ``c`` uses output word ``c & 3`` of
   the counter whose word 1 carries ``c >> 2``), mapped to the centred 24-bit grid of
-  ``witcert.dither``; the stream depends only on the element's counter tuple, not on the grid;
+  ``witcert.tier_b.dither``; the stream depends only on the element's counter tuple, not on the grid;
 * the code is the integer nearest to ``x/s + xi`` exactly: the fp64 candidate
-  ``floor(x/s + xi + 1/2)`` fixed by the two exact comparisons of ``witcert.dithered_int8``.
+  ``floor(x/s + xi + 1/2)`` fixed by the two exact comparisons of ``witcert.tier_b.quantizer``.
 """
 import torch
 import triton
 import triton.language as tl
 
-from witcert.counters import PagedCounter, StandaloneCounter, _key_of
-from witcert.dithered_int8 import FP16_MAX, SCALE_DIVISOR, DitheredInt8
-from witcert.outliers import pair_channels
-from witcert.packed_store import PackedStore
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter, _key_of
+from witcert.tier_b.quantizer import FP16_MAX, SCALE_DIVISOR, DitheredInt8
+from witcert.tier_b.outliers import pair_channels
+from witcert.tier_b.packed_store import PackedStore
 
+from . import require_backend
 from ._validate import require, require_tensor
 from .philox import philox_rounds
 
@@ -62,7 +63,7 @@ def dither_block(c0, c1_base, c2, c3, k0, k1, BLOCK_ROWS: tl.constexpr, BLOCK_D:
     """Dither (BLOCK_ROWS, BLOCK_D) for row counter words ``c0, c2, c3`` (rows, 1) and ``c1_base``.
 
     Channel ``c`` uses output word ``c & 3`` of the counter whose word 1 is ``c1_base | c >> 2``
-    (``witcert.counters``): one Philox call per four channels, its words interleaved back into
+    (``witcert.tier_b.counters``): one Philox call per four channels, its words interleaved back into
     channel order. All words are int64 in ``[0, 2^32)``.
     """
     offs_group = tl.arange(0, BLOCK_D // 4)  # channel >> 2
@@ -94,7 +95,7 @@ def _dither_write_kernel(
     x = tl.load(x_ptr + offs_row[:, None] * stride_x_row + offs_c[None, :], mask=mask, other=0.0).to(tl.float64)
     is_outlier = tl.load(outlier_mask_ptr + head_row[:, None] * stride_mask_head + offs_c[None, :],
                          mask=mask, other=0) != 0
-    # group amax of the non-outlier channels (outliers are excluded from the amax: DESIGN.md §2)
+    # group amax of the non-outlier channels (outliers are excluded from the amax: docs/design.md "Tier B: the dithered INT8 cache")
     x_abs = tl.where(is_outlier, 0.0, tl.abs(x))
     amax = tl.max(tl.reshape(x_abs, (BLOCK_ROWS, N_GROUPS, GROUP)), axis=2)  # (rows, groups)
     scale16 = _round_up_scale(amax, SCALE_DIV)
@@ -199,6 +200,7 @@ def dither_write(x: torch.Tensor, quantizer: DitheredInt8, counter, *, block_row
     scales = torch.empty((n_rows, head_dim // group), dtype=torch.float16, device=x.device)
     outliers = torch.empty((n_rows, n_outlier), dtype=torch.float16, device=x.device)
     if n_rows:
+        require_backend(_dither_write_kernel)
         _dither_write_kernel[(triton.cdiv(n_rows, block_rows),)](
             rows, counters, key, mask, chans, payload, scales, outliers,
             n_rows, tokens,
@@ -237,7 +239,7 @@ def _dither_stream_kernel(counter_ptr, key_ptr, xi_ptr, n_rows, stride_counter_r
 def dither_stream(counter, shape: tuple[int, ...], *, block_rows: int = 16, device="cpu") -> torch.Tensor:
     """The dither (*shape) fp64 that the write and read kernels use, computed by :func:`dither_block`.
 
-    For the Philox stream contracts: must equal ``witcert.dither.dither_of(counter, shape)``
+    For the Philox stream contracts: must equal ``witcert.tier_b.dither.dither_of(counter, shape)``
     bit for bit, for any ``block_rows`` (grid) and any batch order of the counter's tuples.
     """
     require(isinstance(counter, (StandaloneCounter, PagedCounter)), "counter",
@@ -249,6 +251,7 @@ def dither_stream(counter, shape: tuple[int, ...], *, block_rows: int = 16, devi
     n_rows = counters.shape[0]
     xi = torch.empty((n_rows, head_dim), dtype=torch.float64, device=device)
     if n_rows:
+        require_backend(_dither_stream_kernel)
         _dither_stream_kernel[(triton.cdiv(n_rows, block_rows),)](
             counters, _key_of(counter.seed).to(device), xi, n_rows, counters.stride(0), xi.stride(0),
             HEAD_DIM=head_dim, BLOCK_ROWS=block_rows, BLOCK_D=triton.next_power_of_2(head_dim),

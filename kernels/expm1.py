@@ -1,12 +1,12 @@
 """``e^x - 1`` and ``1 - e^{-x}`` for ``x >= 0`` inside Triton, without cancellation (T1, P1).
 
 The meter's moments are carried as ``k = A - 1 = sum p~ (e^{c} - 1)`` and
-``j = 1 - A- = sum p~ (1 - e^{-c})`` (as in ``witcert.bounds``), so that a small ``c`` does not
+``j = 1 - A- = sum p~ (1 - e^{-c})`` (as in ``witcert.core.bounds``), so that a small ``c`` does not
 cancel to nothing. Triton has no ``expm1``; here it is a degree-8 Taylor polynomial (Horner) for
 ``x <= 1/2`` and ``exp`` otherwise.
 
 Relative error, ``u = 2^-24``, ``eps_exp`` = relative error of one ``tl.exp`` (see
-``witcert.rounding.exp_relative_error``):
+``witcert.core.rounding.exp_relative_error``):
 
 * ``x <= 1/2``: truncation below ``x^8/9! < 1.1e-8 < u`` (relative, since ``e^x - 1 >= 0.79 x``
   and ``1 - e^{-x} >= 0.79 x``). Horner step ``1 +- z`` with ``z = (x/k) poly <= 1/3`` takes

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from . import require_backend
+
 # Column of each statistic in the (..., NUM_STATS) fp64 split buffers.
 STAT_M, STAT_L, STAT_K, STAT_J, STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX = (tl.constexpr(i) for i in range(7))
 NUM_STATS = 8  # padded to a power of two
@@ -86,6 +88,7 @@ def merge_splits(part_acc: torch.Tensor, part_stat: torch.Tensor) -> tuple[torch
     batch, heads, splits, head_dim = part_acc.shape
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32, device=part_acc.device)
     stat = torch.zeros((batch, heads, NUM_STATS), dtype=torch.float64, device=part_acc.device)
+    require_backend(_merge_kernel)
     _merge_kernel[(batch, heads)](
         part_acc, part_stat, out, stat,
         part_acc.stride(0), part_acc.stride(1), part_acc.stride(2),

@@ -1,19 +1,28 @@
 """Reading the packed dithered INT8 keys inside the decode kernel, and their Tier B radius (L2, TB).
 
-:class:`PackedKeys` is the read plan of a ``witcert.PackedStore`` (built once, reused every
+:class:`PackedKeys` is the read plan of a ``witcert.tier_b.packed_store.PackedStore`` (built once, reused every
 decode step): the store's tensors plus the counter words that let the kernel regenerate the
-dither with in-kernel Philox. Two ``@triton.jit`` helpers serve ``kernels/decode_attention.py``:
+dither with in-kernel Philox. Three ``@triton.jit`` helpers serve ``kernels/decode_attention.py``:
 
 * :func:`load_packed_keys` -- dequantize ``k^ = s (n - xi)`` in fp64 (exact: ``s`` has 11
   significant bits and ``n - xi`` at most 33) with the dither regenerated from the counter,
   and the fp16 outlier channels, in the same pass over the data;
-* :func:`dither_radius` -- the per-token Tier B bound of ``witcert.tier_b`` computed from the
-  loaded scales: ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t`` (``RADIUS_MIN``), or one
-  branch (``RADIUS_DELTA``: deterministic, valid for every query; ``RADIUS_U``), rounded up by
-  ``kappa_b`` (all terms are sums of non-negative products, a sqrt and a few additions in
-  fp32: at most ``(d + 24) u`` relative; ``kappa_b`` is twice that).
+* :func:`query_group_sums` -- once per program, ``sum |q_c|`` and ``sum q_c^2`` over the INT8
+  channels of every scale group (fp64: exact squares, no under- or overflow for any fp32 query);
+* :func:`dither_radius` -- the per-token Tier B bound of ``witcert.tier_b.certificate`` from those group
+  sums and the token's scales: ``c_t = min(u_t + beta_t, Delta_t) + rho_t + o_t``
+  (``RADIUS_MIN``), or one branch (``RADIUS_DELTA``: deterministic, valid for every query;
+  ``RADIUS_U``), in fp64 with the groups (and outlier channels) summed in index order, so
+  that ``c_t`` does not depend on the tiling (``kernels/radius.py``).
 
-Scope as ``witcert.tier_b``: the ``u_t`` branch is for NON-ADAPTIVE queries; ``Delta_t`` and
+Rounding of :func:`dither_radius` (``u64 = 2^-53``): a group sum of ``Gc`` terms, its product
+with the exact fp64 image of an fp16 scale (or its square), the ``d/Gc``-term sum over groups:
+at most ``d + 1`` roundings on a term's path (``Gc + d/Gc <= d + 1``); then the softmax scale,
+``log_term/6``, two products, the sqrt, ``l1`` times the slack constants and up to four
+additions: below ``(d + 24) u64`` relative. ``KernelRounding.kappa_b`` is twice that; the
+fp32 round-up (``kernels/radius.py``) covers it.
+
+Scope as ``witcert.tier_b.certificate``: the ``u_t`` branch is for NON-ADAPTIVE queries; ``Delta_t`` and
 the Tier A witness hold for every query.
 """
 import dataclasses
@@ -24,14 +33,16 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.counters import PagedCounter, StandaloneCounter, _key_of
-from witcert.dither import GRID_STEP
-from witcert.outliers import pair_channels
-from witcert.packed_store import PackedStore
-from witcert.tier_b import DEQUANT_FACTOR, FP16_ABS_FLOOR, FP16_UNIT
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter, _key_of
+from witcert.tier_b.dither import GRID_STEP
+from witcert.tier_b.outliers import pair_channels
+from witcert.tier_b.packed_store import PackedStore
+from witcert.tier_b.certificate import DEQUANT_FACTOR, FP16_ABS_FLOOR, FP16_UNIT
 
+from . import require_backend
 from ._validate import require
 from .dither_write import dither_block
+from .radius import column
 
 RADIUS_NONE, RADIUS_MIN, RADIUS_DELTA, RADIUS_U = (tl.constexpr(i) for i in range(4))
 MODES = {"min": 1, "delta": 2, "u": 3}  # Tier B branch -> the RADIUS_* code
@@ -60,6 +71,8 @@ class PackedKeys:
         Philox key words (the seed).
     outlier_slot : IntTensor (batch * Hkv, d)
         Position of each channel in ``store.outliers`` (``-1``: not an outlier).
+    outlier_channels : IntTensor (batch * Hkv, 2m)
+        The channel of each position of ``store.outliers`` (the inverse of ``outlier_slot``).
     """
 
     store: PackedStore
@@ -70,6 +83,7 @@ class PackedKeys:
     head_words: torch.Tensor
     key: torch.Tensor
     outlier_slot: torch.Tensor
+    outlier_channels: torch.Tensor
 
     @classmethod
     def from_store(cls, store: PackedStore, counter) -> "PackedKeys":
@@ -87,15 +101,17 @@ class PackedKeys:
         head_words = words[:, :, 0, :][..., [1, 3]]
         require(bool((words[..., [0, 2]] == token_words[:, None]).all()) and
                 bool((words[..., [1, 3]] == head_words[:, :, None]).all()), "counter",
-                "layout must put the token in words 0/2 and the head in words 1/3 (witcert.counters)")
+                "layout must put the token in words 0/2 and the head in words 1/3 (witcert.tier_b.counters)")
         device = store.payload.device
         store = dataclasses.replace(store, payload=store.payload.contiguous(), scales=store.scales.contiguous(),
                                     outliers=store.outliers.contiguous())  # unit channel stride for the kernel
         token_div, group = {"token-group": (1, lay.group), "token": (1, head_dim),
                             "block-channel": (lay.block, 1)}[lay.granularity]
+        slots, channels = _outlier_slots(store)
         return cls(store=store, scales=store.scales, token_div=token_div, group=group,
                    token_words=token_words.to(device).contiguous(), head_words=head_words.to(device).contiguous(),
-                   key=_key_of(counter.seed).to(device), outlier_slot=_outlier_slots(store).to(device))
+                   key=_key_of(counter.seed).to(device), outlier_slot=slots.to(device),
+                   outlier_channels=channels.to(device))
 
     @property
     def outlier_slack(self) -> bool:
@@ -103,34 +119,34 @@ class PackedKeys:
         return self.store.layout.outlier_pairs > 0 and self.store.source_dtype != torch.float16
 
 
-def _outlier_slots(store: PackedStore) -> torch.Tensor:
-    """(batch * Hkv, d) int32: index of each channel in the outlier list, -1 elsewhere."""
+def _outlier_slots(store: PackedStore) -> tuple[torch.Tensor, torch.Tensor]:
+    """(batch * Hkv, d) int32 index of each channel in the outlier list (-1 elsewhere), and the
+    (batch * Hkv, 2m) int32 channel of each list position."""
     batch, heads, _, head_dim = store.shape
     slots = torch.full((batch * heads, head_dim), -1, dtype=torch.int32)
     m = store.layout.outlier_pairs
     if m == 0:
-        return slots
+        return slots, torch.zeros((batch * heads, 0), dtype=torch.int32)
     pairs = store.fixed_pairs.to(torch.int64).expand(batch, heads, m).reshape(batch * heads, m)
     chans = pair_channels(pairs, head_dim, store.layout.rope)  # (B*H, 2m)
     order = torch.arange(2 * m, dtype=torch.int32).expand(batch * heads, 2 * m)
-    return slots.scatter(-1, chans, order)
+    return slots.scatter(-1, chans, order), chans.to(torch.int32).contiguous()
 
 
 def log_term(n_union: int, delta_loc: float) -> float:
-    """``log(2 S / delta_loc)`` rounded up to an fp32-representable value (for ``u_t``)."""
+    """``log(2 S / delta_loc)`` rounded up (for ``u_t``; the kernel reads it as an exact fp64).
+
+    ``2 S / delta_loc`` and the log round once each (the log within 2 ulps): ``1 + 2^-50`` covers them.
+    """
     require(0 < delta_loc < 1, "delta_loc", f"must be a probability in (0, 1), got {delta_loc!r}")
-    value = math.log(2 * n_union / delta_loc) * (1 + 2.0**-50)
-    as32 = torch.tensor(value, dtype=torch.float32)
-    if float(as32) < value:
-        as32 = torch.nextafter(as32, torch.tensor(math.inf))
-    return float(as32)
+    return math.log(2 * n_union / delta_loc) * (1 + 2.0**-50)
 
 
 @triton.jit
 def load_packed_keys(payload_rows, scale_rows, outlier_rows, slot, c0, c2, c1_base, c3, k0, k1,
                      offs_d, mask_nd, GROUP: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_D: tl.constexpr,
                      DITHERED: tl.constexpr = True):
-    """fp64 keys (BLOCK_N, BLOCK_D), fp32 per-element scale (0 on outliers), outlier mask and values.
+    """fp64 keys (BLOCK_N, BLOCK_D): ``s (n - xi)`` on INT8 channels, the stored fp16 value on outliers.
 
     ``payload_rows``/``scale_rows``/``outlier_rows`` are (BLOCK_N, 1) row pointers (the scale
     row already at the token's scale row), ``slot`` (BLOCK_D,) the channel's outlier slot or -1,
@@ -146,31 +162,55 @@ def load_packed_keys(payload_rows, scale_rows, outlier_rows, slot, c0, c2, c1_ba
     else:
         xi = tl.zeros_like(code)
     kept = tl.load(outlier_rows + tl.maximum(slot, 0)[None, :], mask=is_outlier, other=0.0).to(tl.float64)
-    keys = tl.where(is_outlier, kept, scale * (code - xi))  # exact in fp64
-    return keys, scale.to(tl.float32), is_outlier, kept.to(tl.float32)
+    return tl.where(is_outlier, kept, scale * (code - xi))  # exact in fp64
 
 
 @triton.jit
-def dither_radius(q_abs, q_sq, scale, is_outlier, kept, sm_scale32, log_term, kappa_b,
-                  MODE: tl.constexpr, OUTLIER_SLACK: tl.constexpr):
-    """Tier B per-token bound (BLOCK_H, BLOCK_N) from the loaded scales (``witcert.tier_b``).
+def query_group_sums(q64, slot, BLOCK_H: tl.constexpr, BLOCK_D: tl.constexpr, GROUP: tl.constexpr):
+    """``sum_{c in g} |q_c|`` and ``sum_{c in g} q_c^2`` over the INT8 channels of every scale group.
 
-    ``q_abs``/``q_sq`` are ``|q|`` and ``q^2`` (BLOCK_H, BLOCK_D) in fp32; ``scale`` is 0 on
-    outlier channels, so the sums below run over the INT8 channels only.
+    ``q64`` (BLOCK_H, BLOCK_D) is the query in fp64, ``slot`` (BLOCK_D,) each channel's outlier
+    slot (``-1``: INT8); groups are ``GROUP`` consecutive channels (``d`` for per-token scales,
+    1 for per-channel ones). Returns two (BLOCK_H, BLOCK_D // GROUP) fp64 tensors.
     """
-    l1 = tl.dot(q_abs, tl.trans(scale), input_precision="ieee") * sm_scale32  # sm sum |q| s
+    q_int8 = tl.where((slot >= 0)[None, :], 0.0, q64)
+    groups = tl.reshape(q_int8, [BLOCK_H, BLOCK_D // GROUP, GROUP])
+    return tl.sum(tl.abs(groups), axis=2), tl.sum(groups * groups, axis=2)
+
+
+@triton.jit
+def dither_radius(q_l1, q_sq, scale_rows, mask_n, q_rows, mask_h, outlier_rows, outlier_chans, sm_scale, log_term,
+                  MODE: tl.constexpr, NUM_GROUPS: tl.constexpr, NUM_OUTLIERS: tl.constexpr,
+                  OUTLIER_SLACK: tl.constexpr):
+    """Tier B per-token bound (BLOCK_H, BLOCK_N) in fp64 (``witcert.tier_b.certificate``), before the round-up.
+
+    ``q_l1``/``q_sq`` are :func:`query_group_sums`; ``scale_rows`` (BLOCK_N,) points at each
+    token's row of fp16 group scales; ``q_rows`` (BLOCK_H,) at the query rows and
+    ``outlier_rows`` (BLOCK_N,) at the tokens' fp16 outlier values, whose channels
+    ``outlier_chans`` lists. Groups and outlier channels are summed in index order.
+    """
+    l1 = tl.zeros([q_l1.shape[0], scale_rows.shape[0]], tl.float64)  # sum_c |q_c| s_c
+    sq = tl.zeros([q_l1.shape[0], scale_rows.shape[0]], tl.float64)  # sum_c q_c^2 s_c^2
+    for g in range(NUM_GROUPS):
+        s = tl.load(scale_rows + g, mask=mask_n, other=0.0).to(tl.float64)
+        l1 += column(q_l1, g)[:, None] * s[None, :]
+        sq += column(q_sq, g)[:, None] * (s * s)[None, :]
+    l1 = l1 * sm_scale
     delta = l1 * 0.5  # Delta_t: |err| <= s/2 exactly, every query
-    rho = l1 * DEQUANT  # fp32 dequantization slack (parity with the torch reference)
     c = delta
     if MODE != RADIUS_DELTA:
-        variance = tl.dot(q_sq, tl.trans(scale * scale), input_precision="ieee") * (sm_scale32 * sm_scale32 / 12.0)
-        u = tl.sqrt_rn(2.0 * variance * log_term) + l1 * HALF_GRID  # u_t + beta_t
+        # u_t = sqrt(2 v log_term), v = sm^2 sum q^2 s^2 / 12; plus beta_t = l1 g/2
+        u = tl.sqrt(sq * (log_term / 6.0)) * sm_scale + l1 * HALF_GRID
         c = u if MODE == RADIUS_U else tl.minimum(u, delta)
-    c = c + rho
-    if OUTLIER_SLACK:
-        bound = tl.where(is_outlier, tl.abs(kept) * OUTLIER_REL + OUTLIER_ABS, 0.0)
-        c = c + tl.dot(q_abs, tl.trans(bound), input_precision="ieee") * sm_scale32
-    return c * (1.0 + kappa_b)
+    c = c + l1 * DEQUANT  # rho_t: fp32 dequantization slack (parity with the torch reference)
+    if OUTLIER_SLACK:  # o_t: fp16 storage of non-fp16 outlier inputs
+        o = tl.zeros([q_l1.shape[0], scale_rows.shape[0]], tl.float64)
+        for j in range(NUM_OUTLIERS):
+            q_j = tl.abs(tl.load(q_rows + tl.load(outlier_chans + j), mask=mask_h, other=0.0).to(tl.float64))
+            x16 = tl.abs(tl.load(outlier_rows + j, mask=mask_n, other=0.0).to(tl.float64))
+            o += q_j[:, None] * (x16 * OUTLIER_REL + OUTLIER_ABS)[None, :]
+        c = c + o * sm_scale
+    return c
 
 
 @triton.jit
@@ -190,7 +230,7 @@ def _dequantize_kernel(payload_ptr, kscale_ptr, outlier_ptr, slot_ptr, token_wor
     head_row = pid_b * stride_hw_b + pid_h * stride_hw_h
     words = token_words_ptr + pid_b * stride_tw_b + offs_n[:, None] * stride_tw_s
     slot = tl.load(slot_ptr + (pid_b * tl.num_programs(1) + pid_h) * HEAD_DIM + offs_d)
-    keys, _, _, _ = load_packed_keys(
+    keys = load_packed_keys(
         payload_ptr + pid_b * stride_p_b + pid_h * stride_p_h + offs_n[:, None] * stride_p_s,
         kscale_ptr + pid_b * stride_ks_b + pid_h * stride_ks_h + (offs_n // SCALE_TOKEN_DIV)[:, None] * stride_ks_s,
         outlier_ptr + pid_b * stride_o_b + pid_h * stride_o_h + offs_n[:, None] * stride_o_s, slot,
@@ -215,6 +255,7 @@ def dequantize_packed(keys: PackedKeys, *, block_n: int = 32) -> torch.Tensor:
     outliers = keys.store.outliers
     if outliers.shape[-1] == 0:
         outliers = torch.zeros((1, 1, 1, 1), dtype=torch.float16, device=payload.device)
+    require_backend(_dequantize_kernel)
     _dequantize_kernel[(batch, heads, triton.cdiv(tokens, block_n))](
         payload, keys.scales, outliers, keys.outlier_slot, keys.token_words, keys.head_words, keys.key,
         out, tokens,

@@ -7,7 +7,7 @@ differ between the interpreter and the GPU, so every round here works on int64 w
 hold a value in ``[0, 2^32)``: the 32 x 32 -> 64 bit product wraps modulo ``2^64`` (two's
 complement), its low and high words are taken with an explicit ``& 0xFFFFFFFF`` after the
 shift (the shift is arithmetic on int64, the mask undoes the sign extension), and every key
-bump is masked. The torch reference (``witcert.philox.philox4x32_10``) does the same, and
+bump is masked. The torch reference (``witcert.tier_b.philox.philox4x32_10``) does the same, and
 both are checked against the Random123 known-answer vectors (``contracts/test_philox_stream.py``).
 
 Public: :func:`philox4x32_10` (a launcher for whole counter/key tensors, used by the
@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from . import require_backend
 from ._validate import require, require_tensor
 
 # Random123 constants (Salmon et al., SC'11): multipliers and Weyl key increments.
@@ -83,6 +84,7 @@ def _launch_philox(counter: torch.Tensor, key: torch.Tensor, block: int) -> torc
     out = torch.empty_like(counter)
     n = counter.shape[0]
     grid = (triton.cdiv(n, block),)
+    require_backend(_philox_block_kernel)
     _philox_block_kernel[grid](
         counter, key, out, n,
         counter.stride(0), key.stride(0), out.stride(0),

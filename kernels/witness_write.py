@@ -3,7 +3,7 @@
 For each incoming token, ``w_{t,b} >= ||(k^_t - k_t)_b||`` for every band ``b`` of the
 ``BandLayout`` (whole RoPE pairs under the model's convention, so by Lemma 1 the witness of a
 pre-RoPE residual serves post-RoPE queries). The witness must never be rounded down
-(DESIGN.md §2): the kernel computes in fp64 and rounds up to fp16 explicitly.
+(docs/design.md "Tier A: the band witness"): the kernel computes in fp64 and rounds up to fp16 explicitly.
 
 Rounding: the fp64 residual of two fp16/bf16/fp32 values is off by at most ``2^-53``
 relative, the ``2P`` squares and their sum by ``gamma_{2P}``, the sqrt by one more rounding;
@@ -16,8 +16,9 @@ import torch
 import triton
 import triton.language as tl
 
-from witcert.bands import BandLayout
+from witcert.tier_a.bands import BandLayout
 
+from . import require_backend
 from ._validate import require, require_finite, require_tensor
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -60,6 +61,7 @@ def _launch_witness_write(k_rows, k_hat_rows, band_index, block_rows):
     bands, band_width = band_index.shape
     w = torch.empty((n_rows, bands), dtype=torch.float16, device=k_rows.device)
     inflate = 1.0 + (band_width + 8) * 2.0**-52
+    require_backend(_witness_write_kernel)
     _witness_write_kernel[(triton.cdiv(n_rows, block_rows),)](
         k_rows, k_hat_rows, band_index, w, n_rows, inflate,
         k_rows.stride(0), k_hat_rows.stride(0), w.stride(0),

@@ -1,6 +1,6 @@
 """Print the four-implementation table (kernel, torch, mpmath golden, independent) as markdown.
 
-DESIGN.md §4: every certificate quantity computed four ways. The machinery is
+docs/design.md "Verification chain": every certificate quantity computed four ways. The machinery is
 ``contracts/four_impl.py`` (also asserted by ``contracts/test_four_implementations.py``); this
 script only prints it, with the budgets the kernel column is held to.
 
@@ -8,13 +8,18 @@ Usage: ``.venv/bin/python scripts/four_impl_table.py [--seed 31]``. Runs on the 
 Triton interpreter (a few seconds).
 """
 import argparse
+import os
 import pathlib
 import sys
 import time
 
+import torch
+
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[1] / "contracts"))
 
-import witcert.kernels  # noqa: E402,F401  (sets TRITON_INTERPRET=1 without CUDA before Triton loads)
+if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+    os.environ["TRITON_INTERPRET"] = "1"  # Triton's CPU interpreter; read when the first kernel module is imported
+
 from four_impl import SCHEMES, kernel_a_budget, kernel_budget, markdown, table  # noqa: E402
 
 

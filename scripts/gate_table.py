@@ -1,9 +1,9 @@
-"""Measure meter-driven gating and repair on synthetic activations (DESIGN.md §3).
+"""Measure meter-driven gating and repair on synthetic activations (docs/design.md "Gating and repair").
 
 Synthetic keys with massive-activation RoPE pairs and an attention-sink token, queries aimed
 at "needle" tokens with norms spread over a decade, keys quantized by a registered Tier A
 scheme (default ``rtn-int4``), Tier A band witness -> per-token ``c`` (Theorem 2), the gate of
-``witcert.gate`` repairing from a verified ``BackingStore``. Every repaired cell is checked per
+``witcert.gate.policy`` repairing from a verified ``BackingStore``. Every repaired cell is checked per
 query: true TV (exact vs repaired logits, fp64) <= recomputed meter.
 
 Tables printed (and written as JSON with ``--json``):
@@ -25,9 +25,9 @@ import time
 import torch
 
 import witcert
-from witcert.backing_store import BackingStore
-from witcert.gate import Gate
-from witcert.repair import LayerPager, Repairer
+from witcert.gate.backing_store import BackingStore
+from witcert.gate.policy import Gate
+from witcert.gate.repair import LayerPager, Repairer
 
 TAUS = (0.2, 1.0, 5.0)
 
@@ -65,7 +65,7 @@ def tier_a_bounds(q, k, k_hat, sm_scale):
     """Tier A: c (H, T, S) from the fp16 round-up band witness (T2)."""
     layout = witcert.BandLayout(q.shape[-1], 16)
     w = witcert.witness_of(k, k_hat, layout)  # (H, S, B)
-    return witcert.logit_bound(q, w[:, None], layout, sm_scale).double()  # (H, T, S)
+    return witcert.logit_bound(q, w, layout, sm_scale).double()  # (H, T, S)
 
 
 def logits(q, k, sm_scale):
@@ -192,7 +192,7 @@ def decode_traffic(tau, data, steps, policy):
             pager = LayerPager(repairer, "layer", q, sm_scale, k_cache=cache[:, :n], witness=witness[:, :n])
             kc, wc = cache[:, :n], witness[:, :n]
         scores = torch.einsum("hd,hsd->hs", q.double(), kc.double()) * sm_scale
-        c = witcert.logit_bound(q, wc, layout, sm_scale).double()
+        c = witcert.logit_bound(q[:, None], wc, layout, sm_scale)[:, 0].double()  # (H, S)
         gate(scores, c, pager=pager)
     return repairer.totals()
 

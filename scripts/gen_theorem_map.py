@@ -1,4 +1,4 @@
-"""Generate and audit the paper-to-Lean map (DESIGN.md §4).
+"""Generate and audit the paper-to-Lean map (docs/design.md "Verification chain").
 
 ``spec/registry.py`` is the single source: this script renders ``docs/theorem_map.md``
 (paper item -> Lean declaration -> spec mirror -> implementation -> kernel -> tests) and
@@ -10,6 +10,12 @@
 * every registry ``lean`` name, and every ``WitCert.*`` name quoted in a ``note``, is declared in
   ``formal/`` (declarations are parsed with their namespaces);
 * every declaration carries a ``/-- -/`` docstring and every file a ``/-! -/`` module doc;
+* scope: every project import names a file under ``formal/``, the project import graph has no
+  cycle, and every identifier that resolves to a declaration of ``formal/`` (after Lean's name
+  resolution through the enclosing ``namespace`` blocks, ``open`` commands, dotted names and
+  ``_root_``) is declared in the file itself or in a module it imports, directly or
+  transitively (``scope_problems``; this is the check that ``lake build`` would otherwise be
+  the first to fail), and every module is imported by the root ``formal/WitCert.lean``;
 * the map and ``Export.lean`` equal what this script renders.
 
 The audit needs no Lean toolchain; ``scripts/lean_check.sh`` runs it in CI.
@@ -44,6 +50,11 @@ _DECL_RE = re.compile(
     r"(" + "|".join(DECL_KINDS) + r")\s+([^\s(:{\[]+)"
 )
 _NOTE_NAME_RE = re.compile(r"`(WitCert\.[A-Za-z0-9_.']+)`")
+_IMPORT_RE = re.compile(r"^(?:(?:public|private|meta)\s+)*import\s+(\S+)")
+# A Lean identifier, possibly dotted, not itself the tail of a projection (`x.foo`, `h.1`).
+_IDENT_PART = r"[^\W\d][\w'!?]*"
+_IDENT_RE = re.compile(r"(?<![\w.'])(" + _IDENT_PART + r"(?:\." + _IDENT_PART + r")*)")
+_STRING_RE = re.compile(r'"(?:[^"\\]|\\.)*"')
 
 
 @dataclass(frozen=True)
@@ -183,6 +194,165 @@ def forbidden_hits(formal: Path = FORMAL) -> list[str]:
     return hits
 
 
+# --- scope: every project name used is declared in the file or in what it imports ---------
+
+
+def module_name(path: Path, formal: Path = FORMAL) -> str:
+    """The Lean module of a source under ``formal/`` (the ``srcDir``): ``WitCert/Foo.lean`` ->
+    ``WitCert.Foo``."""
+    return ".".join(path.relative_to(formal).with_suffix("").parts)
+
+
+def parse_imports(path: Path) -> list[str]:
+    """The modules a Lean file imports (``import``, ``public import``, ... lines)."""
+    found = []
+    for line in strip_comments(path.read_text(encoding="utf-8")).splitlines():
+        match = _IMPORT_RE.match(line.strip())
+        if match:
+            found.append(match.group(1))
+    return found
+
+
+def _is_project_module(name: str, modules: dict[str, Path]) -> bool:
+    return name in modules or name == "WitCert" or name.startswith("WitCert.")
+
+
+def import_closure(modules: dict[str, Path]) -> tuple[dict[str, set[str]], list[str]]:
+    """Per module, the project modules it imports directly or transitively; and the problems
+    found on the way (an import of a missing project module, an import cycle)."""
+    direct = {
+        name: [m for m in parse_imports(path) if _is_project_module(m, modules)]
+        for name, path in modules.items()
+    }
+    problems = []
+    for name, imports in direct.items():
+        for imported in imports:
+            if imported not in modules:
+                problems.append(f"{name} imports {imported}, which has no file under formal/")
+    closure: dict[str, set[str]] = {}
+    state: dict[str, str] = {}  # "open" while on the DFS stack, "done" after
+
+    def visit(name: str, stack: list[str]) -> set[str]:
+        if state.get(name) == "done":
+            return closure[name]
+        if state.get(name) == "open":
+            cycle = stack[stack.index(name):] + [name]
+            problems.append("import cycle: " + " -> ".join(cycle))
+            return set()
+        state[name] = "open"
+        reach: set[str] = set()
+        for imported in direct.get(name, []):
+            if imported in modules:
+                reach.add(imported)
+                reach |= visit(imported, stack + [name])
+        state[name] = "done"
+        closure[name] = reach
+        return reach
+
+    for name in sorted(modules):
+        visit(name, [])
+    return closure, problems
+
+
+def _candidates(base: str, namespace: list[str], opens: list[str]) -> list[str]:
+    """The fully qualified names Lean tries for ``base``: inside ``namespace A.B`` it tries
+    ``A.B.base``, ``A.base``, ``base``, then ``o.base`` for every opened namespace ``o``."""
+    if base.startswith("_root_."):
+        return [base.removeprefix("_root_.")]
+    names = [".".join([*namespace[:i], base]) for i in range(len(namespace), -1, -1)]
+    return names + [f"{o}.{base}" for o in opens]
+
+
+def _resolve_project(token: str, namespace: list[str], opens: list[str],
+                     decls: dict[str, str]) -> list[str]:
+    """Project declarations a (possibly dotted) identifier can denote: the longest prefix of
+    ``token`` that resolves to some declaration of ``formal/`` wins (the rest is field access,
+    as in ``WitCert.partition_pos.le``)."""
+    parts = token.split(".")
+    for k in range(len(parts), 0, -1):
+        hits = [n for n in _candidates(".".join(parts[:k]), namespace, opens) if n in decls]
+        if hits:
+            return hits
+    return []
+
+
+def _scope_commands(code_lines: list[str]):
+    """Yield ``(line_number, line, namespace, opens)``, tracking ``namespace``/``section``/``end``
+    blocks and the namespaces opened in each (``open X in`` is treated as opening ``X`` for the
+    rest of the enclosing block: an over-approximation, so it can hide, never invent, a
+    problem). ``open scoped X`` opens notation only and is ignored."""
+    scopes: list[tuple[str, str, list[str]]] = [("root", "", [])]
+    for number, line in enumerate(code_lines, 1):
+        words = line.strip().split()
+        if words[:1] == ["namespace"] and len(words) > 1:
+            scopes.append(("namespace", words[1], []))
+        elif words[:1] == ["section"] or words[:2] == ["noncomputable", "section"]:
+            scopes.append(("section", "", []))
+        elif words[:1] == ["end"] and len(scopes) > 1:
+            scopes.pop()
+        namespace = [c for kind, n, _ in scopes if kind == "namespace" for c in n.split(".")]
+        if words[:1] == ["open"] and words[1:2] != ["scoped"]:
+            for word in words[1:]:
+                if word == "in" or word.startswith("("):
+                    break
+                # `open Core` inside `namespace WitCert` may mean `WitCert.Core`
+                scopes[-1][2].extend(
+                    ".".join([*namespace[:i], word]) for i in range(len(namespace), -1, -1))
+        opens = [o for _, _, os in scopes for o in os]
+        yield number, line, namespace, opens
+
+
+def scope_problems(formal: Path = FORMAL) -> list[str]:
+    """Every use of a ``formal/`` declaration that Lean could not see, every import of a missing
+    project module, every import cycle. A use is checked where its name resolves (``_candidates``)
+    to a declaration of ``formal/``; if none of the declarations it can denote is in the file or
+    in a module the file imports (transitively), ``lake build`` stops there with an unknown
+    identifier. Dotted uses on a local (``h.lemma``) are checked by their last component when
+    that names project declarations only in unimported modules. Binders that shadow a project
+    declaration's name would be reported too (none exist: project names are distinctive)."""
+    paths = sorted(formal.rglob("*.lean"))
+    modules = {module_name(p, formal): p for p in paths}
+    closure, problems = import_closure(modules)
+    decl_module: dict[str, str] = {}
+    for name, path in modules.items():
+        for decl in parse_declarations(path):
+            decl_module.setdefault(decl.name, name)
+    by_last: dict[str, list[str]] = {}
+    for decl in decl_module:
+        by_last.setdefault(decl.rsplit(".", 1)[-1], []).append(decl)
+    for name, path in modules.items():
+        visible = {name} | closure.get(name, set())
+        rel = path.relative_to(formal.parent)
+        code = _STRING_RE.sub('""', strip_comments(path.read_text(encoding="utf-8")))
+        reported: set[str] = set()
+        for number, line, namespace, opens in _scope_commands(code.splitlines()):
+            if _IMPORT_RE.match(line.strip()):
+                continue
+            for match in _IDENT_RE.finditer(line):
+                token = match.group(1)
+                hits = _resolve_project(token, namespace, opens, decl_module)
+                if not hits and "." in token:
+                    field = token.rsplit(".", 1)[-1]
+                    head_hits = _resolve_project(token.split(".")[0], namespace, opens, decl_module)
+                    hits = [] if head_hits else by_last.get(field, [])
+                if not hits or any(decl_module[h] in visible for h in hits) or token in reported:
+                    continue
+                reported.add(token)
+                where = ", ".join(sorted({f"{h} ({decl_module[h]})" for h in hits}))
+                problems.append(
+                    f"{rel}:{number}: `{token}` is {where}, not imported by {name}"
+                    " (directly or transitively)")
+    return problems
+
+
+def unreachable_modules(formal: Path = FORMAL, root: str = "WitCert") -> list[str]:
+    """Modules under ``formal/`` that ``lake build`` of the root library would not compile: not
+    imported, directly or transitively, by ``formal/WitCert.lean`` (``Export`` excepted)."""
+    modules = {module_name(p, formal): p for p in sorted(formal.rglob("*.lean"))}
+    closure, _ = import_closure(modules)
+    return sorted(set(modules) - closure.get(root, set()) - {root, "Export"})
+
+
 # --- rendering ------------------------------------------------------------------------------
 
 
@@ -210,7 +380,7 @@ def render_map(registry: ModuleType, decls: dict[str, LeanDecl]) -> str:
         "Generated by `python scripts/gen_theorem_map.py --write` from `spec/registry.py`;",
         "do not edit by hand (`tests/test_formal_audit.py` fails when this file is stale).",
         "",
-        "Chain (DESIGN.md §4): paper item → Lean declaration (`formal/`) → spec mirror (`spec/`)",
+        'Chain ([docs/design.md](design.md), "Verification chain"): paper item → Lean declaration (`formal/`) → spec mirror (`spec/`)',
         "→ torch implementation (`witcert/`) → Triton kernel (`kernels/`) → tests.",
         "",
         "| Key | Paper item | Statement | Lean declaration | Spec mirror | Implementation "
@@ -234,7 +404,8 @@ def render_map(registry: ModuleType, decls: dict[str, LeanDecl]) -> str:
         "",
         "- `bash scripts/lean_check.sh`: `lake build --wfail` and the axiom report of",
         "  `formal/Export.lean` when `lake` is on PATH (only `propext`, `Classical.choice`,",
-        "  `Quot.sound` allowed); always the static audit of this script.",
+        "  `Quot.sound` allowed); always the static audit of this script, whose scope check",
+        "  fails when a file uses a `formal/` name declared only in modules it does not import.",
         "- Mathlib names used by the proofs, and where their statements were read:",
         "  `formal/MATHLIB_NAMES.md`.",
         "",
@@ -295,6 +466,9 @@ def audit(registry: ModuleType | None = None, formal: Path = FORMAL) -> list[str
     for path in lean_sources(formal):
         if "/-!" not in path.read_text(encoding="utf-8"):
             problems.append(f"{path.relative_to(ROOT)}: no /-! -/ module docstring")
+    problems += [f"scope: {problem}" for problem in scope_problems(formal)]
+    problems += [f"scope: {m} is not imported by formal/WitCert.lean"
+                 for m in unreachable_modules(formal)]
     if not MAP_PATH.exists() or MAP_PATH.read_text(encoding="utf-8") != render_map(registry, decls):
         problems.append("docs/theorem_map.md is stale: run python scripts/gen_theorem_map.py --write")
     if not EXPORT_PATH.exists() or EXPORT_PATH.read_text(encoding="utf-8") != render_export(
@@ -325,7 +499,8 @@ def main(argv: list[str] | None = None) -> int:
     for problem in problems:
         print(f"formal audit: {problem}", file=sys.stderr)
     if not problems:
-        print(f"formal audit: ok ({len(declared_names())} declarations, no forbidden tokens)")
+        print(f"formal audit: ok ({len(declared_names())} declarations, no forbidden tokens,"
+              " every project name in scope)")
     return 1 if problems else 0
 
 

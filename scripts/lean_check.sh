@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# CI step for the Lean development (DESIGN.md §4, §5).
+# CI step for the Lean development (docs/design.md "Verification chain").
 # - When `lake` is on PATH: build the dependency-free layer and the Mathlib layer with warnings
 #   as errors, then check that every registered theorem uses only the standard axioms.
 # - Otherwise: say in one line that the proofs were NOT checked.
 # - Always: the static audit (forbidden tokens, registry names declared in formal/, docstrings,
-#   docs/theorem_map.md and formal/Export.lean in sync with spec/registry.py).
+#   scope: every formal/ name a file uses is declared in it or in a module it imports, no import
+#   cycle, every module reachable from formal/WitCert.lean; docs/theorem_map.md and
+#   formal/Export.lean in sync with spec/registry.py).
 # Exit status: non-zero when the audit or (if run) the Lean build / axiom check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."

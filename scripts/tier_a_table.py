@@ -78,7 +78,7 @@ def main(argv=None) -> None:
     parser.add_argument("--tau", type=float, default=0.2)
     parser.add_argument("--schemes", nargs="*", default=None)
     args = parser.parse_args(argv)
-    names = args.schemes or witcert.schemes()
+    names = args.schemes or witcert.list_schemes()
     print(
         f"Tier A on synthetic keys: d={args.head_dim}, B={args.bands} ({args.rope}), Hkv={args.hkv}, G={args.groups}, "
         f"S={args.s}, Tq={args.tq}; families {KEY_FAMILIES} x queries {QUERY_KINDS}; tau={args.tau}\n"

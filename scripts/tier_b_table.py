@@ -1,4 +1,4 @@
-"""Tier B measurements for the closing note (dithered INT8 cache; DESIGN.md §2 "Tier B").
+"""Tier B measurements for the closing note (dithered INT8 cache; docs/design.md "Tier B: the dithered INT8 cache").
 
 Tables printed (and written as JSON with ``--json``):
 
@@ -23,11 +23,12 @@ import torch
 from scipy import stats
 
 import witcert
-from witcert import DitheredInt8, StandaloneCounter, meter, tier_b_logit_bound
-from witcert.dither import dither_of
-from witcert.dithered_int8 import SCALE_DIVISOR
-from witcert.packed_store import StoreLayout
-from witcert.tier_b import delta_local
+from witcert import DitheredInt8, meter, tier_b_logit_bound
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.tier_b.dither import dither_of
+from witcert.tier_b.quantizer import SCALE_DIVISOR
+from witcert.tier_b.packed_store import StoreLayout
+from witcert.tier_b.certificate import delta_local
 
 TAU = 0.2
 DELTA_REQ = 1e-2
@@ -205,8 +206,8 @@ def capture_smollm2(n_tokens: int, n_queries: int):
     """Post-RoPE keys (L, Hkv, S, d) and the last ``n_queries`` queries (L, Hkv, G*Tq, d), teacher-forced."""
     from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
 
-    from witcert.models import load_model
-    from witcert.workloads import natural_text
+    from witcert.integrations.hf.default_model import load_model
+    from witcert.observatory.workloads import natural_text
 
     loaded = load_model(attn_implementation="eager")
     model, tokenizer = loaded.model, loaded.tokenizer
@@ -254,7 +255,7 @@ def smollm2_rows(n_tokens=512, n_queries=16) -> tuple[list[dict], torch.Tensor |
         cells = coverage_cells(keys, queries, quantizer, counter, sm, loc, mask=mask)
         store = cells["_store"]
         witness = witcert.witness_of(keys, quantizer.dequantize(store, counter), layout)
-        c_a = witcert.logit_bound(queries, witness.unsqueeze(-3), layout, sm_scale=sm).double()  # (L, H, Tq, S)
+        c_a = witcert.logit_bound(queries, witness, layout, sm_scale=sm).double()  # (L, H, Tq, S)
         b = cells["_bounds"]
         live = mask.expand_as(c_a)
         c_best = torch.minimum(b["min"], c_a)

@@ -8,6 +8,10 @@ Pure Python + mpmath at ``SPEC_DPS`` digits, no torch. Floats convert exactly (`
 - ``band_norms`` (``L1``): ``||x_b||`` per band; ``rotate`` applies RoPE, which preserves them.
 - ``bound_band_witness`` (``T2``): ``sm_scale sum_b ||q_b|| w_b``, which bounds
   ``sm_scale |q . r|`` whenever ``w_b >= ||r_b||`` for every band (``hypotheses_band_witness``).
+- ``bound_rounded_rotation`` (``L1fp``): the band witness after a RoPE computed in floating
+  point, ``(1 + eta) w_b + sqrt(2) kappa (1 + eta) (||k_b|| + ||k^_b||) + 2 sqrt(2P) alpha0``;
+  ``rotate_rounded`` is the arithmetic it covers (HF Llama's, every operation rounded to nearest
+  even in the named format, emulated exactly by ``round_to_format``).
 """
 from collections.abc import Sequence
 
@@ -15,6 +19,14 @@ from mpmath import mp, mpf
 
 SPEC_DPS = 50
 ROPE_CONVENTIONS = ("rotate_half", "interleaved")
+# binary formats: (significand bits p, exponent of the smallest subnormal, exponent of the largest finite's ulp)
+FORMATS = {
+    "float16": (11, -24, 5),
+    "bfloat16": (8, -133, 120),
+    "float32": (24, -149, 104),
+    "float64": (53, -1074, 971),
+}
+ETA_UNITS, KAPPA_UNITS, ALPHA_SUBNORMALS = 8, 3, 4  # L1fp constants in units of u, u, sigma
 
 Real = float | int | mpf
 
@@ -87,6 +99,78 @@ def bound_band_witness(
     with mp.workdps(SPEC_DPS):
         scale = _scale(sm_scale, len(q))
         return scale * mp.fsum(n * mpf(wb) for n, wb in zip(band_norms(q, bands, rope), w, strict=True))
+
+
+def rotation_rounding(rope_dtype: str) -> tuple[mpf, mpf, mpf]:
+    """``(eta, kappa, alpha0) = (8 u, 3 u, 4 sigma)`` of ``rope_dtype`` (``L1fp``).
+
+    ``u = 2^-p`` is the unit roundoff and ``sigma`` the smallest subnormal; ``eta`` bounds
+    ``sqrt(c~^2 + s~^2) - 1``, ``kappa`` and ``alpha0`` the per-component rounding
+    ``|delta| <= kappa (|a c~| + |b s~|) + alpha0`` (justified in ``witcert.tier_a.rotary``).
+    """
+    p, sub, _ = _format(rope_dtype)
+    with mp.workdps(SPEC_DPS):
+        u = mpf(2) ** -p
+        return ETA_UNITS * u, KAPPA_UNITS * u, ALPHA_SUBNORMALS * mpf(2) ** sub
+
+
+def bound_rounded_rotation(w: Real, k_norm: Real, k_hat_norm: Real, pairs_per_band: int, rope_dtype: str) -> mpf:
+    """``(1 + eta) w + sqrt(2) kappa (1 + eta) (||k_b|| + ||k^_b||) + 2 sqrt(2P) alpha0`` (``L1fp``).
+
+    Lean: ``WitCert.band_norm_sub_le_of_rounded_rotation`` (``||x' - y'|| <= (1 + eta) ||x - y||
+    + ||dx|| + ||dy||`` for ``x' = M x + dx``, ``y' = M y + dy``) with
+    ``||d_b|| <= sqrt(2) kappa (1 + eta) ||x_b|| + sqrt(2P) alpha0``. Bounds the band norm of
+    the residual after a rotation computed in ``rope_dtype`` whenever ``w >= ||(k^ - k)_b||``.
+    """
+    eta, kappa, alpha0 = rotation_rounding(rope_dtype)
+    with mp.workdps(SPEC_DPS):
+        grow = 1 + eta
+        spread = mp.sqrt(2) * kappa * grow
+        return grow * mpf(w) + spread * (mpf(k_norm) + mpf(k_hat_norm)) + 2 * mp.sqrt(2 * pairs_per_band) * alpha0
+
+
+def round_to_format(x: Real, rope_dtype: str) -> mpf:
+    """``x`` rounded to nearest (ties to even) in the binary format ``rope_dtype``; ``+-inf`` on overflow."""
+    p, sub, top = _format(rope_dtype)
+    with mp.workdps(SPEC_DPS + 400):  # exact for every product/sum of two values of these formats
+        x = mpf(x)
+        if x == 0:
+            return mpf(0)
+        _, e = mp.frexp(x)  # |x| in [2^(e-1), 2^e)
+        ulp = mpf(2) ** max(e - p, sub)
+        scaled = x / ulp  # exact: a power-of-two division
+        low = mp.floor(scaled)
+        rest = scaled - low
+        n = low + 1 if rest > 0.5 or (rest == 0.5 and int(low) % 2) else low
+        value = n * ulp
+        largest = (2 ** p - 1) * mpf(2) ** top
+        if abs(value) > largest:
+            return mp.inf if value > 0 else -mp.inf
+        return value
+
+
+def rotate_rounded(x: Sequence[Real], cos: Sequence[Real], sin: Sequence[Real], rope: str, rope_dtype: str) -> list[mpf]:
+    """RoPE as HF Llama computes it in the model dtype ``rope_dtype`` (``L1fp``'s arithmetic).
+
+    ``cos[j]``, ``sin[j]`` are the values pair ``j`` uses (already in ``rope_dtype``); each
+    product and each sum is rounded to nearest even: ``a' = fl(fl(a c) - fl(b s))``,
+    ``b' = fl(fl(b c) + fl(a s))``.
+    """
+    xs = [mpf(v) for v in x]
+    out = list(xs)
+    rnd = lambda v: round_to_format(v, rope_dtype)  # noqa: E731
+    with mp.workdps(SPEC_DPS + 400):
+        for j, (a, b) in enumerate(pair_coordinates(len(xs), rope)):
+            c, s = mpf(cos[j]), mpf(sin[j])
+            out[a] = rnd(rnd(xs[a] * c) - rnd(xs[b] * s))
+            out[b] = rnd(rnd(xs[b] * c) + rnd(xs[a] * s))
+    return out
+
+
+def _format(rope_dtype: str) -> tuple[int, int, int]:
+    if rope_dtype not in FORMATS:
+        raise ValueError(f"rope_dtype must be one of {tuple(FORMATS)}, got {rope_dtype!r}")
+    return FORMATS[rope_dtype]
 
 
 def _scale(sm_scale: Real | None, head_dim: int) -> mpf:

@@ -1,4 +1,4 @@
-"""The 50-digit mpmath golden for every certificate quantity (DESIGN.md §4).
+"""The 50-digit mpmath golden for every certificate quantity (docs/design.md "Verification chain").
 
 One of the four independent implementations (kernel, torch, this golden, ``spec/independent``).
 Inputs are the compressed logits ``scores`` (``-inf`` = masked), per-token radii ``c >= 0`` and,
@@ -105,7 +105,21 @@ two_sided_from_scores = _from_scores(bounds.bound_two_sided)
 retention_from_scores = _from_scores(bounds.bound_retention)
 maxnorm_from_scores = _from_scores(bounds.bound_maxnorm)
 competitor_from_scores = _from_scores(bounds.bound_competitor)
+chi_square_from_scores = _from_scores(bounds.bound_chi_square)
 unsound_dispersion_from_scores = _from_scores(bounds.bound_unsound_dispersion)
+
+
+
+@_golden
+def mass_split_from_scores(scores: Sequence[Real], c: Sequence[Real], thresholds: Sequence[Real] | None = None) -> mpf:
+    """50-digit ``bound_mass_split`` (MS) at ``p~ = softmax(scores)``; ``thresholds`` default to
+    ``spec.bounds.mass_split_thresholds`` (``D`` and the 11 largest 2-bit-mantissa floats below it).
+
+    Cancellation-free like the others: ``delta = sum_H p~ expm1(c) / A-_L`` with
+    ``A-_L = sum_L p~ e^{-c} + p~(H)`` (positive terms), second term ``delta (delta + 2) / 2``.
+    """
+    return bounds.bound_mass_split(bounds.softmax(scores), c, thresholds)
+
 
 BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Real], Sequence[Real]], mpf]] = {
     "eform": eform_from_scores,
@@ -113,6 +127,8 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Real], Sequence[Real]], mpf]] =
     "retention": retention_from_scores,
     "maxnorm": maxnorm_from_scores,
     "competitor": competitor_from_scores,
+    "chi_square": chi_square_from_scores,
+    "mass_split": mass_split_from_scores,
     "unsound_dispersion": unsound_dispersion_from_scores,
 }
 """Golden of every ``spec.bounds.bound_<name>`` from scores, by name."""
@@ -120,7 +136,12 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Real], Sequence[Real]], mpf]] =
 
 @_golden
 def meter_from_scores(scores: Sequence[Real], c: Sequence[Real]) -> mpf:
-    """The exact meter ``min(1, e-form, two-sided, tanh(D/2))`` (T1, P1, MN)."""
+    """The exact meter ``min(1, e-form, two-sided, tanh(D/2))`` (T1, P1, MN).
+
+    CS and MS are sound (``chi_square_from_scores``, ``mass_split_from_scores``) but join this
+    minimum only when the torch meter and the kernel do (wave 2): the torch meter is checked against
+    this value to 1e-12 relative.
+    """
     p = bounds.softmax(scores)
     return min(mpf(1), bounds.bound_eform(p, c), bounds.bound_two_sided(p, c), bounds.bound_maxnorm(p, c))
 
@@ -128,7 +149,7 @@ def meter_from_scores(scores: Sequence[Real], c: Sequence[Real]) -> mpf:
 def sup_box_tv_exhaustive(scores: Sequence[Real], c: Sequence[Real]) -> mpf:
     """Exact ``sup_{|eps_t| <= c_t} TV(softmax(scores - eps), softmax(scores))``.
 
-    The sup is attained at a vertex ``eps = -c`` on a set ``T``, ``+c`` off it (DESIGN.md §2):
+    The sup is attained at a vertex ``eps = -c`` on a set ``T``, ``+c`` off it (docs/design.md "How loose, and where"):
     ``max_T [ sum_T p~ e^c / (sum_T p~ e^c + sum_{not T} p~ e^-c) - p~(T) ]``, enumerated over all
     ``2^S`` subsets of the unmasked tokens; refuses more than ``SUP_BOX_MAX_TOKENS`` of them.
     """

@@ -1,7 +1,7 @@
-"""A fourth implementation, written only from the definitions (DESIGN.md §4).
+"""A fourth implementation, written only from the definitions (docs/design.md "Verification chain").
 
 Python ``decimal`` (no mpmath, nothing from ``spec.bounds``): every quantity is formed literally
-from its definition in DESIGN.md §2 (``p~ = softmax(l~)``, ``Z = sum p~ e^{-eps}``,
+from its definition in docs/design.md "Notation" (``p~ = softmax(l~)``, ``Z = sum p~ e^{-eps}``,
 ``p = p~ e^{-eps} / Z``, ``TV = 1/2 sum |p - p~|``, ``A = sum p~ e^c``, ...), with no
 reformulation against cancellation. Precision is managed instead:
 
@@ -30,6 +30,7 @@ STEP_DIGITS = 30
 MAX_TRIES = 5
 AGREE_DIGITS = 50
 SUP_BOX_MAX_TOKENS = 20
+MASS_SPLIT_LEVELS = 12  # MS thresholds: D = max c, then the 11 largest (1 + r/4) 2^q (r = 0..3) below D
 
 INF = Decimal("Infinity")
 ZERO = Decimal(0)
@@ -158,6 +159,48 @@ def _tanh(x: Decimal) -> Decimal:
     return (1 - t) / (1 + t)
 
 
+def _at_most_grid_value(num: int, den: int, index: int) -> bool:
+    """``num / den <= (1 + r/4) 2^q`` for ``index = 4q + r``, exactly (integers only)."""
+    q, r = divmod(index, 4)
+    lhs, rhs = 4 * num, (4 + r) * den
+    return lhs <= rhs << q if q >= 0 else lhs << -q <= rhs
+
+
+def _default_split_sets(d: Decimal) -> list[Callable[[Decimal], bool]]:
+    """Membership of the low set ``L = {c <= g}`` for the default grid: ``g = D`` (every token) and
+    the ``MASS_SPLIT_LEVELS - 1`` largest numbers ``(1 + r/4) 2^q`` (``r = 0..3``, ``q`` any integer)
+    strictly below ``D``; only ``D`` when ``D`` is 0 or infinite."""
+    if d == 0 or d.is_infinite():
+        return [lambda ct: True]
+    num, den = d.as_integer_ratio()
+    top = 4 * (num.bit_length() - den.bit_length())
+    while not _at_most_grid_value(num, den, top):
+        top += 1
+    while _at_most_grid_value(num, den, top - 1):
+        top -= 1  # now the least index whose value is >= D
+
+    def below(index: int) -> Callable[[Decimal], bool]:
+        return lambda ct: ct.is_finite() and _at_most_grid_value(*ct.as_integer_ratio(), index)
+
+    return [lambda ct: True] + [below(top - k) for k in range(1, MASS_SPLIT_LEVELS)]
+
+
+def _mass_split(rows: list[tuple], low_sets: list[Callable[[Decimal], bool]]) -> Decimal:
+    """MS: ``min over L of [min(T1, P1, CS, tanh(D_L/2)) on c 1_L] + ((1 + delta)^2 - 1)/2``,
+    ``delta = sum_H p~ (e^c - 1) / A-_L``, literally. ``rows`` are ``(p~, c, e^c, e^-c)``."""
+    values = []
+    for in_low in low_sets:
+        low = [in_low(ct) for _, ct, _, _ in rows]
+        a = sum((pt * (up if inside else 1) for (pt, _, up, _), inside in zip(rows, low)), ZERO)
+        a_minus = sum((pt * (down if inside else 1) for (pt, _, _, down), inside in zip(rows, low)), ZERO)
+        spread = sum((pt * ((up if inside else 1) - 1) ** 2 for (pt, _, up, _), inside in zip(rows, low)), ZERO)
+        d_low = max((ct for (_, ct, _, _), inside in zip(rows, low) if inside), default=ZERO)
+        first = min((a * a - 1) / 2, (a / a_minus - a_minus / a) / 2, spread.sqrt() / (2 * a_minus), _tanh(d_low / 2))
+        delta = sum((pt * (up - 1) for (pt, _, up, _), inside in zip(rows, low) if not inside), ZERO) / a_minus
+        values.append(first + ((1 + delta) ** 2 - 1) / 2)
+    return min(values)
+
+
 def _with_errors(p_tilde: list[Decimal], e: list[Decimal]) -> dict:
     """``Z``, ``p``, ``TV`` for the logit error ``eps`` (masked tokens skipped)."""
     weight = [pt * (-et).exp() if pt != 0 else ZERO for pt, et in zip(p_tilde, e)]
@@ -173,8 +216,9 @@ def _with_radii(p_tilde: list[Decimal], r: list[Decimal]) -> dict:
     a_minus = sum((pt * down for pt, _, _, down in rows), ZERO)
     d = max(ct for _, ct, _, _ in rows)
     out = {"a_plus": a, "a_minus": a_minus, "maxnorm": _tanh(d / 2), "competitor": _tanh(d)}
+    out["mass_split"] = _mass_split(rows, _default_split_sets(d))
     if d.is_infinite():
-        out.update(eform=INF, two_sided=INF, retention=INF, unsound_dispersion=INF)
+        out.update(eform=INF, two_sided=INF, retention=INF, chi_square=INF, unsound_dispersion=INF)
     else:
         c_bar = sum((pt * ct for pt, ct, _, _ in rows), ZERO)
         spread = sum((pt * abs(ct - c_bar) for pt, ct, _, _ in rows), ZERO)
@@ -183,6 +227,7 @@ def _with_radii(p_tilde: list[Decimal], r: list[Decimal]) -> dict:
             eform=(a * a - 1) / 2,
             two_sided=(a / a_minus - a_minus / a) / 2,
             retention=retained / 2,
+            chi_square=sum((pt * (up - 1) ** 2 for pt, _, up, _ in rows), ZERO).sqrt() / (2 * a_minus),
             unsound_dispersion=(2 * d).exp() * (spread + c_bar * (d.exp() - 1)) / 2,
         )
     out["meter"] = min(Decimal(1), out["eform"], out["two_sided"], out["maxnorm"])
@@ -209,8 +254,8 @@ def quantities(scores: Sequence[Number], c: Sequence[Number] | None = None, eps:
     """Every certificate quantity of one cell, evaluated jointly (one precision ladder).
 
     Keys: ``p_tilde`` always; with ``eps``: ``normaliser`` (Z), ``p``, ``tv``; with ``c``: ``a_plus``,
-    ``a_minus``, ``eform``, ``two_sided``, ``retention``, ``maxnorm``, ``competitor``,
-    ``unsound_dispersion``, ``meter``.
+    ``a_minus``, ``eform``, ``two_sided``, ``retention``, ``maxnorm``, ``competitor``, ``chi_square``,
+    ``mass_split`` (default grid), ``unsound_dispersion``, ``meter``.
     """
     s = _scores(scores)
     r = _radii(c, len(s)) if c is not None else [ZERO] * len(s)
@@ -278,6 +323,28 @@ retention_from_scores = _from_scores(
 )
 maxnorm_from_scores = _from_scores("maxnorm", "MN: ``tanh(D/2)``, ``D = max c``.")
 competitor_from_scores = _from_scores("competitor", "RC: ``tanh(D)``, ``D = max c``.")
+chi_square_from_scores = _from_scores("chi_square", "CS: ``sqrt(sum p~_t (e^{c_t} - 1)^2) / (2 A-)``.")
+
+
+def mass_split_from_scores(scores: Sequence[Number], c: Sequence[Number], thresholds: Sequence[Number] | None = None) -> Decimal:
+    """MS: ``min_g [B_L + ((1 + delta)^2 - 1)/2]`` over the thresholds ``g`` (``L = {c <= g}``,
+    ``B_L = min(T1, P1, CS, tanh(max_L c / 2))`` on ``c 1_L``, ``delta = sum_H p~ (e^c - 1) / A-_L``);
+    default thresholds ``D`` and the 11 largest ``(1 + r/4) 2^q`` (``r = 0..3``) below ``D``."""
+    if thresholds is None:
+        return quantities(scores, c=c)["mass_split"]
+    s = _scores(scores)
+    r = _radii(c, len(s))
+    grid = _decimals("thresholds", thresholds)
+    low_sets = [lambda ct, g=g: ct <= g for g in grid]
+
+    def evaluate() -> Decimal:
+        p_tilde = _softmax(s)
+        rows = [(pt, ct, ct.exp(), 1 / ct.exp()) for pt, ct in zip(p_tilde, r) if pt != 0]
+        return _mass_split(rows, low_sets)
+
+    return _settled(evaluate, _guard(s, r, [ZERO] * len(s)))
+
+
 unsound_dispersion_from_scores = _from_scores(
     "unsound_dispersion", "KNOWN FALSE: ``1/2 e^{2 c_max} (E|c - c_bar| + c_bar (e^{c_max} - 1))``."
 )
@@ -289,6 +356,8 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Number], Sequence[Number]], Dec
     "retention": retention_from_scores,
     "maxnorm": maxnorm_from_scores,
     "competitor": competitor_from_scores,
+    "chi_square": chi_square_from_scores,
+    "mass_split": mass_split_from_scores,
     "unsound_dispersion": unsound_dispersion_from_scores,
 }
 """Every bound from scores, by name (same keys as ``spec.golden.BOUNDS_FROM_SCORES``)."""
@@ -296,7 +365,7 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Number], Sequence[Number]], Dec
 
 def sup_box_tv_exhaustive(scores: Sequence[Number], c: Sequence[Number]) -> Decimal:
     """Exact sup of the true TV over the box ``|eps_t| <= c_t``: the max over the ``2^S`` vertices
-    ``eps = -c`` on ``T``, ``+c`` off it (DESIGN.md §2). At most ``SUP_BOX_MAX_TOKENS`` unmasked tokens."""
+    ``eps = -c`` on ``T``, ``+c`` off it (docs/design.md "How loose, and where"). At most ``SUP_BOX_MAX_TOKENS`` unmasked tokens."""
     s = _scores(scores)
     r = _radii(c, len(s))
     if sum(1 for v in s if v.is_finite()) > SUP_BOX_MAX_TOKENS:

@@ -1,4 +1,4 @@
-"""Philox4x32-R in pure Python integers (spec mirror of ``witcert.philox``; no torch).
+"""Philox4x32-R in pure Python integers (spec mirror of ``witcert.tier_b.philox``; no torch).
 
 Written from the Random123 definition, independently of the torch reference: Python ints
 are unbounded, so ``mulhilo`` is the plain product split at bit 32. Used to cross-check the

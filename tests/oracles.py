@@ -21,7 +21,7 @@ from mpmath import mpf
 NEG_INF = -math.inf
 
 ORACLE_DIGITS = 40
-"""Golden and fourth implementation must agree to this many significant digits (DESIGN.md §4)."""
+"""Golden and fourth implementation must agree to this many significant digits (docs/design.md "Verification chain")."""
 BOUND_REL_TOL = mpf("1e-45")
 """Relative slack for ``TV <= bound`` between two 50-digit values (equality is attained)."""
 COMPARE_DPS = 120

@@ -1,6 +1,6 @@
-"""The exact backing store holds real data: content is checked, not bytes moved (DESIGN.md §3).
+"""The exact backing store holds real data: content is checked, not bytes moved (docs/design.md "Gating and repair").
 
-Implementation: ``witcert.backing_store.BackingStore`` (CRC-32 per block over the bytes written,
+Implementation: ``witcert.gate.backing_store.BackingStore`` (CRC-32 per block over the bytes written,
 verified on every page-in). Oracle: the source tensors themselves, compared bitwise.
 Domain: lead shapes up to (2, 3), 1-40 tokens appended in 1-4 writes, block sizes 1-16,
 fp16 / bf16 / fp32, keys with and without values. Tolerance: none (bitwise).
@@ -16,14 +16,14 @@ import torch
 from hypothesis import given
 from hypothesis import strategies as st
 
-from witcert.backing_store import (
+from witcert.gate.backing_store import (
     BackingStore,
     BackingStoreError,
     ChecksumMismatchError,
     NeverWrittenError,
 )
-from witcert.gate import Gate
-from witcert.repair import LayerPager, Repairer
+from witcert.gate.policy import Gate
+from witcert.gate.repair import LayerPager, Repairer
 
 # ----------------------------------------------------------------------------- broken stores
 
@@ -40,10 +40,8 @@ class NeverWrittenStore(BackingStore):
 
     def write(self, key, k, v=None):
         stream = self._stream_for(key, k, v)
-        from witcert.backing_store import _ensure_capacity
-
         stop = stream.length + k.shape[-2]
-        _ensure_capacity(stream, stop, self.block_size)
+        self._ensure_capacity(stream, stop)
         stream.length = stop
         self.bytes_written += k.numel() * k.element_size()
 

@@ -1,6 +1,6 @@
 """Dither counter layouts and the 24-bit grid (Tier B, registry "L2").
 
-Implementation: ``witcert.counters`` / ``witcert.dither``. Oracles: decoding the documented
+Implementation: ``witcert.tier_b.counters`` / ``witcert.tier_b.dither``. Oracles: decoding the documented
 bit layout back to the tuple (injectivity), exhaustive uniqueness on small grids, the spec
 Philox for single words, and the documented grid formula. Tolerance: exact.
 """
@@ -9,10 +9,12 @@ import itertools
 import pytest
 import torch
 
-from witcert import PagedCounter, StandaloneCounter
-from witcert.counters import pack_paged, pack_standalone
-from witcert.dither import GRID_STEP, dither_numerators, dither_of
+from witcert.tier_b.counters import PagedCounter, StandaloneCounter
+from witcert.tier_b.counters import batch_requests, pack_paged, pack_standalone
+from witcert.tier_b.dither import GRID_STEP, dither_numerators, dither_of
 from witcert.spec import philox as spec_philox
+
+SEED = 0x5EED  # tests fix the seed explicitly (the library draws a secret one by default)
 
 
 def decode(counter):
@@ -71,19 +73,51 @@ def test_grouped_words_equal_per_element_definition_and_spec():
 
 def test_stream_is_invariant_to_batch_order_and_slicing():
     requests = torch.tensor([4, 1, 9])
-    batched = StandaloneCounter(request=requests, layer=2).words((3, 2, 6, 8))
+    batched = StandaloneCounter(request=requests, layer=2, seed=SEED).words((3, 2, 6, 8))
     perm = torch.tensor([2, 0, 1])
-    permuted = StandaloneCounter(request=requests[perm], layer=2).words((3, 2, 6, 8))
+    permuted = StandaloneCounter(request=requests[perm], layer=2, seed=SEED).words((3, 2, 6, 8))
     assert torch.equal(batched[perm], permuted)
-    single = StandaloneCounter(request=9, layer=2, token_offset=4).words((2, 2, 8))
+    single = StandaloneCounter(request=9, layer=2, token_offset=4, seed=SEED).words((2, 2, 8))
     assert torch.equal(batched[2, :, 4:6], single)  # decode step = prefill slice
 
 
 def test_paged_stream_follows_slots_not_positions():
     slots = torch.tensor([10, 3, 7])
-    words = PagedCounter(layer=1, slots=slots).words((2, 3, 8))
-    reordered = PagedCounter(layer=1, slots=slots.flip(0)).words((2, 3, 8))
+    words = PagedCounter(layer=1, slots=slots, seed=SEED).words((2, 3, 8))
+    reordered = PagedCounter(layer=1, slots=slots.flip(0), seed=SEED).words((2, 3, 8))
     assert torch.equal(words.flip(1), reordered)
+
+
+# ------------------------------------------------------------------ secret seed (issue 16, item 8)
+
+
+def test_default_seed_is_secret_and_fresh_per_counter():
+    """Implementation: ``seed=None``; oracle: a public default (0) would make two counters agree,
+    and the stream of a known seed computable. Domain: 64 default counters. Tolerance: exact."""
+    seeds = {StandaloneCounter(request=0, layer=0).seed for _ in range(32)}
+    seeds |= {PagedCounter(layer=0, slots=torch.tensor([0])).seed for _ in range(32)}
+    assert len(seeds) == 64 and 0 not in seeds
+    assert all(0 <= s < 2**64 for s in seeds)
+    public = StandaloneCounter(request=0, layer=0, seed=0).words((1, 4, 8))
+    assert not torch.equal(StandaloneCounter(request=0, layer=0).words((1, 4, 8)), public)
+
+
+def test_a_counter_keeps_its_drawn_seed_so_write_and_read_agree():
+    counter = StandaloneCounter(request=3, layer=1)
+    assert torch.equal(counter.words((2, 5, 8)), counter.words((2, 5, 8)))
+    replay = StandaloneCounter(request=3, layer=1, seed=counter.seed)
+    assert torch.equal(replay.words((2, 5, 8)), counter.words((2, 5, 8)))
+
+
+@pytest.mark.parametrize("requests, batch, match", [
+    ((0, 0), 2, "own id"), ((0, 1, 2), 2, "expected 2"), ((0, -1), 2, "requests"), ((0, 2**32), 2, "requests"),
+    ((0.5, 1), 2, "ints"), (3, 3, "sequence"),
+])
+def test_batch_requests_need_one_distinct_id_per_row(requests, batch, match):
+    with pytest.raises(ValueError, match=match):
+        batch_requests(requests, batch)
+    assert batch_requests(None, 3).tolist() == [0, 1, 2]
+    assert batch_requests((7, 3), 2).tolist() == [7, 3]
 
 
 def test_dither_grid_is_centred_24_bit():
@@ -102,6 +136,7 @@ def test_dither_grid_is_centred_24_bit():
     (dict(request=2**32, layer=0), "request"),
     (dict(request=0, layer=0, side="q"), "side"),
     (dict(request=0, layer=0, seed=2**64), "seed"),
+    (dict(request=0, layer=0, seed=-1), "seed"),
     (dict(request=0.5, layer=0), "request"),
 ])
 def test_bad_standalone_fields_are_rejected(kwargs, match):

@@ -1,9 +1,11 @@
-"""Static audit of the Lean development (DESIGN.md §4), runnable without a Lean toolchain.
+"""Static audit of the Lean development (docs/design.md "Verification chain"), runnable without a Lean toolchain.
 
 Implementation under test: ``scripts/gen_theorem_map.py`` (declaration parser, forbidden-token
-scan, map and ``Export.lean`` rendering) applied to ``formal/`` and ``spec/registry.py``.
-Oracle: the registry itself (every ``lean`` name must be declared) and hand-written Lean snippets
-with known declarations. Domain: every ``*.lean`` file under ``formal/``. Tolerance: exact.
+scan, scope check, map and ``Export.lean`` rendering) applied to ``formal/`` and
+``spec/registry.py``. Oracle: the registry itself (every ``lean`` name must be declared),
+hand-written Lean snippets with known declarations and import graphs (the scope check must flag
+exactly the uses Lean could not resolve), and the real tree with its one historical scope bug
+re-introduced. Domain: every ``*.lean`` file under ``formal/``. Tolerance: exact.
 
 The import check of the dotted Python names (spec/torch/kernel) lives in
 ``tests/test_registry.py``; this file covers the Lean side and the generated map.
@@ -97,6 +99,122 @@ def _scan(formal: Path) -> list[str]:
         GEN.ROOT = root
 
 
+# --- oracle: the scope check on small import graphs ------------------------------------
+
+DECL_A = """\
+/-! # A -/
+namespace WitCert
+
+/-- d -/
+theorem foo : True := trivial
+
+namespace Core
+/-- d -/
+theorem deep : True := trivial
+end Core
+
+end WitCert
+"""
+
+
+def _project(tmp_path: Path, files: dict[str, str]) -> Path:
+    """A throwaway ``formal/`` (the srcDir) holding ``files`` (module path -> text)."""
+    formal = tmp_path / "formal"
+    for module, text in files.items():
+        path = formal / (module.replace(".", "/") + ".lean")
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text, encoding="utf-8")
+    return formal
+
+
+def _user(imports: str, body: str) -> str:
+    return f"{imports}\n\n/-! # user -/\n\n{body}\n"
+
+
+USE_UNQUALIFIED = "namespace WitCert\n\n/-- d -/\ntheorem bar : True := foo\n\nend WitCert"
+
+
+def test_scope_flags_a_name_declared_in_a_module_not_imported(tmp_path):
+    # B uses `foo` (declared in A) but imports only C, which does not import A: the MaxNorm bug
+    formal = _project(tmp_path, {
+        "WitCert.A": DECL_A,
+        "WitCert.C": "import Mathlib\n\n/-! # C -/\n",
+        "WitCert.B": _user("import WitCert.C", USE_UNQUALIFIED),
+    })
+    problems = GEN.scope_problems(formal)
+    assert len(problems) == 1
+    assert "formal/WitCert/B.lean:8" in problems[0]
+    assert "`foo` is WitCert.foo (WitCert.A)" in problems[0]
+
+
+def test_scope_accepts_a_transitive_import(tmp_path):
+    formal = _project(tmp_path, {
+        "WitCert.A": DECL_A,
+        "WitCert.C": "import WitCert.A\n\n/-! # C -/\n",
+        "WitCert.B": _user("import WitCert.C", USE_UNQUALIFIED),
+    })
+    assert GEN.scope_problems(formal) == []
+
+
+@pytest.mark.parametrize("body", [
+    "/-- d -/\ntheorem bar : True := WitCert.foo",                      # fully qualified
+    "open WitCert\n\n/-- d -/\ntheorem bar : True := foo",              # opened namespace
+    "namespace WitCert\n/-- d -/\ntheorem bar : True := Core.deep\nend WitCert",  # relative
+    "/-- d -/\ntheorem bar : True := _root_.WitCert.Core.deep",          # _root_
+    "/-- d -/\ntheorem bar : True := (@WitCert.foo)",                    # @-explicit
+    "/-- d -/\ntheorem bar : 0 < 1 := WitCert.foo.elim",                 # dotted use
+])
+def test_scope_resolves_qualified_opened_and_dotted_names(tmp_path, body):
+    missing = _project(tmp_path / "missing", {"WitCert.A": DECL_A,
+                                               "WitCert.B": _user("import Mathlib", body)})
+    assert len(GEN.scope_problems(missing)) == 1, body
+    present = _project(tmp_path / "present", {"WitCert.A": DECL_A,
+                                               "WitCert.B": _user("import WitCert.A", body)})
+    assert GEN.scope_problems(present) == [], body
+
+
+def test_scope_ignores_comments_unrelated_names_and_other_namespaces(tmp_path):
+    body = (
+        "-- foo is mentioned in a comment\n/- and foo here -/\n"
+        "namespace Other\n/-- the docstring names `foo` -/\n"
+        "theorem bar (h : True) : True := h\nend Other"
+    )
+    formal = _project(tmp_path, {"WitCert.A": DECL_A, "WitCert.B": _user("import Mathlib", body)})
+    assert GEN.scope_problems(formal) == []
+
+
+def test_scope_flags_field_notation_on_a_local(tmp_path):
+    decl = "/-! # A -/\nnamespace WitCert\n/-- d -/\ntheorem Foo.twist (x : Nat) : x = x := rfl\nend WitCert\n"
+    body = "namespace WitCert\n/-- d -/\ntheorem bar (f : Foo) : 1 = 1 := f.twist\nend WitCert"
+    formal = _project(tmp_path, {"WitCert.A": decl, "WitCert.B": _user("import Mathlib", body)})
+    problems = GEN.scope_problems(formal)
+    assert len(problems) == 1 and "`f.twist`" in problems[0]
+
+
+def test_scope_flags_missing_modules_and_cycles(tmp_path):
+    formal = _project(tmp_path, {
+        "WitCert.A": "import WitCert.B\n/-! # A -/\n",
+        "WitCert.B": "import WitCert.A\nimport WitCert.Gone\n/-! # B -/\n",
+    })
+    problems = GEN.scope_problems(formal)
+    assert any("imports WitCert.Gone, which has no file" in p for p in problems)
+    assert any(p.startswith("import cycle: WitCert.A -> WitCert.B -> WitCert.A") for p in problems)
+
+
+def test_scope_check_catches_the_historical_maxnorm_import_bug(tmp_path):
+    # the real tree with MaxNorm importing only Reweight again (before the fix of issue 19)
+    formal = tmp_path / "formal"
+    shutil.copytree(ROOT / "formal", formal)
+    maxnorm = formal / "WitCert" / "MaxNorm.lean"
+    text = maxnorm.read_text(encoding="utf-8")
+    assert text.startswith("import WitCert.EForm\n")
+    maxnorm.write_text(text.replace("import WitCert.EForm\n", "import WitCert.Reweight\n", 1),
+                       encoding="utf-8")
+    problems = GEN.scope_problems(formal)
+    assert problems and all("MaxNorm.lean" in p for p in problems)
+    assert any("`partition_pos` is WitCert.partition_pos (WitCert.EForm)" in p for p in problems)
+
+
 # --- the real development -------------------------------------------------------------------
 
 
@@ -117,6 +235,37 @@ def test_registry_lean_name_is_declared(row):
 def test_names_quoted_in_notes_are_declared(row):
     for name in GEN.note_lean_names(row.note):
         assert name in DECLS, f"{row.key}: note quotes {name}, not declared in formal/"
+
+
+def test_every_project_name_is_in_scope():
+    assert GEN.scope_problems() == []
+
+
+def test_every_lean_file_is_reachable_from_the_root_module():
+    assert GEN.unreachable_modules() == []
+
+
+def test_a_module_missing_from_the_root_is_flagged(tmp_path):
+    formal = _project(tmp_path, {"WitCert": "import WitCert.A\n/-! # root -/\n",
+                                 "WitCert.A": DECL_A, "WitCert.Orphan": "/-! # orphan -/\n"})
+    assert GEN.unreachable_modules(formal) == ["WitCert.Orphan"]
+
+
+def _signature(name: str) -> str:
+    """The text of a declaration's statement (from its keyword to its `:=`)."""
+    decl = DECLS[name]
+    lines = GEN.strip_comments(decl.path.read_text(encoding="utf-8")).splitlines()
+    text = "\n".join(lines[decl.line - 1:])
+    return text[: text.index(":=")]
+
+
+def test_tier_b_radius_assumes_the_dither_model_not_tail_bounds():
+    # TB's hypotheses: the laws (IdentDistrib to the grid law) and independence; no tail bound
+    signature = _signature(REGISTRY.by_key("TB").lean)
+    assert "IdentDistrib (U t c) id μ (gridCell N)" in signature
+    assert "iIndepFun (U t) μ" in signature
+    for tail_hypothesis in ("Real.exp", "HasSubgaussianMGF", "htail"):
+        assert tail_hypothesis not in signature
 
 
 def test_every_declaration_is_documented():

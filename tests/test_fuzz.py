@@ -1,8 +1,8 @@
 """The adversarial regression (``witcert fuzz``) as a CI test: per query, never in aggregate.
 
-Implementation: every bound in ``witcert.fuzz.CHECKED`` (meter fp32/fp64, T1, P1, P1r, MN, RC).
+Implementation: every bound in ``witcert.verification.fuzz.CHECKED`` (meter fp32/fp64, T1, P1, P1r, MN, RC).
 Oracle: the sup-box adversary's vertex TV (exact sup for S <= 12) and a random interior error,
-near-misses re-decided at 50 digits. Domain: ``witcert.fuzz.FAMILIES`` x S in 1..4096,
+near-misses re-decided at 50 digits. Domain: ``witcert.verification.fuzz.FAMILIES`` x S in 1..4096,
 derandomized (seed 0). Tolerance: zero violations.
 """
 import json
@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from witcert import adversary, fuzz
+from witcert.verification import adversary, fuzz
 from witcert.cli import main
 from witcert.spec import golden
 
@@ -87,3 +87,5 @@ def test_cli_writes_json_report(tmp_path):
     data = json.loads(out.read_text())
     assert data["trials"] == 3000
     assert all(data["bounds"][name]["violations"] == 0 for name in fuzz.CHECKED)
+    for name in ("underflow", "gate-tau"):  # issue 16: each class reported, with cells and no violation
+        assert data["attacks"][name]["cells"] > 0 and data["attacks"][name]["violations"] == 0

@@ -1,6 +1,6 @@
-"""Gate, block decomposition and persistent repair (DESIGN.md §3; registry T1, L4).
+"""Gate, block decomposition and persistent repair (docs/design.md "Gating and repair"; registry T1, L4).
 
-Implementations: ``witcert.gate.Gate``, ``witcert.blocks``, ``witcert.repair``.
+Implementations: ``witcert.gate.policy.Gate``, ``witcert.gate.blocks``, ``witcert.gate.repair``.
 Oracles: the 50-digit spec (``witcert.spec.bounds.softmax`` / ``tv``) for the true TV between
 attention over exact logits and over the repaired logits; an mpmath sum for ``A - 1`` and the
 per-block shares; replays of the gate's page sequence for its stopping rule.
@@ -19,10 +19,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tests.oracles import BOUND_REL_TOL, box_errors, radius_lists, score_lists
-from witcert.backing_store import BackingStore
-from witcert.blocks import block_excess, block_mass, expand_block_radius, log_block_excess
-from witcert.gate import Gate, PageIn
-from witcert.repair import LayerPager, Repairer
+from witcert.gate.backing_store import BackingStore
+from witcert.gate.blocks import block_excess, block_mass, expand_block_radius, log_block_excess
+from witcert.gate.policy import Gate, PageIn
+from witcert.gate.repair import LayerPager, Repairer
 from witcert.spec import bounds as spec
 
 D_MODEL_BYTES = 64 * 2  # bytes per token reported by the table pager (d = 64, fp16 K)

@@ -1,6 +1,6 @@
 """The torch meter against the 50-digit golden (T1, P1, P1r, MN, RC, FP).
 
-Implementation: ``witcert.meter``, ``witcert.risk_score`` and ``witcert.bounds.*`` (fp64, fp32).
+Implementation: ``witcert.meter``, ``witcert.risk_score`` and ``witcert.core.bounds.*`` (fp64, fp32).
 Oracle: ``witcert.spec.golden`` (mpmath, 50 digits) on the exact values the torch code received.
 Domain: ``tests/oracles.py`` cells (S <= 8, ties, masks, c in {0, 1e-30, ..., 700}) plus large-S
 adversarial rows. Tolerance: fp64 within 1e-12 relative of the golden and never below it; fp32
@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import witcert
-from witcert import bounds, rounding
+from witcert.core import bounds, rounding
 from witcert.spec import golden
 from tests.oracles import cells, to_mpf, with_edge_cells
 
@@ -76,7 +76,7 @@ def test_fp32_large_rows_never_below_golden(seed):
 
 
 def test_counterexample_meter_bounds_true_tv():
-    """DESIGN.md §2: p~ = (1/2, 1/2), c = 0.1, eps = (0.1, -0.1): TV 0.049834 <= meter."""
+    """docs/design.md "The meter and the risk score": p~ = (1/2, 1/2), c = 0.1, eps = (0.1, -0.1): TV 0.049834 <= meter."""
     scores, c = torch.zeros(1, 2, dtype=torch.float64), torch.full((1, 2), 0.1, dtype=torch.float64)
     tv = golden.tv_from_scores([0.0, 0.0], [0.1, -0.1])
     assert abs(float(tv) - 0.049834) < 1e-6

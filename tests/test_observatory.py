@@ -1,4 +1,4 @@
-"""Observatory: the ``"witcert"`` attention on the embedded SmolLM2 model, workloads, repair, telemetry.
+"""Observatory: ``witcert observe``'s runner (``witcert.monitor`` on the embedded SmolLM2 model), workloads, repair, telemetry.
 
 Model tests (``@pytest.mark.model``) load SmolLM2-135M-Instruct once per session and keep
 contexts short (CI-sized). Oracles:
@@ -16,11 +16,15 @@ import numpy as np
 import pytest
 import torch
 
-from witcert import models, observatory, report, telemetry, workloads
-from witcert.compressed_kv import CompressedLayer
-from witcert.gate import Gate, PageIn
-from witcert.hf_attention import ATTN_NAME, Session, compressed_attention, layout_for, register
-from witcert.schemes import register_scheme
+import witcert
+from witcert.integrations.hf import default_model as models
+from witcert.observatory import runner as observatory, report, telemetry, workloads
+from witcert.integrations.hf.codecs import Reconstruction
+from witcert.integrations.hf.compressed_cache import CompressedLayer
+from witcert.gate.policy import Gate, PageIn
+from witcert.integrations.hf.attention import ATTN_NAME, register
+from witcert.schemes.registry import register_scheme
+from witcert.tier_a.bands import BandLayout
 
 SHORT = dict(context_tokens=160, probe_tokens=8, new_tokens=2, cases=1)
 
@@ -87,8 +91,8 @@ def test_off_path_is_bit_identical_to_stock_transformers(loaded):
     finally:
         model.set_attn_implementation("sdpa")
     assert torch.equal(off, before)
-    # leaving a compressed block restores the stock path exactly
-    with compressed_attention(model, Session("rtn-int4", layout_for(model))):
+    # leaving a monitor restores the stock path exactly
+    with witcert.monitor(model, "rtn-int4"):
         pass
     assert model.config._attn_implementation == "sdpa"
     assert torch.equal(stock_logits(model, ids), before)
@@ -117,6 +121,10 @@ def test_meter_is_sound_on_every_cell_of_the_real_model(loaded, scheme, task):
     assert res.raw["head"].max() == cfg.num_attention_heads - 1
     assert res.tier == ("B" if scheme == "dithered-int8" else "A")
     assert_sound_per_cell(res.raw)
+    if scheme == "dithered-int8":  # the secret seed drawn for the case is recorded (replay), request = case
+        assert len(set(res.raw["seed"].tolist())) == 1 and (res.raw["request"] == res.raw["case"]).all()
+    else:
+        assert "seed" not in res.raw.columns
 
 
 @pytest.mark.model
@@ -183,26 +191,23 @@ def test_compressed_layer_compresses_each_token_once():
         calls.append(x.shape[-2])
         return x / 2
 
-    layer = CompressedLayer(compress_key=halve, compress_value=halve)
+    layer = CompressedLayer(Reconstruction(halve), BandLayout(8, 2))
     k = torch.randn(1, 2, 5, 8)
-    layer.sync(k, k)
-    first = layer.k_hat.clone()
-    k2 = torch.cat([k, torch.randn(1, 2, 1, 8)], dim=2)
-    layer.sync(k2, k2)
-    assert calls == [5, 5, 1, 1]  # prefix once (K and V), then only the new token
-    assert torch.equal(layer.k_hat[..., :5, :], first)
-    layer.sync(k[..., :2, :], k[..., :2, :])  # a shorter cache: a new request
-    assert layer.length == 2
+    layer.append(k, k)
+    first = layer.read()[0].clone()
+    layer.append(k[..., :1, :] + 1, k[..., :1, :])
+    assert calls == [5, 5, 1, 1]  # the prefix once (K and V), then only the new token
+    assert torch.equal(layer.read()[0][..., :5, :], first) and layer.length == 6
+    assert torch.equal(layer.exact()[0][..., 5:, :], k[..., :1, :] + 1)
 
 
-def test_session_rejects_bad_configuration():
-    layout = layout_for(type("M", (), {"config": type("C", (), {"head_dim": 64, "hidden_size": 576, "num_attention_heads": 9})()})())
+def test_observe_config_rejects_bad_configuration():
     with pytest.raises(ValueError, match="tier B"):
-        Session("rtn-int4", layout, tier="B")
-    with pytest.raises(ValueError, match="unknown scheme"):
-        Session("no-such-scheme", layout)
+        observatory.ObserveConfig(schemes=("rtn-int4",), tier="B")
     with pytest.raises(ValueError, match="tau"):
         observatory.ObserveConfig(schemes=("rtn-int4",), tau=1.5)
+    with pytest.raises(ValueError, match="seed"):
+        observatory.ObserveConfig(schemes=("dithered-int8",), seed=2**64)
 
 
 def test_needle_scoring_is_exact_match():
@@ -247,35 +252,24 @@ def test_missing_model_package_gives_a_clear_message(monkeypatch):
 # ---------------------------------------------------------------- other HF RoPE families (tiny random models)
 
 
-def _tiny(family):
-    import transformers
-
-    config_cls = {"llama": transformers.LlamaConfig, "qwen2": transformers.Qwen2Config,
-                  "mistral": transformers.MistralConfig}[family]
-    config = config_cls(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256)
-    torch.manual_seed(0)
-    model = transformers.AutoModelForCausalLM.from_config(config, attn_implementation="sdpa").eval()
-    return model
-
-
-@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral"])
+@pytest.mark.parametrize("family", ["llama", "qwen2", "mistral", "cohere"])
 def test_hf_rope_families_off_path_identity_and_sound_cells(family):
-    """Implementation: "witcert" attention on tiny random Llama/Qwen2/Mistral; oracles: stock logits, fp64 TV."""
+    """Implementation: "witcert" attention on tiny random Llama/Qwen2/Mistral/Cohere; oracles: stock logits, fp64 TV."""
     from transformers import DynamicCache
 
-    model = _tiny(family)
+    from tests.tiny_models import tiny
+
+    model = tiny(family)
     ids = torch.randint(0, 128, (1, 40), generator=torch.Generator().manual_seed(1))
     stock = stock_logits(model, ids)
     register()
     model.set_attn_implementation(ATTN_NAME)
     assert torch.equal(stock_logits(model, ids), stock)
     model.set_attn_implementation("sdpa")
-    session = Session("rtn-int4", layout_for(model, bands=8))
-    with torch.no_grad(), compressed_attention(model, session):
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4", bands=8) as mon:
         cache = DynamicCache(config=model.config)
         model(ids[:, :32], past_key_values=cache)
         model(ids[:, 32:], past_key_values=cache)
-    table = telemetry.cell_table(session.batches)
+    table = mon.table()
     assert len(table) == 2 * 4 * 8  # layers x query heads x probe queries
     assert_sound_per_cell(table)

@@ -1,4 +1,4 @@
-"""Value side (``witcert.values``) and the observatory primitive ``witcert.observe``.
+"""Value side (``witcert.core.values``) and the observatory primitive ``witcert.observe``.
 
 Implementations: ``value_residual_norms``, ``value_error_term``, ``output_bound``,
 ``joint_pass``, ``observe``. Oracles: mpmath (``witcert.spec.bounds.softmax`` at 50 digits) for
@@ -15,7 +15,7 @@ from mpmath import mp, mpf
 
 import witcert
 from tests.oracles import score_lists
-from witcert import values
+from witcert.core import values
 from witcert.spec import bounds as spec_bounds
 
 LAYOUT = witcert.BandLayout(32, 4)

@@ -1,6 +1,6 @@
 """Philox4x32 (Tier B dither source): torch int64 reference vs Random123 KAT and the spec.
 
-Implementation: ``witcert.philox.philox4x32`` (int64 tensors). Oracles: the published
+Implementation: ``witcert.tier_b.philox.philox4x32`` (int64 tensors). Oracles: the published
 Random123 known-answer vectors (``tests/kat_vectors`` of DEShawResearch/random123; the
 extended list also ships as ``examples/kat_vectors`` in girving/random123-manual) and the
 pure-Python ``witcert.spec.philox``. Domain: all uint32 counters/keys. Tolerance: bit-exact.
@@ -9,8 +9,8 @@ import pytest
 import torch
 from hypothesis import given, strategies as st
 
-from witcert import philox4x32_10
-from witcert.philox import mulhilo32, philox4x32
+from witcert.tier_b.philox import philox4x32_10
+from witcert.tier_b.philox import mulhilo32, philox4x32
 from witcert.spec import philox as spec_philox
 
 # (rounds, counter words, key words, expected words), copied from Random123 kat_vectors

@@ -1,4 +1,4 @@
-"""The executable spec of the meter's bounds (registry T1, P1, P1r, MN, RC, L4, UNSOUND).
+"""The executable spec of the meter's bounds (registry T1, P1, P1r, MN, RC, CS, MS, L4, UNSOUND).
 
 Implementations: ``spec/bounds.py`` (statements), ``spec/golden.py`` (50-digit mpmath golden),
 ``spec/independent.py`` (fourth implementation, ``decimal``, from the definitions).
@@ -6,7 +6,7 @@ Oracles: the golden true TV and exhaustive sup over the box; the fourth implemen
 Domain: scores in [-40, 40] with ties and ``-inf`` masks, S <= 8 (S <= 6 for the exhaustive sup),
 radii in [0, 12] plus 0, 1e-30, 1e-8, 50, 700; errors in the box, biased to its vertices.
 Tolerances: ``TV <= bound`` up to 1e-45 relative (both 50-digit); golden vs fourth 40 digits.
-Every property is checked per input, never in aggregate (DESIGN.md §2).
+Every property is checked per input, never in aggregate (docs/design.md "The meter and the risk score").
 """
 import ast
 from pathlib import Path
@@ -38,7 +38,8 @@ from witcert.spec.registry import by_key
 
 SPEC_DIR = Path(__file__).resolve().parents[1] / "spec"
 SOUND = bounds.SOUND_BOUNDS
-KEY_OF_BOUND = {"eform": "T1", "two_sided": "P1", "retention": "P1r", "maxnorm": "MN", "competitor": "RC"}
+KEY_OF_BOUND = {"eform": "T1", "two_sided": "P1", "retention": "P1r", "maxnorm": "MN", "competitor": "RC",
+                "chi_square": "CS", "mass_split": "MS"}
 
 
 def _hypotheses_hold(name: str, cell: Cell) -> bool:
@@ -51,7 +52,7 @@ def _hypotheses_hold(name: str, cell: Cell) -> bool:
 
 
 def test_unsound_counterexample_is_violated_while_sound_bounds_hold():
-    """UNSOUND vs golden TV at p~ = (1/2, 1/2), c = (0.1, 0.1), eps = (0.1, -0.1) (DESIGN.md §2)."""
+    """UNSOUND vs golden TV at p~ = (1/2, 1/2), c = (0.1, 0.1), eps = (0.1, -0.1) (docs/design.md "The meter and the risk score")."""
     scores, c, eps = (0.0, 0.0), (0.1, 0.1), (0.1, -0.1)
     p_tilde = golden.softmax(scores)
     assert p_tilde == (mpf("0.5"), mpf("0.5"))
@@ -381,7 +382,7 @@ def _imported_modules(path: Path) -> set[str]:
 
 @pytest.mark.parametrize("path", sorted(SPEC_DIR.glob("*.py")), ids=lambda p: p.name)
 def test_spec_imports_no_torch_or_numpy(path):
-    """The spec is pure Python + mpmath (DESIGN.md §4): no torch, numpy, triton in spec/."""
+    """The spec is pure Python + mpmath (docs/design.md "Verification chain"): no torch, numpy, triton in spec/."""
     roots = {name.lstrip(".").split(".")[0] for name in _imported_modules(path)}
     assert not roots & {"torch", "numpy", "triton", "scipy"}, path.name
 

@@ -69,7 +69,7 @@ def test_layout_index_matches_spec_and_holds_whole_pairs(head_dim, bands, rope):
 
 
 def test_layout_conventions_spelled_out():
-    """rotate_half pairs (j, j + d/2); interleaved pairs (2j, 2j+1) (DESIGN.md §2)."""
+    """rotate_half pairs (j, j + d/2); interleaved pairs (2j, 2j+1) (docs/design.md "Tier A: the band witness")."""
     assert witcert.BandLayout(8, 2, "rotate_half").index.tolist() == [[0, 4, 1, 5], [2, 6, 3, 7]]
     assert witcert.BandLayout(8, 2, "interleaved").index.tolist() == [[0, 1, 2, 3], [4, 5, 6, 7]]
     assert witcert.BandLayout(128).pairs_per_band == 4
@@ -151,15 +151,15 @@ def test_witness_round_up_single_coordinate_boundaries():
 
 
 def test_witness_overflow_is_inf_not_error():
-    """Norm above fp16 range -> inf (trivial bound, DESIGN.md: overflow is not an error)."""
+    """Norm above fp16 range -> inf (trivial bound, docs/design.md "Scope of the guarantee": overflow is not an error)."""
     layout = witcert.BandLayout(2, 1)
     k = torch.tensor([[0.0, 0.0], [0.0, 0.0]])
     k_hat = torch.tensor([[65504.0, 1.0], [3e38, 0.0]])
     w = witcert.witness_of(k, k_hat, layout)
     assert torch.isinf(w).all()
-    c = witcert.logit_bound(torch.tensor([0.0, 0.0]), w, layout, 1.0)
+    c = witcert.logit_bound(torch.tensor([[[0.0, 0.0]]]), w[None], layout, 1.0)  # (1, 1, 2)
     assert (c == 0).all()  # a zero query band meets an inf witness: exact contribution 0
-    assert torch.isinf(witcert.logit_bound(torch.tensor([1.0, 0.0]), w, layout, 1.0)).all()
+    assert torch.isinf(witcert.logit_bound(torch.tensor([[[1.0, 0.0]]]), w[None], layout, 1.0)).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
@@ -202,8 +202,8 @@ def test_logit_bound_sound_and_tight_against_spec(case, sm_scale):
     w = witcert.witness_of(torch.tensor(k, dtype=torch.float64), torch.tensor(k_hat, dtype=torch.float64), layout)
     for dtype in (torch.float64, torch.float32):
         qt = torch.tensor(q, dtype=torch.float64).to(dtype)
-        c = witcert.logit_bound(qt, w[None], layout, sm_scale)  # (1,)
-        assert c.dtype == dtype and c.shape == (1,)
+        c = witcert.logit_bound(qt[None, None], w[None, None], layout, sm_scale)  # one head, one query, one token
+        assert c.dtype == dtype and c.shape == (1, 1, 1)
         q_exact = qt.double().tolist()
         residual = [mpf(a) - mpf(b) for a, b in zip(k_hat, k)]
         with mp.workdps(60):
@@ -225,8 +225,8 @@ def test_logit_bound_tight_for_aligned_query():
     q = (layout.split(r) / layout.band_norms(r)[..., None] * alpha[..., None]).flatten(-2)
     q = q[:, torch.argsort(layout.index.flatten())]  # back to coordinate order
     w = witcert.witness_of(torch.zeros_like(r), r, layout)
-    c = witcert.logit_bound(q, w, layout, 0.1)  # (500,) with q (500, d) against w (500, B): row-wise
-    assert c.shape == (500, 500)  # q's leading dim broadcasts against S: every query x every token
+    c = witcert.logit_bound(q[None], w[None], layout, 0.1)[0]  # one head: 500 queries x 500 tokens
+    assert c.shape == (500, 500)
     eps = 0.1 * (q * r).sum(-1)
     diag = c.diagonal()
     assert (diag >= eps.abs()).all()
@@ -235,30 +235,36 @@ def test_logit_bound_tight_for_aligned_query():
 
 @pytest.mark.parametrize("hkv,groups", [(1, 1), (2, 3), (4, 2)])
 def test_logit_bound_gqa_layout(hkv, groups):
-    """q (Hkv, G, Tq, d) with w[:, None, None] equals the per-query-head loop h -> h // G."""
+    """q (Hq, Tq, d) against w (Hkv, S, B) (GQA inside) equals the per-query-head loop h -> h // G."""
     gen = torch.Generator().manual_seed(1)
     layout = witcert.BandLayout(64, 8)
     tq, s = 5, 7
     q = torch.randn(hkv * groups, tq, 64, generator=gen)
     k = torch.randn(hkv, s, 64, generator=gen)
     w = witcert.witness_of(k, k + 0.01 * torch.randn(hkv, s, 64, generator=gen), layout)
-    batched = witcert.logit_bound(q.view(hkv, groups, tq, 64), w[:, None, None], layout)
+    batched = witcert.logit_bound(q, w, layout)  # (Hq, Tq, S)
+    assert batched.shape == (hkv * groups, tq, s)
     for h in range(hkv * groups):
-        single = witcert.logit_bound(q[h], w[h // groups][None], layout)  # (Tq, S)
-        torch.testing.assert_close(batched[h // groups, h % groups], single, rtol=0, atol=0)
+        single = witcert.logit_bound(q[h][None], w[h // groups][None], layout)[0]  # (Tq, S)
+        torch.testing.assert_close(batched[h], single, rtol=0, atol=0)
 
 
 @pytest.mark.parametrize(
     "q,w,sm_scale,match",
     [
-        (torch.zeros(8), torch.zeros(3, 2), None, None),
-        (torch.zeros(6), torch.zeros(3, 2), None, "last dim"),
-        (torch.zeros(8), torch.zeros(3, 3), None, "B=2"),
-        (torch.zeros(8), -torch.ones(3, 2), None, "negative"),
-        (torch.zeros(8), torch.full((3, 2), math.nan), None, "NaN"),
-        (torch.full((8,), math.nan), torch.zeros(3, 2), None, "q contains NaN"),
-        (torch.zeros(8), torch.zeros(3, 2), -1.0, "sm_scale"),
-        (torch.zeros(8), torch.zeros(3, 2), math.inf, "sm_scale"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 2), None, None),
+        (torch.zeros(1, 1, 6), torch.zeros(1, 3, 2), None, "last dim"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 3), None, "B=2"),
+        (torch.zeros(1, 1, 8), -torch.ones(1, 3, 2), None, "negative"),
+        (torch.zeros(1, 1, 8), torch.full((1, 3, 2), math.nan), None, "NaN"),
+        (torch.full((1, 1, 8), math.nan), torch.zeros(1, 3, 2), None, "q contains NaN"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 2), -1.0, "sm_scale"),
+        (torch.zeros(1, 1, 8), torch.zeros(1, 3, 2), math.inf, "sm_scale"),
+        (torch.zeros(8), torch.zeros(3, 2), None, "explicit query-head and query axes"),
+        (torch.zeros(2, 8), torch.zeros(2, 3, 2), None, "explicit query-head and query axes"),
+        (torch.zeros(2, 1, 8), torch.zeros(3, 2), None, "same leading dims"),
+        (torch.zeros(3, 2, 1, 8), torch.zeros(1, 2, 3, 2), None, "same leading dims"),
+        (torch.zeros(3, 1, 8), torch.zeros(2, 3, 2), None, "multiple of kv heads"),
     ],
 )
 def test_logit_bound_input_checks(q, w, sm_scale, match):
@@ -273,8 +279,8 @@ def test_logit_bound_input_checks(q, w, sm_scale, match):
 def test_default_scale_rounds_up():
     """Default sm_scale covers the real 1/sqrt(d): c >= the spec bound with scale 1/sqrt(d) exactly."""
     layout = witcert.BandLayout(128, 16)
-    q = torch.ones(128, dtype=torch.float64)
-    w = torch.ones(1, 16, dtype=torch.float16)
+    q = torch.ones(1, 1, 128, dtype=torch.float64)
+    w = torch.ones(1, 1, 16, dtype=torch.float16)
     c = witcert.logit_bound(q, w, layout)
     assert mpf(c.item()) >= spec.bound_band_witness([1.0] * 128, [1.0] * 16, 16)
 
@@ -324,9 +330,9 @@ def test_rope_convention_mismatch_breaks_invariance():
 @settings(max_examples=60)
 @given(rope_cases)
 def test_witness_pre_and_post_rope_bound_each_other(case):
-    """L1 for the stored witness: w(post-RoPE residual) >= exact pre-RoPE band norms, and
-    w(pre) >= norms of the post-RoPE residual. Oracle: fp64 norms (rel err 1e-15 << the
-    witness inflation); no tolerance."""
+    """L1 for the stored witness: w(post-RoPE residual) >= exact pre-RoPE band norms, and the
+    pre-RoPE witness with the rotation's rounding (L1fp, fp64 RoPE) >= norms of the post-RoPE
+    residual. Oracle: fp64 norms (rel err 1e-15 << the witness inflation); no tolerance."""
     (head_dim, bands), rope, theta, seed = case
     gen = torch.Generator().manual_seed(seed)
     layout = witcert.BandLayout(head_dim, bands, rope)
@@ -334,7 +340,7 @@ def test_witness_pre_and_post_rope_bound_each_other(case):
     k_hat = witcert.get_scheme("rtn-int4")(k)
     pos = torch.randint(0, 65536, (50,), generator=gen)
     k_rot, k_hat_rot = witcert.apply_rope(k, pos, rope, theta), witcert.apply_rope(k_hat, pos, rope, theta)
-    w_pre = witcert.witness_of(k, k_hat, layout).double()
+    w_pre = witcert.witness_of(k, k_hat, layout, rope_dtype=torch.float64).double()
     w_post = witcert.witness_of(k_rot, k_hat_rot, layout).double()
     assert (w_post >= layout.band_norms(k_hat - k)).all()
     assert (w_pre >= layout.band_norms(k_hat_rot - k_rot)).all()
@@ -342,15 +348,15 @@ def test_witness_pre_and_post_rope_bound_each_other(case):
 
 
 def test_post_rope_witness_bounds_every_position_query():
-    """T2 with L1: a pre-RoPE witness bounds |q_m . (R_n r)| for queries at any position m."""
+    """T2 with L1fp: a pre-RoPE witness (fp64 RoPE slack) bounds |q_m . (R_n r)| at any query position m."""
     gen = torch.Generator().manual_seed(9)
     layout = witcert.BandLayout(64, 16, "interleaved")
     k = torch.randn(1, 30, 64, generator=gen, dtype=torch.float64)
     k_hat = witcert.get_scheme("fp8-e5m2")(k)
-    w = witcert.witness_of(k, k_hat, layout)[0]  # pre-RoPE
+    w = witcert.witness_of(k, k_hat, layout, rope_dtype=torch.float64)  # (1, S, B), pre-RoPE
     pos = torch.randint(0, 10000, (30,), generator=gen)
     r_post = witcert.apply_rope(k_hat, pos, "interleaved") - witcert.apply_rope(k, pos, "interleaved")
     q = witcert.apply_rope(torch.randn(1, 20, 64, generator=gen, dtype=torch.float64), torch.arange(20) * 999, "interleaved")
-    c = witcert.logit_bound(q[0], w, layout, 0.125)  # (20, 30)
+    c = witcert.logit_bound(q, w, layout, 0.125)[0]  # (20, 30)
     eps = 0.125 * q[0] @ r_post[0].T
     assert (eps.abs() <= c).all()

@@ -1,10 +1,11 @@
-"""Tier B certificate: spec statements L2s/L2/L2v/L3/TB and the torch bound (``witcert.tier_b``).
+"""Tier B certificate: spec statements L2s/L2/L2v/L3/TB and the torch bound (``witcert.tier_b.certificate``).
 
-Implementation: ``witcert.tier_b_logit_bound`` and ``witcert.tier_b.tier_b_terms``. Oracles:
+Implementation: ``witcert.tier_b_logit_bound`` and ``witcert.tier_b.certificate.tier_b_terms``. Oracles:
 ``witcert.spec.dither`` at 40 digits (composition of the bound), the true logit error of the
 dequantized cache (soundness), and the binomial law for the request-level count.
-Domain: synthetic caches with and without massive pairs, fp32 and fp16 sources, one-hot,
-dense and residual-aligned queries. Tolerances: torch >= spec and within 1e-6 above it; zero
+Domain: synthetic caches with and without massive pairs, fp32, fp16 and bf16 sources and key
+dtypes (the dtype the dequantized keys are read in, registry "DB"), fp16 subnormal and
+overflowing keys, one-hot, dense and residual-aligned queries. Tolerances: torch >= spec and within 1e-6 above it; zero
 deterministic violations; the request count within the binomial tail of ``delta_req``.
 """
 import math
@@ -16,9 +17,11 @@ from hypothesis import example, given, strategies as st
 from mpmath import mp
 from scipy import stats
 
-from witcert import DitheredInt8, StandaloneCounter, meter, tier_b_logit_bound
+from witcert import DitheredInt8, meter, tier_b_logit_bound
+from witcert.tier_b.counters import StandaloneCounter
 from witcert.spec import dither as spec
-from witcert.tier_b import delta_local, tier_b_terms
+from witcert.tier_b.certificate import (delta_local, deterministic_branch, deterministic_delta, outlier_error_bound,
+                            tier_b_terms)
 
 # ------------------------------------------------------------------ spec statements
 
@@ -28,7 +31,9 @@ from witcert.tier_b import delta_local, tier_b_terms
 @example(1e-300)
 @example(2.5)
 def test_sinh_bound_L2s(x):
-    with mp.workdps(40):
+    # the margin x^5 (1/72 - 1/120) is relative x^4/180: resolve it (40 digits alone cannot below x ~ 1e-10)
+    digits = 40 + (0 if x == 0 else int(4 * max(0.0, -math.log10(x))))
+    with mp.workdps(digits):
         assert mpmath.sinh(x) <= spec.sinh_bound(x)
 
 
@@ -92,13 +97,24 @@ def true_logit_error(q, x_hat, x, sm):
     return sm * (q.double() @ (x_hat.double() - x.double()).transpose(-1, -2))
 
 
-def spec_bound_of_token(q, store, h, i, t, sm, delta_loc, mode):
+def key_magnitudes(store, h, t, key_dtype):
+    """``m_c`` of one token: ``s_c (|n_c| + 1/2)``, and ``|x16_c|`` on outlier channels unless the keys are fp16."""
+    scale = store.scale_per_element()[h, t].double()
+    magnitude = scale * (store.payload[h, t].double().abs() + 0.5)
+    if key_dtype != "float16":
+        for c, value in zip(store.outlier_channels()[h, t].tolist(), store.outliers[h, t].double().tolist()):
+            magnitude[c] = abs(value)
+    return magnitude.tolist()
+
+
+def spec_bound_of_token(q, store, h, i, t, sm, delta_loc, mode, key_dtype="float32"):
     """The spec composition for one (head, query, token), from the store's exact fp16 data."""
     scale = store.scale_per_element()[h, t].tolist()
     channels = store.outlier_channels()[h, t].tolist()
     return spec.logit_bound(q[h, i].double().tolist(), scale, sm, store.n_tokens, delta_loc,
                             [q[h, i, c].item() for c in channels], store.outliers[h, t].double().tolist(),
-                            store.source_dtype == torch.float16, mode)
+                            store.source_dtype == torch.float16, mode,
+                            key_magnitudes(store, h, t, key_dtype), key_dtype)
 
 
 # ------------------------------------------------------------------ torch vs spec
@@ -120,6 +136,108 @@ def test_torch_bound_is_the_spec_bound_rounded_up(mode, config, dtype):
             ref = spec_bound_of_token(q, store, h, i, t, 0.125, 1e-4, mode)
             assert c[h, i, t].item() >= ref
             assert c[h, i, t].item() <= ref * (1 + mpmath.mpf(1e-6))
+
+
+KEY_DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16, "float32": torch.float32}
+
+
+@pytest.mark.parametrize("mode", ["min", "delta"])
+@pytest.mark.parametrize("key_dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("config", [dict(), dict(granularity="block-channel", block=16, outlier_pairs=1)])
+def test_half_precision_keys_bound_is_the_spec_bound_rounded_up(mode, key_dtype, config):
+    """Implementation: ``tier_b_logit_bound(key_dtype=...)``; oracle: ``spec.logit_bound`` with the
+    final-cast term at 40 digits; domain: one-hot and dense queries, fp16/bf16 keys, outliers;
+    tolerance: torch >= spec, within 1e-6 above."""
+    dtype = KEY_DTYPES[key_dtype]
+    x = synthetic_keys((2, 40, 64), massive=True, seed=21, dtype=dtype)
+    store = DitheredInt8(**config).quantize(x, StandaloneCounter(request=0, layer=0, seed=3))
+    q = synthetic_keys((2, 3, 64), seed=22)
+    q[0, 0] = 0.0
+    q[0, 0, 3] = 5.0  # one-hot on the massive channel (an outlier channel when m = 1)
+    c = tier_b_logit_bound(q, store, 1e-4, mode=mode, key_dtype=dtype)
+    with mp.workdps(40):
+        for h, i, t in [(0, 0, 0), (0, 1, 39), (1, 2, 17), (1, 0, 5)]:
+            ref = spec_bound_of_token(q, store, h, i, t, 0.125, 1e-4, mode, key_dtype)
+            assert c[h, i, t].item() >= ref
+            assert c[h, i, t].item() <= ref * (1 + mpmath.mpf(1e-6))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32])
+@pytest.mark.parametrize("massive", [False, True])
+def test_deterministic_branch_covers_the_cast_to_the_model_dtype(dtype, massive):
+    """Issue 16 item 2. Implementation: ``mode="delta"`` with ``key_dtype`` = the dtype the keys are
+    dequantized to (the HF layer's choice: the model dtype); oracle: the fp64 logit error of those
+    keys against the exact keys, per (query, token); domain: one-hot queries on every channel
+    (the tightest case of ``Delta_t``), fp16/bf16/fp32 keys; tolerance: none. Before the fix the
+    bound assumed fp32 keys: bf16 errors reached 1.87x it."""
+    x = synthetic_keys((2, 128, 64), massive=massive, seed=23, dtype=dtype) * 3
+    counter = StandaloneCounter(request=0, layer=0, seed=4)
+    quantizer = DitheredInt8()
+    store = quantizer.quantize(x, counter)
+    keys = quantizer.dequantize(store, counter, dtype=dtype)
+    q = torch.eye(64).expand(2, 64, 64)
+    eps = true_logit_error(q, keys, x, 0.125).abs()
+    c = tier_b_logit_bound(q, store, 1e-3, mode="delta", key_dtype=dtype).double()
+    assert (eps <= c).all(), f"{int((eps > c).sum())} tokens, worst |eps|/c = {float((eps / c).max()):.4f}"
+    assert (eps / c).max() > 0.9  # the one-hot queries make the branch nearly tight
+
+
+def test_fp16_subnormal_keys_need_the_subnormal_floor():
+    """Implementation: the fp16 final cast's ``eta/2 = 2^-25`` term; oracle: fp64 error of the fp16
+    keys; domain: an fp32 cache read as fp16 keys in the fp16 subnormal range (scales of a few
+    ``2^-24``), where half an ulp is the absolute ``2^-25``, not ``2^-11 |y|``; tolerance: none."""
+    g = torch.Generator().manual_seed(24)
+    x = (torch.rand(1, 64, 32, generator=g) - 0.5) * 2.0**-18  # fp32 values, |x| < 32 fp16 subnormal steps
+    counter = StandaloneCounter(request=0, layer=0, seed=5)
+    store = DitheredInt8().quantize(x, counter)
+    assert (store.scales.double() < 2.0**-14).all()
+    keys = DitheredInt8().dequantize(store, counter, dtype=torch.float16)
+    q = torch.eye(32).unsqueeze(0)
+    eps = true_logit_error(q, keys, x, 1.0).abs()
+    c = tier_b_logit_bound(q, store, 1e-3, sm_scale=1.0, mode="delta", key_dtype=torch.float16).double()
+    assert (eps <= c).all()
+    no_floor = deterministic_delta(q, store, 1.0) * (1 + 2.0**-11 * 128)  # normal-range rounding only
+    assert (eps > no_floor).any()
+
+
+def test_deterministic_branch_is_the_spec_statement_DB():
+    """Implementation: ``witcert.tier_b.certificate.deterministic_branch``; oracle: ``spec.deterministic_branch``
+    (the DB statement ``sm sum |q_c| (s_c/2 + e_c)``) with ``e_c`` assembled per element from the
+    documented terms; domain: bf16 keys with outliers; tolerance: 1e-12 relative (fp64 sums)."""
+    x = synthetic_keys((1, 24, 64), massive=True, seed=25, dtype=torch.bfloat16)
+    store = DitheredInt8(outlier_pairs=1).quantize(x, StandaloneCounter(request=0, layer=0, seed=6))
+    q = synthetic_keys((1, 2, 64), seed=26)
+    torch_db = deterministic_branch(q, store, 0.125, key_dtype=torch.bfloat16)
+    outlier_error = outlier_error_bound(store)
+    with mp.workdps(40):
+        for i, t in [(0, 0), (1, 23), (0, 11)]:
+            s = store.scale_per_element()[0, t].tolist()
+            magnitudes = key_magnitudes(store, 0, t, "bfloat16")
+            e = [mpmath.mpf(sc) * (spec.Q_LEVELS + mpmath.mpf(1) / 2) * (2 * spec.FP32_UNIT + spec.FP32_UNIT**2)
+                 + spec.key_cast_bound(m, "bfloat16") + mpmath.mpf(o)
+                 for sc, m, o in zip(s, magnitudes, outlier_error[0, t].tolist())]
+            ref = spec.deterministic_branch(q[0, i].double().tolist(), s, e, 0.125)
+            assert abs(torch_db[0, i, t].item() / ref - 1) < 1e-12
+
+
+def test_keys_that_may_overflow_fp16_get_the_trivial_bound():
+    """An fp16 cache near 65504: ``dequantize`` to fp16 raises (the value would be inf) and the
+    bound is inf for a query that reads that channel, finite for one that does not."""
+    x = torch.zeros(1, 2, 32, dtype=torch.float16)
+    x[0, :, 0] = 65504.0
+    x[0, :, 1] = -65504.0
+    x[0, :, 2] = 1.0
+    counter = StandaloneCounter(request=0, layer=0, seed=7)
+    store = DitheredInt8().quantize(x, counter)
+    q = torch.zeros(1, 2, 32)
+    q[0, 0, 0] = 1.0
+    q[0, 1, 2] = 1.0
+    c = tier_b_logit_bound(q, store, 1e-3, mode="delta", key_dtype=torch.float16)
+    assert torch.isinf(c[0, 0]).all() and torch.isfinite(c[0, 1]).all()
+    assert meter(torch.zeros(2), c[0, 0].double()).item() == 1.0
+    with pytest.raises(ValueError, match="overflows"):
+        DitheredInt8().dequantize(store, counter, dtype=torch.float16)
+    assert torch.isfinite(DitheredInt8().dequantize(store, counter)).all()  # fp32 keys hold it
 
 
 def test_deterministic_branch_holds_for_every_query_including_adaptive_ones():
@@ -197,19 +315,28 @@ def test_meter_on_tier_b_bounds_dominates_the_true_tv():
 def test_bad_query_and_budget_are_rejected():
     store = DitheredInt8().quantize(torch.zeros(1, 4, 32), StandaloneCounter(request=0, layer=0))
     with pytest.raises(ValueError, match="NaN or Inf"):
-        tier_b_logit_bound(torch.full((1, 32), float("nan")), store, 1e-3)
+        tier_b_logit_bound(torch.full((1, 1, 32), float("nan")), store, 1e-3)
     with pytest.raises(ValueError, match="head dim"):
-        tier_b_logit_bound(torch.zeros(1, 16), store, 1e-3)
+        tier_b_logit_bound(torch.zeros(1, 1, 16), store, 1e-3)
     with pytest.raises(ValueError, match="delta_loc"):
-        tier_b_logit_bound(torch.zeros(1, 32), store, 0.0)
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 0.0)
     with pytest.raises(ValueError, match="mode"):
-        tier_b_logit_bound(torch.zeros(1, 32), store, 1e-3, mode="max")
-    assert (tier_b_logit_bound(torch.ones(1, 32), store, 1e-3) == 0).all()  # all-zero cache: exact
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 1e-3, mode="max")
+    with pytest.raises(ValueError, match="key_dtype"):
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 1e-3, key_dtype=torch.int8)
+    with pytest.raises(ValueError, match="key_dtype"):
+        tier_b_logit_bound(torch.zeros(1, 1, 32), store, 1e-3, key_dtype="bf16")
+    with pytest.raises(ValueError, match="explicit query-head and query axes"):
+        tier_b_logit_bound(torch.zeros(1, 32), store, 1e-3)  # (H, d): no query axis, ambiguous
+    with pytest.raises(ValueError, match="same leading dims"):
+        tier_b_logit_bound(torch.zeros(2, 1, 1, 32), store, 1e-3)
+    for key_dtype in KEY_DTYPES.values():  # all-zero cache: exact in every key dtype
+        assert (tier_b_logit_bound(torch.ones(1, 1, 32), store, 1e-3, key_dtype=key_dtype) == 0).all()
 
 
 def test_terms_have_the_documented_order():
     x = synthetic_keys((2, 64, 64), seed=14)
     store = DitheredInt8().quantize(x, StandaloneCounter(request=0, layer=0))
-    terms = tier_b_terms(synthetic_keys((2, 64), seed=15), store, 1e-5)
+    terms = tier_b_terms(synthetic_keys((2, 1, 64), seed=15), store, 1e-5)
     assert (terms.beta <= terms.delta * 2.0**-23).all() and (terms.rho <= terms.delta * 1e-4).all()
-    assert terms.u.shape == (2, 64) and (terms.outlier == 0).all()
+    assert terms.u.shape == (2, 1, 64) and (terms.outlier == 0).all()

@@ -6,7 +6,7 @@ import Mathlib
 Fix one (layer, head, decode step) with finitely many cached tokens `ι`. `pt` is the attention
 distribution computed from compressed keys (`p̃`), `eps t` the logit error of token `t` and `c t`
 any bound with `|eps t| ≤ c t`. The exact distribution is `p t = p̃ t * exp (-eps t) / Z` with
-`Z = ∑ t, p̃ t * exp (-eps t)` (DESIGN.md §2).
+`Z = ∑ t, p̃ t * exp (-eps t)` (docs/design.md "Notation").
 
 ## Main definitions
 

@@ -40,12 +40,14 @@ theorem sinh_term_le {x : ℝ} (hx : 0 ≤ x) (n : ℕ) :
     mul_pos (pow_pos (by norm_num) n) (Nat.cast_pos.mpr (Nat.factorial_pos n))
   have hnum : 0 ≤ x * (x ^ 2) ^ n := mul_nonneg hx (pow_nonneg (sq_nonneg x) n)
   have hl : x ^ (2 * n + 1) = x * (x ^ 2) ^ n := by ring
-  have hr : x * ((x ^ 2 / 6) ^ n / (n.factorial : ℝ))
-      = x * (x ^ 2) ^ n / (6 ^ n * (n.factorial : ℝ)) := by
-    rw [div_pow]
-    ring
-  rw [hl, hr]
-  exact div_le_div_of_nonneg_left hnum hden h6
+  -- `(x²/6)ⁿ / n! = (x²)ⁿ / (6ⁿ n!)` by named rewrites (no `ring` through inverses of casts)
+  have hr : x * (x ^ 2) ^ n / (6 ^ n * (n.factorial : ℝ))
+      = x * ((x ^ 2 / 6) ^ n / (n.factorial : ℝ)) := by
+    rw [div_pow, div_div, mul_div_assoc]
+  calc x ^ (2 * n + 1) / ((2 * n + 1).factorial : ℝ)
+      = x * (x ^ 2) ^ n / ((2 * n + 1).factorial : ℝ) := by rw [hl]
+    _ ≤ x * (x ^ 2) ^ n / (6 ^ n * (n.factorial : ℝ)) := div_le_div_of_nonneg_left hnum hden h6
+    _ = x * ((x ^ 2 / 6) ^ n / (n.factorial : ℝ)) := hr
 
 /-- **Lemma 2 (sinh bound).** For `x ≥ 0`, `sinh x ≤ x * exp (x ^ 2 / 6)`. -/
 theorem sinh_le_mul_exp_sq_div_six {x : ℝ} (hx : 0 ≤ x) :
@@ -86,12 +88,16 @@ theorem uniform_mgf_le {a : ℝ} (ha : 0 < a) (l : ℝ) :
       simp only [zero_mul, Real.exp_zero, integral_one]
       ring
     rw [hint, one_div, inv_mul_cancel₀ h2a]
-    simp
+    exact Real.one_le_exp (by positivity)
   · have hla : l * a ≠ 0 := mul_ne_zero hl ha.ne'
+    -- substitution `x ↦ l x`, then `∫ exp = exp b - exp a`, one named step each
     have hint : ∫ x in (-a)..a, Real.exp (l * x)
-        = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) := by
-      rw [intervalIntegral.integral_comp_mul_left Real.exp hl, integral_exp, smul_eq_mul,
-        mul_neg]
+        = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) :=
+      calc ∫ x in (-a)..a, Real.exp (l * x)
+          = l⁻¹ • ∫ x in l * -a..l * a, Real.exp x :=
+            intervalIntegral.integral_comp_mul_left (f := Real.exp) hl
+        _ = l⁻¹ * (Real.exp (l * a) - Real.exp (l * -a)) := by rw [integral_exp, smul_eq_mul]
+        _ = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) := by rw [mul_neg]
     have hsinh : 1 / (2 * a) * (l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))))
         = Real.sinh (l * a) / (l * a) := by
       rw [Real.sinh_eq]
@@ -107,9 +113,11 @@ theorem uniform_mean_zero (s : ℝ) : ∫ x in (-(s / 2))..(s / 2), x = 0 := by
 /-- The second moment of `U[-s/2, s/2]` is `s² / 12`. -/
 theorem uniform_second_moment {s : ℝ} (hs : 0 < s) :
     1 / s * ∫ x in (-(s / 2))..(s / 2), x ^ 2 = s ^ 2 / 12 := by
+  -- `integral_pow` leaves the cast `((2 : ℕ) : ℝ) + 1`, definitionally the numeral `2 + 1`;
+  -- `show` states that form, so no `push_cast` (which could become a no-op) is needed
   have hint : ∫ x in (-(s / 2))..(s / 2), x ^ 2 = s * (s ^ 2 / 12) := by
     rw [integral_pow]
-    push_cast
+    show ((s / 2) ^ (2 + 1) - (-(s / 2)) ^ (2 + 1)) / (2 + 1) = s * (s ^ 2 / 12)
     ring
   rw [hint, one_div, ← mul_assoc, inv_mul_cancel₀ hs.ne', one_mul]
 

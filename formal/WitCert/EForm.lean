@@ -147,8 +147,8 @@ theorem abs_exp_neg_sub_partition_le_eform (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ 
     linarith [hF0, hlt]
   rw [abs_le]
   constructor
-  · linarith [hF1, hlo]
-  · linarith [hhi, hup]
+  · linarith only [hF1, hlo]
+  · linarith only [hhi, hup]
 
 /-- **Theorem 1 (e-form).** If `|eps t| ≤ c t` for every token, then
 `TV(p, p̃) ≤ 1/2 (A² - 1)` with `A = ∑ t, p̃ t * exp (c t)`. -/

@@ -1,4 +1,4 @@
-import WitCert.Reweight
+import WitCert.EForm
 
 /-!
 # The max-norm bound `TV ≤ tanh (D / 2)` and the competitor's looser `tanh D`
@@ -59,10 +59,11 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
       simp only [hw, mul_one]
       exact hsum
     have h : tv (reweight pt eps) pt ≤ 1 / 2 * ∑ t, pt t * 0 :=
-      tv_reweight_le_of_abs_sub_le hp hZ fun t => by
-        rw [hw t, hZ1]
-        simp
-    simpa using h
+      tv_reweight_le_of_abs_sub_le hp hZ fun t =>
+        le_of_eq (by rw [hw t, hZ1, sub_self, abs_zero, zero_mul])
+    have h0 : ∑ t, pt t * (0 : ℝ) = 0 := Finset.sum_eq_zero fun t _ => mul_zero (pt t)
+    calc tv (reweight pt eps) pt ≤ 1 / 2 * ∑ t, pt t * 0 := h
+      _ = Real.tanh (0 / 2) := by rw [h0, mul_zero, zero_div, Real.tanh_zero]
   · -- `D > 0`: chord bound, then optimise over `Z`.
     obtain ⟨a, ha⟩ : ∃ a, a = Real.exp (D / 2) := ⟨_, rfl⟩
     obtain ⟨b, hb⟩ : ∃ b, b = Real.exp (-(D / 2)) := ⟨_, rfl⟩
@@ -77,7 +78,7 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
       exact Real.exp_pos _
     have hba : b < a := by
       rw [ha, hb]
-      exact Real.exp_lt_exp.mpr (by linarith [hDpos])
+      exact Real.exp_lt_exp.mpr (by linarith only [hDpos])
     have hT : Real.tanh (D / 2) * (a + b) = a - b := by
       rw [ha, hb]
       exact tanh_mul_exp_add_exp_neg (D / 2)
@@ -124,17 +125,24 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
     have htanh : (a * a - b * b) * (Real.tanh (D / 2) * (2 * partition pt eps))
         = 2 * partition pt eps * (a - b) ^ 2 := by
       linear_combination (2 * partition pt eps * (a - b)) * hT
-    have hpos : 0 < a * a - b * b := by
-      linarith [mul_pos (sub_pos.mpr hba) (add_pos hb0 (hb0.trans hba))]
+    have hpos : 0 < a * a - b * b :=
+      calc (0 : ℝ) < (a - b) * (a + b) := mul_pos (sub_pos.mpr hba) (add_pos (hb0.trans hba) hb0)
+        _ = a * a - b * b := by ring
+    -- `2 (a² - Z)(Z - b²) = 2 Z (a - b)² - 2 (Z - 1)² ≤ 2 Z (a - b)²`, step by step
     have key : (a * a - b * b) * ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
-        ≤ (a * a - b * b) * (Real.tanh (D / 2) * (2 * partition pt eps)) := by
-      linarith [hS, hquad_eq, htanh, sq_nonneg (partition pt eps - 1)]
+        ≤ (a * a - b * b) * (Real.tanh (D / 2) * (2 * partition pt eps)) :=
+      calc (a * a - b * b) * ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
+          ≤ 2 * (a * a - partition pt eps) * (partition pt eps - b * b) := hS
+        _ ≤ 2 * (a * a - partition pt eps) * (partition pt eps - b * b)
+              + 2 * (partition pt eps - 1) ^ 2 :=
+            le_add_of_nonneg_right (mul_nonneg zero_le_two (sq_nonneg _))
+        _ = 2 * partition pt eps * (a - b) ^ 2 := by linear_combination (-2 : ℝ) * hquad_eq
+        _ = (a * a - b * b) * (Real.tanh (D / 2) * (2 * partition pt eps)) := htanh.symm
     have hsumle : ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
         ≤ Real.tanh (D / 2) * (2 * partition pt eps) := by
       by_contra hnot
-      have hlt := mul_lt_mul_of_pos_left (not_le.mp hnot) hpos
-      linarith [key, hlt]
-    rw [tv_reweight_eq hp hZ, div_le_iff₀ (by linarith [hZ] : (0 : ℝ) < 2 * partition pt eps)]
+      exact absurd key (not_le.mpr (mul_lt_mul_of_pos_left (not_le.mp hnot) hpos))
+    rw [tv_reweight_eq hp hZ, div_le_iff₀ (mul_pos two_pos hZ)]
     exact hsumle
 
 /-- **Competitor shape.** For `0 ≤ D`, `tanh (D / 2) ≤ tanh D`: the competitor's `tanh (max c)` is

@@ -9,7 +9,7 @@ NO_VLLM = "vLLM is not importable here: run `make test-vllm` (its own venv, requ
 
 def model_path() -> Path:
     """The safetensors copy of SmolLM2 (written by the main venv's first model load)."""
-    from witcert.models import cache_dir
+    from witcert.integrations.hf.default_model import cache_dir
 
     return cache_dir() / MODEL_SUBDIR
 

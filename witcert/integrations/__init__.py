@@ -1,5 +1,4 @@
-"""Integrations of the WitCert meter into serving engines (``witcert.integrations.vllm``).
+"""Integrations with the runtimes people serve with: transformers (``hf``) and vLLM (``vllm``).
 
-Each integration is an optional plugin: it imports its engine only when enabled, and the core
-library never imports it.
+Each is optional: it imports its runtime only when used, and the core library never imports it.
 """

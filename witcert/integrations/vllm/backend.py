@@ -4,7 +4,7 @@ The subclass calls vLLM's own cache writer and fused attention kernel unchanged 
 bit-identical to the stock backend) and only *reads* the cache around them:
 
 - ``do_kv_cache_update``: after vLLM wrote the new keys, read them back at ``slot_mapping`` and
-  store ``witcert.witness_of(exact key, stored key)`` (fp16, rounded up) at the same slots of a
+  store ``witness_of(exact key, stored key)`` (fp16, rounded up) at the same slots of a
   side tensor ``[blocks, Hkv, block_size, B]``; block reuse overwrites it with the cache entry,
   and prefix-shared blocks carry their witness with them.
 - ``forward``: for every decode row (one query token), gather its stored keys and witnesses
@@ -20,7 +20,8 @@ from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-import witcert
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.witness import witness_of
 
 from . import config, layout, runtime, selftest
 from .metering import meter_decode
@@ -48,7 +49,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if self.metered:
             _refuse_unsupported(self)
             try:
-                self.layout = witcert.BandLayout(self.head_size, self.runtime.config.bands)
+                self.layout = BandLayout(self.head_size, self.runtime.config.bands)
             except ValueError as e:
                 raise ValueError(f"{config.BANDS}: {e}") from None
             runtime.track_request_ids()
@@ -169,7 +170,7 @@ def _witness(exact: torch.Tensor, stored: torch.Tensor, band_layout) -> torch.Te
     finite = torch.isfinite(exact).all(-1) & torch.isfinite(stored).all(-1)  # (N, Hkv)
     w = torch.full((*exact.shape[:-1], band_layout.bands), math.inf, dtype=torch.float16)
     if finite.any():
-        w[finite] = witcert.witness_of(exact[finite], stored[finite], band_layout)
+        w[finite] = witness_of(exact[finite], stored[finite], band_layout)
     return w
 
 

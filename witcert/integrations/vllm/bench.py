@@ -33,7 +33,7 @@ def workload_prompts(model: str, name: str) -> list[str]:
     """Prompts of the observatory's workloads, cut with the model's own tokenizer."""
     from transformers import AutoTokenizer
 
-    from witcert import workloads
+    from witcert.observatory import workloads
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     if name == "needle":

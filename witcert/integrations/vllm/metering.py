@@ -16,7 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
-import witcert
+from witcert.core.metering import meter, risk_score
+from witcert.tier_a.witness import logit_bound
 
 _U64 = 2.0**-53
 
@@ -62,17 +63,17 @@ def meter_decode(q, k_hat, w, lengths, layout, scale: float, k_exact=None, with_
         raise ValueError(f"query heads {hq} are not a multiple of kv heads {hkv}")
     qg = q.to(torch.float64).reshape(rows, hkv, hq // hkv, 1, d)  # (R, Hkv, G, 1, d)
     keep = (torch.arange(s) < lengths.view(-1, 1)).view(rows, 1, 1, 1, s)
-    c = witcert.logit_bound(qg, w[:, :, None, None], layout, scale)  # (R, Hkv, G, 1, S) fp64
+    c = logit_bound(qg.reshape(rows, hq, 1, d), w, layout, scale).view(rows, hkv, hq // hkv, 1, s)  # fp64
     c = (c + score_slack(qg, k_hat, scale)).masked_fill(~keep, 0.0)
     scores = (scale * _dot(qg, k_hat)).masked_fill(~keep, -math.inf)
-    meter = witcert.meter(scores, c).reshape(rows, hq)
-    risk = witcert.risk_score(scores, c).reshape(rows, hq) if with_risk else None
+    bound = meter(scores, c).reshape(rows, hq)
+    risk = risk_score(scores, c).reshape(rows, hq) if with_risk else None
     true_tv = None
     if k_exact is not None:
         exact = scale * _dot(qg, k_exact.to(torch.float64))
         diff = torch.softmax(exact.masked_fill(~keep, -math.inf), dim=-1) - torch.softmax(scores, dim=-1)
         true_tv = (0.5 * diff.abs().sum(-1)).reshape(rows, hq)
-    return DecodeCells(meter=meter, risk=risk, true_tv=true_tv)
+    return DecodeCells(meter=bound, risk=risk, true_tv=true_tv)
 
 
 def score_slack(qg: torch.Tensor, k_hat: torch.Tensor, scale: float) -> torch.Tensor:

@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Fresh-install check (called by .ci/run, not by `make test`): the package as a user installs it.
+#
+# A new virtual environment outside the checkout; `pip install torch==2.13.0` (the CPU wheel), then
+# `pip install .[hf]` from a copy of the working tree (a regular, non-editable install: the package
+# list and the package-dir mapping of pyproject.toml are what gets installed); then, from another
+# directory, `import witcert`, one meter call against a hand-computed value, `witcert --help`, and a
+# typo'd scheme rejected with exit status 2. Takes about 3-4 minutes here (the torch wheel dominates;
+# the other packages come from the package index). Prints one closing line; exits non-zero on failure.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+work="$(mktemp -d)"
+trap 'rm -rf "$work"' EXIT
+start=$SECONDS
+
+# the files git would commit (tracked, and untracked but not ignored): never .venv, build/ or models/
+mkdir "$work/src"
+git ls-files -z --cached --others --exclude-standard \
+    | tar --null --files-from=- --ignore-failed-read -cf - 2>/dev/null | tar -xf - -C "$work/src"
+test -f "$work/src/pyproject.toml"
+
+python3 -m venv "$work/venv"
+py="$work/venv/bin/python"
+pip_install() {  # quiet; the log is shown only when pip fails
+    "$py" -m pip install -q --disable-pip-version-check "$@" >>"$work/pip.log" 2>&1 || { cat "$work/pip.log"; exit 1; }
+}
+pip_install torch==2.13.0
+pip_install "$work/src[hf]"
+
+cd "$work"  # away from the checkout: the installed copy is what imports
+"$py" - <<'PY'
+import math
+
+import torch
+import witcert
+from witcert import meter
+
+assert "site-packages" in witcert.__file__, witcert.__file__
+assert torch.__version__.startswith("2.13.0"), torch.__version__
+# two tokens of equal logit, c = (0.1, 0): e-form 1/2 (A^2 - 1) with A = (e^0.1 + 1)/2; P1 and
+# tanh(D/2) = tanh(0.05) are the other candidates; the meter is their minimum, rounded up
+scores = torch.zeros(1, 2, dtype=torch.float64)
+c = torch.tensor([[0.1, 0.0]], dtype=torch.float64)
+a, a_minus = (math.exp(0.1) + 1) / 2, (math.exp(-0.1) + 1) / 2
+exact = min(1.0, 0.5 * (a * a - 1), 0.5 * (a / a_minus - a_minus / a), math.tanh(0.05))
+m = float(meter(scores, c))
+assert exact <= m <= exact * (1 + 1e-12), (m, exact)
+import witcert.integrations.hf.attention  # noqa: F401  (the [hf] extra is complete)
+print(f"import witcert {witcert.__version__} from site-packages; meter {m:.6f} (exact {exact:.6f})")
+PY
+"$work/venv/bin/witcert" --help >/dev/null
+"$work/venv/bin/witcert" observe --help | grep -q "(default: 0.2)"
+status=0
+"$work/venv/bin/witcert" observe --scheme rtn-int44 2>"$work/err" || status=$?
+test "$status" -eq 2 && grep -q "unknown scheme 'rtn-int44'" "$work/err"
+echo "fresh install check: passed (venv + torch==2.13.0 + .[hf], import, meter, witcert --help) in $((SECONDS - start)) s"

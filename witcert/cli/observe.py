@@ -1,0 +1,208 @@
+"""``witcert observe``: run a workload on a real model under compressed KV caches and measure the meter."""
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from datetime import datetime, timezone
+from pathlib import Path
+
+from witcert.cli import _args
+from witcert.schemes.plugins import resolve_scheme
+
+HELP = "run a real model (default: embedded SmolLM2-135M-Instruct) under compressed KV caches; report meter vs true TV"
+
+DEFAULT_SCHEME = "rtn-int4"
+DEMO_SCHEMES = ("fp8-e4m3", "rtn-int4", "kivi-2bit", "dithered-int8")
+TASKS = ("needle", "text", "code")
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--scheme", action="append", default=None, metavar="NAME",
+                        help="scheme to meter; repeat or comma-separate for a comparison. A registered name "
+                             "(`witcert schemes`), an installed plugin (entry-point group witcert.schemes) or "
+                             f"module:function for your own fn(x) -> x_hat (default: {DEFAULT_SCHEME}; with --demo: "
+                             f"{', '.join(DEMO_SCHEMES)})")
+    parser.add_argument("--tier", choices=("auto", "A", "B"), default="auto",
+                        help="A: band-norm witness (adaptive-safe), every scheme; B: the dithered-int8 cache's "
+                             "probabilistic certificate (min with A; non-adaptive scope); auto: B for dithered-int8, else A")
+    parser.add_argument("--task", default="needle", help="needle | text | code | PATH to a text file")
+    parser.add_argument("--tau", type=_args.open_unit_interval, default=0.2,
+                        help="certified threshold for coverage and the gate (0 < tau < 1)")
+    parser.add_argument("--gate", action="store_true", help="also run with the certified gate (block repair from the exact shadow)")
+    parser.add_argument("--model", type=_args.existing_path, default=None, metavar="PATH",
+                        help="local Hugging Face checkpoint (a directory with config.json, or a .gguf file) "
+                             "(default: the embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--context", type=_args.positive_int, default=512, help="context tokens per case")
+    parser.add_argument("--cases", type=_args.positive_int, default=4, help="cases per task")
+    parser.add_argument("--probe", type=_args.positive_int, default=32, help="teacher-forced continuation tokens (text/code)")
+    parser.add_argument("--new-tokens", type=_args.positive_int, default=6, help="greedy answer tokens (needle)")
+    parser.add_argument("--bands", type=_args.positive_int, default=16, help="Tier A bands B (must divide head_dim/2)")
+    parser.add_argument("--seed", type=_args.philox_seed, default=None,
+                        help="Philox seed of the dithered-int8 cache, in [0, 2^64) (default: a fresh secret seed per "
+                             "case from the OS, recorded in telemetry.jsonl; give one only to replay a run: a known seed "
+                             "voids Tier B)")
+    parser.add_argument("--threads", type=_args.positive_int, default=1,
+                        help="torch CPU threads (1: on a small shared machine more threads oversubscribe)")
+    parser.add_argument("--out", type=_args.output_dir, default=None, metavar="DIR",
+                        help="report directory (default: reports/observe-<UTC time>)")
+    parser.add_argument("--demo", action="store_true",
+                        help=f"the demo: {', '.join(DEMO_SCHEMES)} on the needle task with the gate")
+
+
+def check(args) -> None:
+    """Every check that needs more than one argument, a file or a plugin: before the model loads.
+
+    Resolves each scheme (loading and probing ``module:function`` and entry-point plugins), the
+    task, the tier, the model path (and, where its ``config.json`` is readable, ``--bands`` against
+    its head dim). Raises ``ValueError`` naming the argument.
+    """
+    _args.require_installed("witcert observe", "observatory", "transformers", "matplotlib")
+    args.schemes = _schemes(args)
+    for name in args.schemes:
+        if name not in _args.CACHE_SCHEMES:
+            resolve_scheme(name)  # SchemeLoadError is a ValueError with the known names
+    if args.tier == "B" and any(name not in _args.CACHE_SCHEMES for name in args.schemes):
+        raise ValueError(f"--tier B certifies the {', '.join(_args.CACHE_SCHEMES)} cache only; "
+                         f"got --scheme {','.join(args.schemes)}")
+    if args.task not in TASKS:
+        path = Path(args.task).expanduser()
+        if not path.is_file() or not os.access(path, os.R_OK):
+            raise ValueError(f"--task {args.task!r} is neither {' | '.join(TASKS)} nor a readable text file")
+    head_dim = _check_model(args.model)
+    if head_dim is not None and (head_dim // 2) % min(args.bands, head_dim // 2):
+        raise ValueError(f"--bands {args.bands} must divide head_dim/2 = {head_dim // 2} of the model")
+
+
+def run(args) -> int:
+    from witcert.observatory import runner as observatory, report, telemetry
+    from witcert.integrations.hf.default_model import ModelUnavailable, load_model
+
+    import torch
+
+    torch.set_num_threads(args.threads)
+    try:
+        config = observatory.ObserveConfig(
+            schemes=args.schemes, task=args.task, tau=args.tau, gate=args.gate or args.demo, context_tokens=args.context,
+            probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases, bands=args.bands, tier=args.tier,
+            seed=args.seed,
+        )
+    except ValueError as err:
+        print(f"witcert observe: error: {err}", file=sys.stderr)
+        return 2
+    start = time.perf_counter()
+    try:
+        loaded = load_model(args.model)
+    except (ModelUnavailable, ValueError) as err:
+        print(f"witcert observe: error: {err}", file=sys.stderr)
+        return 2
+    print(f"model: {loaded.source}")
+    try:
+        with _Progress() as progress:
+            results, baseline = observatory.run_observe(loaded, config, progress)
+    except ValueError as err:  # what only the loaded model can tell: a text too short, bands vs head_dim
+        print(f"witcert observe: error: {err}", file=sys.stderr)
+        return 2
+    wall = time.perf_counter() - start
+    out = args.out or Path("reports") / f"observe-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    jsonl = out / "telemetry.jsonl"
+    for r in results:
+        run_tag = {"scheme": r.scheme, "tier": r.tier, "task": r.task, "gated": False}  # the tier used, not "auto"
+        telemetry.write_jsonl(jsonl, r.raw, run_tag)
+        if r.gated is not None:
+            telemetry.write_jsonl(jsonl, r.gated, {**run_tag, "gated": True})
+    md = report.write_report(out, results, config, baseline, loaded.source, wall)
+    _print_table(results, config, baseline)
+    print(f"report: {md}\ntelemetry: {jsonl}\nwall time: {wall:.1f} s")
+    violations = sum(report.summarize(r.raw, config.tau).violations for r in results)
+    if violations:
+        print(f"SOUNDNESS VIOLATION: {violations} cells with true TV above the meter", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _schemes(args) -> tuple[str, ...]:
+    if args.demo and not args.scheme:
+        return DEMO_SCHEMES
+    names = []
+    for item in args.scheme or [DEFAULT_SCHEME]:
+        names += [s.strip() for s in item.split(",") if s.strip()]
+    if not names:
+        raise ValueError("--scheme: give at least one scheme name")
+    return tuple(dict.fromkeys(names))  # a repeated name runs once
+
+
+def _check_model(model: Path | None) -> int | None:
+    """Check ``--model`` (or that the default model is there); its head dim where a config.json says."""
+    from witcert.integrations.hf import default_model  # no transformers import: it loads lazily
+
+    if model is None:
+        # the saved copy load_model reads first (default_model's own path), else the package's GGUF file
+        config = default_model.cache_dir() / default_model._CACHE_SUBDIR / "config.json"
+        if not config.is_file():
+            try:
+                default_model.default_gguf_path()
+            except default_model.ModelUnavailable as err:
+                raise ValueError(f"--model not given, and {err}") from None
+            return None
+    elif model.is_dir():
+        config = model / "config.json"
+        if not config.is_file():
+            raise ValueError(f"--model {str(model)!r} is a directory without config.json (not a Hugging Face checkpoint)")
+    elif model.suffix == ".gguf":
+        return None
+    else:
+        raise ValueError(f"--model {str(model)!r} is neither a checkpoint directory nor a .gguf file")
+    return _head_dim(config)
+
+
+def _head_dim(config_path: Path) -> int | None:
+    """head_dim from a Hugging Face config.json (as ``layout_for`` reads it), or None if it does not say."""
+    try:
+        config = json.loads(config_path.read_text())
+        head_dim = config.get("head_dim") or config["hidden_size"] // config["num_attention_heads"]
+    except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
+        return None
+    return head_dim if isinstance(head_dim, int) and head_dim >= 2 else None
+
+
+def _print_table(results, config, baseline) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from witcert.observatory import report
+
+    header, rows = report.table_rows(results, config.tau, baseline)
+    title = f"WitCert observatory - task {config.task}, tier {config.tier}, tau {config.tau:g}"
+    if "needle_acc" in baseline:
+        title += f" (needle accuracy uncompressed: {baseline['needle_acc']:.2f})"
+    table = Table(title=title)
+    for name in header:
+        table.add_column(name, overflow="fold")
+    for row in rows:
+        table.add_row(*row)
+    Console(width=200).print(table)
+
+
+class _Progress:
+    """A rich progress bar; ``start(total)`` returns ``tick(label)`` (what ``run_observe`` expects)."""
+
+    def __enter__(self):
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+
+        self._bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
+                             TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+        self._bar.__enter__()
+        return self
+
+    def start(self, total: int):
+        task = self._bar.add_task("starting", total=total)
+
+        def tick(label: str) -> None:
+            self._bar.update(task, advance=1, description=label)
+
+        return tick
+
+    def __exit__(self, *exc):
+        return self._bar.__exit__(*exc)

@@ -1,1 +1,0 @@
-"""Subcommands of the `witcert` CLI, one module each (see witcert/cli.py)."""

@@ -1,0 +1,375 @@
+"""Exact backing store for gated repair: a host copy of every exact key (and value) written.
+
+The gate (docs/design.md "Gating and repair") repairs compressed cache slots by paging exact values in from here.
+The paper's serving system once allocated this store and never wrote it: repair paged in
+zeros and quality collapsed while a smoke test that counted bytes moved stayed green. So
+this store checks *content*, not bytes:
+
+- every write appends the source rows to a host buffer and folds the **source** bytes into a
+  per-block CRC-32 (computed from the incoming tensor, never from the buffer, so a write path
+  that forgets to copy is caught);
+- every page-in recomputes the CRC of the buffer rows and compares; a block whose tokens were
+  never (fully) written, or whose bytes differ, raises :class:`BackingStoreError`.
+
+Layout
+------
+A *stream* is one key (any hashable, e.g. a layer index) holding a tensor ``(*lead, S, d)``:
+``lead`` is fixed by the first write (e.g. ``(batch, kv_heads)``) and tokens are appended
+along ``S``. Block ``j`` of lead index ``i`` is tokens ``[j * block_size, (j + 1) * block_size)``
+of ``stream[i]`` (the last block may be partial). Bytes paged = tokens x d x itemsize (keys)
+plus the same for values when values are stored.
+
+Where the bytes live: host memory by default; with ``directory``, memory-mapped files there
+(one file per stream and side, grown by doubling), so the exact copy occupies neither the
+accelerator nor resident host memory. The content check is the same either way: a page-in
+verifies the file's bytes against the CRC of the bytes written.
+
+CRC-32 detects every error burst up to 32 bits and any other corruption with probability
+``1 - 2^-32``; it is an integrity check against bugs and bit rot, not an adversarial MAC.
+"""
+import itertools
+import zlib
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Hashable
+
+import numpy as np
+import torch
+
+
+class BackingStoreError(RuntimeError):
+    """A page-in found content that is not the exact data written (never raised silently)."""
+
+
+class NeverWrittenError(BackingStoreError):
+    """The requested block holds tokens that no write ever delivered."""
+
+
+class ChecksumMismatchError(BackingStoreError):
+    """The buffer bytes of a block differ from the bytes that were written."""
+
+
+@dataclass(frozen=True)
+class PagedBlock:
+    """One verified page-in.
+
+    Attributes
+    ----------
+    k : Tensor (n, d)
+        Exact keys of the block's ``n`` tokens (a copy, store dtype).
+    v : Tensor (n, d_v) or None
+        Exact values, when the store keeps them.
+    start : int
+        Token index of the block's first token.
+    nbytes : int
+        Bytes moved: ``n * d * itemsize`` (+ values).
+    """
+
+    k: torch.Tensor
+    v: torch.Tensor | None
+    start: int
+    nbytes: int
+
+    @property
+    def tokens(self) -> slice:
+        """The token range of the block."""
+        return slice(self.start, self.start + self.k.shape[0])
+
+
+@dataclass
+class _Stream:
+    """Host buffers and per-block integrity records of one stream."""
+
+    k: torch.Tensor  # (*lead, capacity, d)
+    v: torch.Tensor | None  # (*lead, capacity, d_v)
+    k_crc: np.ndarray  # (*lead, n_blocks_capacity) uint32, CRC of the source bytes written
+    v_crc: np.ndarray | None
+    written: np.ndarray  # (*lead, n_blocks_capacity) int64, tokens delivered to each block
+    length: int = 0
+    files: dict = field(default_factory=dict)  # "k"/"v" -> Path of a file-backed buffer
+
+    @property
+    def lead(self) -> tuple[int, ...]:
+        return tuple(self.k.shape[:-2])
+
+
+@dataclass
+class BackingStore:
+    """Exact host copy of a KV cache, written on every cache write, verified on every page-in.
+
+    Parameters
+    ----------
+    block_size : int
+        Tokens per block (the page-in unit). Default 16.
+    directory : str or Path, optional
+        Keep the buffers in memory-mapped files in this directory (created if missing) instead
+        of host memory.
+
+    Attributes
+    ----------
+    bytes_written : int
+        Bytes delivered by :meth:`write` (source bytes; counts even if a broken subclass drops
+        them, which is exactly why a smoke test on this number proves nothing).
+    bytes_paged : int
+        Bytes returned by verified :meth:`page_in` calls.
+    """
+
+    block_size: int = 16
+    directory: str | Path | None = None
+    bytes_written: int = field(default=0, init=False)
+    bytes_paged: int = field(default=0, init=False)
+    _streams: dict = field(default_factory=dict, init=False, repr=False)
+    _file_ids: itertools.count = field(default_factory=itertools.count, init=False, repr=False)
+
+    def __post_init__(self):
+        if isinstance(self.block_size, bool) or not isinstance(self.block_size, int) or self.block_size <= 0:
+            raise ValueError(f"block_size must be a positive int, got {self.block_size!r}")
+        if self.directory is not None:
+            self.directory = Path(self.directory)
+            if self.directory.exists() and not self.directory.is_dir():
+                raise ValueError(f"directory {str(self.directory)!r} exists and is not a directory")
+            self.directory.mkdir(parents=True, exist_ok=True)
+
+    # -- write path ---------------------------------------------------------------------
+    def write(self, key: Hashable, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
+        """Append exact keys (and values) ``(*lead, T, d)`` to stream ``key``.
+
+        Call this on every cache write (prefill and each decode step), with the exact
+        (uncompressed) tensors, before they are compressed.
+        """
+        _check_rows("k", k)
+        if v is not None:
+            _check_rows("v", v)
+            if v.shape[:-1] != k.shape[:-1]:
+                raise ValueError(f"v shape {tuple(v.shape)} does not match k shape {tuple(k.shape)} before the last dim")
+        stream = self._stream_for(key, k, v)
+        k_host = k.detach().to("cpu", copy=True).contiguous()  # (*lead, T, d)
+        v_host = None if v is None else v.detach().to("cpu", copy=True).contiguous()
+        start, stop = stream.length, stream.length + k_host.shape[-2]
+        self._ensure_capacity(stream, stop)
+        self._copy_in(stream.k, k_host, start, stop)
+        _fold_crc(stream.k_crc, k_host, start, self.block_size)
+        if v_host is not None:
+            self._copy_in(stream.v, v_host, start, stop)
+            _fold_crc(stream.v_crc, v_host, start, self.block_size)
+        _count_written(stream.written, start, stop, self.block_size)
+        stream.length = stop
+        self.bytes_written += _nbytes(k_host) + (0 if v_host is None else _nbytes(v_host))
+
+    def _copy_in(self, buffer: torch.Tensor, rows: torch.Tensor, start: int, stop: int) -> None:
+        """The one line that puts the data in the store (the paper's missing line)."""
+        buffer[..., start:stop, :] = rows
+
+    # -- read path ----------------------------------------------------------------------
+    def page_in(self, key: Hashable, index: tuple[int, ...], block: int) -> PagedBlock:
+        """Verified copy of block ``block`` of ``stream[key][index]``.
+
+        Raises
+        ------
+        NeverWrittenError
+            Some token of the block was never delivered by :meth:`write`.
+        ChecksumMismatchError
+            The buffer bytes differ from the bytes written (keys or values).
+        ValueError, KeyError
+            Unknown key, bad index or block out of range.
+        """
+        stream = self._get(key)
+        index = _check_index(index, stream.lead)
+        tokens = self._block_tokens(stream, block)
+        delivered = int(stream.written[index + (block,)])
+        if delivered != tokens.stop - tokens.start:
+            raise NeverWrittenError(
+                f"backing store {key!r}{list(index)} block {block}: {delivered} of "
+                f"{tokens.stop - tokens.start} tokens were ever written; refusing to page in unwritten data"
+            )
+        k = stream.k[index][tokens].clone()  # (n, d)
+        _verify(k, int(stream.k_crc[index + (block,)]), f"keys of {key!r}{list(index)} block {block}")
+        v = None
+        if stream.v is not None:
+            v = stream.v[index][tokens].clone()
+            _verify(v, int(stream.v_crc[index + (block,)]), f"values of {key!r}{list(index)} block {block}")
+        nbytes = _nbytes(k) + (0 if v is None else _nbytes(v))
+        self.bytes_paged += nbytes
+        return PagedBlock(k=k, v=v, start=tokens.start, nbytes=nbytes)
+
+    def verify(self, key: Hashable) -> int:
+        """Page in (without counting) and verify every block of stream ``key``; return the block count."""
+        stream = self._get(key)
+        before = self.bytes_paged
+        count = 0
+        for index in np.ndindex(*stream.lead):
+            for block in range(self.n_blocks(key)):
+                self.page_in(key, tuple(index), block)
+                count += 1
+        self.bytes_paged = before
+        return count
+
+    # -- accounting ---------------------------------------------------------------------
+    def __contains__(self, key: Hashable) -> bool:
+        return key in self._streams
+
+    def length(self, key: Hashable) -> int:
+        """Tokens written to stream ``key``."""
+        return self._get(key).length
+
+    def lead_shape(self, key: Hashable) -> tuple[int, ...]:
+        """Leading shape ``lead`` of stream ``key``."""
+        return self._get(key).lead
+
+    def n_blocks(self, key: Hashable) -> int:
+        """Blocks covering the tokens written to stream ``key``."""
+        return -(-self._get(key).length // self.block_size)
+
+    def has_values(self, key: Hashable) -> bool:
+        """Whether stream ``key`` keeps values."""
+        return self._get(key).v is not None
+
+    def nbytes(self) -> int:
+        """Bytes of the buffers allocated for every stream (host memory or files)."""
+        return sum(_nbytes(s.k) + (0 if s.v is None else _nbytes(s.v)) for s in self._streams.values())
+
+    def clear(self, key: Hashable | None = None) -> None:
+        """Drop one stream (end of its request) or all of them (their files are removed)."""
+        for name in (list(self._streams) if key is None else [key]):
+            stream = self._streams.pop(name, None)
+            for path in (stream.files.values() if stream is not None else ()):
+                path.unlink(missing_ok=True)
+
+    # -- internals ----------------------------------------------------------------------
+    def _get(self, key: Hashable) -> _Stream:
+        if key not in self._streams:
+            raise KeyError(f"backing store has no stream {key!r} (nothing was written under it)")
+        return self._streams[key]
+
+    def _block_tokens(self, stream: _Stream, block: int) -> slice:
+        if isinstance(block, bool) or not isinstance(block, (int, np.integer)):
+            raise ValueError(f"block must be an int, got {block!r}")
+        n_blocks = -(-stream.length // self.block_size)
+        if not 0 <= block < n_blocks:
+            raise ValueError(f"block {block} out of range: the stream has {n_blocks} blocks ({stream.length} tokens)")
+        start = int(block) * self.block_size
+        return slice(start, min(start + self.block_size, stream.length))
+
+    def _allocate(self, stream: _Stream | None, part: str, shape: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """A zero buffer: host memory, or a fresh memory-mapped file (the old file of ``part`` removed)."""
+        if self.directory is None:
+            return torch.zeros(shape, dtype=dtype)
+        path = self.directory / f"backing-{next(self._file_ids)}-{part}.bin"
+        count = int(np.prod(shape))
+        with path.open("wb") as f:  # a sparse file of zeros of the right size
+            f.truncate(count * torch.empty((), dtype=dtype).element_size())
+        buffer = torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
+        if stream is not None:
+            old = stream.files.get(part)
+            stream.files[part] = path
+            if old is not None:
+                old.unlink(missing_ok=True)  # the old mapping stays valid until its tensor is freed
+        return buffer
+
+    def _new_stream(self, k: torch.Tensor, v: torch.Tensor | None) -> _Stream:
+        lead = tuple(k.shape[:-2])
+        records = lead + (1,)
+        stream = _Stream(k=None, v=None, k_crc=np.zeros(records, dtype=np.uint32),
+                         v_crc=None if v is None else np.zeros(records, dtype=np.uint32),
+                         written=np.zeros(records, dtype=np.int64))
+        stream.k = self._allocate(stream, "k", (*lead, self.block_size, k.shape[-1]), k.dtype)
+        if v is not None:
+            stream.v = self._allocate(stream, "v", (*lead, self.block_size, v.shape[-1]), v.dtype)
+        return stream
+
+    def _ensure_capacity(self, stream: _Stream, stop: int) -> None:
+        """Grow the buffers (doubling, whole blocks) so that ``stop`` tokens fit."""
+        capacity = stream.k.shape[-2]
+        if stop <= capacity:
+            return
+        new_blocks = max(2 * capacity // self.block_size, -(-stop // self.block_size))
+
+        def grow_buffer(part, x):
+            out = self._allocate(stream, part, (*x.shape[:-2], new_blocks * self.block_size, x.shape[-1]), x.dtype)
+            out[..., :capacity, :] = x
+            return out
+
+        def grow_record(a):
+            out = np.zeros(a.shape[:-1] + (new_blocks,), dtype=a.dtype)
+            out[..., : a.shape[-1]] = a
+            return out
+
+        stream.k = grow_buffer("k", stream.k)
+        stream.k_crc = grow_record(stream.k_crc)
+        stream.written = grow_record(stream.written)
+        if stream.v is not None:
+            stream.v = grow_buffer("v", stream.v)
+            stream.v_crc = grow_record(stream.v_crc)
+
+    def _stream_for(self, key: Hashable, k: torch.Tensor, v: torch.Tensor | None) -> _Stream:
+        if key not in self._streams:
+            self._streams[key] = self._new_stream(k, v)
+            return self._streams[key]
+        stream = self._streams[key]
+        if tuple(k.shape[:-2]) != stream.lead or k.shape[-1] != stream.k.shape[-1] or k.dtype != stream.k.dtype:
+            raise ValueError(
+                f"k of shape {tuple(k.shape)} / {k.dtype} does not continue stream {key!r} "
+                f"(lead {stream.lead}, d {stream.k.shape[-1]}, {stream.k.dtype})"
+            )
+        if (v is None) != (stream.v is None):
+            raise ValueError(f"stream {key!r} was started {'with' if stream.v is not None else 'without'} values")
+        if v is not None and (v.shape[-1] != stream.v.shape[-1] or v.dtype != stream.v.dtype):
+            raise ValueError(f"v of shape {tuple(v.shape)} / {v.dtype} does not continue stream {key!r}")
+        return stream
+
+
+def _check_rows(name: str, x) -> None:
+    if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
+        raise ValueError(f"{name} must be a floating tensor (*lead, T, d)")
+    if x.dim() < 2:
+        raise ValueError(f"{name} must have shape (*lead, T, d), got {tuple(x.shape)}")
+    if x.shape[-1] == 0:
+        raise ValueError(f"{name} has head dim 0")
+    if not torch.isfinite(x).all():
+        raise ValueError(f"{name} contains NaN or Inf: exact cache entries must be finite")
+
+
+def _check_index(index, lead: tuple[int, ...]) -> tuple[int, ...]:
+    index = tuple(int(i) for i in (index if isinstance(index, (tuple, list)) else (index,)))
+    if len(index) != len(lead) or any(not 0 <= i < n for i, n in zip(index, lead)):
+        raise ValueError(f"index {index} does not address the stream's leading shape {lead}")
+    return index
+
+
+def _row_bytes(x: torch.Tensor) -> np.ndarray:
+    """Raw bytes of ``x`` (..., T, d) as uint8 (..., T, d * itemsize); works for bf16 too."""
+    return x.contiguous().view(torch.uint8).numpy()
+
+
+def _fold_crc(crc: np.ndarray, rows: torch.Tensor, start: int, block_size: int) -> None:
+    """Extend each touched block's CRC with the source rows ``[start, start + T)``.
+
+    CRC-32 is incremental (``crc32(b, crc32(a)) == crc32(a + b)``) and a block's rows are
+    contiguous per lead index, so appends extend the running CRC of the partial last block.
+    """
+    raw = _row_bytes(rows)  # (*lead, T, d * itemsize)
+    stop = start + rows.shape[-2]
+    for index in np.ndindex(*raw.shape[:-2]):
+        for block in range(start // block_size, -(-stop // block_size)):
+            lo, hi = max(start, block * block_size), min(stop, (block + 1) * block_size)
+            chunk = np.ascontiguousarray(raw[index][lo - start : hi - start])
+            crc[index + (block,)] = zlib.crc32(chunk, int(crc[index + (block,)]))
+
+
+def _count_written(written: np.ndarray, start: int, stop: int, block_size: int) -> None:
+    for block in range(start // block_size, -(-stop // block_size)):
+        lo, hi = max(start, block * block_size), min(stop, (block + 1) * block_size)
+        written[..., block] += hi - lo
+
+
+def _verify(rows: torch.Tensor, expected: int, what: str) -> None:
+    actual = zlib.crc32(np.ascontiguousarray(_row_bytes(rows)))
+    if actual != expected:
+        raise ChecksumMismatchError(
+            f"backing store content check failed for {what}: CRC-32 {actual:#010x} of the paged-in bytes "
+            f"!= {expected:#010x} of the bytes written (store not populated or corrupted)"
+        )
+
+
+def _nbytes(x: torch.Tensor) -> int:
+    return x.numel() * x.element_size()

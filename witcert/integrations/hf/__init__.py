@@ -1,0 +1,2 @@
+"""transformers integration: the ``"witcert"`` attention implementation, compressed cache twins, per-cell measurement.
+"""

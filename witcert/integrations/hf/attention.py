@@ -1,0 +1,139 @@
+"""The ``"witcert"`` attention: the one attention path of every monitored model (the monitor and the observatory).
+
+Registered through transformers' ``AttentionInterface`` (pinned: transformers 5.23), the function
+receives post-RoPE queries and what the cache layer returned: with a monitored cache
+(:mod:`witcert.integrations.hf.cache_layer`) that is the store's reconstruction, so the model
+really runs on the compressed cache (the first forward pass of a request, the prefill, attends
+over its exact in-flight keys as a serving engine does; they are compressed for later reads).
+For every later query, per (row, layer, query head, query):
+
+1. the meter from the real post-RoPE query and the stored witness (Tier A: T1/P1/MN over
+   Theorem 2's ``c_t``), with the true TV when the store keeps the exact keys;
+2. for the dithered cache, the per-token minimum with the Tier B bound: its probabilistic branch
+   only where the caller declared the queries non-adaptive, the deterministic branch otherwise
+   (always inside ``generate``);
+3. with a :class:`witcert.Gate`, every cell over its threshold is repaired by paging exact
+   blocks in (from the exact shadow, or from the verified host backing store when the exact
+   cache is not kept) until its meter is below ``tau`` (certified when ``tau < 1``), and its
+   output is recomputed over the repaired cache.
+
+The function finds the call's settings and cache in :data:`_ACTIVE` (pushed by
+:class:`witcert.integrations.hf.monitoring.Monitor` around each forward call). Without one it
+*is* the stock sdpa path (same call, same mask), so a model switched to ``"witcert"`` with
+nothing active gives bit-identical logits. Works for any model whose attention modules use
+transformers' attention interface and cache layers (Llama, Qwen2, Mistral, Cohere, GLM, ...).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+from transformers import AttentionInterface
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+from witcert.gate.policy import Gate
+from witcert.integrations.hf import cells
+from witcert.integrations.hf.cache_layer import MonitoredLayer
+from witcert.tier_a.bands import BandLayout
+
+ATTN_NAME = "witcert"
+_ACTIVE: list["CallScope"] = []  # one entry per forward call in progress (innermost last)
+
+
+@dataclass
+class CallScope:
+    """What the attention function needs for one forward call of a monitored model.
+
+    ``cache`` is the call's ``past_key_values`` and ``layers`` the monitored layers the monitor
+    installed in it (``None``: the call has no cache, every key it attends is exact and in flight,
+    nothing is measured); ``rows`` the request id of each batch row; ``record`` receives every
+    :class:`~witcert.integrations.hf.cells.CellBatch`.
+    """
+
+    layout: BandLayout
+    tier: str  # "A" or "B"
+    adaptive: bool  # Tier B: deterministic branch only
+    truth: bool  # compute the true TV (the store keeps the exact keys)
+    record: object  # callable(CellBatch)
+    cache: object = None
+    layers: list | None = None
+    rows: tuple[int, ...] = ()
+    seed: int | None = None  # the dither seed of a dithered cache
+    gate: Gate | None = None
+    repairer: object = None  # witcert.gate.repair.Repairer over the host backing store (exact cache not kept)
+    delta_loc: float = 1e-7
+    delta_sweep: dict = field(default_factory=dict)  # column name -> delta_loc: extra Tier B meters
+    tau_k: float = 0.2
+    tau_v: float = 0.05
+
+    def layer(self, index: int) -> MonitoredLayer:
+        """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
+        current = self.cache.layers
+        layer = current[index] if 0 <= index < len(current) else None
+        if layer is None or index >= len(self.layers) or layer is not self.layers[index]:
+            raise ValueError(f"cache layer {index} is a {type(layer).__name__}, not the monitored layer "
+                             "witcert.monitor installed: WitCert attention refuses a cache whose exact writes it "
+                             "has not seen (a quantized or replaced layer)")
+        return layer
+
+
+def register() -> None:
+    """Register ``"witcert"`` with transformers' attention and mask interfaces (idempotent)."""
+    AttentionInterface.register(ATTN_NAME, witcert_attention_forward)
+    AttentionMaskInterface.register(ATTN_NAME, sdpa_mask)
+
+
+def witcert_attention_forward(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """The registered attention function (signature of transformers' ``sdpa_attention_forward``)."""
+    scope = _ACTIVE[-1] if _ACTIVE else None
+    if scope is None or scope.layers is None:
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    layer = scope.layer(module.layer_idx)
+    if layer.read_exact:  # the prefill attends over its exact in-flight keys: nothing compressed is read
+        return sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling, dropout=dropout, **kwargs)
+    if layer.last_read is None or key is not layer.last_read[0] or value is not layer.last_read[1]:
+        raise RuntimeError(f"layer {module.layer_idx}: attention received keys that are not the monitored cache's "
+                           "(the model did not write them through past_key_values.update)")
+    output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+                                             dropout=dropout, **kwargs)
+    scale = module.scaling if scaling is None else scaling
+    output, batch = attend(scope, layer, query, (key, value), attention_mask, float(scale), output)
+    scope.record(batch)
+    return output, weights
+
+
+def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output):
+    """Meter (and gate) every cell of one call; returns the (repaired) output and its :class:`CellBatch`."""
+    store = layer.store
+    tq, s = query.shape[-2], read[0].shape[-2]
+    visible = cells.visible_mask(attention_mask, tq, s, query.device)
+    math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth)
+    extra = {}
+    if scope.tier == "B":
+        key_stores = [store.codec.packed_store(p) for p in store.key_chunks]
+        for name, loc in scope.delta_sweep.items():
+            swept = cells.tighten_with_tier_b(math, query, key_stores, read[0], loc, scale, scope.adaptive,
+                                              scope.tau_k, scope.tau_v)
+            extra[name] = swept.cells["meter"].cpu()
+        math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
+                                         scope.tau_k, scope.tau_v)
+    fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
+    if scope.gate is not None:
+        if scope.truth:
+            exact_k, exact_v = store.exact()
+            source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat), exact_v))
+        else:
+            source = dict(paging=(scope.repairer, layer.layer_idx, query, scale))
+        output, fired, paged, moved = cells.gated_output(math, scope.gate, read[1], output, **source)
+        extra["paged_fraction"] = paged.cpu()
+        extra["bytes_paged"] = moved.to(torch.float64).cpu()
+    blank = math.blank.cpu()
+    fields = {name: torch.where(blank, torch.nan, t.cpu().to(torch.float64)) if t.dtype != torch.bool else t.cpu()
+              for name, t in math.cells.items()}
+    batch = cells.CellBatch(
+        layer=layer.layer_idx, positions=torch.arange(s - tq, s), repaired=fired.cpu(), requests=scope.rows,
+        tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
+        **fields,
+    )
+    return output, batch

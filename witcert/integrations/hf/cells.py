@@ -1,0 +1,229 @@
+"""Per-cell measurement and repair for one attention call of a monitored model.
+
+A *cell* is one (batch row, layer, query head, query position); at decode time one (request,
+layer, head, step). For the queries of one call, :func:`measure` runs
+:func:`witcert.tier_a.observation.observe_stored` once over the whole batch (Tier A: band witness
+``L1``/``T2`` stored at write time, meter ``T1``/``P1``/``MN``, value-side output bound, joint
+pass), with the true TV when the store keeps the exact keys. :func:`tighten_with_tier_b` takes
+the per-token minimum with the Tier B bound of a dithered store. :func:`gated_output` runs a
+:class:`witcert.Gate` (block-level page-in, vectorized over cells) with the exact logits in
+memory, or through a :class:`witcert.gate.repair.LayerPager` over a verified backing store
+when the exact cache is not kept, and recomputes the attention output of every fired cell.
+
+What is certified: the meter bounds the TV of exact-arithmetic attention over the stored
+floats (the keys attention reads, in the model's dtype: every rounding between the store and
+those floats is inside the per-token bounds), with the fp64 logits' rounding included
+(:func:`witcert.score_rounding_bound`); the true TV is measured the same way. The model's own
+attention kernel rounds its scores in the model's dtype; that gap is not part of what is
+certified here (a caller metering a runtime's own logits adds ``score_rounding_bound``).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from witcert.core import rounding, values
+from witcert.core.metering import meter, risk_score
+from witcert.gate.policy import Gate
+from witcert.gate.repair import LayerPager
+from witcert.tier_a.observation import observe_stored, score_rounding_bound
+
+FIELDS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "joint", "c_max", "repaired")
+TIERS = ("A", "B")
+
+
+@dataclass(frozen=True)
+class CellBatch:
+    """Measurements of the cells of one layer call; every tensor is (B, Hq, Tq) on the CPU.
+
+    ``true_tv``/``true_output_error`` are NaN when the exact keys were not kept; every field is
+    NaN on a row whose query sees no token (left padding inside a multi-token chunk);
+    ``repaired`` marks the cells the gate fired on (their output was recomputed). ``tier`` is
+    the certificate actually used (``"A"``, or ``"B"`` for the dithered cache with the Tier A
+    minimum); ``adaptive`` says Tier B used only its deterministic branch (the queries may depend
+    on the dither: inside ``generate``, or not declared non-adaptive).
+    """
+
+    layer: int
+    positions: torch.Tensor  # (Tq,) absolute query positions (the decode step for Tq = 1)
+    meter: torch.Tensor
+    risk: torch.Tensor
+    true_tv: torch.Tensor
+    output_bound: torch.Tensor
+    true_output_error: torch.Tensor
+    joint: torch.Tensor  # bool: pass_K and pass_V
+    c_max: torch.Tensor  # max_t c_t over visible tokens
+    repaired: torch.Tensor
+    requests: tuple[int, ...]  # the request id of each batch row
+    tier: str = "A"
+    adaptive: bool = True
+    extra: dict = field(default_factory=dict)  # name -> (B, Hq, Tq), e.g. Tier B meters at other deltas
+    seed: int | None = None  # Philox seed of a dithered cache (None: no dither), for replay
+
+    def __post_init__(self):
+        shape = self.meter.shape
+        for name in FIELDS[1:]:
+            if getattr(self, name).shape != shape:
+                raise ValueError(f"{name} has shape {tuple(getattr(self, name).shape)}, expected {tuple(shape)}")
+        for name, t in self.extra.items():
+            if t.shape != shape:
+                raise ValueError(f"extra[{name!r}] has shape {tuple(t.shape)}, expected {tuple(shape)}")
+        if self.positions.shape != shape[-1:]:
+            raise ValueError(f"positions must be ({shape[-1]},), got {tuple(self.positions.shape)}")
+        if len(self.requests) != shape[0]:
+            raise ValueError(f"requests must name each of the {shape[0]} batch rows, got {self.requests!r}")
+        if self.tier not in TIERS:
+            raise ValueError(f"tier must be one of {TIERS} (the tier used, never 'auto'), got {self.tier!r}")
+        if self.tier == "B" and self.seed is None:
+            raise ValueError("a Tier B batch must record the dither seed of its cache (replay)")
+
+
+@dataclass(frozen=True)
+class CallMath:
+    """fp64 quantities of one call, (B, Hq, Tq, ...); logits are ``-inf`` where masked."""
+
+    cells: dict  # field name -> (B, Hq, Tq) tensor
+    value_term: torch.Tensor  # (B, Hq, Tq) bound on sum_t p~_t rho_t
+    v_norm_max: torch.Tensor  # (B, Hq, Tq)
+    c: torch.Tensor  # (B, Hq, Tq, S) per-token logit bounds (score rounding included), 0 where masked
+    scores_hat: torch.Tensor  # (B, Hq, Tq, S) compressed logits
+    blank: torch.Tensor  # (B, Hq, Tq) bool: rows that see no token (reported as NaN)
+
+
+def visible_mask(attention_mask, q_len: int, kv_len: int, device) -> torch.Tensor:
+    """Boolean (B|1, 1|Hq, Tq, S) mask of the keys each query may see.
+
+    ``None`` means causal with the queries at the end of the cache (the stock sdpa path's
+    ``is_causal``; for one query every key is visible). Float masks are additive: entries at
+    or below half the dtype's minimum count as masked.
+    """
+    if attention_mask is None:
+        rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
+        return (torch.arange(kv_len, device=device)[None, :] <= rows)[None, None]
+    if attention_mask.dtype == torch.bool:
+        return attention_mask[..., :kv_len]
+    return attention_mask[..., :kv_len] > torch.finfo(attention_mask.dtype).min / 2
+
+
+def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True) -> CallMath:
+    """Tier A observation of every (row, query head, query) of one call, in one batched pass.
+
+    ``query`` (B, Hq, Tq, d) post-RoPE; ``store`` the layer's
+    :class:`~witcert.integrations.hf.compressed_cache.LayerStore`; ``read`` the keys and values
+    attention read (B, Hkv, S, d); ``visible`` bool, broadcastable to (B, Hq, Tq, S); ``truth``:
+    also the true TV, when the store keeps the exact keys.
+    """
+    k_hat, v_hat = read
+    b, hq, tq, _ = query.shape
+    mask = visible.to(query.device).expand(b, hq, tq, k_hat.shape[-2])
+    blank = ~mask.any(-1)
+    if blank.any():  # measured as if every token were visible, then reported as NaN (and never gated)
+        mask = mask | blank[..., None]
+    exact = store.exact() if truth else None
+    obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
+                         truth=None if exact is None else (*exact, v_hat))
+    c = torch.where(mask & ~blank[..., None], obs.c, torch.zeros_like(obs.c))
+    nan = torch.full_like(obs.meter, torch.nan)
+    cells = {
+        "meter": obs.meter, "risk": obs.risk, "true_tv": nan if obs.true_tv is None else obs.true_tv,
+        "output_bound": obs.output_bound,
+        "true_output_error": nan if obs.true_output_error is None else obs.true_output_error,
+        "joint": obs.joint, "c_max": c.amax(dim=-1),
+    }
+    return CallMath(cells=cells, value_term=obs.value_term, v_norm_max=obs.v_norm_max, c=c, scores_hat=obs.scores,
+                    blank=blank)
+
+
+def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_loc: float, scale: float,
+                        adaptive: bool, tau_k: float = 0.2, tau_v: float = 0.05) -> CallMath:
+    """Per-token minimum of the Tier A bound and the Tier B bound of a dithered store (``TB``, ``L3``, ``DB``).
+
+    ``key_stores``: the :class:`~witcert.tier_b.packed_store.PackedStore` of each written chunk
+    (B, Hkv, T_i, d), in order; ``k_hat`` the keys attention read (their dtype is the
+    ``key_dtype`` of the bound). ``c_t = min(c_t^A, c_t^B + score rounding)``: both hold on the
+    Tier B event, so their minimum does. Non-adaptive queries (``adaptive=False``: prefill,
+    teacher-forced probes a caller declared non-adaptive) use ``min(u_t + beta_t, Delta_t) +
+    rho_t``; adaptive ones (anything inside ``generate``) only the deterministic branch ``Delta_t
+    + rho_t`` ("DB"), which holds for every query. ``rho_t`` covers the rounding of the
+    dequantized keys to ``k_hat``'s dtype (an fp16 or bf16 model rounds far more than the
+    ``s/2`` of ``Delta_t`` leaves room for). The meter, risk, output bound and joint pass are
+    recomputed from the tightened ``c``.
+
+    Why a teacher-forced probe is in scope on a real model: the layer-``l`` query and keys are
+    functions of the exact prefill and of the dither of layers ``< l`` only (the counter holds
+    the layer, and under the Philox modelling assumption distinct streams are independent), so
+    conditionally on those the layer-``l`` dither is independent of the query. Greedy decoding
+    feeds back tokens chosen through every layer's dither, so there only ``Delta_t`` is used.
+    """
+    from witcert.tier_b.certificate import tier_b_logit_bound
+
+    s = k_hat.shape[-2]
+    mode = "delta" if adaptive else "min"
+    c_b = torch.cat([tier_b_logit_bound(query, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s,
+                                        key_dtype=k_hat.dtype) for chunk in key_stores], dim=-1).to(torch.float64)
+    slack = score_rounding_bound(query.to(torch.float64), k_hat.to(torch.float64), scale,
+                                 score_dtype=torch.float64, accumulate_dtype=torch.float64)
+    c = torch.minimum(math.c, rounding.add_up(c_b, slack))
+    c = torch.where(torch.isneginf(math.scores_hat) | math.blank[..., None], torch.zeros_like(c), c)
+    m = meter(math.scores_hat, c)
+    bound = values.output_bound(m, math.value_term, math.v_norm_max)
+    passes = values.joint_pass(m, math.value_term, math.v_norm_max, tau_k, tau_v)
+    cells = dict(math.cells, meter=m, risk=risk_score(math.scores_hat, c), output_bound=bound,
+                 joint=passes.joint, c_max=c.amax(dim=-1))
+    return CallMath(cells=cells, value_term=math.value_term, v_norm_max=math.v_norm_max, c=c,
+                    scores_hat=math.scores_hat, blank=math.blank)
+
+
+def exact_logits(query, keys, scale: float, scores_hat) -> torch.Tensor:
+    """fp64 logits (B, Hq, Tq, S) of ``query`` against ``keys`` (B, Hkv, S, d), ``-inf`` where ``scores_hat`` is."""
+    b, hq, tq, d = query.shape
+    hkv = keys.shape[1]
+    q64 = query.to(torch.float64).reshape(b, hkv, hq // hkv * tq, d)
+    logits = ((q64 @ keys.to(torch.float64).transpose(-1, -2)) * scale).reshape(scores_hat.shape)
+    return logits.masked_fill(torch.isneginf(scores_hat), -torch.inf)
+
+
+def _block_tokens(paged: torch.Tensor, block_size: int, n_tokens: int) -> torch.Tensor:
+    """(..., n_blocks) block flags -> (..., S) token flags."""
+    return paged.repeat_interleave(block_size, dim=-1)[..., :n_tokens]
+
+
+def gated_output(math: CallMath, gate: Gate, v_hat, output, *, exact: tuple | None = None,
+                 paging: tuple | None = None):
+    """Gate every cell and recompute the output of fired cells over the repaired cache.
+
+    The policy is :class:`witcert.Gate`'s own (one implementation). Its source of exact data is
+    either ``exact=(exact_logits, exact_values)`` held in memory (the store's exact shadow; no
+    bytes move) or ``paging=(repairer, stream, query, scale)``: a
+    :class:`witcert.gate.repair.LayerPager` over the verified backing store (content-checked
+    page-ins, repair cache, telemetry), whose exact values are written into a copy of ``v_hat``.
+    A repaired token reads its exact key and exact value. Returns ``(output, fired, paged,
+    bytes)``: ``output`` (B, Tq, Hq, d) like transformers' attention output, ``fired`` (B, Hq, Tq)
+    bool, ``paged`` (B, Hq, Tq) the fraction of visible tokens paged in (masked tokens of a paged
+    block are not counted), ``bytes`` (B, Hq, Tq) bytes newly paged in.
+    """
+    if (exact is None) == (paging is None):
+        raise ValueError("give exactly one of exact=(logits, values) and paging=(repairer, stream, query, scale)")
+    if exact is not None:
+        exact_scores, exact_values = exact
+        result = gate(math.scores_hat, math.c, exact=exact_scores)  # vectorized over cells, 0 bytes moved
+    else:
+        repairer, stream, query, scale = paging
+        exact_values = v_hat.clone()  # the pager writes each paged block's exact values here
+        pager = LayerPager(repairer, stream, query.to(torch.float64), scale, group=query.shape[1] // v_hat.shape[1],
+                           v_cache=exact_values)
+        result = gate(math.scores_hat, math.c, pager=pager)
+    scores_after, fired = result.scores, result.fired
+    seen = ~torch.isneginf(math.scores_hat)  # (B, Hq, Tq, S)
+    repaired = _block_tokens(result.paged, gate.block_size, seen.shape[-1]).to(seen.device) & seen
+    paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
+    if not fired.any():
+        return output, fired, paged, result.bytes
+    groups = math.c.shape[1] // v_hat.shape[1]
+    v64 = exact_values.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
+    vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
+    p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
+    y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
+    y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
+    return torch.where(fired.transpose(1, 2)[..., None], y, output), fired, paged, result.bytes

@@ -1,0 +1,207 @@
+"""How a compressed cache stores one written chunk of keys or values: codecs.
+
+A codec turns the exact new tokens of one layer ``x`` (B, Hkv, T, d) into what the cache holds
+(``encode``) and back into the tensor attention reads (``decode``). The witness is always formed
+against ``decode(encode(x))``, the very values attention will read (decoding is deterministic),
+so the certificate never depends on how the codec packs.
+
+What saves memory, honestly:
+
+- :class:`IntCodes`: the built-in ``rtn-int8``/``rtn-int4``/``rtn-int2`` schemes as integer codes
+  (int8, two int4 or four int2 codes per byte) plus one fp32 scale per group of 32 channels;
+  bit-identical to the registered scheme;
+- :class:`ScaledFloat8`: the built-in ``fp8-e4m3-scaled`` as fp8 codes plus one fp32 scale per
+  chunk; bit-identical to the registered scheme;
+- :class:`Dither`: the Tier B dithered INT8 store (int8 payload, fp16 scales; the dither is
+  regenerated from its counter, never stored);
+- :class:`Reconstruction`: any other scheme, including a plain user callable. A callable
+  returns a reconstruction in the model's dtype, and nothing about it says how it was coded, so
+  the cache can only hold that reconstruction: in the narrowest float dtype that represents every
+  value *exactly* (checked per chunk: a raw ``fp8-e4m3`` cast fits fp8, one byte per value),
+  otherwise in the model's dtype. Then the compressed cache plus its witness is *larger* than the
+  exact cache, and the monitor's memory report says so. A user who wants the saving writes a
+  codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods and
+  passes it as the scheme.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from witcert.schemes import builtin
+from witcert.schemes.registry import apply_scheme, get_scheme
+
+NARROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16)  # narrowest first
+
+
+def nbytes(*tensors) -> int:
+    """Bytes of the storage the given tensors (``None`` skipped) occupy."""
+    return sum(t.numel() * t.element_size() for t in tensors if t is not None)
+
+
+@dataclass(frozen=True)
+class Reconstruction:
+    """Any scheme ``fn(x) -> x_hat``: hold the reconstruction, narrowed losslessly when ``narrow``."""
+
+    scheme: object  # registered name or callable
+    narrow: bool = False
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0) -> torch.Tensor:
+        x_hat = apply_scheme(self.scheme, x, role=role)  # private copy, checked shape/dtype/finite
+        if self.narrow:
+            for dtype in NARROW_DTYPES:
+                if torch.empty((), dtype=dtype).element_size() >= x_hat.element_size():
+                    continue
+                narrow = x_hat.to(dtype)
+                if torch.equal(narrow.to(x_hat.dtype), x_hat):
+                    return narrow
+        return x_hat
+
+    def decode(self, packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return packed.to(dtype)
+
+    def nbytes(self, packed: torch.Tensor) -> int:
+        return nbytes(packed)
+
+
+@dataclass(frozen=True)
+class IntCodes:
+    """Built-in round-to-nearest INT8/4/2 (per token, groups of 32 channels) as packed codes + fp32 scales."""
+
+    bits: int
+    group: int = builtin.GROUP
+
+    def __post_init__(self):
+        if self.bits not in (2, 4, 8):
+            raise ValueError(f"bits must be 2, 4 or 8, got {self.bits!r}")
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0) -> tuple:
+        work = builtin._work(x)  # fp32 (fp64 for fp64), as the registered scheme computes
+        grouped = builtin._channel_groups(work, self.group)  # (..., d/g, g)
+        qmax = 2 ** (self.bits - 1) - 1
+        scale = builtin._safe(grouped.abs().amax(dim=-1, keepdim=True) / qmax)
+        codes = torch.round(grouped / scale).clamp(-qmax, qmax).to(torch.int8).flatten(-2)  # (..., d)
+        return _pack(codes, self.bits), scale, x.shape[-1]
+
+    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        payload, scale, d = packed
+        codes = _unpack(payload, self.bits, d).to(scale.dtype)
+        grouped = codes.unflatten(-1, (scale.shape[-2], -1))
+        return (grouped * scale).flatten(-2).to(dtype)
+
+    def nbytes(self, packed: tuple) -> int:
+        return nbytes(packed[0], packed[1])
+
+
+@dataclass(frozen=True)
+class ScaledFloat8:
+    """Built-in ``fp8-e4m3-scaled``: fp8 E4M3 codes and one fp32 (fp64) amax scale per written chunk."""
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0) -> tuple:
+        work = builtin._work(x)
+        scale = builtin._safe(work.abs().amax() / builtin.E4M3_MAX)
+        return (work / scale).clamp(-builtin.E4M3_MAX, builtin.E4M3_MAX).to(torch.float8_e4m3fn), scale
+
+    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        coded, scale = packed
+        return (coded.to(scale.dtype) * scale).to(dtype)
+
+    def nbytes(self, packed: tuple) -> int:
+        return nbytes(*packed)
+
+
+@dataclass
+class Dither:
+    """The Tier B dithered INT8 cache of one layer: each row its own stream ``(request, layer, ...)``.
+
+    ``requests`` holds one distinct id per batch row (``witcert.tier_b.counters.batch_requests``);
+    ``seed`` is the secret Philox seed of the request (``None``: drawn from the OS).
+    """
+
+    quantizer: object  # witcert.DitheredInt8
+    layer: int
+    seed: int | None = None
+    requests: tuple[int, ...] | None = None
+    row_requests: tuple[int, ...] = field(default=(), init=False)
+
+    def __post_init__(self):
+        from witcert.tier_b.counters import check_seed, fresh_seed
+
+        self.seed = check_seed(fresh_seed() if self.seed is None else self.seed)
+
+    def counter(self, role: str, start: int, rows: torch.Tensor):
+        from witcert.tier_b.counters import StandaloneCounter
+
+        return StandaloneCounter(request=rows, layer=self.layer, seed=self.seed, side="k" if role == "key" else "v",
+                                 token_offset=start)
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0) -> tuple:
+        from witcert.tier_b.counters import batch_requests
+
+        rows = batch_requests(self.requests, x.shape[0])
+        self.row_requests = tuple(rows.tolist())
+        return self.quantizer.quantize(x, self.counter(role, start, rows)), role, start, rows
+
+    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        store, role, start, rows = packed
+        return self.quantizer.dequantize(store, self.counter(role, start, rows), dtype=dtype)
+
+    def nbytes(self, packed: tuple) -> int:
+        return packed[0].nbytes()
+
+    @staticmethod
+    def packed_store(packed: tuple):
+        """The :class:`witcert.tier_b.packed_store.PackedStore` of a chunk (the Tier B bound reads it)."""
+        return packed[0]
+
+
+def codec_for(scheme, packed: bool):
+    """The codec of ``scheme`` (a registered name, a callable, or a codec object).
+
+    ``packed=False`` (the exact cache is kept, memory is not the point): the reconstruction as the
+    scheme returns it. ``packed=True``: the packed codec of a built-in scheme when ``scheme`` names
+    one and the registry still maps that name to the built-in function, a lossless narrowing of
+    the reconstruction otherwise (see the module docstring).
+    """
+    if all(callable(getattr(scheme, name, None)) for name in ("encode", "decode", "nbytes")):
+        return scheme
+    if isinstance(scheme, str):
+        registered = getattr(get_scheme(scheme), "__wrapped__", None)  # raises on an unknown name
+        for fn, codec in _PACKED_BUILTINS.items():
+            if packed and registered is fn:
+                return codec
+    elif not callable(scheme):
+        raise ValueError(f"scheme must be a registered name, a callable x -> x_hat or a codec, got "
+                         f"{type(scheme).__name__}")
+    return Reconstruction(scheme, narrow=packed)
+
+
+_PACKED_BUILTINS = {
+    builtin.rtn_int8: IntCodes(8),
+    builtin.rtn_int4: IntCodes(4),
+    builtin.rtn_int2: IntCodes(2),
+    builtin.fp8_e4m3_scaled: ScaledFloat8(),
+}
+
+
+def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
+    """Signed codes (..., d) in [-(2^(b-1) - 1), 2^(b-1) - 1] -> uint8 (..., d * b / 8) (int8 as is)."""
+    if bits == 8 or codes.shape[-1] % (8 // bits):
+        return codes
+    per_byte = 8 // bits
+    offset = (codes.to(torch.int16) + 2 ** (bits - 1)).to(torch.uint8).unflatten(-1, (-1, per_byte))
+    packed = torch.zeros(offset.shape[:-1], dtype=torch.uint8, device=codes.device)
+    for i in range(per_byte):
+        packed |= offset[..., i] << (bits * i)
+    return packed
+
+
+def _unpack(packed: torch.Tensor, bits: int, d: int) -> torch.Tensor:
+    """Inverse of :func:`_pack`: int8 codes (..., d)."""
+    if packed.dtype == torch.int8:
+        return packed
+    per_byte = 8 // bits
+    mask = (1 << bits) - 1
+    parts = [((packed >> (bits * i)) & mask) for i in range(per_byte)]
+    return (torch.stack(parts, dim=-1).flatten(-2)[..., :d].to(torch.int16) - 2 ** (bits - 1)).to(torch.int8)

@@ -1,0 +1,432 @@
+"""``witcert.monitor``: meter a transformers model's compressed KV cache around ``generate``, pipelines and forward calls.
+
+::
+
+    with witcert.monitor(model, "fp8-e4m3") as mon:
+        model.generate(**inputs, max_new_tokens=16)
+    print(mon.summary())            # one row per layer: cells, meter, true TV, violations
+    mon.tensor("meter")             # (requests, layers, query heads, steps)
+
+While the block is active the model runs on a compressed cache, compressed by ``scheme`` (a
+registered name, any callable ``fn(x) -> x_hat``, or a codec object), and every attention read
+of it is metered per (request, layer, query head, step) by the ``"witcert"`` attention
+(:mod:`witcert.integrations.hf.attention`, the one attention path the observatory uses too).
+
+Requests. A request is one ``past_key_values`` object: a forward pre-hook sees the cache each
+call uses (``generate`` creates a fresh one per call; a forward call without one gets a fresh
+one), and the first call that uses a cache turns it into a monitored cache in place, with fresh
+stores (and, for the dithered cache, a fresh secret seed). Nothing is inferred from cache
+lengths, so two ``generate`` calls never share a compressed cache. Every batch row of a cache is
+its own request id.
+
+Geometry. Head dim, query and kv heads (GQA) come from the model config, the RoPE pair
+convention from the attention module's own ``rotate_half`` (Llama/Qwen2/Mistral
+``rotate_half``; Cohere/GLM/Helium interleaved pairs), the bands from the head dim
+(:mod:`witcert.integrations.hf.geometry`).
+
+Safe defaults.
+
+- ``tier="auto"``: Tier B for ``scheme="dithered-int8"`` (with the Tier A minimum), Tier A otherwise;
+  the tier actually used is recorded with every cell.
+- Tier B uses its probabilistic branch only inside :meth:`Monitor.non_adaptive` (the caller
+  declares teacher-forced queries that do not depend on the dither) and never inside
+  ``generate``; everywhere else it uses the deterministic branch, valid for every query.
+- ``keep_exact=True``: the exact keys and values are kept beside the compressed ones, so every
+  cell also gets its true TV (validation), and the gate repairs from memory. ``keep_exact=False``
+  is production: the cache holds only the compressed keys/values (packed where the scheme allows)
+  and the witness, :meth:`Monitor.memory` reports the bytes saved, there is no true TV, and a gate
+  pages exact blocks from a content-checked backing store on the host (or in files).
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import tempfile
+import weakref
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from witcert.gate.backing_store import BackingStore
+from witcert.gate.policy import Gate
+from witcert.gate.repair import Repairer
+from witcert.integrations.hf import telemetry
+from witcert.integrations.hf.codecs import Dither, codec_for
+from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
+from witcert.integrations.hf.geometry import geometry_of
+from witcert.tier_b.counters import check_seed, fresh_seed
+
+DITHERED = "dithered-int8"  # the Tier B cache (witcert.DitheredInt8), not a Tier A registry scheme
+TIERS = ("auto", "A", "B")
+
+
+def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
+            bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
+            backing_dir: str | Path | None = None, tau: float = 0.2) -> "Monitor":
+    """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
+
+    Parameters
+    ----------
+    model : transformers PreTrainedModel
+        A decoder whose attention goes through transformers' attention interface (Llama, Qwen2,
+        Mistral, Cohere, GLM, ...).
+    scheme : str, callable or codec
+        A registered scheme name (``witcert.list_schemes()``), ``"dithered-int8"`` (the Tier B
+        cache), any callable ``fn(x) -> x_hat`` (a cache tensor (..., S, d) to its
+        reconstruction, same shape and dtype; it may take ``role="key"/"value"``), or a codec
+        object with ``encode``/``decode``/``nbytes`` (:mod:`witcert.integrations.hf.codecs`).
+    tier : {"auto", "A", "B"}
+        ``"auto"``: Tier B for the dithered cache, Tier A otherwise. ``"B"`` needs the dithered cache.
+    gate : witcert.Gate, optional
+        Repair every cell above ``gate.tau`` by paging exact blocks in.
+    keep_exact : bool
+        Keep the exact cache beside the compressed one (true TV per cell). ``False``: production
+        mode (memory saved; the gate pages from a host backing store).
+    bands : int, optional
+        Witness bands (default: the largest divisor of ``head_dim / 2`` not above 16).
+    rope : {"rotate_half", "interleaved"}, optional
+        Override the probed RoPE pair convention.
+    delta_loc : float
+        Tier B failure budget per (layer, head, step) (``witcert.tier_b.certificate.delta_local``).
+    seed : int, optional
+        Fix the dither seed (replay and tests only: a known seed voids Tier B's guarantee).
+    backing_dir : str or Path, optional
+        Production gate: keep the backing store in memory-mapped files under this directory.
+    tau : float
+        Threshold of the summary's coverage column (and of ``pass_K``).
+    """
+    return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
+                   delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau)
+
+
+@dataclass
+class RequestRecord:
+    """One monitored cache: its request ids, dither seed and the bytes it held (updated after each call)."""
+
+    first: int  # request id of batch row 0
+    rows: int
+    seed: int | None
+    memory: MemoryAccount = field(default_factory=MemoryAccount)
+
+    @property
+    def ids(self) -> tuple[int, ...]:
+        return tuple(range(self.first, self.first + self.rows))
+
+
+@dataclass
+class _Live:
+    """What a live cache needs during its forward calls (dropped with the cache)."""
+
+    record: RequestRecord
+    layers: list
+    repairer: Repairer | None
+
+
+class Monitor:
+    """Meter a model's compressed KV cache: a context manager, then the results (see :func:`monitor`).
+
+    Results: :meth:`table` (one row per cell), :meth:`tensor` (a field per (request, layer,
+    head, step)), :meth:`summary` (per layer), :meth:`to_pandas`, :meth:`write_jsonl`,
+    :meth:`memory`. They stay available after the block.
+    """
+
+    def __init__(self, model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
+                 bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
+                 backing_dir: str | Path | None = None, tau: float = 0.2):
+        self.model = model
+        self.geometry = geometry_of(model, rope)
+        self.layout = self.geometry.layout(bands)
+        if tier not in TIERS:
+            raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
+        self.dithered = isinstance(scheme, str) and scheme == DITHERED
+        if tier == "B" and not self.dithered:
+            raise ValueError(f"tier B certifies the {DITHERED!r} cache only, not scheme {scheme!r}")
+        self.tier = "B" if self.dithered and tier != "A" else "A"  # the tier used, never "auto"
+        if not self.dithered:
+            self._codec = codec_for(scheme, packed=not keep_exact)  # validates the name or object
+        if gate is not None and not isinstance(gate, Gate):
+            raise ValueError(f"gate must be a witcert.Gate or None, got {type(gate).__name__}")
+        if not isinstance(keep_exact, bool):
+            raise ValueError(f"keep_exact must be a bool, got {keep_exact!r}")
+        if not 0.0 < delta_loc < 1.0:
+            raise ValueError(f"delta_loc must lie in (0, 1), got {delta_loc!r}")
+        if seed is not None:
+            check_seed(seed)
+        if backing_dir is not None and (keep_exact or gate is None):
+            raise ValueError("backing_dir is where the production gate pages from: it needs keep_exact=False and a gate")
+        if not 0.0 <= tau:
+            raise ValueError(f"tau must be >= 0, got {tau!r}")
+        self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
+        self.delta_loc = delta_loc
+        self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
+        self.backing_dir = None if backing_dir is None else Path(backing_dir)
+        self.batches: list = []
+        self.requests: list[RequestRecord] = []
+        self._live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Live
+        self._hooks: list = []
+        self._scopes: list = []  # this monitor's calls in progress
+        self._generating = 0
+        self._non_adaptive = 0
+        self._previous_attn = None
+
+    # -- the context manager -------------------------------------------------------------------
+    def __enter__(self) -> "Monitor":
+        attention = _transformers_side()
+        if self._hooks:
+            raise ValueError("this monitor is already active")
+        if self.model.config._attn_implementation == attention.ATTN_NAME:
+            raise ValueError("the model is already monitored (its attention implementation is 'witcert')")
+        attention.register()
+        self._previous_attn = self.model.config._attn_implementation
+        self.model.set_attn_implementation(attention.ATTN_NAME)
+        self._hooks = [self.model.register_forward_pre_hook(self._before_forward, with_kwargs=True),
+                       self.model.register_forward_hook(self._after_forward, with_kwargs=True, always_call=True)]
+        had_own = "generate" in vars(self.model)
+        original = vars(self.model)["generate"] if had_own else None
+        bound = original if had_own else type(self.model).generate.__get__(self.model)
+
+        @functools.wraps(bound)
+        def generate(*args, **kwargs):  # queries inside generate depend on earlier (dithered) tokens: adaptive
+            self._generating += 1
+            try:
+                return bound(*args, **kwargs)
+            finally:
+                self._generating -= 1
+
+        self.model.generate = generate
+        self._restore_generate = (lambda: setattr(self.model, "generate", original)) if had_own else (
+            lambda: vars(self.model).pop("generate", None))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for handle in self._hooks:
+            handle.remove()
+        self._hooks = []
+        self._restore_generate()
+        self.model.set_attn_implementation(self._previous_attn)
+
+    @contextlib.contextmanager
+    def non_adaptive(self):
+        """Declare the forward calls in this block non-adaptive: their queries do not depend on the dither.
+
+        Teacher-forced scoring of given text is; anything whose input tokens were chosen by the
+        monitored model is not. Only here does Tier B use its probabilistic branch (never inside
+        ``generate``, which stays deterministic-only even within this block).
+        """
+        self._non_adaptive += 1
+        try:
+            yield self
+        finally:
+            self._non_adaptive -= 1
+
+    # -- hooks -----------------------------------------------------------------------------------
+    def _before_forward(self, module, args, kwargs):
+        from transformers import DynamicCache
+
+        from witcert.integrations.hf import attention
+
+        if len(args) > 1:
+            raise ValueError("call a monitored model with keyword arguments after input_ids (past_key_values=..., "
+                             "attention_mask=...): the monitor must see the cache of every call")
+        cache = kwargs.get("past_key_values")
+        use_cache = kwargs.get("use_cache")
+        use_cache = getattr(self.model.config, "use_cache", True) if use_cache is None else use_cache
+        if cache is None and use_cache:
+            cache = DynamicCache(config=self.model.config)
+            kwargs["past_key_values"] = cache
+        live = None if cache is None else self._live_of(cache, _batch_size(args, kwargs))
+        scope = attention.CallScope(
+            layout=self.layout, tier=self.tier, adaptive=self._generating > 0 or self._non_adaptive == 0,
+            truth=self.keep_exact, record=self.batches.append, gate=self.gate, delta_loc=self.delta_loc,
+            delta_sweep=dict(self.delta_sweep),
+        )
+        if live is not None:
+            scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
+            scope.seed = live.record.seed
+        attention._ACTIVE.append(scope)
+        self._scopes.append(scope)
+        return args, kwargs
+
+    def _after_forward(self, module, args, kwargs, output):
+        from witcert.integrations.hf import attention
+
+        if not self._scopes or not attention._ACTIVE or attention._ACTIVE[-1] is not self._scopes[-1]:
+            return output  # the pre-hook raised before pushing this call's scope
+        scope = self._scopes.pop()
+        attention._ACTIVE.pop()
+        if scope.layers is not None:
+            live = self._live.get(kwargs.get("past_key_values"))
+            if live is not None:
+                live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
+        return output
+
+    def _live_of(self, cache, batch: int) -> _Live:
+        from witcert.integrations.hf.cache_layer import adopt
+
+        live = self._live.get(cache)
+        if live is not None:
+            return live
+        record = RequestRecord(first=sum(r.rows for r in self.requests), rows=batch,
+                               seed=(fresh_seed() if self.seed is None else self.seed) if self.dithered else None)
+        backing = repairer = None
+        if self.gate is not None and not self.keep_exact:
+            directory = None
+            if self.backing_dir is not None:
+                directory = tempfile.mkdtemp(prefix=f"request-{record.first}-", dir=self._backing_root())
+            backing = BackingStore(block_size=self.gate.block_size, directory=directory)
+            repairer = Repairer(backing)
+        layers = adopt(cache, lambda index: self._store(index, record, backing), self.geometry.layers)
+        live = _Live(record, layers, repairer)
+        self._live[cache] = live
+        self.requests.append(record)
+        return live
+
+    def _backing_root(self) -> Path:
+        self.backing_dir.mkdir(parents=True, exist_ok=True)
+        return self.backing_dir
+
+    def _store(self, index: int, record: RequestRecord, backing: BackingStore | None) -> CompressedLayer:
+        if self.dithered:
+            from witcert.tier_b.quantizer import DitheredInt8
+
+            codec = Dither(DitheredInt8(rope=self.layout.rope), layer=index, seed=record.seed, requests=record.ids)
+        else:
+            codec = self._codec
+        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index)
+
+    # -- results ---------------------------------------------------------------------------------
+    def table(self) -> telemetry.CellTable:
+        """Every measured cell, one row each (:mod:`witcert.integrations.hf.telemetry` columns)."""
+        return telemetry.cell_table(self.batches)
+
+    def tensor(self, name: str = "meter") -> torch.Tensor:
+        """``name`` per (request, layer, query head, step), fp64; NaN where a request has no such step.
+
+        A request's steps are its measured query positions in order (the probe chunk's queries,
+        then one per decoded token); :meth:`positions` gives them.
+        """
+        return self._grid(name)[0]
+
+    def positions(self) -> torch.Tensor:
+        """Absolute query position of each (request, step), -1 past a request's last step."""
+        return self._grid("meter")[1]
+
+    def _grid(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        table = self.table()
+        n_requests = sum(r.rows for r in self.requests)
+        shape = (n_requests, self.geometry.layers, self.geometry.query_heads)
+        if not len(table):
+            return torch.full((*shape, 0), torch.nan, dtype=torch.float64), torch.full((n_requests, 0), -1)
+        if name not in table.columns:
+            raise ValueError(f"unknown field {name!r}; the table has {sorted(table.columns)}")
+        request, pos = table["request"].astype(np.int64), table["pos"].astype(np.int64)
+        key = request * (int(pos.max()) + 1) + pos  # (request, position) pairs, in order
+        pairs, step_of = np.unique(key, return_inverse=True)
+        pair_request = pairs // (int(pos.max()) + 1)
+        first = np.searchsorted(pair_request, np.arange(n_requests))
+        step = np.arange(len(pairs)) - first[pair_request]  # rank of the position within its request
+        n_steps = int(step.max()) + 1
+        grid = np.full((*shape, n_steps), np.nan)
+        grid[request, table["layer"].astype(np.int64), table["head"].astype(np.int64), step[step_of]] = table[name]
+        where = np.full((n_requests, n_steps), -1)
+        where[pair_request, step] = pairs % (int(pos.max()) + 1)
+        return torch.from_numpy(grid), torch.from_numpy(where)
+
+    def summary(self, tau: float | None = None) -> "LayerSummary":
+        """Per-layer summary of every cell (see :class:`LayerSummary`)."""
+        return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier)
+
+    def to_pandas(self):
+        """The cell table as a ``pandas.DataFrame`` (needs pandas)."""
+        try:
+            import pandas
+        except ImportError:
+            raise ImportError("Monitor.to_pandas needs pandas (pip install pandas); Monitor.table() needs nothing") from None
+        return pandas.DataFrame(self.table().columns)
+
+    def write_jsonl(self, path: str | Path, run: dict | None = None) -> int:
+        """Append one JSON line per cell to ``path`` (``run``: tags added to every line); returns the count."""
+        tags = {"scheme": self.scheme if isinstance(self.scheme, str) else getattr(self.scheme, "__name__", "callable"),
+                "keep_exact": self.keep_exact, **(run or {})}
+        return telemetry.write_jsonl(Path(path), self.table(), tags)
+
+    def memory(self) -> "MemoryReport":
+        """Bytes the monitored caches held (each at its last call) against exact caches of the same tokens."""
+        return MemoryReport(total=sum((r.memory for r in self.requests), MemoryAccount()),
+                            requests=tuple(r.memory for r in self.requests))
+
+
+def _transformers_side():
+    """The modules that need transformers (imported on first use: ``import witcert`` does not need it)."""
+    try:
+        from witcert.integrations.hf import attention
+    except ImportError as err:
+        raise ImportError(f"witcert.monitor needs transformers (pip install 'witcert[hf]'): {err}") from None
+    return attention
+
+
+def _batch_size(args, kwargs) -> int:
+    for x in (kwargs.get("input_ids"), kwargs.get("inputs_embeds"), args[0] if args else None):
+        if isinstance(x, torch.Tensor) and x.dim() >= 2:
+            return int(x.shape[0])
+    raise ValueError("a monitored forward call needs input_ids or inputs_embeds of shape (batch, tokens, ...)")
+
+
+@dataclass(frozen=True)
+class MemoryReport:
+    """:meth:`Monitor.memory`: the sum over requests and each request's :class:`MemoryAccount`."""
+
+    total: MemoryAccount
+    requests: tuple
+
+    def __str__(self) -> str:
+        t = self.total
+        lines = [f"exact cache            {t.exact_cache:>12,d} B",
+                 f"held on the device     {t.held:>12,d} B  (compressed {t.compressed:,d} + witness {t.witness:,d}"
+                 f" + decoded copy {t.decoded:,d} + exact shadow {t.exact_shadow:,d})",
+                 f"saved                  {t.saved:>12,d} B  ({t.saved / t.exact_cache:.1%} of the exact cache)"
+                 if t.exact_cache else "saved                  n/a (nothing cached)"]
+        if t.backing_host:
+            lines.append(f"gate backing (host)    {t.backing_host:>12,d} B")
+        return "\n".join(lines)
+
+
+@dataclass(frozen=True)
+class LayerSummary:
+    """One row per layer: cells, meter (median, max), coverage at ``tau``, true TV (max) and violations.
+
+    *coverage*: fraction of cells with meter ``<= tau`` (certified at ``tau``); *violations*:
+    cells with true TV above the meter (must be 0; ``n/a`` without the exact cache).
+    """
+
+    rows: tuple  # of dicts
+    tau: float
+    tier: str
+
+    @classmethod
+    def of(cls, table, tau: float, tier: str) -> "LayerSummary":
+        rows = []
+        if len(table):
+            for layer in np.unique(table["layer"]):
+                cell = table.where(table["layer"] == layer)
+                meter, tv = cell["meter"], cell["true_tv"]
+                known = ~np.isnan(tv) & ~np.isnan(meter)
+                rows.append({"layer": int(layer), "cells": len(cell), "median_meter": float(np.nanmedian(meter)),
+                             "max_meter": float(np.nanmax(meter)), "coverage": float(np.mean(meter <= tau)),
+                             "max_true_tv": float(np.max(tv[known])) if known.any() else float("nan"),
+                             "violations": int(np.sum(tv[known] > meter[known])) if known.any() else None,
+                             "repaired": float(np.mean(cell["repaired"]))})
+        return cls(tuple(rows), tau, tier)
+
+    def __str__(self) -> str:
+        head = f"{'layer':>5} {'cells':>7} {'median meter':>13} {'max meter':>10} {f'cov@{self.tau:g}':>9} " \
+               f"{'max true TV':>12} {'violations':>10}"
+        lines = [f"WitCert tier {self.tier}: meter = proved bound on attention TV per (request, layer, head, step)", head]
+        for r in self.rows:
+            tv = "n/a" if r["violations"] is None else f"{r['max_true_tv']:.4f}"
+            bad = "n/a" if r["violations"] is None else str(r["violations"])
+            lines.append(f"{r['layer']:>5} {r['cells']:>7} {r['median_meter']:>13.4f} {r['max_meter']:>10.4f} "
+                         f"{r['coverage']:>9.3f} {tv:>12} {bad:>10}")
+        return "\n".join(lines)

@@ -1,0 +1,118 @@
+"""Cell telemetry: flatten :class:`witcert.integrations.hf.cells.CellBatch` records into columns and JSONL.
+
+One JSONL line per cell: the run tags, ``request`` (the monitor's request id of the cell's
+batch row), ``case`` (observatory workload case), ``layer``, ``head``, ``pos`` (absolute query
+position), ``batch`` (row in its forward call), ``tier`` (the certificate actually used: ``"A"``
+or ``"B"``, never ``"auto"``), ``adaptive`` (Tier B used only its deterministic branch), ``meter``,
+``risk``, ``true_tv``, ``output_bound``, ``true_output_error``, ``joint``, ``c_max``,
+``repaired``. ``risk`` is the raw e-form score (``inf`` on overflow, written as the string
+``"inf"``): above 1 it carries no guarantee. ``true_tv`` is ``null`` when the exact keys were not
+kept. Cells of a dithered cache also carry ``seed`` (the secret Philox seed drawn for the
+request): with it and ``request`` a run can be replayed.
+"""
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+_FLOATS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "c_max")
+_BOOLS = ("joint", "repaired")
+
+
+@dataclass(frozen=True)
+class CellTable:
+    """Column arrays over every cell of a run (all the same length)."""
+
+    columns: dict
+
+    def __post_init__(self):
+        lengths = {len(v) for v in self.columns.values()}
+        if len(lengths) > 1:
+            raise ValueError(f"columns differ in length: {sorted(lengths)}")
+
+    def __len__(self) -> int:
+        return len(next(iter(self.columns.values()))) if self.columns else 0
+
+    def __getitem__(self, name: str) -> np.ndarray:
+        return self.columns[name]
+
+    def where(self, keep: np.ndarray) -> "CellTable":
+        return CellTable({k: v[keep] for k, v in self.columns.items()})
+
+
+def cell_table(batches, case: int = 0) -> CellTable:
+    """Flatten a list of ``CellBatch`` into a :class:`CellTable` (``case`` fills the case column)."""
+    extras = sorted(batches[0].extra) if batches else []
+    dithered = bool(batches) and all(batch.seed is not None for batch in batches)
+    cols = {k: [] for k in ("case", "request", "layer", "head", "pos", "batch", "tier", "adaptive", *_FLOATS, *_BOOLS,
+                            *extras, *(("seed",) if dithered else ()))}
+    for batch in batches:
+        b, hq, tq = batch.meter.shape
+        grid_b, grid_h, grid_t = np.meshgrid(np.arange(b), np.arange(hq), np.arange(tq), indexing="ij")
+        n = grid_b.size
+        cols["case"].append(np.full(n, case))
+        cols["request"].append(np.asarray(batch.requests, dtype=np.int64)[grid_b.ravel()])
+        cols["layer"].append(np.full(n, batch.layer))
+        cols["head"].append(grid_h.ravel())
+        cols["pos"].append(batch.positions.numpy()[grid_t.ravel()])
+        cols["batch"].append(grid_b.ravel())
+        cols["tier"].append(np.full(n, batch.tier))
+        cols["adaptive"].append(np.full(n, batch.adaptive))
+        for name in (*_FLOATS, *_BOOLS):
+            cols[name].append(getattr(batch, name).numpy().ravel())
+        for name in extras:
+            cols[name].append(batch.extra[name].numpy().ravel())
+        if dithered:
+            cols["seed"].append(np.full(n, batch.seed, dtype=np.uint64))
+    if not cols["layer"]:
+        return CellTable({k: np.array([]) for k in cols})
+    return CellTable({k: np.concatenate(v) for k, v in cols.items()})
+
+
+def concat(tables) -> CellTable:
+    tables = [t for t in tables if len(t)]
+    if not tables:
+        return CellTable({})
+    return CellTable({k: np.concatenate([t[k] for t in tables]) for k in tables[0].columns})
+
+
+def write_jsonl(path: Path, table: CellTable, run: dict) -> int:
+    """Append one line per cell of ``table`` (tagged with ``run``) to ``path``; returns lines written.
+
+    A column of the table wins over a run tag of the same name (a cell's ``tier`` is the tier it
+    was certified with).
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    names = list(table.columns)
+    with path.open("a", encoding="utf-8") as out:
+        for i in range(len(table)):
+            row = dict(run)
+            for name in names:
+                row[name] = _json_value(table[name][i])
+            out.write(json.dumps(row, separators=(",", ":")) + "\n")
+    return len(table)
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    with Path(path).open(encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def _json_value(x):
+    if isinstance(x, (np.bool_, bool)):
+        return bool(x)
+    if isinstance(x, (np.integer,)):
+        return int(x)
+    if isinstance(x, (str, np.str_)):
+        return str(x)
+    x = float(x)
+    if math.isnan(x):
+        return None
+    if math.isinf(x):
+        return "inf" if x > 0 else "-inf"
+    return x

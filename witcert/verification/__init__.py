@@ -1,0 +1,2 @@
+"""Adversarial verification: the sup-box adversary, ``witcert fuzz`` and its attack classes.
+"""
