@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install fuzz clean
+.PHONY: demo test install fuzz clean test-vllm
 
 install: $(STAMP)
 
@@ -24,6 +24,7 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
+	$(MAKE) test-vllm
 
 fuzz: $(STAMP)
 	$(VENV)/bin/witcert fuzz --trials 500000
@@ -31,5 +32,22 @@ fuzz: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
 
+# vLLM plugin: its own venv (requirements-vllm.txt says why), the model converted once by the main venv.
+VVENV  := .venv-vllm
+VPY    := $(VVENV)/bin/python
+VSTAMP := $(VVENV)/.installed
+
+$(VSTAMP): requirements-vllm.txt pyproject.toml
+	test -x $(VPY) || python3 -m venv $(VVENV)
+	$(VPY) -m pip install -q --disable-pip-version-check torch==2.13.0
+	$(VPY) -m pip install -q --disable-pip-version-check -r requirements-vllm.txt
+	$(VPY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton
+	$(VPY) -m pip install -q --disable-pip-version-check --no-deps --no-build-isolation -e .
+	touch $(VSTAMP)
+
+test-vllm: $(STAMP) $(VSTAMP)
+	$(PY) -c "from witcert.integrations.hf.default_model import load_model; load_model()"
+	$(VPY) -m pytest -q tests/vllm
+
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache .hypothesis
+	rm -rf $(VENV) $(VVENV) build *.egg-info .pytest_cache .hypothesis

@@ -1,0 +1,29 @@
+"""vLLM's own fp8 KV cache (e4m3, e5m2) metered, every cell checked against the exact shadow.
+
+Oracle: the fp64 true TV against the exact post-RoPE keys (shadow), per cell; the kernel's
+output against attention recomputed from the read-back cache. Needs an x86 CPU with AVX-512 or
+AMX (vLLM's CPU fp8 path); skipped with the reason elsewhere. Each case runs its own engine.
+"""
+import pytest
+
+from tests.vllm.engines import HAS_VLLM, NO_VLLM, fp8_unsupported_reason, run_engine
+
+pytestmark = pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
+
+# kernel output vs fp64 recomputation, absolute (values of SmolLM2 are O(1)): model dtype accuracy
+OUTPUT_GAP = {"float32": 1e-3, "bfloat16": 5e-2}
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+def test_fp8_cache_every_cell_within_its_meter(smollm2, dtype, kv_cache_dtype):
+    reason = fp8_unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    w = run_engine("--dtype", dtype, "--kv-cache-dtype", kv_cache_dtype, "--plugin", "--shadow",
+                   "--max-tokens", "16")["witcert"]
+    assert w["selftest"]["passed"] is True
+    assert w["cells"] > 0 and w["shadow_cells"] == w["cells"]
+    assert w["shadow_violations"] == 0
+    assert w["shadow_max_true_tv"] > 0  # the cache is lossy: the check is not vacuous
+    assert w["shadow_max_output_gap"] < OUTPUT_GAP[dtype]

@@ -1,0 +1,84 @@
+"""The start-up self-test against vLLM's real C++ cache writer and attention kernel.
+
+Implementation: ``selftest.check_cache`` / ``backend._refuse_unsupported``. Oracle: the C++ ops
+themselves (the self-test must pass on the layout vLLM uses and fail on any other), and the
+configurations the meter does not cover. Needs vLLM (ISA ``vec``: every x86 CPU).
+"""
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from tests.vllm.engines import HAS_VLLM, NO_VLLM
+
+pytestmark = pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
+
+SMOLLM2 = dict(num_heads=9, num_kv_heads=3, head_size=64, block_size=128, k_scale=1.0, v_scale=1.0, scale=0.125)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_passes_on_vllm_layout(dtype):
+    from witcert.integrations.vllm import selftest
+
+    result = selftest._run("vec", dtype, dtype, "auto", *SMOLLM2.values())
+    assert result["passed"] and result["kernel_gap"] <= result["kernel_gap_limit"]
+
+
+def test_refuses_a_wrong_layout(monkeypatch):
+    # both readers made to assume keys stored [block_size, d] (untransposed): caught
+    from witcert.integrations.vllm import layout, selftest
+
+    def by_block(key_cache, block_ids, length):
+        return layout.values_of_blocks(key_cache, block_ids, length)
+
+    def by_slot(key_cache, slots):
+        block_size = key_cache.shape[2]
+        return key_cache[slots // block_size, :, slots % block_size]
+
+    monkeypatch.setattr(layout, "keys_of_blocks", by_block)
+    monkeypatch.setattr(layout, "keys_at_slots", by_slot)
+    with pytest.raises(selftest.CacheLayoutError, match="stored keys read back differ"):
+        selftest._run("vec", torch.float32, torch.float32, "auto", *SMOLLM2.values())
+
+
+def test_refuses_a_kernel_reading_other_keys(monkeypatch):
+    # a read-back that matches the written keys but not what the kernel attends: caught by (3)
+    from witcert.integrations.vllm import layout, selftest
+
+    decode = layout.decode
+    monkeypatch.setattr(layout, "decode", lambda stored, kv, scale: decode(stored, kv, scale) * 1.01)
+    monkeypatch.setattr(selftest, "_CAST_TOLERANCE", {"auto": (0.02, 0.0)})
+    with pytest.raises(selftest.CacheLayoutError, match="kernel's output differs"):
+        selftest._run("vec", torch.float32, torch.float32, "auto", *SMOLLM2.values())
+
+
+def _impl(**overrides):
+    base = dict(sliding_window=-1, logits_soft_cap=0, alibi_slopes=None, sinks=None,
+                kv_sharing_target_layer_name=None, kv_cache_dtype="auto")
+    return SimpleNamespace(**{**base, **overrides})
+
+
+@pytest.mark.parametrize("overrides,match", [
+    ({"kv_cache_dtype": "bfloat16"}, "kv_cache_dtype 'bfloat16'"),  # vLLM 0.32 CPU writes it wrongly
+    ({"sliding_window": 4096}, "sliding window"),
+    ({"logits_soft_cap": 30.0}, "soft cap"),
+    ({"sinks": torch.zeros(9)}, "sinks"),
+])
+def test_refuses_attention_the_meter_does_not_cover(overrides, match):
+    from witcert.integrations.vllm.backend import _refuse_unsupported
+
+    _refuse_unsupported(_impl())  # plain causal attention passes
+    with pytest.raises(ValueError, match=match):
+        _refuse_unsupported(_impl(**overrides))
+
+
+@pytest.mark.parametrize("kv_cache_dtype,expected", [("fp8_e4m3", float("inf")), ("auto", 0.25)])
+def test_key_scale_change_voids_fp8_witnesses(kv_cache_dtype, expected):
+    # an fp8 entry written under scale s0 is read at the new scale: its witness no longer holds
+    from witcert.integrations.vllm.backend import WitCertCPUAttentionImpl
+
+    impl = SimpleNamespace(kv_cache_dtype=kv_cache_dtype, k_scale=1.0, witness=torch.full((2, 3), 0.25))
+    WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=1.0))
+    assert (impl.witness == 0.25).all()
+    WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=2.0))
+    assert (impl.witness == expected).all() and impl.k_scale == 2.0

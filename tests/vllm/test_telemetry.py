@@ -1,0 +1,58 @@
+"""Aggregation, snapshot files and the Prometheus series (no engine needed).
+
+Implementation: ``telemetry.Telemetry`` and ``prometheus.WitCertCollector``. Oracle: counts and
+maxima computed by hand from the cells fed in. Exact equality.
+"""
+import json
+import os
+
+import pytest
+import torch
+
+from witcert.integrations.vllm.telemetry import CellLog, Telemetry
+
+
+def _fed(tau=0.2):
+    t = Telemetry(tau=tau, max_requests=2, shadow=True)
+    t.add("a", 0, torch.tensor([0.0, 0.1, 0.3], dtype=torch.float64), torch.tensor([0.0, 0.05, 0.31]))
+    t.add("b", 1, torch.tensor([1.0, 0.2, 0.0], dtype=torch.float64), torch.tensor([0.5, 0.1, 0.0]))
+    t.add("c", 1, torch.tensor([0.01, 0.0, 0.0], dtype=torch.float64))
+    return t
+
+
+def test_counts_maxima_and_violations():
+    s = _fed().snapshot()
+    assert (s["cells"], s["certified"], s["saturated"]) == (9, 7, 1)
+    assert s["layer_max"] == {"0": 0.3, "1": 1.0}
+    assert s["request_max"] == {"b": 1.0, "c": 0.01}  # the oldest request was dropped (max_requests=2)
+    assert (s["shadow_cells"], s["shadow_violations"]) == (6, 1)  # 0.31 > 0.3
+    assert sum(s["bucket_counts"]) == 9 and s["bucket_counts"][0] == 4  # four exact zeros
+
+
+def test_cell_log_writes_one_line_per_head(tmp_path):
+    log = CellLog(str(tmp_path / "cells.jsonl"))
+    log.add("r", 3, 9, 10, torch.tensor([0.1, 0.2]), torch.tensor([0.1, float("inf")]), torch.tensor([0.0, 0.1]))
+    log.flush()
+    rows = [json.loads(x) for x in open(log.path)]
+    assert [r["head"] for r in rows] == [0, 1] and rows[1]["risk"] == "inf" and rows[0]["step"] == 9
+
+
+def test_collector_merges_live_engine_snapshots(tmp_path):
+    prometheus = pytest.importorskip("witcert.integrations.vllm.prometheus", reason="prometheus_client missing")
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    t = _fed()
+    t.publish(str(tmp_path))
+    dead = dict(t.snapshot(), pid=2**22 + 12345, cells=1000)  # a stale file of a dead engine
+    (tmp_path / "witcert-999999.json").write_text(json.dumps(dead))
+    registry = CollectorRegistry()
+    registry.register(prometheus.WitCertCollector(str(tmp_path)))
+    text = generate_latest(registry).decode()
+    assert "witcert_cells_total 9.0" in text
+    assert 'witcert_certified_fraction{tau="0.2"} 0.7777' in text
+    assert "witcert_saturated_cells_total 1.0" in text
+    assert 'witcert_meter_bucket{le="+Inf"} 9.0' in text
+    assert 'witcert_layer_max_meter{layer="1"} 1.0' in text
+    assert 'witcert_request_max_meter{request="b"} 1.0' in text
+    assert "witcert_shadow_violations_total 1.0" in text
+    assert f"witcert_engines {1.0}" in text and os.getpid() == t.snapshot()["pid"]
