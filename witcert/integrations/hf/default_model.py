@@ -45,7 +45,7 @@ def cache_dir() -> Path:
     """
     if os.environ.get("WITCERT_CACHE"):
         return Path(os.environ["WITCERT_CACHE"])
-    checkout = Path(__file__).resolve().parents[1]
+    checkout = Path(__file__).resolve().parents[3]  # witcert/integrations/hf/ -> the checkout
     if (checkout / "pyproject.toml").is_file():
         return checkout / "models"
     return Path.home() / ".cache" / "witcert"
