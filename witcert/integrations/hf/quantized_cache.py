@@ -360,16 +360,20 @@ class QuantizedLayerStore:
 
     def memory(self) -> MemoryAccount:
         """Bytes held: the layer's quantized states and exact window (compressed), the witnesses, the
-        maintained reconstruction the witness follows (decoded), the exact shadow."""
+        maintained reconstruction the witness follows (decoded), the exact shadow, the host backing store."""
         if not self.length:
             return MemoryAccount()
         layer, keys = self.witness.layer, self.witness.keys
+        backing = 0
+        if self.backing is not None and self.backing_key in self.backing:
+            backing = 2 * self.backing.length(self.backing_key) * keys[..., :1, :].numel() * keys.element_size()
         return MemoryAccount(
             compressed=_bytes(layer._quantized_keys, layer._quantized_values, layer.keys, layer.values),
             witness=_bytes(self.witness.key_witness, self.witness.value_witness, self._value_norm),
             decoded=_bytes(keys, self.witness.values),
             exact_shadow=_bytes(self._exact),
             exact_cache=2 * keys.numel() * keys.element_size(),
+            backing_host=backing,
         )
 
 
