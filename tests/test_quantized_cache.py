@@ -438,7 +438,7 @@ def test_observe_meters_the_quantized_cache_of_the_real_model(scheme, tmp_path):
 @pytest.mark.model
 @NEEDS["hqq"]
 def test_real_model_generate_through_flushes_is_sound_per_cell():
-    """SmolLM2 generating over HQQ 4-bit with a 16-token window: reads of re-quantized history, every cell sound."""
+    """SmolLM2 generating over HQQ 4-bit with an 8-token window: reads of re-quantized history, every cell sound."""
     import witcert
     from witcert.integrations.hf.default_model import load_model
 
@@ -447,12 +447,12 @@ def test_real_model_generate_through_flushes_is_sound_per_cell():
     try:
         loaded = load_model()
         ids = loaded.tokenizer("The history of the printing press begins", return_tensors="pt").input_ids
-        spec = qc.QuantizedCacheSpec("hqq", 4, residual_length=16)
+        spec = qc.QuantizedCacheSpec("hqq", 4, residual_length=8)
         with torch.no_grad(), witcert.monitor(loaded.model, spec) as mon:
-            loaded.model.generate(ids, max_new_tokens=36, min_new_tokens=36, do_sample=False,
+            loaded.model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False,
                                   pad_token_id=loaded.tokenizer.eos_token_id)
     finally:
         torch.set_num_threads(threads)
     table = mon.table()
-    assert len(table) == 35 * loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
+    assert len(table) == 19 * loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
     assert not np.isnan(table["true_tv"]).any() and not (table["true_tv"] > table["meter"]).any()
