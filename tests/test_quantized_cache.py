@@ -456,3 +456,26 @@ def test_real_model_generate_through_flushes_is_sound_per_cell():
     table = mon.table()
     assert len(table) == 19 * loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
     assert not np.isnan(table["true_tv"]).any() and not (table["true_tv"] > table["meter"]).any()
+
+
+def test_observe_checks_hf_cache_schemes_before_the_model_loads(monkeypatch, capsys):
+    """``witcert observe --scheme hf-...``: listed by ``witcert schemes``; tier B and a missing backend are
+    refused with exit status 2 before the model loads."""
+    from witcert.cli import main
+    from witcert.integrations.hf import default_model
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loader ran before the arguments were rejected")
+
+    monkeypatch.setattr(default_model, "load_model", refuse)
+    assert main(["schemes", "--names"]) == 0
+    assert set(qc.HF_CACHE_SCHEMES) <= set(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as exc:
+        main(["observe", "--tier", "B", "--scheme", "hf-hqq-int8"])
+    assert exc.value.code == 2 and "--tier B certifies the dithered-int8 cache only" in capsys.readouterr().err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("hqq") else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        main(["observe", "--scheme", "hf-hqq-int4"])
+    assert exc.value.code == 2 and "--scheme hf-hqq-int4: the 'hqq' KV-cache backend needs the optional extra" \
+        in capsys.readouterr().err
