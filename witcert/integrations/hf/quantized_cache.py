@@ -331,14 +331,14 @@ class QuantizedLayerStore:
                              f"{getattr(value, 'shape', value)}")
         if key.shape[-2] == 0:
             return
-        self.witness.layer.update(key, value)
         norm = round_up_to(value_norms(value), torch.float32)  # >= ||v_t||, 4 bytes per token per head
-        self._value_norm = _cat(self._value_norm, norm)
-        if self.keep_exact:
+        if self.keep_exact:  # copied before the backend sees the tensors
             exact = (key.detach().clone(), value.detach().clone())
             self._exact = exact if self._exact is None else tuple(map(_cat, self._exact, exact))
         if self.backing is not None:
             self.backing.write(self.backing_key, key.detach(), value.detach())
+        self.witness.layer.update(key, value)
+        self._value_norm = _cat(self._value_norm, norm)
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """What the layer's last ``update`` returned (B, Hkv, S, d): what attention reads."""
