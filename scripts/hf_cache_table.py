@@ -75,7 +75,7 @@ def main(argv=None) -> None:
     schemes = tuple(args.schemes.split(","))
     print(f"| scheme | task | cells | violations | coverage@{args.tau:g} | median meter / true TV | KL | needle acc "
           f"| tanh(max c) coverage | meter < tanh(max c) |\n|---|---|---|---|---|---|---|---|---|---|")
-    for task in args.tasks.split(","):
+    for task in filter(None, args.tasks.split(",")):  # --tasks "": the flush run only
         start = time.time()
         config = runner.ObserveConfig(schemes=schemes, task=task, tau=args.tau, context_tokens=args.context,
                                       cases=args.cases)

@@ -22,7 +22,8 @@ TASKS = ("needle", "text", "code")
 def add_arguments(parser) -> None:
     parser.add_argument("--scheme", action="append", default=None, metavar="NAME",
                         help="scheme to meter; repeat or comma-separate for a comparison. A registered name "
-                             "(`witcert schemes`), an installed plugin (entry-point group witcert.schemes) or "
+                             "(`witcert schemes`; also the caches dithered-int8 and transformers' hf-quanto-int4, "
+                             "hf-hqq-int8, ...), an installed plugin (entry-point group witcert.schemes) or "
                              f"module:function for your own fn(x) -> x_hat (default: {DEFAULT_SCHEME}; with --demo: "
                              f"{', '.join(DEMO_SCHEMES)})")
     parser.add_argument("--tier", choices=("auto", "A", "B"), default="auto",
