@@ -8,11 +8,21 @@ bits, HQQ axes 0/1 at 2/4/8 bits, fp8; residual windows 8-16 in the synthetic ca
 tiny random Llama (2 layers, GQA) under ``generate``, transformers' defaults (group 64, window
 128) in the HQQ re-quantization test. Tolerance: none -- every witness >= its residual, at every step.
 
+``witcert.monitor`` over transformers' own quantized layers (``QuantizedCacheSpec``,
+``QuantizedLayerStore``): implementation ``witcert.integrations.hf.monitoring`` with the ``"witcert"``
+attention; oracles: the fp64 true TV of every cell against the exact keys the model wrote (per cell,
+no tolerance), the exact witness oracle above on the final state of every layer, and stock
+transformers ``generate`` over the same ``QuantizedCache`` configuration (same tokens, bit for bit).
+Domain: the named schemes (transformers' defaults: window 128, group 64) and small windows (8, 16)
+that flush and re-quantize several times, both key axes, 2/4/8 bits, a tiny random Llama (GQA,
+head dim 32) with left-padded batches, and one short SmolLM2 run per backend (``model`` mark).
+
 The quanto and HQQ tests need the optional extra ``quant`` and skip with the reason otherwise;
 the fp8 backend needs nothing more and always runs.
 """
 import importlib.util
 
+import numpy as np
 import pytest
 import torch
 from transformers import AttentionInterface, LlamaConfig, LlamaForCausalLM
@@ -266,3 +276,206 @@ def test_named_hf_cache_scheme_builds_a_witnessed_cache():
     cache, witnesses = qc.quantized_cache("hf-hqq-int8", config, BandLayout(16, 4), residual_length=16)
     assert len(witnesses) == config.num_hidden_layers
     assert all(qc.is_witnessed(layer) and layer.nbits == 8 and layer.residual_length == 16 for layer in cache.layers)
+
+
+# ----------------------------------------------------------------------------- witcert.monitor over HF's QuantizedCache
+
+MONITORED = [  # named schemes (transformers' defaults) and small windows that flush and re-quantize
+    pytest.param("hf-quanto-int4", marks=NEEDS["quanto"]),
+    pytest.param("hf-quanto-int2", marks=NEEDS["quanto"]),
+    pytest.param("hf-hqq-int4", marks=NEEDS["hqq"]),
+    pytest.param("hf-hqq-int8", marks=NEEDS["hqq"]),
+    pytest.param(qc.QuantizedCacheSpec("quanto", 2, axis_key=-1, axis_value=-1, q_group_size=16, residual_length=8),
+                 marks=NEEDS["quanto"]),
+    pytest.param(qc.QuantizedCacheSpec("hqq", 4, axis_key=1, axis_value=1, q_group_size=16, residual_length=8),
+                 marks=NEEDS["hqq"]),
+]
+
+
+def _monitored_generate(scheme, new_tokens=12, **kwargs):
+    import witcert
+    from tests.tiny_models import prompts, tiny
+
+    model = tiny("llama")
+    ids, mask = prompts(2, length=12)
+    with torch.no_grad(), witcert.monitor(model, scheme, **kwargs) as mon:
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                             do_sample=False, pad_token_id=0)
+    return model, ids, mask, mon, out
+
+
+@pytest.mark.parametrize("scheme", MONITORED)
+def test_monitor_meters_the_quantized_cache_that_generates(scheme):
+    """Every cell's true TV (against the exact keys the model wrote) is below its meter, and the tokens
+    are stock transformers' over the same QuantizedCache configuration."""
+    from transformers.cache_utils import QuantizedCache
+
+    spec = qc.cache_spec_of(scheme)
+    model, ids, mask, mon, out = _monitored_generate(scheme)
+    table = mon.table()
+    assert len(table) == 2 * 2 * 4 * 11  # rows x layers x query heads x decode steps after the prefill
+    assert not np.isnan(table["true_tv"]).any()
+    bad = np.flatnonzero(table["true_tv"] > table["meter"])
+    assert bad.size == 0, f"{bad.size} cells with true TV above the meter"
+    assert np.nanmax(table["true_tv"]) > 0  # the cache really is lossy: the check had something to check
+
+    stock_cache = QuantizedCache(spec.backend, model.config, nbits=spec.nbits, axis_key=spec.axis_key,
+                                 axis_value=spec.axis_value, q_group_size=spec.q_group_size,
+                                 residual_length=spec.residual_length)
+    with torch.no_grad():
+        stock = model.generate(input_ids=ids, attention_mask=mask, past_key_values=stock_cache, max_new_tokens=12,
+                               min_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert torch.equal(out, stock)
+
+
+@pytest.mark.parametrize("scheme", [MONITORED[4], MONITORED[5]])
+def test_monitored_store_keeps_maintained_witnesses_that_cover_the_exact_keys(scheme):
+    """The store's witness is the maintained one (never below the exact witness, looser after a flush),
+    and it covers ``read - exact`` per (token, band); the store's exact shadow is what the model wrote."""
+    stores = []
+    real = qc.QuantizedLayerStore.__post_init__
+
+    def spy(store):
+        real(store)
+        stores.append(store)
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(qc.QuantizedLayerStore, "__post_init__", spy)
+        _monitored_generate(scheme, new_tokens=20)
+    layout = BandLayout(32, 16)
+    assert len(stores) == 2
+    for store in stores:
+        keys, values = store.read()
+        exact_k, exact_v = store.exact()
+        assert not torch.equal(keys, exact_k)
+        assert witness_shortfalls(store.witness.key_witness, keys, exact_k, layout) == 0
+        assert value_shortfalls(store.witness.value_witness, values, exact_v) == 0
+        exact_witness = witness_of(exact_k, keys, layout)
+        assert (store.witness.key_witness >= exact_witness).all()
+        assert (store.witness.key_witness > exact_witness).any()  # re-quantized tokens: the triangle bound
+        assert store.memory().exact_cache == 2 * keys.numel() * keys.element_size()
+
+
+@NEEDS["hqq"]
+def test_monitor_production_mode_and_gate_over_the_quantized_cache():
+    """keep_exact=False: no true TV, the gate pages exact blocks from the host backing store; with the
+    exact shadow the same gate repairs from memory and every cell stays sound."""
+    import witcert
+
+    spec = qc.QuantizedCacheSpec("hqq", 2, q_group_size=16, residual_length=8)
+    _, _, _, mon, _ = _monitored_generate(spec, new_tokens=12, keep_exact=False, gate=witcert.Gate(tau=0.05))
+    table = mon.table()
+    assert np.isnan(table["true_tv"]).all() and table["repaired"].any()
+    assert mon.memory().total.exact_shadow == 0 and mon.memory().total.backing_host > 0
+    _, _, _, mon, _ = _monitored_generate(spec, new_tokens=12, gate=witcert.Gate(tau=0.05))
+    table = mon.table()
+    assert table["repaired"].any() and not (table["true_tv"] > table["meter"]).any()
+
+
+def test_quantized_cache_spec_checks_and_names():
+    assert qc.cache_spec_of("hf-hqq-int8") == qc.QuantizedCacheSpec("hqq", 8)
+    assert qc.cache_spec_of("rtn-int4") is None and qc.cache_spec_of(len) is None
+    assert qc.QuantizedCacheSpec("quanto", 4).name == "hf-quanto-int4"
+    assert qc.QuantizedCacheSpec("hqq", 4, residual_length=16).name == "hf-hqq-int4(residual_length=16)"
+    with pytest.raises(ValueError, match="backend must be one of"):
+        qc.QuantizedCacheSpec("fp8", 8)
+    with pytest.raises(ValueError, match="residual_length must be a positive int"):
+        qc.QuantizedCacheSpec("hqq", 4, residual_length=0)
+
+
+def test_monitor_names_the_missing_extra_before_any_forward_call(monkeypatch):
+    import witcert
+    from tests.tiny_models import tiny
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("hqq") else real(name, *a))
+    with pytest.raises(ImportError, match="optional extra 'quant'"):
+        witcert.monitor(tiny("llama"), "hf-hqq-int4")
+
+
+@NEEDS["quanto"]
+def test_metering_an_already_quantized_cache_as_exact_raises():
+    """The misuse of the issue: WitCert attention over transformers' QuantizedCache built outside the
+    monitor (its "exact" keys are the quantized ones) raises before any cell is reported."""
+    import witcert
+    from tests.tiny_models import prompts, tiny
+
+    model = tiny("llama")
+    ids, mask = prompts(1, length=8)
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4") as mon:
+        with pytest.raises(ValueError, match="QuantoQuantizedLayer.*not the exact keys"):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0,
+                           cache_implementation="quantized", cache_config={"backend": "quanto", "nbits": 4})
+    assert len(mon.batches) == 0
+
+
+# ----------------------------------------------------------------------------- SmolLM2 (one short run per backend)
+
+
+@pytest.mark.model
+@pytest.mark.parametrize("scheme", [pytest.param("hf-quanto-int4", marks=NEEDS["quanto"]),
+                                    pytest.param("hf-hqq-int8", marks=NEEDS["hqq"])])
+def test_observe_meters_the_quantized_cache_of_the_real_model(scheme, tmp_path):
+    """``witcert observe --scheme hf-...`` (transformers' defaults) on SmolLM2: every cell sound against the
+    exact keys, from the run's own telemetry (no tolerance)."""
+    import json
+
+    from witcert.cli import main
+
+    threads = torch.get_num_threads()
+    try:
+        status = main(["observe", "--scheme", scheme, "--task", "text", "--cases", "1", "--context", "160",
+                       "--probe", "8", "--out", str(tmp_path / "report")])
+    finally:
+        torch.set_num_threads(threads)
+    assert status == 0
+    rows = [json.loads(line) for line in (tmp_path / "report" / "telemetry.jsonl").read_text().splitlines()]
+    assert rows and {r["scheme"] for r in rows} == {scheme} and {r["tier"] for r in rows} == {"A"}
+    tv, meter = np.array([r["true_tv"] for r in rows]), np.array([r["meter"] for r in rows])
+    assert not np.isnan(tv).any() and (tv <= meter).all() and tv.max() > 0
+
+
+@pytest.mark.model
+@NEEDS["hqq"]
+def test_real_model_generate_through_flushes_is_sound_per_cell():
+    """SmolLM2 generating over HQQ 4-bit with an 8-token window: reads of re-quantized history, every cell sound."""
+    import witcert
+    from witcert.integrations.hf.default_model import load_model
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        loaded = load_model()
+        ids = loaded.tokenizer("The history of the printing press begins", return_tensors="pt").input_ids
+        spec = qc.QuantizedCacheSpec("hqq", 4, residual_length=8)
+        with torch.no_grad(), witcert.monitor(loaded.model, spec) as mon:
+            loaded.model.generate(ids, max_new_tokens=20, min_new_tokens=20, do_sample=False,
+                                  pad_token_id=loaded.tokenizer.eos_token_id)
+    finally:
+        torch.set_num_threads(threads)
+    table = mon.table()
+    assert len(table) == 19 * loaded.model.config.num_hidden_layers * loaded.model.config.num_attention_heads
+    assert not np.isnan(table["true_tv"]).any() and not (table["true_tv"] > table["meter"]).any()
+
+
+def test_observe_checks_hf_cache_schemes_before_the_model_loads(monkeypatch, capsys):
+    """``witcert observe --scheme hf-...``: listed by ``witcert schemes``; tier B and a missing backend are
+    refused with exit status 2 before the model loads."""
+    from witcert.cli import main
+    from witcert.integrations.hf import default_model
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("the model loader ran before the arguments were rejected")
+
+    monkeypatch.setattr(default_model, "load_model", refuse)
+    assert main(["schemes", "--names"]) == 0
+    assert set(qc.HF_CACHE_SCHEMES) <= set(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as exc:
+        main(["observe", "--tier", "B", "--scheme", "hf-hqq-int8"])
+    assert exc.value.code == 2 and "--tier B certifies the dithered-int8 cache only" in capsys.readouterr().err
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name.startswith("hqq") else real(name, *a))
+    with pytest.raises(SystemExit) as exc:
+        main(["observe", "--scheme", "hf-hqq-int4"])
+    assert exc.value.code == 2 and "--scheme hf-hqq-int4: the 'hqq' KV-cache backend needs the optional extra" \
+        in capsys.readouterr().err

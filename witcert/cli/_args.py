@@ -11,12 +11,18 @@ import math
 import os
 from pathlib import Path
 
-# Names `witcert observe --scheme` accepts that are caches with their own certificate rather than
-# tensor functions in the scheme registry (the name is witcert.integrations.hf.attention.DITHERED;
-# kept here because importing that module loads transformers, which the argument check must not).
+from witcert.integrations.hf.quantized_cache import HF_CACHE_SCHEMES  # no transformers import
+
+# Names `witcert observe --scheme` accepts that are caches rather than tensor functions in the scheme
+# registry. DITHERED is witcert.integrations.hf.monitoring.DITHERED, kept here because importing that
+# module loads transformers, which the argument check must not.
+DITHERED = "dithered-int8"
 CACHE_SCHEMES = {
-    "dithered-int8": "the dithered INT8 cache (witcert.DitheredInt8) with its Tier B certificate "
-                     "(--tier B; the probabilistic branch for non-adaptive queries only)",
+    DITHERED: "the dithered INT8 cache (witcert.DitheredInt8) with its Tier B certificate "
+              "(--tier B; the probabilistic branch for non-adaptive queries only)",
+    **{name: f"transformers' own QuantizedCache, {spec.backend} {spec.nbits}-bit (axis 0, groups of "
+             f"{spec.q_group_size}, exact window of {spec.residual_length}; maintained witnesses; extra 'quant')"
+       for name, spec in HF_CACHE_SCHEMES.items()},
 }
 
 

@@ -9,6 +9,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from witcert.cli import _args
+from witcert.integrations.hf.quantized_cache import HF_CACHE_SCHEMES, require_backend
 from witcert.schemes.plugins import resolve_scheme
 
 HELP = "run a real model (default: embedded SmolLM2-135M-Instruct) under compressed KV caches; report meter vs true TV"
@@ -21,7 +22,8 @@ TASKS = ("needle", "text", "code")
 def add_arguments(parser) -> None:
     parser.add_argument("--scheme", action="append", default=None, metavar="NAME",
                         help="scheme to meter; repeat or comma-separate for a comparison. A registered name "
-                             "(`witcert schemes`), an installed plugin (entry-point group witcert.schemes) or "
+                             "(`witcert schemes`; also the caches dithered-int8 and transformers' hf-quanto-int4, "
+                             "hf-hqq-int8, ...), an installed plugin (entry-point group witcert.schemes) or "
                              f"module:function for your own fn(x) -> x_hat (default: {DEFAULT_SCHEME}; with --demo: "
                              f"{', '.join(DEMO_SCHEMES)})")
     parser.add_argument("--tier", choices=("auto", "A", "B"), default="auto",
@@ -61,11 +63,15 @@ def check(args) -> None:
     _args.require_installed("witcert observe", "observatory", "transformers", "matplotlib")
     args.schemes = _schemes(args)
     for name in args.schemes:
-        if name not in _args.CACHE_SCHEMES:
+        if name in HF_CACHE_SCHEMES:
+            try:
+                require_backend(HF_CACHE_SCHEMES[name].backend)
+            except ImportError as err:
+                raise ValueError(f"--scheme {name}: {err}") from None
+        elif name not in _args.CACHE_SCHEMES:
             resolve_scheme(name)  # SchemeLoadError is a ValueError with the known names
-    if args.tier == "B" and any(name not in _args.CACHE_SCHEMES for name in args.schemes):
-        raise ValueError(f"--tier B certifies the {', '.join(_args.CACHE_SCHEMES)} cache only; "
-                         f"got --scheme {','.join(args.schemes)}")
+    if args.tier == "B" and any(name != _args.DITHERED for name in args.schemes):
+        raise ValueError(f"--tier B certifies the {_args.DITHERED} cache only; got --scheme {','.join(args.schemes)}")
     if args.task not in TASKS:
         path = Path(args.task).expanduser()
         if not path.is_file() or not os.access(path, os.R_OK):

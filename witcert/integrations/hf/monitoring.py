@@ -56,6 +56,7 @@ from witcert.integrations.hf import telemetry
 from witcert.integrations.hf.codecs import Dither, codec_for
 from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
 from witcert.integrations.hf.geometry import geometry_of
+from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 DITHERED = "dithered-int8"  # the Tier B cache (witcert.DitheredInt8), not a Tier A registry scheme
@@ -76,7 +77,11 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         A registered scheme name (``witcert.list_schemes()``), ``"dithered-int8"`` (the Tier B
         cache), any callable ``fn(x) -> x_hat`` (a cache tensor (..., S, d) to its
         reconstruction, same shape and dtype; it may take ``role="key"/"value"``), or a codec
-        object with ``encode``/``decode``/``nbytes`` (:mod:`witcert.integrations.hf.codecs`).
+        object with ``encode``/``decode``/``nbytes`` (:mod:`witcert.integrations.hf.codecs`), or
+        transformers' own ``QuantizedCache`` layers: a name of
+        :data:`~witcert.integrations.hf.quantized_cache.HF_CACHE_SCHEMES` (``"hf-quanto-int4"``,
+        ``"hf-hqq-int8"``, ...) or a :class:`~witcert.integrations.hf.quantized_cache.QuantizedCacheSpec`
+        (maintained witnesses, ``WM``; needs the ``quant`` extra).
     tier : {"auto", "A", "B"}
         ``"auto"``: Tier B for the dithered cache, Tier A otherwise. ``"B"`` needs the dithered cache.
     gate : witcert.Gate, optional
@@ -141,10 +146,13 @@ class Monitor:
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         self.dithered = isinstance(scheme, str) and scheme == DITHERED
+        self.hf_cache = cache_spec_of(scheme)  # transformers' own QuantizedCache layers (quanto, HQQ)
         if tier == "B" and not self.dithered:
             raise ValueError(f"tier B certifies the {DITHERED!r} cache only, not scheme {scheme!r}")
         self.tier = "B" if self.dithered and tier != "A" else "A"  # the tier used, never "auto"
-        if not self.dithered:
+        if self.hf_cache is not None:
+            self.hf_cache.layer()  # ImportError naming the extra, now rather than at the first forward call
+        elif not self.dithered:
             self._codec = codec_for(scheme, packed=not keep_exact)  # validates the name or object
         if gate is not None and not isinstance(gate, Gate):
             raise ValueError(f"gate must be a witcert.Gate or None, got {type(gate).__name__}")
@@ -287,7 +295,10 @@ class Monitor:
         self.backing_dir.mkdir(parents=True, exist_ok=True)
         return self.backing_dir
 
-    def _store(self, index: int, record: RequestRecord, backing: BackingStore | None) -> CompressedLayer:
+    def _store(self, index: int, record: RequestRecord, backing: BackingStore | None):
+        if self.hf_cache is not None:
+            return QuantizedLayerStore(self.hf_cache, self.layout, keep_exact=self.keep_exact, backing=backing,
+                                       backing_key=index)
         if self.dithered:
             from witcert.tier_b.quantizer import DitheredInt8
 
@@ -348,7 +359,8 @@ class Monitor:
 
     def write_jsonl(self, path: str | Path, run: dict | None = None) -> int:
         """Append one JSON line per cell to ``path`` (``run``: tags added to every line); returns the count."""
-        tags = {"scheme": self.scheme if isinstance(self.scheme, str) else getattr(self.scheme, "__name__", "callable"),
+        name = self.scheme if isinstance(self.scheme, str) else getattr(self.scheme, "name", None)
+        tags = {"scheme": name or getattr(self.scheme, "__name__", "callable"),
                 "keep_exact": self.keep_exact, **(run or {})}
         return telemetry.write_jsonl(Path(path), self.table(), tags)
 
