@@ -41,7 +41,7 @@ from benchmarks.timing import time_interleaved
 
 def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout, sm: float) -> torch.Tensor:
     """Proposal 1: (Hkv, G, d) x (Hkv, S, B) -> (Hkv, G, S); same value as ``witcert.logit_bound``."""
-    from witcert.tier_a.witness import norms_upper_fp64
+    from witcert.core.norms import norms_upper_fp64
 
     qn = norms_upper_fp64(layout.split(q.double()))  # (Hkv, G, B)
     c = (qn @ w.double().transpose(-1, -2)) * sm  # (Hkv, G, S)
