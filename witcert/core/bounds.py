@@ -138,8 +138,7 @@ class TokenSums:
     ``mass`` and ``shrunk``: ``sum e^{y}`` and ``sum e^{y - c}`` (K = 1). ``excess``, ``shortfall`` and
     ``second``: the per-bucket sums (K = ``SPLIT_LEVELS``, bucket ``r`` of :func:`split_buckets`) of
     ``e^{y}(e^{c} - 1)``, ``e^{y}(1 - e^{-c})`` and ``e^{y}(e^{c} - 1)^2``; ``bucket_max_c`` (..., K) the
-    largest radius in each bucket (0 if empty) and ``max_c`` (...,) ``D``. The eager reference fills
-    it in :func:`moments`; the compiled path (:mod:`witcert.fastpath`) from its fused pass.
+    largest radius in each bucket (0 if empty) and ``max_c`` (...,) ``D``. :func:`moments` fills it.
     """
 
     mass: rounding.Sums
