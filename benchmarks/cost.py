@@ -20,6 +20,7 @@ import torch
 import witcert
 from witcert.core import bounds
 from witcert.tier_b.certificate import delta_local
+from witcert.tier_b.counters import StandaloneCounter
 from witcert.core.checks import check_scores_and_bounds
 
 from benchmarks.timing import time_interleaved
@@ -40,7 +41,7 @@ def _problem(hq: int, hkv: int, d: int, s: int, seed: int = 0) -> dict:
     layout = witcert.BandLayout(d, 16)
     k_hat = witcert.get_scheme("rtn-int8")(k)
     w = witcert.witness_of(k, k_hat, layout)  # (Hkv, S, B) fp16, written once at cache-write time
-    store = witcert.DitheredInt8().quantize(k, witcert.tier_b.counters.StandaloneCounter(request=0, layer=0))
+    store = witcert.DitheredInt8().quantize(k, StandaloneCounter(request=0, layer=0))
     return dict(q=q, k=k_hat, v=v, w=w, layout=layout, store=store, sm=d**-0.5,
                 delta_loc=delta_local(1e-2, 30, hq, 1024))
 

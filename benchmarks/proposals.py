@@ -41,7 +41,7 @@ from benchmarks.timing import time_interleaved
 
 def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout, sm: float) -> torch.Tensor:
     """Proposal 1: (Hkv, G, d) x (Hkv, S, B) -> (Hkv, G, S); same value as ``witcert.logit_bound``."""
-    from witcert.tier_a.witness import norms_upper_fp64
+    from witcert.core.norms import norms_upper_fp64
 
     qn = norms_upper_fp64(layout.split(q.double()))  # (Hkv, G, B)
     c = (qn @ w.double().transpose(-1, -2)) * sm  # (Hkv, G, S)
@@ -72,7 +72,7 @@ def _cheap_term_relative_error(exponent_error, n_ops, dtype):
 
 def proposed_moments(scores: torch.Tensor, c: torch.Tensor):
     """Proposal 4 (cost estimate): the library's enclosures with one expm1 pass (see module doc)."""
-    from witcert.core.bounds import _SPLIT_C, Moments, moments
+    from witcert.core.bounds import _SPLIT_C, Enclosure, moments
 
     live = scores > float("-inf")
     c = torch.where(live, c, torch.zeros_like(c))
@@ -101,7 +101,7 @@ def proposed_moments(scores: torch.Tensor, c: torch.Tensor):
     j_hi = rounding.up(rounding.sum_upper(j_terms, rho6) / total_lo)
     direct = rounding.sum_lower(shrunk, rho6) / total_hi
     a_minus_lo = torch.maximum(1 - j_hi, direct * (1 - 4 * rounding.FP64_SLACK))
-    return Moments(k_hi, j_hi, a_minus_lo, c.amax(-1).double(), mass, mass_rho, total_lo)
+    return Enclosure(k_hi, j_hi, a_minus_lo, c.amax(-1).double())  # the base meter's enclosure (no CS, MS)
 
 
 def proposed_meter(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:

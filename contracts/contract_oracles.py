@@ -238,6 +238,12 @@ def reference_meter(c: AttentionCase) -> torch.Tensor:
     return witcert.meter(compressed_scores(c), reference_radius(c))
 
 
+def reference_base_meter(c: AttentionCase) -> torch.Tensor:
+    """The torch enclosure's ``min(1, T1, P1, MN)`` (no CS, MS): what the kernel's meter reports (B, Hq)."""
+    m = reference_moments(c)
+    return bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c).meter()
+
+
 def reference_moments(c: AttentionCase) -> bounds.Moments:
     """``witcert.core.bounds.moments``: fp64 enclosures of ``A - 1`` (``k_hi``) and ``1 - A-`` (``j_hi``)."""
     return bounds.moments(compressed_scores(c), reference_radius(c))

@@ -11,12 +11,19 @@ c_t         ``spec.bands.bound_band_witness`` (T2)   Cauchy-Schwarz per band, fr
 u-branch    ``spec.dither.logit_bound(mode="u")``    ``u + beta + rho`` from TB's definitions
 A           ``spec.golden.a_plus_from_scores``       ``spec.independent.quantities``
 meter       ``spec.golden.meter_from_scores``        ``spec.independent.quantities``
+base meter  ``min(1, T1, P1, MN)`` of the golden      the same of ``spec.independent.quantities``
+CS, MS      ``spec.golden.chi_square_from_scores``,   ``spec.independent.quantities``
+            ``mass_split_from_scores``
 ==========  ======================================  ======================================
 
 The kernel's per-token radii come from single-token rows (``D = max_t c_t = c_t`` when ``S = 1``);
 ``A`` and the meter from the full rows. torch: ``witcert.logit_bound``, ``tier_b_logit_bound``,
-``witcert.core.bounds.moments``, ``witcert.meter`` (fp64). Golden and independent see the exact
-logits (``q . k^`` of the stored values, at full precision) and their own exact radii.
+``witcert.core.bounds.moments``, ``witcert.meter``, ``chi_square_bound``, ``mass_split_bound`` (fp64).
+Golden and independent see the exact logits (``q . k^`` of the stored values, at full precision)
+and their own exact radii. The kernel reports the base meter ``min(1, T1, P1, MN)`` (CS and MS are
+not in its accumulators, ``kernels/certificate.py``): it has values in the ``meter`` row (never below
+the golden, which holds CS and MS) and the ``base meter`` row (within its stated budget), none for
+CS and MS.
 
 Used by ``contracts/test_four_implementations.py`` (assertions) and
 ``scripts/four_impl_table.py`` (the printed table).
@@ -56,7 +63,8 @@ IMPLEMENTATIONS = ("kernel", "torch", "golden", "independent")
 
 @dataclass(frozen=True)
 class Quantity:
-    """One row of the table: values (cells,) per implementation, as mpf/Decimal-convertible."""
+    """One row of the table: values (cells,) per implementation, as mpf/Decimal-convertible
+    (an implementation that does not compute the quantity has no key)."""
 
     name: str
     theorem: str
@@ -162,9 +170,13 @@ def torch_scores(p: Problem) -> torch.Tensor:
     return torch.einsum("hd,hsd->hs", p.q[0].double(), keys) / math.sqrt(HEAD_DIM)
 
 
-def torch_certificate(p: Problem):
+def torch_certificate(p: Problem) -> dict:
+    """A, the meter, the base meter (the enclosure without CS and MS, as the kernel's), CS and MS, each (Hq,)."""
     scores, radius = torch_scores(p), torch_radii(p)[0]
-    return 1 + bounds.moments(scores, radius).k_hi, witcert.meter(scores, radius)
+    m = bounds.moments(scores, radius)
+    base = bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c).meter()
+    return {"A": 1 + m.k_hi, "meter": witcert.meter(scores, radius), "base meter": base,
+            "CS": bounds.chi_square_bound(scores, radius), "MS": bounds.mass_split_bound(scores, radius)}
 
 
 # ----------------------------------------------------------------------------- golden side
@@ -194,9 +206,17 @@ def golden_radii_and_scores(p: Problem):
     return radii, u_branch, scores
 
 
-def golden_certificate(scores, radii):
-    return ([golden.a_plus_from_scores(s, c) for s, c in zip(scores, radii)],
-            [golden.meter_from_scores(s, c) for s, c in zip(scores, radii)])
+def golden_certificate(scores, radii) -> dict:
+    def per_cell(fn):
+        return [fn(s, c) for s, c in zip(scores, radii)]
+
+    def base(s, c):
+        return min(mpmath.mpf(1), golden.eform_from_scores(s, c), golden.two_sided_from_scores(s, c),
+                   golden.maxnorm_from_scores(s, c))
+
+    return {"A": per_cell(golden.a_plus_from_scores), "meter": per_cell(golden.meter_from_scores),
+            "base meter": per_cell(base), "CS": per_cell(golden.chi_square_from_scores),
+            "MS": per_cell(golden.mass_split_from_scores)}
 
 
 # ----------------------------------------------------------------------------- independent side
@@ -235,9 +255,11 @@ def independent_radii_and_scores(p: Problem):
     return radii, u_branch, scores
 
 
-def independent_certificate(scores, radii):
+def independent_certificate(scores, radii) -> dict:
     found = [independent.quantities(s, c=c) for s, c in zip(scores, radii)]
-    return [f["a_plus"] for f in found], [f["meter"] for f in found]
+    return {"A": [f["a_plus"] for f in found], "meter": [f["meter"] for f in found],
+            "base meter": [min(Decimal(1), f["eform"], f["two_sided"], f["maxnorm"]) for f in found],
+            "CS": [f["chi_square"] for f in found], "MS": [f["mass_split"] for f in found]}
 
 
 # ----------------------------------------------------------------------------- the table
@@ -252,9 +274,9 @@ def table(seed: int = 31, scheme: str = "rtn-int4") -> tuple[Quantity, ...]:
     g_radii, g_u, g_scores = golden_radii_and_scores(p)
     i_radii, i_u, i_scores = independent_radii_and_scores(p)
     k_a, k_meter = kernel_certificate(p)
-    t_a, t_meter = torch_certificate(p)
-    g_a, g_meter = golden_certificate(g_scores, g_radii)
-    i_a, i_meter = independent_certificate(i_scores, i_radii)
+    t = torch_certificate(p)
+    g = golden_certificate(g_scores, g_radii)
+    i = independent_certificate(i_scores, i_radii)
 
     def flat(x):
         return [v for row in x for v in row] if isinstance(x, list) else [float(v) for v in x.reshape(-1)]
@@ -264,9 +286,13 @@ def table(seed: int = 31, scheme: str = "rtn-int4") -> tuple[Quantity, ...]:
                                          "independent": flat(i_radii)}),
         Quantity("u_t + beta_t + rho_t (Tier B)", "TB", {"kernel": flat(k_u), "torch": flat(t_u), "golden": flat(g_u),
                                                          "independent": flat(i_u)}),
-        Quantity("A", "T1", {"kernel": flat(k_a), "torch": flat(t_a), "golden": g_a, "independent": i_a}),
-        Quantity("meter", "T1/P1/MN", {"kernel": flat(k_meter), "torch": flat(t_meter), "golden": g_meter,
-                                       "independent": i_meter}),
+        Quantity("A", "T1", {"kernel": flat(k_a), "torch": flat(t["A"]), "golden": g["A"], "independent": i["A"]}),
+        Quantity("meter", "T1/P1/MN/CS/MS", {"kernel": flat(k_meter), "torch": flat(t["meter"]), "golden": g["meter"],
+                                             "independent": i["meter"]}),
+        Quantity("base meter", "T1/P1/MN", {"kernel": flat(k_meter), "torch": flat(t["base meter"]),
+                                            "golden": g["base meter"], "independent": i["base meter"]}),
+        Quantity("chi-square", "CS", {"torch": flat(t["CS"]), "golden": g["CS"], "independent": i["CS"]}),
+        Quantity("mass-split", "MS", {"torch": flat(t["MS"]), "golden": g["MS"], "independent": i["MS"]}),
     )
 
 
@@ -276,13 +302,13 @@ def markdown(quantities) -> str:
              "| independent - golden (max rel) | kernel >= golden |",
              "|---|---|---|---|---|---|---|---|"]
     for quantity in quantities:
-        rel = {impl: quantity.relative(impl) for impl in ("kernel", "torch", "independent")}
-        worst = {impl: max(abs(r) for r in values) for impl, values in rel.items()}
-        never_below = all(r >= 0 for r in rel["kernel"])
+        rel = {impl: quantity.relative(impl) for impl in ("kernel", "torch", "independent") if impl in quantity.values}
+        worst = {impl: mpmath.nstr(max(abs(r) for r in values), 3) for impl, values in rel.items()}
+        never_below = "—" if "kernel" not in rel else "yes" if all(r >= 0 for r in rel["kernel"]) else "NO"
         golden0 = mpmath.nstr(mpmath.mpf(str(quantity.values["golden"][0])), 20)
-        lines.append(f"| {quantity.name} | {quantity.theorem} | {len(rel['kernel'])} | {golden0} "
-                     f"| {mpmath.nstr(worst['kernel'], 3)} | {mpmath.nstr(worst['torch'], 3)} "
-                     f"| {mpmath.nstr(worst['independent'], 3)} | {'yes' if never_below else 'NO'} |")
+        lines.append(f"| {quantity.name} | {quantity.theorem} | {len(quantity.values['golden'])} | {golden0} "
+                     f"| {worst.get('kernel', '— (not in the kernel)')} | {worst['torch']} "
+                     f"| {worst['independent']} | {never_below} |")
     return "\n".join(lines)
 
 

@@ -11,6 +11,14 @@ tanh(D/2))`` of Theorem 1 (``T1``), Proposition 1 (``P1``) and the max-norm boun
 reusing the bound formulas of ``witcert.core.bounds`` and the error constants of
 ``witcert.core.rounding`` (registry key ``FP``).
 
+This is the *base* meter. The torch meter also takes the chi-square (``CS``) and mass-split
+(``MS``) bounds, which need a second moment and per-bucket sums over a grid anchored at
+``D = max c`` (not known until the last split is merged); the kernel does not accumulate them
+yet, so its :class:`~witcert.core.bounds.Enclosure` has neither and its meter is
+``min(1, T1, P1, MN)``: still sound, never below the torch meter or the golden (which are a
+minimum over more sound bounds), and at most as loose as before (registry rows ``CS``, ``MS``:
+``kernel=None``).
+
 Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.core.rounding.exp_relative_error``)
 ------------------------------------------------------------------------------------
 Logit rounding. ``|s'_t - s_t| <= delta_t = sm_scale kappa_dot sum_i |q_i k_i|`` with
@@ -159,7 +167,8 @@ class Certificate:
     Attributes
     ----------
     meter : Tensor (batch, Hq), fp32
-        ``min(1, e-form, two-sided, tanh(D/2))``, never below the exact-arithmetic value.
+        The base meter ``min(1, e-form, two-sided, tanh(D/2))`` (no CS, MS), never below the
+        exact-arithmetic value of itself nor of the full meter.
     risk : Tensor (batch, Hq), fp64
         Raw e-form ``1/2 (A^2 - 1)`` upper bound; ``inf`` when the radius was capped.
     a_minus_one : Tensor (batch, Hq), fp64

@@ -20,7 +20,12 @@ Row sets: ``adversarial`` (S in {4, 8, 12}, random scores and radii, mixed shape
 (S = 256, a peaked ``p~`` with a sink, the largest radii on low-mass tokens) and, with ``--model``,
 SmolLM2 rtn-int8 Tier A cells (six layers, every query head, three domains, 8 queries each).
 
-Usage: ``PYTHONPATH=. python scripts/mass_split_grid.py [--rows N] [--model] [--cache FILE]``
+The last two rows of every table are the shipped code itself (``witcert.core.bounds.moments``,
+with its rounding enclosure): ``torch before`` is its enclosure without CS and MS (the meter
+before issue 12, and what the Triton kernel still reports), ``torch after`` is ``witcert.meter``.
+``--final-only`` skips the grid study and reports just those and the sup box.
+
+Usage: ``PYTHONPATH=. python scripts/mass_split_grid.py [--rows N] [--model] [--cache FILE] [--final-only]``
 (``--model`` needs ``WITCERT_CACHE``; ~15 min on 2 busy cores, mostly the ``all`` column).
 """
 import argparse
@@ -186,18 +191,29 @@ def _pad(rows):
     return scores, torch.where(scores > -math.inf, c, torch.zeros_like(c))
 
 
+def shipped_meters(scores, c) -> dict:
+    """The torch meter as shipped, before (enclosure without CS, MS) and after issue 12, fp64."""
+    from witcert.core import bounds
+    from witcert.core.metering import meter
+
+    m = bounds.moments(scores, c)
+    before = bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c).meter()
+    return {"torch before: min(1, T1, P1, MN)": before, "torch after: witcert.meter (+CS+MS)": meter(scores, c)}
+
+
 def evaluate(name: str, rows, variants) -> list[str]:
-    import witcert
+    from witcert.verification import adversary
 
     scores, c = _pad(rows)
     p = torch.softmax(scores, -1)
     t1, p1, mn, cs = base_bounds(p, c)
     base = torch.minimum(torch.minimum(t1, p1), mn).clamp(max=1)
-    sup = witcert.verification.adversary.sup_box_tv(scores, c).tv
+    sup = adversary.sup_box_tv(scores, c).tv
     meters = {"base: min(1, T1, P1, MN)": base, "+CS": torch.minimum(base, cs)}
     for kind, k in variants:
         ms = mass_split_all(p, c) if kind == "all" else mass_split(p, c, grid(kind, k, c, p))
         meters[f"+CS+MS[{kind} {k}]" if kind != "all" else "+CS+MS[all]"] = torch.minimum(meters["+CS"], ms)
+    meters.update(shipped_meters(scores, c))
     live = sup > 0
     out = [f"\n### {name} ({len(rows)} rows, S <= {scores.shape[-1]})\n",
            "| meter | median meter/base | coverage@0.2 | median meter/sup-box | rows below sup-box |",
@@ -216,11 +232,14 @@ def main(argv=None):
     ap.add_argument("--rows", type=int, default=600, help="rows per synthetic set")
     ap.add_argument("--model", action="store_true", help="also measure SmolLM2 rtn-int8 cells")
     ap.add_argument("--cache", default=None, help="file to keep the captured SmolLM2 rows in (torch.save)")
+    ap.add_argument("--final-only", action="store_true", help="only the shipped meter before/after (no grid study)")
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     g = torch.Generator().manual_seed(0)
     variants = [("rel2", 4), ("pow2", 4), ("pow2", 8), ("q4", 8), ("q4", 12), ("pow2q", 12),
                 ("fp2", 2), ("fp2", 4), ("fp2", 6), ("fp2", 8), ("fp2", 12), ("fp2", 16), ("fp3", 24), ("all", 0)]
+    if args.final_only:
+        variants = [("fp2", 12)]
     lines = evaluate("adversarial", adversarial(args.rows, g), variants)
     lines += evaluate("real-like", real_like(args.rows, g), variants)
     if args.model:

@@ -136,14 +136,15 @@ BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Real], Sequence[Real]], mpf]] =
 
 @_golden
 def meter_from_scores(scores: Sequence[Real], c: Sequence[Real]) -> mpf:
-    """The exact meter ``min(1, e-form, two-sided, tanh(D/2))`` (T1, P1, MN).
+    """The exact meter ``min(1, T1, P1, MN, CS, MS)`` (MS on the default thresholds).
 
-    CS and MS are sound (``chi_square_from_scores``, ``mass_split_from_scores``) but join this
-    minimum only when the torch meter and the kernel do (wave 2): the torch meter is checked against
-    this value to 1e-12 relative.
+    The torch meter (and the compiled one) are checked against this value to 1e-12 relative and
+    never below it. MS at ``g = D`` is ``min(T1, P1, CS, MN)``, so the minimum is ``min(1, MS)``; every
+    term is formed explicitly all the same.
     """
     p = bounds.softmax(scores)
-    return min(mpf(1), bounds.bound_eform(p, c), bounds.bound_two_sided(p, c), bounds.bound_maxnorm(p, c))
+    return min(mpf(1), bounds.bound_eform(p, c), bounds.bound_two_sided(p, c), bounds.bound_maxnorm(p, c),
+               bounds.bound_chi_square(p, c), bounds.bound_mass_split(p, c))
 
 
 def sup_box_tv_exhaustive(scores: Sequence[Real], c: Sequence[Real]) -> mpf:

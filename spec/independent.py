@@ -230,7 +230,7 @@ def _with_radii(p_tilde: list[Decimal], r: list[Decimal]) -> dict:
             chi_square=sum((pt * (up - 1) ** 2 for pt, _, up, _ in rows), ZERO).sqrt() / (2 * a_minus),
             unsound_dispersion=(2 * d).exp() * (spread + c_bar * (d.exp() - 1)) / 2,
         )
-    out["meter"] = min(Decimal(1), out["eform"], out["two_sided"], out["maxnorm"])
+    out["meter"] = min(Decimal(1), out["eform"], out["two_sided"], out["maxnorm"], out["chi_square"], out["mass_split"])
     return out
 
 
@@ -348,7 +348,7 @@ def mass_split_from_scores(scores: Sequence[Number], c: Sequence[Number], thresh
 unsound_dispersion_from_scores = _from_scores(
     "unsound_dispersion", "KNOWN FALSE: ``1/2 e^{2 c_max} (E|c - c_bar| + c_bar (e^{c_max} - 1))``."
 )
-meter_from_scores = _from_scores("meter", "The meter ``min(1, e-form, two-sided, tanh(D/2))``.")
+meter_from_scores = _from_scores("meter", "The meter ``min(1, e-form, two-sided, tanh(D/2), chi-square, mass-split)``.")
 
 BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Number], Sequence[Number]], Decimal]] = {
     "eform": eform_from_scores,

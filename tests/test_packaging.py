@@ -85,3 +85,12 @@ def test_product_modules_do_not_import_the_top_level_package():
 def test_no_exported_name_shadows_a_module():
     for name in witcert.__all__:
         assert f"witcert.{name}" not in MODULES, f"witcert.{name} is both an export and a module"
+
+
+def test_core_imports_no_upper_layer():
+    """``witcert.core`` is the lowest layer: no tier, gate, scheme, integration or verification module."""
+    upper = ("witcert.tier_a", "witcert.tier_b", "witcert.gate", "witcert.schemes", "witcert.integrations",
+             "witcert.observatory", "witcert.verification", "witcert.cli")
+    offenders = {n: sorted(i for i in _imports(n, p) if i.startswith(upper))
+                 for n, p in MODULES.items() if n.startswith("witcert.core")}
+    assert not any(offenders.values()), f"core imports an upper layer: {offenders}"

@@ -96,7 +96,7 @@ def test_every_sound_bound_dominates_true_tv(cell):
     assert at_most(g["retention"], g["eform"])
     assert at_most(g["maxnorm"], g["competitor"])
     meter = golden.meter_from_scores(cell.scores, cell.c)
-    assert meter == min(mpf(1), g["eform"], g["two_sided"], g["maxnorm"])
+    assert meter == min(mpf(1), g["eform"], g["two_sided"], g["maxnorm"], g["chi_square"], g["mass_split"])
     assert at_most(true_tv, meter)
 
 

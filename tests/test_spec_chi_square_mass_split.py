@@ -55,11 +55,12 @@ def _base(scores, c) -> mpf:
 
 
 def test_registry_rows():
-    """CS and MS name their Lean theorems and these mirrors; torch and kernel follow in wave 2."""
+    """CS and MS name their Lean theorems, these mirrors and the torch bounds; the kernel follows in wave 2."""
     cs, ms = by_key("CS"), by_key("MS")
     assert cs.lean == "WitCert.tv_le_chi_square" and cs.spec == "witcert.spec.bounds.bound_chi_square"
     assert ms.lean == "WitCert.tv_le_mass_split" and ms.spec == "witcert.spec.bounds.bound_mass_split"
-    assert cs.torch is cs.kernel is ms.torch is ms.kernel is None
+    assert cs.torch == "witcert.core.bounds.chi_square_bound" and ms.torch == "witcert.core.bounds.mass_split_bound"
+    assert cs.kernel is ms.kernel is None
     assert "wave 2" in cs.note and "wave 2" in ms.note
 
 

@@ -31,6 +31,8 @@ PUBLIC = {  # torch implementation -> golden of the same statement
     "retention": (bounds.retention_bound, golden.retention_from_scores),
     "maxnorm": (bounds.maxnorm_bound, golden.maxnorm_from_scores),
     "competitor": (bounds.competitor_bound, golden.competitor_from_scores),
+    "chi_square": (bounds.chi_square_bound, golden.chi_square_from_scores),
+    "mass_split": (bounds.mass_split_bound, golden.mass_split_from_scores),
 }
 
 

@@ -60,9 +60,18 @@ def summation_gamma(n_terms: int, dtype: torch.dtype) -> float:
     return math.nextafter(nu / (1 - nu), _INF)
 
 
-def underflow_error(dtype: torch.dtype) -> float:
-    """``U = 2 tiny``: absolute error of one computed term (factor <= 2) that lands below the normal range."""
-    return 2 * torch.finfo(dtype).tiny
+def underflow_error(dtype: torch.dtype, factor: float = 2.0) -> float:
+    """``U = factor tiny`` (``2 tiny`` by default): absolute error of one computed term ``e^{e} f``
+    (``0 <= f <= factor``) that lands below the normal range."""
+    return factor * torch.finfo(dtype).tiny
+
+
+def exponent_reach(dtype: torch.dtype) -> float:
+    """``max(-log tiny, log max) + 1``: a term ``e^{e} f`` whose computed exponent is beyond ``-reach``
+    is below the normal range (exact and computed, for any exponent error up to 1/2), and one beyond
+    ``+reach`` overflowed. 89.7 (fp32), 710.8 (fp64)."""
+    info = torch.finfo(dtype)
+    return max(-math.log(info.tiny), math.log(info.max)) + 1.0
 
 
 def term_relative_error(exponent_error: torch.Tensor, n_ops: int, dtype: torch.dtype) -> torch.Tensor:
@@ -82,14 +91,25 @@ def term_relative_error(exponent_error: torch.Tensor, n_ops: int, dtype: torch.d
 # ----------------------------------------------------------------------------- directed fp64 arithmetic
 
 
+_LIMITS: dict = {}
+
+
+def _limit(x: torch.Tensor, sign: float) -> torch.Tensor:
+    """A cached 0-dim ``sign * inf`` of ``x``'s dtype and device (``nextafter``'s direction)."""
+    key = (x.dtype, x.device, sign)
+    if key not in _LIMITS:
+        _LIMITS[key] = torch.full((), sign * _INF, dtype=x.dtype, device=x.device)
+    return _LIMITS[key]
+
+
 def next_up(x: torch.Tensor) -> torch.Tensor:
     """The next float above ``x`` (``inf`` stays ``inf``): an upper bound on one correctly rounded result."""
-    return torch.nextafter(x, x.new_tensor(_INF))
+    return torch.nextafter(x, _limit(x, 1.0))
 
 
 def next_down(x: torch.Tensor) -> torch.Tensor:
     """The next float below ``x``: a lower bound on one correctly rounded result."""
-    return torch.nextafter(x, x.new_tensor(-_INF))
+    return torch.nextafter(x, _limit(x, -1.0))
 
 
 def _tensor(a, like: torch.Tensor | None = None) -> torch.Tensor:
@@ -98,9 +118,35 @@ def _tensor(a, like: torch.Tensor | None = None) -> torch.Tensor:
     return torch.tensor(a, dtype=torch.float64 if like is None else like.dtype, device=None if like is None else like.device)
 
 
-def _pair(a, b) -> tuple[torch.Tensor, torch.Tensor]:
-    like = a if isinstance(a, torch.Tensor) else b if isinstance(b, torch.Tensor) else None
-    return _tensor(a, like), _tensor(b, like)
+def _pair(a, b):
+    """``a, b`` with at least one a tensor (any other real becomes a Python float: no tensor is built for it)."""
+    a = a if isinstance(a, torch.Tensor) else float(a)
+    b = b if isinstance(b, torch.Tensor) else float(b)
+    if isinstance(a, torch.Tensor) or isinstance(b, torch.Tensor):
+        return a, b
+    return _tensor(a), b
+
+
+def _where_zero(zero, value: torch.Tensor) -> torch.Tensor:
+    """``value`` with 0 where ``zero`` (a bool tensor, or a Python bool for a number operand)."""
+    if zero is True:
+        return torch.zeros_like(value)
+    if zero is False:
+        return value
+    return value.masked_fill(zero, 0.0)
+
+
+def _is_zero(x):
+    return x == 0 if isinstance(x, torch.Tensor) else bool(x == 0)
+
+
+def _either_zero(a, b):
+    za, zb = _is_zero(a), _is_zero(b)
+    if za is True or zb is True:
+        return True
+    if za is False:
+        return zb
+    return za if zb is False else za | zb
 
 
 def add_up(a, b) -> torch.Tensor:
@@ -124,26 +170,25 @@ def sub_down(a, b) -> torch.Tensor:
 def mul_up(a, b) -> torch.Tensor:
     """``>= a b`` for ``a, b >= 0``; exactly 0 when a factor is 0 (a zero term carries no weight, even an infinite one)."""
     a, b = _pair(a, b)
-    zero = (a == 0) | (b == 0)
-    return torch.where(zero, torch.zeros_like(a * b), next_up(a * b))
+    return _where_zero(_either_zero(a, b), next_up(a * b))
 
 
 def mul_down(a, b) -> torch.Tensor:
     """``<= a b`` for ``a, b >= 0``, never below 0; exactly 0 when a factor is 0."""
     a, b = _pair(a, b)
-    return torch.where((a == 0) | (b == 0), torch.zeros_like(a * b), next_down(a * b).clamp(min=0.0))
+    return _where_zero(_either_zero(a, b), next_down(a * b).clamp_(min=0.0))
 
 
 def div_up(a, b) -> torch.Tensor:
     """``>= a / b`` for ``a >= 0, b > 0``; exactly 0 when ``a`` is 0."""
     a, b = _pair(a, b)
-    return torch.where(a == 0, torch.zeros_like(a / b), next_up(a / b))
+    return _where_zero(_is_zero(a), next_up(a / b))
 
 
 def div_down(a, b) -> torch.Tensor:
     """``<= a / b`` for ``a >= 0, b > 0``, never below 0."""
     a, b = _pair(a, b)
-    return torch.where(a == 0, torch.zeros_like(a / b), next_down(a / b).clamp(min=0.0))
+    return _where_zero(_is_zero(a), next_down(a / b).clamp_(min=0.0))
 
 
 def _spacing(x: torch.Tensor) -> torch.Tensor:
@@ -165,9 +210,19 @@ def ulps_down(x: torch.Tensor, ulps: int = EXP_ULPS) -> torch.Tensor:
     return next_down(x - (2 * ulps) * _spacing(x))
 
 
+def sqrt_up(x: torch.Tensor) -> torch.Tensor:
+    """``>= sqrt(x)`` for fp64 ``x >= 0`` (IEEE sqrt is correctly rounded: one step up covers it)."""
+    return torch.where(x == 0, torch.zeros_like(x), next_up(torch.sqrt(x)))
+
+
+def expm1_up(x: torch.Tensor) -> torch.Tensor:
+    """``>= expm1(x)`` for fp64 ``x >= 0``; exactly 0 at ``x = 0``."""
+    return torch.where(x == 0, torch.zeros_like(x), ulps_up(torch.expm1(x)))
+
+
 def tanh_up(x: torch.Tensor) -> torch.Tensor:
     """``>= tanh(x)`` for fp64 ``x >= 0``: ``tanh(x) <= min(x, 1)`` keeps it tight where tanh is the identity."""
-    return torch.minimum(torch.minimum(x, ulps_up(torch.tanh(x))), x.new_tensor(1.0))
+    return torch.minimum(x, ulps_up(torch.tanh(x))).clamp_(max=1.0)
 
 
 def sum_up(values: torch.Tensor) -> torch.Tensor:
@@ -193,17 +248,18 @@ def up(x: torch.Tensor, n_ops: int = 4) -> torch.Tensor:
 class Terms:
     """Computed non-negative per-token terms and what encloses the exact ones (see the module doc).
 
-    ``values`` (..., S) in the working dtype; ``rho`` and ``under`` (..., S) fp64 (``under`` may
-    be a scalar). ``exact_t in [values (1 - rho) - under, values (1 + rho) + under]``.
+    ``values`` (..., S) in the working dtype; ``rho`` and ``under`` fp64, broadcastable to ``values``:
+    per token (..., S), per row (..., 1) or a scalar. ``exact_t in [values (1 - rho) - under,
+    values (1 + rho) + under]``.
     """
 
     values: torch.Tensor
-    rho: torch.Tensor
+    rho: torch.Tensor | float
     under: torch.Tensor | float
 
     @classmethod
-    def of_exp(cls, values, exponent, exponent_error, n_ops: int, live=None) -> "Terms":
-        """Terms ``exp(exponent) f`` (``0 <= f <= 2``) from ``n_ops`` roundings, exponent off by ``exponent_error``.
+    def of_exp(cls, values, exponent, exponent_error, n_ops: int, live=None, factor: float = 2.0) -> "Terms":
+        """Terms ``exp(exponent) f`` (``0 <= f <= factor``) from ``n_ops`` roundings, exponent off by ``exponent_error``.
 
         ``live`` (bool, optional; ``None``: every token) marks the tokens whose exact term may be
         non-zero (masked tokens are exactly 0: no underflow slack there). While every ``rho <= 1``
@@ -211,7 +267,7 @@ class Terms:
         """
         dtype = values.dtype
         rho = term_relative_error(exponent_error, n_ops, dtype)
-        unit = underflow_error(dtype)
+        unit = underflow_error(dtype, factor)
         if bool((rho <= 1).all()):  # the usual case: U (1 + rho) <= 2U for every term, one scalar
             under = 2 * unit if live is None else live.to(torch.float64) * (2 * unit)
             return cls(values, rho, under)
@@ -222,10 +278,77 @@ class Terms:
             under = torch.where(live, under, torch.zeros_like(under))
         return cls(values, rho, under)
 
+    @classmethod
+    def of_exp_rows(cls, values, row_exponent_error: torch.Tensor, n_ops: int, factor: float = 2.0) -> "Terms":
+        """Terms ``exp(e_t) f_t`` (``0 <= f <= factor``) whose exponent is off by at most ``row_exponent_error``
+        (..., 1) for every token of its row with ``|e_t| <= exponent_reach(dtype)``.
+
+        One relative error per row: a token whose computed exponent lies beyond the reach is below
+        the normal range whatever its error (``reach`` exceeds ``-log tiny`` by a margin) and so is
+        covered by the underflow slack, ``2 U`` per term (``>= U (1 + rho)`` while ``rho <= 1``).
+        A row with ``rho > 1`` gets ``inf`` for both (a term computed as 0 may then be in the normal
+        range: ``U (1 + rho)`` is what bounds it): its sums are ``inf``, never wrong. No per-token fp64 pass.
+        """
+        dtype = values.dtype
+        budget = row_exponent_error.double() + n_ops * exp_relative_error(dtype)
+        rho = budget * (1 + budget) * (1 + FP64_SLACK)  # >= expm1(budget) while budget <= 1 (else rho > 1)
+        within = rho <= 1
+        inf = torch.full_like(rho, _INF)
+        return cls(values, torch.where(within, rho, inf), torch.where(within, 2 * underflow_error(dtype, factor), inf))
+
     def upper(self) -> torch.Tensor:
         """Per-term fp64 upper bounds ``values (1 + rho) + under`` (..., S): for a term about to be
         multiplied by a large factor, whose underflow must not vanish."""
         return add_up(mul_up(self.values.double(), add_up(1.0, self.rho)), self.under)
+
+    def sums(self, computed: torch.Tensor) -> "Sums":
+        """The :class:`Sums` of subsets of these terms whose working-dtype sums the code computed as ``computed`` (..., K)."""
+        n = self.values.shape[-1]
+        under = _under_sum(self.values, self.under).unsqueeze(-1)  # (..., 1): covers every subset
+        if _per_token(self.rho, self.values):
+            return Sums(computed, n, 0.0, add_up(_weighted_error(self.values, self.rho).unsqueeze(-1), under))
+        return Sums(computed, n, self.rho, under)
+
+
+def _per_token(rho, values: torch.Tensor) -> bool:
+    return isinstance(rho, torch.Tensor) and rho.dim() > 0 and rho.shape[-1] != 1 and values.shape[-1] != 1
+
+
+@dataclass(frozen=True)
+class Sums:
+    """Working-dtype sums of subsets of non-negative terms (..., K), and what encloses the exact ones.
+
+    ``computed`` is what the code computed: any summation tree (scatter into buckets, then running
+    sums over the buckets, included) of at most ``n_terms`` computed terms, so within
+    ``gamma_{n_terms + K}`` of the exact sum of those computed terms (an addition to an exact zero
+    is exact). Each computed term is within ``rho`` (fp64, broadcastable: per row or a scalar)
+    relatively of its exact term, and the terms together are off by at most ``absolute`` more
+    (fp64 (..., 1) or a scalar: the underflow slack of all the terms, plus their per-token relative
+    errors when those differ token by token -- a bound for every subset).
+    """
+
+    computed: torch.Tensor
+    n_terms: int
+    rho: torch.Tensor | float
+    absolute: torch.Tensor | float
+
+    def _gamma(self) -> float:
+        return summation_gamma(self.n_terms + self.computed.shape[-1], self.computed.dtype)
+
+    def upper(self) -> torch.Tensor:
+        """fp64 (..., K) ``>=`` the exact sum of each subset's true terms; ``inf`` where the sum overflowed."""
+        computed = self.computed.double()
+        sum_hat = div_up(computed, math.nextafter(1 - self._gamma(), 0.0))  # >= sum of the computed terms
+        return add_up(add_up(sum_hat, mul_up(sum_hat, self.rho)), self.absolute)
+
+    def lower(self) -> torch.Tensor:
+        """fp64 (..., K) ``<=`` the exact sum of each subset's true terms, ``>= 0``."""
+        computed = self.computed.double()
+        sum_hat = div_down(computed, math.nextafter(1 + self._gamma(), _INF))  # <= sum of the computed terms
+        high = div_up(computed, math.nextafter(1 - self._gamma(), 0.0))
+        relative = mul_up(high, self.rho)  # 0 where the sum is 0, even against rho = inf
+        lower = sub_down(sub_down(sum_hat, relative), self.absolute)
+        return lower.clamp(min=0.0).nan_to_num(nan=0.0)
 
 
 def _weighted_error(terms: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
@@ -240,10 +363,13 @@ def _weighted_error(terms: torch.Tensor, rho: torch.Tensor) -> torch.Tensor:
 
 
 def _under_sum(terms: torch.Tensor, under) -> torch.Tensor:
-    """``>= sum_t under_t`` (fp64; a scalar ``under`` counts once per term)."""
-    if isinstance(under, torch.Tensor) and under.dim():
+    """``>= sum_t under_t`` (fp64; a scalar or per-row ``under`` counts once per term)."""
+    if isinstance(under, torch.Tensor) and under.dim() and under.shape[-1] != 1:
         return sum_up(under.expand(terms.shape))
-    return torch.full(terms.shape[:-1], float(terms.shape[-1]) * float(under), dtype=torch.float64)  # n U: exact
+    n = float(terms.shape[-1])
+    if isinstance(under, torch.Tensor):
+        return mul_up(under.double().expand(*terms.shape[:-1], 1).squeeze(-1), n)
+    return torch.full(terms.shape[:-1], n * float(under), dtype=torch.float64)  # n U: exact
 
 
 def _as_terms(terms, rho, under) -> Terms:
@@ -259,21 +385,13 @@ def sum_upper(terms, rho=None, under=None) -> torch.Tensor:
     ``U`` per term). The sum is the one the code actually does, in the working dtype.
     """
     t = _as_terms(terms, rho, under)
-    computed = t.values.sum(-1).double()  # exact image of the working-dtype accumulation
-    gamma = summation_gamma(t.values.shape[-1], t.values.dtype)
-    sum_hat = div_up(computed, math.nextafter(1 - gamma, 0.0))  # >= sum_t tau^_t
-    upper = add_up(add_up(sum_hat, _weighted_error(t.values, t.rho)), _under_sum(t.values, t.under))
-    return torch.where(torch.isfinite(computed), upper, torch.full_like(upper, _INF))
+    return t.sums(t.values.sum(-1, keepdim=True)).upper().squeeze(-1)
 
 
 def sum_lower(terms, rho=None, under=None) -> torch.Tensor:
     """fp64 lower bound (>= 0) on the exact sum of the true terms behind ``terms`` (..., S) -> (...)."""
     t = _as_terms(terms, rho, under)
-    computed = t.values.sum(-1).double()
-    gamma = summation_gamma(t.values.shape[-1], t.values.dtype)
-    sum_hat = div_down(computed, math.nextafter(1 + gamma, _INF))  # <= sum_t tau^_t
-    lower = sub_down(sub_down(sum_hat, _weighted_error(t.values, t.rho)), _under_sum(t.values, t.under))
-    return lower.clamp(min=0.0)
+    return t.sums(t.values.sum(-1, keepdim=True)).lower().squeeze(-1)
 
 
 def round_up_to(x64: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:

@@ -25,7 +25,7 @@ import torch
 from witcert.core import rounding
 from witcert.core.rounding import round_up_to
 from witcert.core.checks import check_scores_and_bounds
-from witcert.tier_a.witness import norms_upper_fp64
+from witcert.core.norms import norms_upper_fp64
 
 
 @dataclass(frozen=True)

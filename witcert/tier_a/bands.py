@@ -17,6 +17,8 @@ from functools import cached_property
 
 import torch
 
+from witcert.core.norms import scaled_norms
+
 ROPE_CONVENTIONS = ("rotate_half", "interleaved")
 
 
@@ -92,18 +94,6 @@ class BandLayout:
             raise ValueError(f"x must be a floating tensor, got dtype {x.dtype}")
         work = torch.float64 if x.dtype == torch.float64 else torch.float32
         return scaled_norms(self.split(x.to(work)))  # (..., B)
-
-
-def scaled_norms(x: torch.Tensor) -> torch.Tensor:
-    """Euclidean norms over the last axis (..., n) -> (...), in ``x``'s dtype.
-
-    Divides by the max-abs entry first (as ``hypot`` does), so squares neither overflow nor
-    underflow; an all-zero vector has norm exactly 0 and an infinite entry gives ``inf``.
-    """
-    peak = x.abs().amax(dim=-1, keepdim=True)  # (..., 1), exact
-    scaled = x / torch.where(peak > 0, peak, torch.ones_like(peak))  # entries in [-1, 1]
-    norms = peak.squeeze(-1) * torch.sqrt((scaled * scaled).sum(dim=-1))
-    return torch.where(torch.isinf(peak.squeeze(-1)), peak.squeeze(-1), norms)
 
 
 def _pair_coordinates(head_dim: int, rope: str) -> torch.Tensor:

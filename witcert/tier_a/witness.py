@@ -27,8 +27,9 @@ import math
 
 import torch
 
-from witcert.tier_a.bands import BandLayout, _check_last_dim, scaled_norms
+from witcert.tier_a.bands import BandLayout, _check_last_dim
 from witcert.tier_a.rotary import ROPE_DTYPES, rounded_rotation_witness
+from witcert.core.norms import norms_upper_fp64
 from witcert.core.rounding import round_up_to
 
 _U = 2.0**-52  # twice the fp64 unit roundoff: the margin unit for every inflation here
@@ -179,17 +180,6 @@ def _band_dot(q_norms: torch.Tensor, w64: torch.Tensor) -> torch.Tensor:
 def _band_norms_upper_fp64(x64: torch.Tensor, layout: BandLayout) -> torch.Tensor:
     """fp64 band norms of fp64 ``x`` (..., d) -> (..., B), each >= the exact band norm."""
     return norms_upper_fp64(layout.split(x64))  # (..., B)
-
-
-def norms_upper_fp64(x64: torch.Tensor) -> torch.Tensor:
-    """fp64 Euclidean norms over the last axis (..., n) -> (...), each >= the exact norm.
-
-    The vector is divided by its max-abs entry first, so squares neither overflow nor lose
-    everything to underflow; an exactly-zero vector has norm exactly zero. Inflated by
-    ``1 + (n + 16) 2^-52`` (the module docstring's error budget, with a factor two to spare).
-    """
-    norms = scaled_norms(x64)  # (...)
-    return norms * (1.0 + (x64.shape[-1] + 16) * _U)
 
 
 def _resolve_scale(sm_scale: float | None, head_dim: int) -> float:

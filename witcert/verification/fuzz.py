@@ -128,6 +128,8 @@ CHECKED: dict[str, tuple[Callable, bool]] = {
     "retention (P1r)": (bounds.retention_bound, False),
     "tanh(D/2) (MN)": (bounds.maxnorm_bound, False),
     "tanh(D) competitor": (bounds.competitor_bound, False),
+    "chi-square (CS)": (bounds.chi_square_bound, False),
+    "mass-split (MS)": (bounds.mass_split_bound, False),
 }
 
 

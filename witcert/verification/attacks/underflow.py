@@ -15,9 +15,9 @@ with masked tokens (``-inf``, often ``c = inf`` there) mixed into a third of the
 from 1 to 1024. Checked per row, each against the 50-digit spec of its own statement
 (``witcert.spec.bounds`` at 60 digits, on the exact values the code received): ``meter``,
 ``risk_score``, ``eform_bound``, ``two_sided_bound``, ``retention_bound``, ``maxnorm_bound``,
-``competitor_bound``, and on the value side ``value_error_term`` (residuals from subnormal to
-1e300), ``output_bound`` (subnormal inputs) and ``value_residual_norms`` (subnormal and huge
-vectors). A statement is a Lean theorem bounding the TV, so a bound at or above it is sound.
+``competitor_bound``, ``chi_square_bound``, ``mass_split_bound``, and on the value side
+``value_error_term`` (residuals from subnormal to 1e300), ``output_bound`` (subnormal inputs) and
+``value_residual_norms`` (subnormal and huge vectors). A statement is a Lean theorem bounding the TV, so a bound at or above it is sound.
 """
 import math
 
@@ -42,6 +42,8 @@ _SCORE_BOUNDS = {  # name -> (implementation, statement)
     "retention": (bounds.retention_bound, "retention"),
     "maxnorm": (bounds.maxnorm_bound, "maxnorm"),
     "competitor": (bounds.competitor_bound, "competitor"),
+    "chi_square": (bounds.chi_square_bound, "chi_square"),
+    "mass_split": (bounds.mass_split_bound, "mass_split"),
 }
 _STATEMENTS = {
     "eform": spec.bound_eform,
@@ -49,7 +51,12 @@ _STATEMENTS = {
     "retention": spec.bound_retention,
     "maxnorm": spec.bound_maxnorm,
     "competitor": spec.bound_competitor,
+    "chi_square": spec.bound_chi_square,
+    "mass_split": spec.bound_mass_split,
 }
+
+
+_METER = ("maxnorm", "eform", "two_sided", "chi_square", "mass_split")  # meter = min(1, these)
 
 
 def _sigma(dtype: torch.dtype) -> float:
@@ -151,7 +158,7 @@ class _Row:
         if name not in self.cache:
             with mp.workdps(DPS):
                 if name == "meter":
-                    value = min([mpf(1)] + [self.statement(key) for key in ("maxnorm", "eform", "two_sided")])
+                    value = min([mpf(1)] + [self.statement(key) for key in _METER])
                 else:
                     value = _STATEMENTS[name](self.p, self.c)
             self.cache[name] = value
