@@ -56,6 +56,7 @@ class StudyConfig:
     batch: int = 25  # cases per forward call
     schemes: tuple[str, ...] = REPAIR_SCHEMES
     sweep_schemes: tuple[str, ...] = SWEEP_SCHEMES
+    sweep_layers: tuple[int, ...] | None = None  # the single layers swept (None: every layer)
     tau_certified: float = 0.2
     tau_risk: float = 5.0
     bands: int | None = None
@@ -77,8 +78,8 @@ class StudyConfig:
             raise ValueError(f"tau_risk must be >= 1 (risk-ranked gate), got {self.tau_risk}")
 
 
-QUICK = StudyConfig(cases=8, sweep_cases=8, batch=8, context_tokens=128, schemes=("fp8-e4m3", "kivi-2bit"),
-                    sweep_schemes=("kivi-2bit",))
+QUICK = StudyConfig(cases=4, sweep_cases=4, batch=4, context_tokens=192, schemes=("kivi-2bit",),
+                    sweep_schemes=("kivi-2bit",), sweep_layers=(0, -1))  # first and last layer
 
 
 @dataclass(frozen=True)
@@ -134,13 +135,24 @@ def configurations(config: StudyConfig, n_layers: int) -> list[Configuration]:
                               gate=Gate(tau=config.tau_certified)),
                 Configuration(f"{scheme} gated tau={config.tau_risk:g}", "repair", scheme, gate=Gate(tau=config.tau_risk))]
     thirds = np.array_split(np.arange(n_layers), 3)
+    singles = sweep_layers(config, n_layers)
     for scheme in config.sweep_schemes:
-        out += [Configuration(f"{scheme} layer {i}", "sweep", scheme, layers=(i,)) for i in range(n_layers)]
+        out += [Configuration(f"{scheme} layer {i}", "sweep", scheme, layers=(i,)) for i in singles]
         out += [Configuration(f"{scheme} layers {t[0]}-{t[-1]}", "sweep", scheme, layers=tuple(int(i) for i in t))
                 for t in thirds if len(t)]
         if scheme not in config.schemes:  # the all-layer run is the repair study's raw row otherwise
             out.append(Configuration(scheme, "sweep", scheme))
     return out
+
+
+def sweep_layers(config: StudyConfig, n_layers: int) -> list[int]:
+    """The single layers the sweep compresses one at a time (negative indices count from the last)."""
+    if config.sweep_layers is None:
+        return list(range(n_layers))
+    layers = sorted({i % n_layers for i in config.sweep_layers if -n_layers <= i < n_layers})
+    if len(layers) != len(set(config.sweep_layers)):
+        raise ValueError(f"sweep_layers {config.sweep_layers} must be distinct layers of the model's {n_layers}")
+    return layers
 
 
 class _LayerSubsetMonitor(Monitor):
@@ -302,14 +314,14 @@ def summarize(confs, tallies: dict, config: StudyConfig, n_layers: int, source: 
     for scheme in config.sweep_schemes:
         n = config.sweep_cases
         base = rows[UNCOMPRESSED] if n == config.cases else _row(confs[0], tallies[UNCOMPRESSED], reference, n)
-        singles = [rows[f"{scheme} layer {i}"] for i in range(n_layers)]
+        singles = [rows[f"{scheme} layer {i}"] for i in sweep_layers(config, n_layers)]
         thirds = [rows[c.name] for c in confs if c.scheme == scheme and c.layers is not None and len(c.layers) > 1]
         everything = _row(next(c for c in confs if c.scheme == scheme and c.layers is None and c.gate is None),
                           tallies[scheme], reference, n)
         losses = [r for r in singles if r["paired"]["diff"] < 0 and r["paired"]["p_mcnemar"] < ALPHA]
         sweep[scheme] = {"cases": n, "uncompressed": base, "single_layers": singles, "thirds": thirds,
                          "all_layers": everything, "single_layer_losses": len(losses),
-                         "single_layer_losses_bonferroni": sum(r["paired"]["p_mcnemar"] < ALPHA / n_layers
+                         "single_layer_losses_bonferroni": sum(r["paired"]["p_mcnemar"] < ALPHA / len(singles)
                                                                for r in losses)}
     metered = [t for t in tallies.values() if t.cells]
     return {
