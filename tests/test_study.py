@@ -114,3 +114,29 @@ def test_cli_rejects_an_unknown_scheme_before_loading_a_model(capsys):
     with pytest.raises(SystemExit) as exit_info:
         main(["study", "--scheme", "no-such-scheme"])
     assert exit_info.value.code == 2 and "--scheme" in capsys.readouterr().err
+
+
+def test_a_layer_subset_monitor_meters_only_the_compressed_layers():
+    from transformers import DynamicCache
+
+    from tests.tiny_models import VOCAB, tiny
+
+    model = tiny("llama")
+    ids = torch.randint(3, VOCAB, (2, 9), generator=torch.Generator().manual_seed(5))
+    with torch.no_grad():
+        stock = model(ids).logits[:, -3:]
+        exact = DynamicCache(config=model.config)
+        model(ids[:, :6], past_key_values=exact)
+        with study._LayerSubsetMonitor(model, "rtn-int4", layers=(1,)) as mon:
+            cache = exact
+            for t in range(6, 9):  # one query at a time, like the greedy answer
+                model(ids[:, t:t + 1], past_key_values=cache)
+        layer0_only = DynamicCache(config=model.config)
+        model(ids[:, :6], past_key_values=layer0_only)
+        with study._LayerSubsetMonitor(model, "rtn-int4", layers=()) as none:
+            got = torch.cat([model(ids[:, t:t + 1], past_key_values=layer0_only).logits for t in range(6, 9)], dim=1)
+    table = mon.table()
+    assert set(table["layer"].tolist()) == {1} and len(table) == 2 * 4 * 3
+    assert not np.any(table["true_tv"] > table["meter"]) and np.any(table["true_tv"] > 0)
+    assert len(none.table()) == 0  # nothing compressed: every read exact, unmetered
+    torch.testing.assert_close(got, stock, rtol=1e-5, atol=1e-5)  # sdpa over the same exact keys, chunked vs whole

@@ -18,8 +18,9 @@ def add_arguments(parser) -> None:
 
     full = StudyConfig()
     parser.add_argument("--quick", action="store_true",
-                        help="a small run (about a minute on an idle core): 8 cases at 128 tokens, fp8-e4m3 and "
-                             "kivi-2bit, the kivi-2bit layer sweep; the size options below are ignored")
+                        help="a small run (one to two minutes on an idle core): 4 cases at 192 tokens, kivi-2bit raw "
+                             "and behind both gates, its sweep of the first and last layer and the thirds; the "
+                             "other options are ignored")
     parser.add_argument("--cases", type=_args.positive_int, default=full.cases, help="needle cases of the repair study")
     parser.add_argument("--sweep-cases", type=_args.non_negative_int, default=full.sweep_cases,
                         help="the first cases of the family answered by every layer-sweep configuration")
@@ -28,9 +29,13 @@ def add_arguments(parser) -> None:
     parser.add_argument("--probe", type=_args.positive_int, default=full.probe_tokens,
                         help="last prompt tokens read over the compressed cache before the greedy answer")
     parser.add_argument("--scheme", default=",".join(full.schemes), metavar="NAMES",
-                        help="comma-separated schemes of the repair study (each raw and gated)")
+                        help="comma-separated schemes of the repair study (each raw)")
+    parser.add_argument("--gate-scheme", default=",".join(full.gated_schemes), metavar="NAMES",
+                        help="those of --scheme also run behind the certified gate ('' for none)")
+    parser.add_argument("--risk-scheme", default=",".join(full.risk_schemes), metavar="NAMES",
+                        help="those of --scheme also run behind the risk-ranked gate ('' for none)")
     parser.add_argument("--sweep-scheme", default=",".join(full.sweep_schemes), metavar="NAMES",
-                        help="comma-separated schemes of the layer sweep ('' for none)")
+                        help="those of --scheme whose layers are swept ('' for none)")
     parser.add_argument("--tau", type=_args.open_unit_interval, default=full.tau_certified, help="certified gate threshold")
     parser.add_argument("--risk-tau", type=float, default=full.tau_risk, help="risk-ranked gate threshold (>= 1)")
     parser.add_argument("--model", type=_args.existing_path, default=None, metavar="PATH",
@@ -46,7 +51,8 @@ def check(args) -> None:
 
     _args.require_installed("witcert study", "observatory", "transformers", "scipy")
     schemes = {}
-    for option, text in (("--scheme", args.scheme), ("--sweep-scheme", args.sweep_scheme)):
+    for option, text in (("--scheme", args.scheme), ("--gate-scheme", args.gate_scheme),
+                         ("--risk-scheme", args.risk_scheme), ("--sweep-scheme", args.sweep_scheme)):
         try:
             schemes[option] = tuple(resolve_scheme(name) for name in _names(text))  # the registered names
         except ValueError as err:
@@ -56,6 +62,7 @@ def check(args) -> None:
         return
     args.config = StudyConfig(cases=args.cases, sweep_cases=args.sweep_cases, context_tokens=args.context,
                               batch=args.batch, probe_tokens=args.probe, schemes=schemes["--scheme"],
+                              gated_schemes=schemes["--gate-scheme"], risk_schemes=schemes["--risk-scheme"],
                               sweep_schemes=schemes["--sweep-scheme"], tau_certified=args.tau, tau_risk=args.risk_tau)
 
 

@@ -32,13 +32,16 @@ import torch
 from transformers import DynamicCache
 
 from witcert.gate.policy import Gate
+from witcert.integrations.hf.cache_layer import MonitoredLayer
 from witcert.integrations.hf.codecs import codec_for
 from witcert.integrations.hf.monitoring import Monitor
 from witcert.observatory import stats, workloads
 
 UNCOMPRESSED = "uncompressed"
 REPAIR_SCHEMES = ("fp8-e4m3", "rtn-int4", "kivi-2bit", "kvquant-4bit")
-SWEEP_SCHEMES = ("kivi-2bit", "rtn-int4")
+GATED_SCHEMES = ("kivi-2bit", "rtn-int4")
+RISK_SCHEMES = ("kivi-2bit",)
+SWEEP_SCHEMES = ("kivi-2bit",)
 KEY_COUNTS = (1, 2, 3, 4)
 DEPTHS = tuple(float(d) for d in np.linspace(0.05, 0.95, 10))
 ALPHA = 0.05  # the paired test's level for "this configuration loses accuracy"
@@ -48,13 +51,15 @@ ALPHA = 0.05  # the paired test's level for "this configuration loses accuracy"
 class StudyConfig:
     """What one ``witcert study`` run does (defaults: the full study of ``make study``)."""
 
-    cases: int = 200  # needle cases of the repair study (each configuration answers all of them)
-    sweep_cases: int = 100  # the first cases of the same family, for the layer sweep
+    cases: int = 32  # needle cases of the repair study (each configuration answers all of them)
+    sweep_cases: int = 16  # the first cases of the same family, for the layer sweep
     context_tokens: int = 256
     new_tokens: int = 6  # greedy answer tokens (a space and the five digits)
     probe_tokens: int | None = 1  # last prompt tokens read over the compressed cache (None: the whole question)
-    batch: int = 25  # cases per forward call
-    schemes: tuple[str, ...] = REPAIR_SCHEMES
+    batch: int = 16  # cases per forward call
+    schemes: tuple[str, ...] = REPAIR_SCHEMES  # each raw
+    gated_schemes: tuple[str, ...] = GATED_SCHEMES  # each also behind the certified gate
+    risk_schemes: tuple[str, ...] = RISK_SCHEMES  # each also behind the risk-ranked gate
     sweep_schemes: tuple[str, ...] = SWEEP_SCHEMES
     sweep_layers: tuple[int, ...] | None = None  # the single layers swept (None: every layer)
     tau_certified: float = 0.2
@@ -72,6 +77,10 @@ class StudyConfig:
             raise ValueError(f"sweep_cases must lie in [0, cases={self.cases}], got {self.sweep_cases}")
         if not self.schemes and not self.sweep_schemes:
             raise ValueError("give at least one scheme (schemes or sweep_schemes)")
+        for name in ("gated_schemes", "risk_schemes", "sweep_schemes"):
+            extra = set(getattr(self, name)) - set(self.schemes)
+            if extra:
+                raise ValueError(f"{name}: {sorted(extra)} must also be among schemes (their raw row is the comparison)")
         if not 0.0 < self.tau_certified < 1.0:
             raise ValueError(f"tau_certified must lie in (0, 1) (certified gate), got {self.tau_certified}")
         if not self.tau_risk >= 1.0:
@@ -79,7 +88,8 @@ class StudyConfig:
 
 
 QUICK = StudyConfig(cases=4, sweep_cases=4, batch=4, context_tokens=192, schemes=("kivi-2bit",),
-                    sweep_schemes=("kivi-2bit",), sweep_layers=(0, -1))  # first and last layer
+                    gated_schemes=("kivi-2bit",), risk_schemes=("kivi-2bit",), sweep_schemes=("kivi-2bit",),
+                    sweep_layers=(0, -1))  # first and last layer
 
 
 @dataclass(frozen=True)
@@ -130,18 +140,19 @@ def configurations(config: StudyConfig, n_layers: int) -> list[Configuration]:
     """Uncompressed, then per repair scheme raw / certified gate / risk-ranked gate, then the sweep."""
     out = [Configuration(UNCOMPRESSED, "repair")]
     for scheme in config.schemes:
-        out += [Configuration(scheme, "repair", scheme),
-                Configuration(f"{scheme} gated tau={config.tau_certified:g}", "repair", scheme,
-                              gate=Gate(tau=config.tau_certified)),
-                Configuration(f"{scheme} gated tau={config.tau_risk:g}", "repair", scheme, gate=Gate(tau=config.tau_risk))]
+        out.append(Configuration(scheme, "repair", scheme))
+        if scheme in config.gated_schemes:
+            out.append(Configuration(f"{scheme} gated tau={config.tau_certified:g}", "repair", scheme,
+                                     gate=Gate(tau=config.tau_certified)))
+        if scheme in config.risk_schemes:
+            out.append(Configuration(f"{scheme} gated tau={config.tau_risk:g}", "repair", scheme,
+                                     gate=Gate(tau=config.tau_risk)))
     thirds = np.array_split(np.arange(n_layers), 3)
     singles = sweep_layers(config, n_layers)
     for scheme in config.sweep_schemes:
         out += [Configuration(f"{scheme} layer {i}", "sweep", scheme, layers=(i,)) for i in singles]
         out += [Configuration(f"{scheme} layers {t[0]}-{t[-1]}", "sweep", scheme, layers=tuple(int(i) for i in t))
-                for t in thirds if len(t)]
-        if scheme not in config.schemes:  # the all-layer run is the repair study's raw row otherwise
-            out.append(Configuration(scheme, "sweep", scheme))
+                for t in thirds if len(t)]  # all layers: the repair study's raw row
     return out
 
 
@@ -156,10 +167,12 @@ def sweep_layers(config: StudyConfig, n_layers: int) -> list[int]:
 
 
 class _LayerSubsetMonitor(Monitor):
-    """A monitor that compresses only ``layers``; every other layer stores its exact tokens.
+    """A monitor that compresses only ``layers``; every other layer holds its exact tokens.
 
-    The exact layers still go through the same store and meter (identity codec: a zero
-    residual, so their meter is only the logits' rounding), so every cell is measured alike.
+    An exact layer stores through the identity codec and is read like the prefill, over its
+    exact tokens by the stock attention path: its TV is 0, nothing to meter (and metering it
+    would cost as much as metering a compressed layer). The compressed layers are metered as
+    under :class:`Monitor`.
     """
 
     def __init__(self, model, scheme, layers, **kwargs):
@@ -170,6 +183,22 @@ class _LayerSubsetMonitor(Monitor):
     def _store(self, index, record, backing):
         store = super()._store(index, record, backing)
         return store if index in self.compressed_layers else dataclasses.replace(store, codec=self._identity)
+
+    def _live_of(self, cache, batch):
+        live = super()._live_of(cache, batch)
+        for index, layer in enumerate(live.layers):
+            if index not in self.compressed_layers and type(layer) is MonitoredLayer:
+                layer.__class__ = _ExactReadLayer
+        return live
+
+
+class _ExactReadLayer(MonitoredLayer):
+    """A monitored layer over exact tokens (identity codec): every read is an exact read, as in the prefill."""
+
+    def update(self, key_states, value_states, *args, **kwargs):
+        read = super().update(key_states, value_states, *args, **kwargs)
+        self.read_exact = True
+        return read
 
 
 def _identity(x: torch.Tensor) -> torch.Tensor:
