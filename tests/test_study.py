@@ -94,11 +94,12 @@ def test_paired_difference_counts_discordant_pairs_and_tests_them():
     assert result["low"] < 0.3 < result["high"]
 
 
-def test_no_discordant_pair_still_gives_an_interval_of_positive_width():
-    same = np.array([1] * 30 + [0] * 10, dtype=bool)
+@pytest.mark.parametrize("right, n", [(30, 40), (16, 32), (1, 8)])
+def test_no_discordant_pair_still_gives_an_interval_of_positive_width(right, n):
+    same = np.arange(n) < right
     result = stats.paired_difference(same, same)
     assert result["diff"] == 0 and result["p_mcnemar"] == 1
-    assert result["low"] < 0 < result["high"]
+    assert result["low"] < -0.01 and result["high"] > 0.01
 
 
 def test_bad_outcomes_are_refused():

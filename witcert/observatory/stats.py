@@ -3,8 +3,8 @@
 - accuracy: exact (Clopper-Pearson) binomial interval, ``scipy.stats.binomtest(...).proportion_ci("exact")``;
 - paired difference of two accuracies on the same cases: Newcombe's hybrid score interval
   (Newcombe 1998, Statistics in Medicine 17:2635, method 10), built from the two Wilson score
-  intervals and the phi correlation of the paired outcomes; unlike a bootstrap it stays honest
-  when no case is discordant (the interval is then not the single point 0);
+  intervals and the continuity-corrected phi correlation of the paired outcomes; unlike a
+  bootstrap it stays honest when no case is discordant (the interval is then not the point 0);
 - paired test: the exact McNemar test (two-sided binomial test of the discordant pairs at 1/2).
 """
 from __future__ import annotations
@@ -47,7 +47,12 @@ def paired_difference(x, y, level: float = LEVEL) -> dict:
     l1, u1 = wilson_interval(a + b, n, level)
     l2, u2 = wilson_interval(a + c, n, level)
     margins = (a + b) * (c + d) * (a + c) * (b + d)
-    phi = (a * d - b * c) / math.sqrt(margins) if margins else 0.0
+    # phi with Newcombe's continuity correction (AD - BC shrunk by n/2 when positive): without it,
+    # few discordant pairs give phi near 1 and an interval of about zero width around 0
+    excess = a * d - b * c
+    if excess > 0:
+        excess = max(excess - n / 2, 0.0)
+    phi = excess / math.sqrt(margins) if margins else 0.0
     diff = p1 - p2
     low = diff - math.sqrt(max(0.0, (p1 - l1) ** 2 - 2 * phi * (p1 - l1) * (u2 - p2) + (u2 - p2) ** 2))
     high = diff + math.sqrt(max(0.0, (u1 - p1) ** 2 - 2 * phi * (u1 - p1) * (p2 - l2) + (p2 - l2) ** 2))

@@ -52,7 +52,7 @@ class StudyConfig:
     """What one ``witcert study`` run does (defaults: the full study of ``make study``)."""
 
     cases: int = 32  # needle cases of the repair study (each configuration answers all of them)
-    sweep_cases: int = 16  # the first cases of the same family, for the layer sweep
+    sweep_cases: int = 32  # the first cases of the same family, for the layer sweep
     context_tokens: int = 256
     new_tokens: int = 6  # greedy answer tokens (a space and the five digits)
     probe_tokens: int | None = 1  # last prompt tokens read over the compressed cache (None: the whole question)
@@ -375,7 +375,7 @@ def _row(conf: Configuration, tally: Tally, reference: np.ndarray, n: int | None
            "gate": None if conf.gate is None else {"tau": conf.gate.tau, "mode": conf.gate.mode},
            "cases": n, "correct": int(outcomes.sum()), "accuracy": float(outcomes.mean()), "low": low, "high": high,
            "paired": stats.paired_difference(outcomes, ref), "cells": tally.cells, "violations": tally.violations,
-           "unchecked": tally.unchecked, "wall_s": tally.wall_s}
+           "unchecked": tally.unchecked, "wall_s": tally.wall_s, "outcomes": [int(x) for x in outcomes]}
     if tally.cells:
         row["mean_meter"] = tally.meter_sum / max(tally.meter_cells, 1)
         row["max_true_tv_minus_meter"] = tally.max_excess
