@@ -28,7 +28,7 @@ test: $(STAMP)
 fuzz: $(STAMP)
 	$(VENV)/bin/witcert fuzz --trials 500000
 
-# the full study (README "The study"): about 25 min on the 2 shared cores it was measured on
+# the full study (README "The study"): about 17 min on the 2 shared cores it was measured on
 study: $(STAMP)
 	$(VENV)/bin/witcert study --out docs/study
 
