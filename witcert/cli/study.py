@@ -14,7 +14,7 @@ HELP = ("reproduce the gated-repair and layer-sweep studies on a needle family (
 
 
 def add_arguments(parser) -> None:
-    from witcert.observatory.study import StudyConfig
+    from witcert.observatory.study_config import StudyConfig
 
     full = StudyConfig()
     parser.add_argument("--quick", action="store_true",
@@ -47,7 +47,7 @@ def add_arguments(parser) -> None:
 
 def check(args) -> None:
     """Resolve the schemes and the study's shape before any model loads (``ValueError`` names the argument)."""
-    from witcert.observatory.study import QUICK, StudyConfig
+    from witcert.observatory.study_config import QUICK, StudyConfig
 
     _args.require_installed("witcert study", "observatory", "transformers", "scipy")
     schemes = {}
