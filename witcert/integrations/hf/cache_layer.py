@@ -8,8 +8,11 @@ tokens to the store (compressed once, witness formed while the exact tokens exis
 what attention must read: the exact in-flight tokens on the first write (the prefill, as a
 serving engine attends it), the store's reconstruction afterwards.
 
-:func:`adopt` turns a fresh ``DynamicCache`` into a monitored one in place (same object, so a
-caller that holds it, ``generate`` included, keeps using it). :func:`check_exact_layers` is the
+:func:`adopt` turns a ``DynamicCache`` into a monitored one in place (same object, so a
+caller that holds it, ``generate`` included, keeps using it). A cache that already holds an exact
+prefix (``DynamicLayer`` tokens the model wrote outside the monitor, e.g. one prefill shared by
+several schemes) is adopted too: the prefix is each store's first write, compressed once, exactly
+as a monitored prefill would have written it. :func:`check_exact_layers` is the
 guard: WitCert attention runs only over layers whose writes it has seen exactly. A cache layer
 that quantizes (transformers' ``QuantizedLayer``/``QuantoQuantizedLayer``/``HQQQuantizedLayer``,
 ``Fp8QuantizedLayer``), is static, offloaded to disk or any other kind is refused with a clear error:
@@ -138,22 +141,41 @@ def check_exact_layers(cache) -> None:
 
 
 def adopt(cache, make_store, n_layers: int) -> list[MonitoredLayer]:
-    """Make an empty ``DynamicCache`` monitored in place: one :class:`MonitoredLayer` per layer.
+    """Make a ``DynamicCache`` monitored in place: one :class:`MonitoredLayer` per layer.
 
-    ``make_store(layer_idx)`` builds each layer's store. Returns the new layers. A cache that
-    already holds tokens (written outside the monitor) or is not an exact ``DynamicCache`` raises.
+    ``make_store(layer_idx)`` builds each layer's store. Returns the new layers. Exact tokens the
+    cache already holds (plain ``DynamicLayer`` s, the same length in every layer) become each
+    store's first write: the next read attends over their compressed form. A cache that is not an
+    exact ``DynamicCache``, or a sliding-window layer holding tokens (it may have dropped some),
+    raises.
     """
     check_exact_layers(cache)
     if not isinstance(cache, DynamicCache):
         raise ValueError(f"past_key_values must be a DynamicCache (or None), got {type(cache).__name__}")
     if any(isinstance(layer, MonitoredLayer) for layer in cache.layers):
         raise ValueError("past_key_values is already monitored (by another witcert.monitor or request)")
-    if cache.get_seq_length() > 0:
-        raise ValueError(f"past_key_values already holds {cache.get_seq_length()} tokens written outside "
-                         "witcert.monitor; start the request inside the monitor with an empty cache")
     if cache.layers and len(cache.layers) != n_layers:
         raise ValueError(f"past_key_values has {len(cache.layers)} layers, the model {n_layers}")
+    prefix = _exact_prefix(cache)
     layers = [MonitoredLayer(make_store(i), i) for i in range(n_layers)]
+    for layer, (keys, values) in zip(layers, prefix):
+        layer.update(keys, values)
     cache.layers = list(layers)
     cache.layer_class_to_replicate = None
     return layers
+
+
+def _exact_prefix(cache) -> list:
+    """(keys, values) of every layer of a cache holding an exact prefix written outside the monitor; [] if empty."""
+    for index, layer in enumerate(cache.layers):
+        holds = getattr(layer, "keys", None) is not None and layer.keys.numel() > 0
+        if holds and type(layer) is not DynamicLayer:
+            raise ValueError(f"past_key_values layer {index} is a {type(layer).__name__} holding tokens: only a "
+                             "full DynamicLayer prefix (every token kept) can be adopted")
+    lengths = {layer.get_seq_length() for layer in cache.layers}
+    if lengths <= {0}:
+        return []
+    if len(lengths) > 1:
+        raise ValueError(f"past_key_values holds prefixes of different lengths per layer ({sorted(lengths)}); "
+                         "start the request with an empty cache or one exact prefill")
+    return [(layer.keys, layer.values) for layer in cache.layers]
