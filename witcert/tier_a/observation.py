@@ -29,6 +29,7 @@ import torch
 from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
+from witcert.fastpath.lean_cells import lean_cells
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import check_head_pairing, logit_bound, witness_of
@@ -145,13 +146,15 @@ def observe(
 
 def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_scale: float | None = None,
                    mask: torch.Tensor | None = None, truth: tuple | None = None,
-                   tau_k: float = 0.2, tau_v: float = 0.05) -> Observation:
+                   tau_k: float = 0.2, tau_v: float = 0.05, fused: bool = False) -> Observation:
     """Tier A observation from what a compressed cache holds (``T2``, ``T1``, value side).
 
     ``q`` (..., Hq, Tq, d) post-RoPE queries; ``stored`` the layer's :class:`StoredKeys`
     (..., Hkv, S, .) with the same leading dims; ``mask`` as in :func:`observe`; ``truth``
     ``(k, v, v_hat)`` the exact keys and values and the values attention reads, for the true TV
-    and output error (``None``: not computed, e.g. when the exact cache is not kept).
+    and output error (``None``: not computed, e.g. when the exact cache is not kept). ``fused``:
+    meter, risk and value term from one pass (:func:`witcert.fastpath.lean_cells.lean_cells`, ``T1``,
+    ``P1``, ``MN`` under an a-priori rounding budget) instead of the eager reference's separate passes.
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]
@@ -171,11 +174,16 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     scores = ((qg @ k_hat64.unsqueeze(-3).transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
     c = c.reshape(*grouped, s)
 
-    meter = tv_meter(scores, c)  # (..., Hkv, G, Tq)
-    risk = risk_score(scores, c)
     rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
-    value_term = values.value_error_term(scores, rho)
-    v_max = values.max_value_norm(stored.value_norm.double()[..., None, None, :], scores)
+    v_norm = stored.value_norm.double()[..., None, None, :]
+    if fused:  # scores and c are valid by construction: no second round of checks
+        lean = lean_cells(scores, c, rho, v_norm, checked=True)
+        meter, risk, value_term, v_max = lean.meter, lean.risk, lean.value_term, lean.v_norm_max
+    else:
+        meter = tv_meter(scores, c)  # (..., Hkv, G, Tq)
+        risk = risk_score(scores, c)
+        value_term = values.value_error_term(scores, rho)
+        v_max = values.max_value_norm(v_norm, scores)
     bound = values.output_bound(meter, value_term, v_max)
     passes = values.joint_pass(meter, value_term, v_max, tau_k, tau_v)
 

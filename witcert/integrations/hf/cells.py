@@ -122,7 +122,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         mask = mask | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
-                         truth=None if exact is None else (*exact, v_hat))
+                         truth=None if exact is None else (*exact, v_hat), fused=True)
     c = torch.where(mask & ~blank[..., None], obs.c, torch.zeros_like(obs.c))
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {

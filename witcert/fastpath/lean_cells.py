@@ -1,0 +1,168 @@
+"""One fused fp64 pass: meter (``T1``, ``P1``, ``MN``), risk and value term, with an a-priori budget.
+
+The eager reference (:func:`witcert.core.metering.meter`) encloses every rounding per operation
+(directed fp64 steps, per-token ``Terms``): exact, but some forty small tensor passes per call.
+Here every per-token term is computed once in fp64 and enclosed by **one relative budget per
+token and one absolute slack per term**, valid for any evaluation order, FMA contraction and any
+exp/expm1/tanh within :data:`REL` of the true value -- the eager libm (<= 4 ulps, ``FP``) and
+``torch.compile``'s vectorized code alike (measured on a dense grid by
+``tests/test_fastpath.py::test_transcendental_budget``: at most ``2^-50``, budget ``2^-40``).
+
+Per live token (``y = x - max x``, ``f = 1 - e^{-c}``), all non-negative:
+
+* mass ``M = e^{y}``; excess ``K = e^{y + c} f = e^{y}(e^{c} - 1)`` (formed from ``e^{y+c}`` so an
+  underflowed mass never meets a large ``e^{c}``); shortfall ``J = e^{y} f <= M``.
+* Exponent errors: ``y`` and ``y + c`` are rounded once each, so the exponent of a term is off by
+  at most ``u (|y| + |y + c|) (1 + u)`` (``u = 2^-53``); we budget ``2^-51 (|y| + |y + c|)``
+  plus ``4 REL`` for exp, expm1 and the product (:data:`REL` each). With ``b <= 1`` the exact term
+  lies within ``(1 +- b (1 + b))`` of the computed one (``e^{b} - 1 <= b (1 + b)``); a live term
+  with ``b > 1`` (scores spanning more than ~10^15) gets the trivial upper bound ``inf``.
+* A term computed in (or flushed from) the subnormal range is off by less than :data:`ABS` =
+  ``2^-1020`` absolutely (every subnormal is below ``2^-1022``, and ``(1 + b(1 + b)) <= 3``).
+* Sums of ``S <= MAX_TOKENS`` non-negative fp64 terms in any order: relative ``gamma_S <= 2^-29``
+  (Higham, Thm. 4.4); :data:`GROW` ``= 1 + 2^-28`` covers it and the few roundings after it.
+* The row-level formulas (``T1 = k (k + 2)/2``, ``P1 = (k + j)/2 (1/A- + 1/(1 + k))``,
+  ``MN = tanh(D/2)``) take a handful of fp64 operations: relative ``(1 + REL)`` each result
+  (far above their ``u``), and ``2^-1068`` absolute for subnormal results.
+
+Not computed here (sound: a minimum of fewer sound bounds is still a sound bound): the direct
+``A-`` lower bound from ``e^{y - c}`` (only ``A- >= 1 - j``), the retention form ``P1r`` and any
+bound added to the eager minimum later. Their absence can only make this meter larger.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from witcert.core.checks import check_scores_and_bounds
+from witcert.core.rounding import round_up_to
+
+REL = 2.0**-40  # budget of one exp/expm1/tanh/row-level result, relative (measured <= 2^-50)
+ABS = 2.0**-1020  # absolute error of one term computed in the subnormal range (or flushed to zero)
+TINY = 2.0**-1068  # absolute slack of a row-level result that may be subnormal
+GROW = 1.0 + 2.0**-28  # any-order sum of at most MAX_TOKENS non-negative terms, and what follows it
+MAX_TOKENS = 2**24
+_EXPONENT_U = 2.0**-51  # >= u (1 + u) with margin: the exponent's rounding per unit of |y| + |y + c|
+
+
+@dataclass(frozen=True)
+class LeanCells:
+    """Per-row fp64 results of :func:`lean_cells` (shape ``(...)``): each an upper bound except ``v_norm_max``
+    (the exact maximum of the given norms over the live tokens)."""
+
+    meter: torch.Tensor  # min(1, T1, P1, MN)
+    risk: torch.Tensor  # T1 unclamped: inf on overflow, never NaN
+    value_term: torch.Tensor  # >= sum_t p~_t rho_t (0 when no rho was given)
+    v_norm_max: torch.Tensor  # max_t ||v_t|| over live tokens (0 when not given)
+
+
+def _up(x: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
+    """A row-level fp64 result lifted past its few roundings; exactly 0 where the exact value is 0."""
+    return torch.where(positive, x * (1.0 + REL) + TINY, torch.zeros_like(x))
+
+
+def _relative_error(budget: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``r >= e^{b} - 1`` (``b (1 + b)``, lifted past its own roundings) where ``b <= 1``, and that mask."""
+    ok = budget <= 1.0
+    return torch.where(ok, budget * (1.0 + budget) * (1.0 + REL), zero), ok
+
+
+def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
+                      v_norm: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The fused pass on validated fp64 inputs (..., S); returns ``(meter, risk, value_term, v_norm_max)``.
+
+    ``scores`` finite or ``-inf`` (masked; every row has a live token), ``c >= 0`` (``inf`` allowed),
+    ``rho >= 0`` and ``v_norm >= 0`` broadcastable to ``scores``. No host synchronisation: this is
+    the function :mod:`witcert.fastpath.compiled` compiles.
+    """
+    live = scores > float("-inf")
+    zero = torch.zeros_like(scores)
+    c = torch.where(live, c, zero)
+    y = scores - scores.amax(-1, keepdim=True)  # -inf where masked
+    g = torch.where(live, y + c, y)  # inf where c is
+    f = -torch.expm1(-c)  # 1 - e^{-c} in [0, 1]; exactly 0 where c = 0
+    mass = torch.exp(y)
+    excess = torch.exp(g) * f
+    shortfall = mass * f
+
+    ay = torch.where(live, y.abs(), zero)
+    ag = torch.where(live, g.abs(), zero)
+    inf = torch.full_like(scores, float("inf"))
+    # M and J have the exponent y, K the exponent y + c: one budget each (inf where c is: K is inf then)
+    r_mass, ok_mass = _relative_error(_EXPONENT_U * ay + 4 * REL, zero)
+    r_excess, ok_excess = _relative_error(_EXPONENT_U * (ay + ag) + 4 * REL, zero)
+    # an upper term: inf where the budget fails, unless the exact term is 0 (masked, or c = 0 for K and J)
+    has_f = live & (f > 0)
+    excess_up = torch.where(has_f, torch.where(ok_excess, excess * (1.0 + r_excess), inf), zero)
+    shortfall_up = torch.where(has_f, torch.where(ok_mass, shortfall * (1.0 + r_mass), inf), zero)
+    mass_lo = torch.where(live & ok_mass, mass * (1.0 - r_mass), zero)
+    mass_up = torch.where(live, torch.where(ok_mass, mass * (1.0 + r_mass), inf), zero)
+
+    n_live = live.sum(-1).to(scores.dtype)
+    n_f = has_f.sum(-1).to(scores.dtype)
+    total_lo = (mass_lo.sum(-1) / GROW - n_live * ABS) / GROW  # > 1/2: the max token has y = 0, M = 1
+    k_sum = excess_up.sum(-1) * GROW + n_f * ABS
+    j_sum = shortfall_up.sum(-1) * GROW + n_f * ABS
+    k = _up(k_sum / total_lo, k_sum > 0)
+    j = torch.clamp(_up(j_sum / total_lo, j_sum > 0), max=1.0)  # the exact j = 1 - A- is <= 1
+    a_minus = torch.clamp((1.0 - j) * (1.0 - REL), min=0.0)  # <= A- (1 - j rounds by u only)
+
+    eform = _up(0.5 * k * (k + 2.0), k > 0)
+    spread = k + j
+    two_sided = _up(0.5 * spread * (1.0 / a_minus + 1.0 / (1.0 + k)), spread > 0)
+    two_sided = torch.where((a_minus > 0) & torch.isfinite(k), two_sided, torch.full_like(two_sided, float("inf")))
+    half_d = c.amax(-1) * 0.5  # exact unless subnormal: then one 2^-1074 step covers it
+    half_d = torch.where(half_d > 0, half_d + 2.0**-1074, half_d)
+    maxnorm = torch.minimum(torch.minimum(half_d, _up(torch.tanh(half_d), half_d > 0)), torch.ones_like(half_d))
+    meter = torch.clamp(torch.minimum(torch.minimum(eform, two_sided), maxnorm), max=1.0)
+
+    weighted = torch.where(live & (rho > 0), (mass_up + ABS) * rho, zero)  # an underflowed mass keeps its slack
+    w_sum = weighted.sum(-1) * GROW
+    value_term = _up(w_sum / total_lo, w_sum > 0)
+    v_norm_max = torch.where(live, v_norm.expand_as(scores), zero).amax(-1)
+    return meter, eform, value_term, v_norm_max
+
+
+def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> LeanCells:
+    """Meter, risk, value term and max value norm of every row in one fused pass (``T1``, ``P1``, ``MN``, ``FP``).
+
+    Parameters
+    ----------
+    scores : Tensor (..., S)
+        Compressed logits; ``-inf`` masks a token.
+    c : Tensor broadcastable to ``scores``
+        Per-token logit-error bounds ``>= 0`` (``inf`` allowed).
+    rho, v_norm : Tensor broadcastable to ``scores``, optional
+        Value residual norms and value norms (``>= 0``): for the value term and its maximum.
+    checked : bool
+        ``scores`` and ``c`` are already valid (the per-layer path forms them from validated inputs:
+        finite or ``-inf`` logits with a live token per row, ``c >= 0``): skip the checks and their
+        host synchronisations (the token cap is still checked: it is a shape).
+
+    Returns
+    -------
+    LeanCells
+        fp64 upper bounds (``meter`` in ``[0, 1]``), computed by the compiled pass where available
+        (:func:`witcert.fastpath.compiled.lean_cells_fn`), else eagerly.
+    """
+    from witcert.fastpath.compiled import lean_cells_fn
+
+    if not checked:
+        scores, c = check_scores_and_bounds(scores, c)
+    if scores.shape[-1] > MAX_TOKENS:
+        raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
+    scores, c = scores.double(), c.double()
+    zero = scores.new_zeros(())
+    rho = zero if rho is None else torch.as_tensor(rho, dtype=torch.float64)
+    v_norm = zero if v_norm is None else torch.as_tensor(v_norm, dtype=torch.float64)
+    return LeanCells(*lean_cells_fn()(scores, c.expand_as(scores), rho, v_norm))
+
+
+def fast_meter(scores, c) -> torch.Tensor:
+    """The fast meter ``min(1, T1, P1, MN)``: validated once, one fused pass; never below the exact value.
+
+    Same contract as :func:`witcert.meter` (``T1``, ``P1``, ``MN``; rounding ``FP``), returned in the
+    working dtype (rounded up). It may exceed :func:`witcert.meter` slightly (a coarser rounding
+    budget, and only these three bounds in the minimum), never the other way round for the exact value.
+    """
+    scores, c = check_scores_and_bounds(scores, c)
+    return round_up_to(lean_cells(scores, c, checked=True).meter, scores.dtype)
