@@ -171,7 +171,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
                                                 accumulate_dtype=torch.float64))
     keep = _mask(mask, (*lead, hq, tq, s), q.device).reshape(*grouped, s)
-    scores = ((qg @ k_hat64.unsqueeze(-3).transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
+    scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
     c = c.reshape(*grouped, s)
 
     rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
@@ -314,14 +314,22 @@ def _subnormal_step(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
 
 
+def _folded_matmul(grouped: torch.Tensor, per_kv_head: torch.Tensor) -> torch.Tensor:
+    """``(..., Hkv, G, Tq, a) @ (..., Hkv, a, b) -> (..., Hkv, G, Tq, b)`` with each kv head's ``G Tq`` rows
+    folded into one matrix: one GEMM per kv head, no broadcast copy of the cache per query head."""
+    *lead, groups, tq, a = grouped.shape
+    folded = grouped.reshape(*lead, groups * tq, a) @ per_kv_head
+    return folded.reshape(*lead, groups, tq, per_kv_head.shape[-1])
+
+
 def _truth(qg, k, v, v_hat, scores, keep, scale):
     """fp64 true TV and output error ``||p v - p~ v^||``: each (..., Hkv, G, Tq)."""
-    exact_scores = (qg @ k.to(torch.float64).unsqueeze(-3).transpose(-1, -2)) * scale
+    exact_scores = _folded_matmul(qg, k.to(torch.float64).transpose(-1, -2)) * scale
     p = torch.softmax(exact_scores.masked_fill(~keep, float("-inf")), dim=-1)
     p_tilde = torch.softmax(scores, dim=-1)
     tv = 0.5 * (p - p_tilde).abs().sum(-1)
-    y = p @ v.to(torch.float64).unsqueeze(-3)  # (..., Hkv, G, Tq, d)
-    y_hat = p_tilde @ v_hat.to(torch.float64).unsqueeze(-3)
+    y = _folded_matmul(p, v.to(torch.float64))  # (..., Hkv, G, Tq, d)
+    y_hat = _folded_matmul(p_tilde, v_hat.to(torch.float64))
     return tv, torch.linalg.vector_norm(y - y_hat, dim=-1)
 
 
