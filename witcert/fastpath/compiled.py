@@ -35,7 +35,7 @@ def _compile():
 
     try:
         fn = torch.compile(lean_cells_kernel, dynamic=True, fullgraph=True)
-        probe = torch.zeros(1, 2, dtype=torch.float64)
+        probe = torch.zeros(2, 2, dtype=torch.float64)  # sizes >= 2: no 0/1 specialisation
         fn(probe, probe, probe, probe)  # compile now: a missing compiler fails here, not mid-generation
         return fn
     except Exception as err:  # any failure of the toolchain: the eager pass is the same function

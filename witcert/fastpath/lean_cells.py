@@ -60,10 +60,17 @@ def _up(x: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
     return torch.where(positive, x * (1.0 + REL) + TINY, torch.zeros_like(x))
 
 
-def _relative_error(budget: torch.Tensor, zero: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``r >= e^{b} - 1`` (``b (1 + b)``, lifted past its own roundings) where ``b <= 1``, and that mask."""
+def _enclose(value: torch.Tensor, exponent: torch.Tensor, budget: torch.Tensor, zero: torch.Tensor):
+    """``(upper, lower)`` of one non-negative term ``exp(exponent) * factor``, its log off by at most ``budget``.
+
+    ``budget <= 1``: within ``(1 +- r)``, ``r = b (1 + b) >= e^{b} - 1`` (lifted past its own roundings).
+    Otherwise the term is negligible (below ``ABS``: upper 0 here, the caller adds ``ABS`` per term)
+    when even ``exponent + budget < -1000``, else unknown: upper ``inf``, lower 0.
+    """
     ok = budget <= 1.0
-    return torch.where(ok, budget * (1.0 + budget) * (1.0 + REL), zero), ok
+    r = torch.where(ok, budget * (1.0 + budget) * (1.0 + REL), zero)
+    far = torch.where(exponent + budget < -1000.0, zero, torch.full_like(zero, float("inf")))
+    return torch.where(ok, value * (1.0 + r), far), torch.where(ok, value * (1.0 - r), zero)
 
 
 def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
@@ -86,16 +93,16 @@ def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
 
     ay = torch.where(live, y.abs(), zero)
     ag = torch.where(live, g.abs(), zero)
-    inf = torch.full_like(scores, float("inf"))
-    # M and J have the exponent y, K the exponent y + c: one budget each (inf where c is: K is inf then)
-    r_mass, ok_mass = _relative_error(_EXPONENT_U * ay + 4 * REL, zero)
-    r_excess, ok_excess = _relative_error(_EXPONENT_U * (ay + ag) + 4 * REL, zero)
-    # an upper term: inf where the budget fails, unless the exact term is 0 (masked, or c = 0 for K and J)
+    # M and J have the exponent y, K the exponent y + c (inf where c is: K is inf then)
+    mass_up, mass_lo = _enclose(mass, y, _EXPONENT_U * ay + 4 * REL, zero)
+    shortfall_up = _enclose(shortfall, y, _EXPONENT_U * ay + 4 * REL, zero)[0]
+    excess_up = _enclose(excess, g, _EXPONENT_U * (ay + ag) + 4 * REL, zero)[0]
+    # exactly 0: masked tokens, and K, J where c = 0
     has_f = live & (f > 0)
-    excess_up = torch.where(has_f, torch.where(ok_excess, excess * (1.0 + r_excess), inf), zero)
-    shortfall_up = torch.where(has_f, torch.where(ok_mass, shortfall * (1.0 + r_mass), inf), zero)
-    mass_lo = torch.where(live & ok_mass, mass * (1.0 - r_mass), zero)
-    mass_up = torch.where(live, torch.where(ok_mass, mass * (1.0 + r_mass), inf), zero)
+    excess_up = torch.where(has_f, excess_up, zero)
+    shortfall_up = torch.where(has_f, shortfall_up, zero)
+    mass_up = torch.where(live, mass_up, zero)
+    mass_lo = torch.where(live, mass_lo, zero)
 
     n_live = live.sum(-1).to(scores.dtype)
     n_f = has_f.sum(-1).to(scores.dtype)
@@ -115,8 +122,11 @@ def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
     maxnorm = torch.minimum(torch.minimum(half_d, _up(torch.tanh(half_d), half_d > 0)), torch.ones_like(half_d))
     meter = torch.clamp(torch.minimum(torch.minimum(eform, two_sided), maxnorm), max=1.0)
 
-    weighted = torch.where(live & (rho > 0), (mass_up + ABS) * rho, zero)  # an underflowed mass keeps its slack
-    w_sum = weighted.sum(-1) * GROW
+    # an underflowed mass keeps its slack ABS through the product; each product rounds by at most
+    # half a 2^-1074 step below the normal range (ABS rho itself may be subnormal)
+    weighted_live = live & (rho > 0)
+    weighted = torch.where(weighted_live, (mass_up + ABS) * rho, zero)
+    w_sum = weighted.sum(-1) * GROW + weighted_live.sum(-1).to(scores.dtype) * 2.0**-1074
     value_term = _up(w_sum / total_lo, w_sum > 0)
     v_norm_max = torch.where(live, v_norm.expand_as(scores), zero).amax(-1)
     return meter, eform, value_term, v_norm_max
@@ -150,11 +160,31 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
         scores, c = check_scores_and_bounds(scores, c)
     if scores.shape[-1] > MAX_TOKENS:
         raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
-    scores, c = scores.double(), c.double()
-    zero = scores.new_zeros(())
-    rho = zero if rho is None else torch.as_tensor(rho, dtype=torch.float64)
-    v_norm = zero if v_norm is None else torch.as_tensor(v_norm, dtype=torch.float64)
-    return LeanCells(*lean_cells_fn()(scores, c.expand_as(scores), rho, v_norm))
+    rows = scores.shape[:-1]
+    parts = [scores.double(), c.double()] + [scores.new_zeros(()) if x is None else torch.as_tensor(x) for x in (rho, v_norm)]
+    flat = [_padded(x.double().expand(scores.shape).reshape(-1, scores.shape[-1])) for x in parts]
+    flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
+    results = lean_cells_fn()(*flat)
+    return LeanCells(*(r[:rows.numel()].reshape(rows) for r in results))
+
+
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    """(R, S) padded to at least (2, 2): the compiled pass is specialised to sizes >= 2, so it never
+    recompiles for one row or one token. Padding rows are copies of row 0; padding tokens are masked
+    (their scores set to ``-inf`` by the caller: they carry no mass)."""
+    r, s = x.shape
+    if s < 2:
+        x = torch.cat([x, x[:, :1]], dim=-1)
+    if r < 2:
+        x = torch.cat([x, x[:1]], dim=0)
+    return x
+
+
+def _padding_mask(padded: torch.Tensor, shape) -> torch.Tensor:
+    """True on the real tokens of a :func:`_padded` (R, S) tensor."""
+    keep = torch.ones_like(padded, dtype=torch.bool)
+    keep[:, shape[-1]:] = False
+    return keep
 
 
 def fast_meter(scores, c) -> torch.Tensor:

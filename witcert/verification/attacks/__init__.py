@@ -18,6 +18,7 @@ from importlib import import_module
 # module names under witcert.verification.attacks, in report order
 ATTACKS: tuple[str, ...] = (
     "underflow", "gate_tau", "rope_frame", "mutating_scheme", "model_dtypes", "batched_dither", "kernel_range",
+    "fast_path",
 )
 
 
