@@ -4,17 +4,18 @@ The eager reference (:func:`witcert.core.metering.meter`) encloses every roundin
 (directed fp64 steps, per-token ``Terms``): exact, but some forty small tensor passes per call.
 Here every per-token term is computed once in fp64 and enclosed by **one relative budget per
 token and one absolute slack per term**, valid for any evaluation order, FMA contraction and any
-exp/expm1/tanh within :data:`REL` of the true value -- the eager libm (<= 4 ulps, ``FP``) and
+exp/tanh within :data:`REL` of the true value -- the eager libm (<= 4 ulps, ``FP``) and
 ``torch.compile``'s vectorized code alike (measured on a dense grid by
 ``tests/test_fastpath.py::test_transcendental_budget``: at most ``2^-50``, budget ``2^-40``).
+``expm1`` is not used: compiled, it has no relative accuracy for small arguments (measured).
 
 Per live token (``y = x - max x``, ``f = 1 - e^{-c}``), all non-negative:
 
 * mass ``M = e^{y}``; excess ``K = e^{y + c} f = e^{y}(e^{c} - 1)`` (formed from ``e^{y+c}`` so an
   underflowed mass never meets a large ``e^{c}``); shortfall ``J = e^{y} f <= M``.
 * Exponent errors: ``y`` and ``y + c`` are rounded once each, so the exponent of a term is off by
-  at most ``u (|y| + |y + c|) (1 + u)`` (``u = 2^-53``); we budget ``2^-51 (|y| + |y + c|)``
-  plus ``4 REL`` for exp, expm1 and the product (:data:`REL` each). With ``b <= 1`` the exact term
+  at most ``u (|y| + |y + c|) (1 + u)`` (``u = 2^-53``; ``|y|`` alone for ``M`` and ``J``); we budget
+  ``2^-51 (|y| + |y + c|)`` plus ``8 REL`` for the exp (``REL``), ``f`` (``4 REL``) and the product. With ``b <= 1`` the exact term
   lies within ``(1 +- b (1 + b))`` of the computed one (``e^{b} - 1 <= b (1 + b)``); a live term
   with ``b > 1`` (scores spanning more than ~10^15) gets the trivial upper bound ``inf``.
 * A term computed in (or flushed from) the subnormal range is off by less than :data:`ABS` =
@@ -73,6 +74,19 @@ def _enclose(value: torch.Tensor, exponent: torch.Tensor, budget: torch.Tensor, 
     return torch.where(ok, value * (1.0 + r), far), torch.where(ok, value * (1.0 - r), zero)
 
 
+def _one_minus_exp_neg(c: torch.Tensor) -> torch.Tensor:
+    """``1 - e^{-c}`` within ``4 REL`` relative (an upper bound below ``1/4``), without ``expm1``.
+
+    ``torch.compile``'s vectorized fp64 ``expm1`` loses all relative accuracy for small arguments
+    (it returned 0 for ``1e-20``: measured, ``tests/test_fastpath.py``). Below ``1/4`` the
+    alternating Taylor series cut after its positive ``c^7/7!`` term is an upper bound (terms
+    decrease), within ``c^7/8! < 2^-30`` relative, in nested form (factors near 1: a few ``u``).
+    Above, ``1 - e^{-c} >= 0.22`` so the exp's ``REL`` grows at most 4-fold in the subtraction.
+    """
+    series = c * (1 - c / 2 * (1 - c / 3 * (1 - c / 4 * (1 - c / 5 * (1 - c / 6 * (1 - c / 7))))))
+    return torch.where(c <= 0.25, series, 1.0 - torch.exp(-c))
+
+
 def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
                       v_norm: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """The fused pass on validated fp64 inputs (..., S); returns ``(meter, risk, value_term, v_norm_max)``.
@@ -86,7 +100,7 @@ def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
     c = torch.where(live, c, zero)
     y = scores - scores.amax(-1, keepdim=True)  # -inf where masked
     g = torch.where(live, y + c, y)  # inf where c is
-    f = -torch.expm1(-c)  # 1 - e^{-c} in [0, 1]; exactly 0 where c = 0
+    f = _one_minus_exp_neg(c)  # >= 1 - e^{-c}, in [0, 1]; exactly 0 where c = 0
     mass = torch.exp(y)
     excess = torch.exp(g) * f
     shortfall = mass * f
@@ -94,9 +108,9 @@ def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
     ay = torch.where(live, y.abs(), zero)
     ag = torch.where(live, g.abs(), zero)
     # M and J have the exponent y, K the exponent y + c (inf where c is: K is inf then)
-    mass_up, mass_lo = _enclose(mass, y, _EXPONENT_U * ay + 4 * REL, zero)
-    shortfall_up = _enclose(shortfall, y, _EXPONENT_U * ay + 4 * REL, zero)[0]
-    excess_up = _enclose(excess, g, _EXPONENT_U * (ay + ag) + 4 * REL, zero)[0]
+    mass_up, mass_lo = _enclose(mass, y, _EXPONENT_U * ay + 8 * REL, zero)
+    shortfall_up = _enclose(shortfall, y, _EXPONENT_U * ay + 8 * REL, zero)[0]
+    excess_up = _enclose(excess, g, _EXPONENT_U * (ay + ag) + 8 * REL, zero)[0]
     # exactly 0: masked tokens, and K, J where c = 0
     has_f = live & (f > 0)
     excess_up = torch.where(has_f, excess_up, zero)
