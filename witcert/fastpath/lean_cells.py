@@ -75,12 +75,14 @@ def _enclose(value: torch.Tensor, exponent: torch.Tensor, budget: torch.Tensor, 
 
 
 def _one_minus_exp_neg(c: torch.Tensor) -> torch.Tensor:
-    """``1 - e^{-c}`` within ``4 REL`` relative (an upper bound below ``1/4``), without ``expm1``.
+    """``1 - e^{-c}``, at most ``4 REL`` below it (what the term budget charges), without ``expm1``.
+
+    Only upper bounds (``K``, ``J``) use it, so the series' truncation, which errs upward, is free.
 
     ``torch.compile``'s vectorized fp64 ``expm1`` loses all relative accuracy for small arguments
     (it returned 0 for ``1e-20``: measured, ``tests/test_fastpath.py``). Below ``1/4`` the
-    alternating Taylor series cut after its positive ``c^7/7!`` term is an upper bound (terms
-    decrease), within ``c^7/8! < 2^-30`` relative, in nested form (factors near 1: a few ``u``).
+    alternating Taylor series cut after its ``c^7/7!`` term (truncation upward, below ``c^6/8! < 2^-26``
+    relative: terms decrease), in nested form (factors near 1: a few ``u`` of rounding).
     Above, ``1 - e^{-c} >= 0.22`` so the exp's ``REL`` grows at most 4-fold in the subtraction.
     """
     series = c * (1 - c / 2 * (1 - c / 3 * (1 - c / 4 * (1 - c / 5 * (1 - c / 6 * (1 - c / 7))))))
