@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.core import rounding, values
-from witcert.core.metering import meter, risk_score
+from witcert.fastpath.lean_cells import lean_cells
 from witcert.gate.policy import Gate
 from witcert.gate.repair import LayerPager
 from witcert.tier_a.observation import observe_stored, score_rounding_bound
@@ -148,7 +148,7 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     + rho_t`` ("DB"), which holds for every query. ``rho_t`` covers the rounding of the
     dequantized keys to ``k_hat``'s dtype (an fp16 or bf16 model rounds far more than the
     ``s/2`` of ``Delta_t`` leaves room for). The meter, risk, output bound and joint pass are
-    recomputed from the tightened ``c``.
+    recomputed from the tightened ``c`` (the fused pass, :mod:`witcert.fastpath`).
 
     Why a teacher-forced probe is in scope on a real model: the layer-``l`` query and keys are
     functions of the exact prefill and of the dither of layers ``< l`` only (the counter holds
@@ -166,10 +166,11 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
                                  score_dtype=torch.float64, accumulate_dtype=torch.float64)
     c = torch.minimum(math.c, rounding.add_up(c_b, slack))
     c = torch.where(torch.isneginf(math.scores_hat) | math.blank[..., None], torch.zeros_like(c), c)
-    m = meter(math.scores_hat, c)
+    lean = lean_cells(math.scores_hat, c, checked=True)  # valid by construction: one fused pass, no re-checks
+    m = lean.meter
     bound = values.output_bound(m, math.value_term, math.v_norm_max)
     passes = values.joint_pass(m, math.value_term, math.v_norm_max, tau_k, tau_v)
-    cells = dict(math.cells, meter=m, risk=risk_score(math.scores_hat, c), output_bound=bound,
+    cells = dict(math.cells, meter=m, risk=lean.risk, output_bound=bound,
                  joint=passes.joint, c_max=c.amax(dim=-1))
     return CallMath(cells=cells, value_term=math.value_term, v_norm_max=math.v_norm_max, c=c,
                     scores_hat=math.scores_hat, blank=math.blank)
