@@ -4,7 +4,7 @@ Same problem as ``cost.py`` (one decode step, batch 1, GQA, fp32 attention). Per
 in one process (every ratio is a median over the same run's attention median):
 
 * ``library``: ``witcert.meter`` (the eager reference, per-operation directed rounding);
-* ``fused eager`` / ``fused compiled``: :func:`witcert.fastpath.lean_cells.lean_cells` on the same
+* ``fused eager`` / ``fused compiled``: :func:`witcert.fastpath.fused.lean_cells` on the same
   ``(scores, c)`` with the checks the monitor skips (its inputs are valid by construction);
 * ``+ c``: the per-token bound included (Tier A ``logit_bound`` from the witness, Tier B
   ``tier_b_logit_bound``), i.e. the whole meter of a cell.
@@ -20,7 +20,8 @@ import witcert
 from benchmarks.cost import SHAPES, _attention, _problem
 from benchmarks.timing import time_interleaved
 from witcert.fastpath import compiled as compiled_mod
-from witcert.fastpath.lean_cells import lean_cells, lean_cells_kernel
+from witcert.fastpath.budgeted_pass import lean_cells_kernel
+from witcert.fastpath.fused import lean_cells
 
 LENGTHS = {"SmolLM2-135M (9q/3kv, d=64)": (2048, 8192, 32768, 131072), "7B-class (28q/4kv, d=128)": (2048, 8192, 32768)}
 QUICK = (2048, 8192)

@@ -1,6 +1,6 @@
 """The fused meter pass (:mod:`witcert.fastpath`), eager and compiled, against the 50-digit golden.
 
-Implementation: :func:`witcert.fastpath.lean_cells.fast_meter` / :func:`~witcert.fastpath.lean_cells.lean_cells`
+Implementation: :func:`witcert.fastpath.fused.fast_meter` / :func:`~witcert.fastpath.fused.lean_cells`
 (``T1``, ``P1``, ``MN`` under the a-priori budget ``FP``), eager and ``torch.compile``d.
 Oracle: ``witcert.spec.golden.meter_from_scores`` (50 digits) and the 60-digit statements of the
 ``fast-path`` attack class. Domain: random rows, the underflow regimes (subnormal/tiny radii,
@@ -17,7 +17,8 @@ from mpmath import mp, mpf
 
 from witcert.core.metering import meter
 from witcert.fastpath import compiled as compiled_mod
-from witcert.fastpath.lean_cells import REL, fast_meter, lean_cells, lean_cells_kernel
+from witcert.fastpath.budgeted_pass import REL, lean_cells_kernel
+from witcert.fastpath.fused import fast_meter, lean_cells
 from witcert.spec import golden
 from witcert.verification.attacks import fast_path
 
@@ -106,7 +107,7 @@ def test_one_minus_exp_neg_within_budget():
 
     The compiled kernel's use of it is covered by the golden comparisons below (tiny and subnormal radii).
     """
-    from witcert.fastpath.lean_cells import _one_minus_exp_neg
+    from witcert.fastpath.budgeted_pass import _one_minus_exp_neg
 
     c = torch.cat([torch.logspace(-320, 0, 3000, dtype=torch.float64), torch.linspace(0, 800, 3001, dtype=torch.float64)])
     with mp.workdps(50):

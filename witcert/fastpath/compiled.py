@@ -2,14 +2,14 @@
 
 ``WITCERT_COMPILE`` chooses: ``1`` compile (the first call of a new shape class takes seconds;
 inductor caches the code on disk, so a second process starts warm), ``0`` (the default) eager.
-Soundness does not depend on the choice: the pass's budget (:mod:`witcert.fastpath.lean_cells`)
+Soundness does not depend on the choice: the pass's budget (:mod:`witcert.fastpath.budgeted_pass`)
 covers any evaluation order, FMA contraction and exp/expm1/tanh within ``REL`` of the true value,
 which ``tests/test_fastpath.py`` measures for the compiled code on a dense grid.
 """
 import os
 import warnings
 
-from witcert.fastpath.lean_cells import lean_cells_kernel
+from witcert.fastpath.budgeted_pass import lean_cells_kernel
 
 _CHOICES = ("0", "1")
 _state: dict = {}
@@ -46,7 +46,7 @@ def _compile():
 
 def lean_cells_fn(compiled: bool | None = None):
     """The fused pass to call: compiled when asked for (``compiled``, default ``WITCERT_COMPILE``) and
-    available, else the eager :func:`~witcert.fastpath.lean_cells.lean_cells_kernel`."""
+    available, else the eager :func:`~witcert.fastpath.budgeted_pass.lean_cells_kernel`."""
     want = compile_requested() if compiled is None else compiled
     fn = compiled_kernel() if want else None
     return lean_cells_kernel if fn is None else fn

@@ -29,7 +29,7 @@ import torch
 from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
-from witcert.fastpath.lean_cells import lean_cells
+from witcert.fastpath.fused import lean_cells
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import check_head_pairing, logit_bound, witness_of
@@ -153,7 +153,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     (..., Hkv, S, .) with the same leading dims; ``mask`` as in :func:`observe`; ``truth``
     ``(k, v, v_hat)`` the exact keys and values and the values attention reads, for the true TV
     and output error (``None``: not computed, e.g. when the exact cache is not kept). ``fused``:
-    meter, risk and value term from one pass (:func:`witcert.fastpath.lean_cells.lean_cells`, ``T1``,
+    meter, risk and value term from one pass (:func:`witcert.fastpath.fused.lean_cells`, ``T1``,
     ``P1``, ``MN`` under an a-priori rounding budget) instead of the eager reference's separate passes.
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")

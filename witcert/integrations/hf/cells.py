@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.core import rounding, values
-from witcert.fastpath.lean_cells import lean_cells
+from witcert.fastpath.fused import lean_cells
 from witcert.gate.policy import Gate
 from witcert.gate.repair import LayerPager
 from witcert.tier_a.observation import observe_stored, score_rounding_bound

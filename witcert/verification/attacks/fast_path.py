@@ -5,14 +5,14 @@ on the same regimes as the eager meter (:mod:`witcert.verification.attacks.under
 and tiny radii, underflowing masses, huge offsets, exponents that round below the underflow
 threshold, masks with ``c = inf`` on masked tokens), plus ``long-row`` (one per 1,000 rows): ``S``
 up to 131,072 with an outlier radius. Per row, against the 60-digit statements (``witcert.spec.bounds``):
-:func:`~witcert.fastpath.lean_cells.fast_meter` against the meter ``min(1, T1, P1, MN)``, the fused
+:func:`~witcert.fastpath.fused.fast_meter` against the meter ``min(1, T1, P1, MN)``, the fused
 risk against ``T1`` and the fused value term against ``sum p~ rho``. Eager by default; the
 compiled pass when ``WITCERT_COMPILE=1`` (``tests/test_fastpath.py`` runs both).
 """
 import torch
 from mpmath import mp, mpf
 
-from witcert.fastpath.lean_cells import fast_meter, lean_cells
+from witcert.fastpath.fused import fast_meter, lean_cells
 from witcert.verification.attacks import AttackTally
 from witcert.verification.attacks.underflow import DPS, FAMILIES, _judge, _mask, _residuals, _Row
 
