@@ -16,8 +16,9 @@ Per live token (``y = x - max x``, ``f = 1 - e^{-c}``), all non-negative:
 * Exponent errors: ``y`` and ``y + c`` are rounded once each, so the exponent of a term is off by
   at most ``u (|y| + |y + c|) (1 + u)`` (``u = 2^-53``; ``|y|`` alone for ``M`` and ``J``); we budget
   ``2^-51 (|y| + |y + c|)`` plus ``8 REL`` for the exp (``REL``), ``f`` (``4 REL``) and the product. With ``b <= 1`` the exact term
-  lies within ``(1 +- b (1 + b))`` of the computed one (``e^{b} - 1 <= b (1 + b)``); a live term
-  with ``b > 1`` (scores spanning more than ~10^15) gets the trivial upper bound ``inf``.
+  lies within ``(1 +- b (1 + b))`` of the computed one (``e^{b} - 1 <= b (1 + b)``). A live term
+  with ``b > 1`` (scores spanning more than ~10^15) is negligible if even its exponent plus ``b``
+  is below -1000 (then ``ABS`` covers it), else it gets the trivial upper bound ``inf``.
 * A term computed in (or flushed from) the subnormal range is off by less than :data:`ABS` =
   ``2^-1020`` absolutely (every subnormal is below ``2^-1022``, and ``(1 + b(1 + b)) <= 3``).
 * Sums of ``S <= MAX_TOKENS`` non-negative fp64 terms in any order: relative ``gamma_S <= 2^-29``
@@ -33,7 +34,7 @@ bound added to the eager minimum later. Their absence can only make this meter l
 import torch
 
 
-REL = 2.0**-40  # budget of one exp/expm1/tanh/row-level result, relative (measured <= 2^-50)
+REL = 2.0**-40  # budget of one exp/tanh/row-level result, relative (compiled exp, tanh measured <= 2^-50)
 ABS = 2.0**-1020  # absolute error of one term computed in the subnormal range (or flushed to zero)
 TINY = 2.0**-1068  # absolute slack of a row-level result that may be subnormal
 GROW = 1.0 + 2.0**-28  # any-order sum of at most MAX_TOKENS non-negative terms, and what follows it
