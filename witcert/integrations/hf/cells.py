@@ -135,8 +135,16 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
                     blank=blank)
 
 
+def score_slack(query, k_hat, scale: float) -> torch.Tensor:
+    """The fp64 logits' rounding (:func:`witcert.score_rounding_bound`), (B, Hq, Tq, S): one per call,
+    shared by every Tier B tightening of it (it does not depend on ``delta_loc``)."""
+    return score_rounding_bound(query.to(torch.float64), k_hat.to(torch.float64), scale,
+                                score_dtype=torch.float64, accumulate_dtype=torch.float64)
+
+
 def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_loc: float, scale: float,
-                        adaptive: bool, tau_k: float = 0.2, tau_v: float = 0.05) -> CallMath:
+                        adaptive: bool, tau_k: float = 0.2, tau_v: float = 0.05,
+                        slack: torch.Tensor | None = None) -> CallMath:
     """Per-token minimum of the Tier A bound and the Tier B bound of a dithered store (``TB``, ``L3``, ``DB``).
 
     ``key_stores``: the :class:`~witcert.tier_b.packed_store.PackedStore` of each written chunk
@@ -155,6 +163,7 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     the layer, and under the Philox modelling assumption distinct streams are independent), so
     conditionally on those the layer-``l`` dither is independent of the query. Greedy decoding
     feeds back tokens chosen through every layer's dither, so there only ``Delta_t`` is used.
+    ``slack``: :func:`score_slack` of this call, when the caller tightens it more than once.
     """
     from witcert.tier_b.certificate import tier_b_logit_bound
 
@@ -162,8 +171,7 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     mode = "delta" if adaptive else "min"
     c_b = torch.cat([tier_b_logit_bound(query, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s,
                                         key_dtype=k_hat.dtype) for chunk in key_stores], dim=-1).to(torch.float64)
-    slack = score_rounding_bound(query.to(torch.float64), k_hat.to(torch.float64), scale,
-                                 score_dtype=torch.float64, accumulate_dtype=torch.float64)
+    slack = score_slack(query, k_hat, scale) if slack is None else slack
     c = torch.minimum(math.c, rounding.add_up(c_b, slack))
     c = torch.where(torch.isneginf(math.scores_hat) | math.blank[..., None], torch.zeros_like(c), c)
     lean = lean_cells(math.scores_hat, c, checked=True)  # valid by construction: one fused pass, no re-checks
