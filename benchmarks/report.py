@@ -45,6 +45,23 @@ def _cost_md(results: dict) -> str:
     return text
 
 
+def _fastpath_md(results: dict) -> str:
+    fast = results["fastpath"]
+    rows = [{"shape": r["shape"], "S": r["S"], "attention ms": 1e3 * r["median_s"]["attention"], **r["ratio_to_attention"]}
+            for r in fast["rows"]]
+    text = f"First compile of the fused pass: {_fmt(fast['first_compile_s'])} s (fresh process).\n\n"
+    return text + _table(rows, list(rows[0]))
+
+
+def _generation_md(results: dict) -> str:
+    g = results["generation"]
+    rows = [{"config": name, "median s": g["median_s"][name], "tokens/s": g["tokens_per_s"][name],
+             "x stock": g["ratio_to_stock"].get(name, 1.0)} for name in g["median_s"]]
+    return (f"SmolLM2-135M, {g['context']}-token prompt, {g['new_tokens']} new tokens (prefill included), "
+            f"rtn-int8, {g['threads']} torch threads, median of {g['reps']} interleaved runs.\n\n"
+            + _table(rows, list(rows[0])))
+
+
 def _proposals_md(results: dict) -> str:
     rows = []
     for r in results["proposals"]:
@@ -113,6 +130,13 @@ def markdown(results: dict) -> str:
                   "the attention time of the same run. `lean floor` is a benchmark-local fp32 estimate of the "
                   "compute floor (no rounding enclosure, no input checks), not the library.", "",
                   _cost_md(results), "![cost](cost.png)", ""]
+    if results.get("fastpath"):
+        parts += ["### 1c. The fused meter pass (witcert.fastpath), eager and compiled, as ratios to attention", "",
+                  "`library meter`: `witcert.meter` (eager reference); `fused`: one fp64 pass with an a-priori "
+                  "rounding budget (T1, P1, MN); `+ Tier A/B c`: the per-token bound included.", "",
+                  _fastpath_md(results), ""]
+    if results.get("generation"):
+        parts += ["### 1d. Generation overhead", "", _generation_md(results), ""]
     if results.get("proposals"):
         parts += ["### Proposed optimisations, measured (benchmarks/proposals.py; the library is unchanged)", "",
                   _proposals_md(results), ""]

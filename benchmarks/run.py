@@ -1,6 +1,7 @@
 """WitCert benchmark runner: ``python -m benchmarks.run [--quick]`` (``make bench``).
 
-Sections: cost (meter / decode attention), kernel (Triton cert on/off, GPU only), memory
+Sections: cost (meter / decode attention), fastpath (the fused meter, eager and compiled, vs
+attention), generation (tokens/s stock vs monitored vs observed), kernel (Triton cert on/off, GPU only), memory
 (bytes per token per head), quality (SmolLM2, three domains), looseness (meter / sup-box TV /
 true TV), throughput (adversarial trials per second). Writes ``results.json``, ``results.md``,
 ``machine.md`` and PNGs under ``benchmarks/results/`` (``--out``).
@@ -16,7 +17,7 @@ import torch
 
 from benchmarks import machine, report
 
-SECTIONS = ("cost", "proposals", "kernel", "memory", "quality", "looseness", "throughput")
+SECTIONS = ("cost", "fastpath", "generation", "proposals", "kernel", "memory", "quality", "looseness", "throughput")
 RESULTS = Path(__file__).with_name("results")
 
 
@@ -97,6 +98,16 @@ def main(argv=None) -> None:
         results["cost"] = cost_mod.run(args.quick, args.reps)
         results["cost_profile"] = cost_mod.profile(s=2048 if args.quick else 8192)
 
+    def fastpath():
+        from benchmarks import fast_cost
+
+        results["fastpath"] = fast_cost.run(args.quick, args.reps)
+
+    def generation():
+        from benchmarks import generation as generation_mod
+
+        results["generation"] = generation_mod.run(new_tokens=8 if args.quick else 16, reps=3)
+
     def proposals():
         from benchmarks import proposals as proposals_mod
 
@@ -118,6 +129,8 @@ def main(argv=None) -> None:
         results["throughput"] = throughput_mod.run(args.fuzz_trials)
 
     section("cost", cost)
+    section("fastpath", fastpath)
+    section("generation", generation)
     section("proposals", proposals)
     section("kernel", kernel)
     section("memory", memory)

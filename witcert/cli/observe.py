@@ -16,6 +16,7 @@ HELP = "run a real model (default: embedded SmolLM2-135M-Instruct) under compres
 
 DEFAULT_SCHEME = "rtn-int4"
 DEMO_SCHEMES = ("fp8-e4m3", "rtn-int4", "kivi-2bit", "dithered-int8")
+CASES, DEMO_CASES = 4, 1  # the demo runs one needle per scheme (about a minute); --cases 4 the full sweep
 TASKS = ("needle", "text", "code")
 
 
@@ -37,7 +38,8 @@ def add_arguments(parser) -> None:
                         help="local Hugging Face checkpoint (a directory with config.json, or a .gguf file) "
                              "(default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--context", type=_args.positive_int, default=512, help="context tokens per case")
-    parser.add_argument("--cases", type=_args.positive_int, default=4, help="cases per task")
+    parser.add_argument("--cases", type=_args.positive_int, default=None,
+                        help=f"cases per task (default {CASES}; with --demo {DEMO_CASES}: --demo --cases {CASES} is the full sweep)")
     parser.add_argument("--probe", type=_args.positive_int, default=32, help="teacher-forced continuation tokens (text/code)")
     parser.add_argument("--new-tokens", type=_args.positive_int, default=6, help="greedy answer tokens (needle)")
     parser.add_argument("--bands", type=_args.positive_int, default=16, help="Tier A bands B (must divide head_dim/2)")
@@ -91,7 +93,7 @@ def run(args) -> int:
     try:
         config = observatory.ObserveConfig(
             schemes=args.schemes, task=args.task, tau=args.tau, gate=args.gate or args.demo, context_tokens=args.context,
-            probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases, bands=args.bands, tier=args.tier,
+            probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases or (DEMO_CASES if args.demo else CASES), bands=args.bands, tier=args.tier,
             seed=args.seed,
         )
     except ValueError as err:

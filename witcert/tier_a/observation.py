@@ -29,6 +29,7 @@ import torch
 from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
+from witcert.fastpath.fused import lean_cells
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import check_head_pairing, logit_bound, witness_of
@@ -145,13 +146,16 @@ def observe(
 
 def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_scale: float | None = None,
                    mask: torch.Tensor | None = None, truth: tuple | None = None,
-                   tau_k: float = 0.2, tau_v: float = 0.05) -> Observation:
+                   tau_k: float = 0.2, tau_v: float = 0.05, fused: bool = False) -> Observation:
     """Tier A observation from what a compressed cache holds (``T2``, ``T1``, value side).
 
     ``q`` (..., Hq, Tq, d) post-RoPE queries; ``stored`` the layer's :class:`StoredKeys`
     (..., Hkv, S, .) with the same leading dims; ``mask`` as in :func:`observe`; ``truth``
     ``(k, v, v_hat)`` the exact keys and values and the values attention reads, for the true TV
-    and output error (``None``: not computed, e.g. when the exact cache is not kept).
+    and output error (``None``: not computed, e.g. when the exact cache is not kept). ``fused``:
+    risk and value term from one pass (:func:`witcert.fastpath.fused.lean_cells`, under an a-priori
+    rounding budget) instead of the eager reference's separate passes; the meter is the library's
+    full minimum either way (the fused pass's own meter omits ``CS``/``MS``).
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]
@@ -168,14 +172,21 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
                                                 accumulate_dtype=torch.float64))
     keep = _mask(mask, (*lead, hq, tq, s), q.device).reshape(*grouped, s)
-    scores = ((qg @ k_hat64.unsqueeze(-3).transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
+    scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
     c = c.reshape(*grouped, s)
 
-    meter = tv_meter(scores, c)  # (..., Hkv, G, Tq)
-    risk = risk_score(scores, c)
     rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
-    value_term = values.value_error_term(scores, rho)
-    v_max = values.max_value_norm(stored.value_norm.double()[..., None, None, :], scores)
+    v_norm = stored.value_norm.double()[..., None, None, :]
+    # The meter is always the library's full minimum (CS and MS included): the fused pass's meter
+    # is the looser base minimum T1/P1/MN, so it supplies only the risk score and the value term.
+    meter = tv_meter(scores, c)  # (..., Hkv, G, Tq)
+    if fused:  # scores and c are valid by construction: no second round of checks
+        lean = lean_cells(scores, c, rho, v_norm, checked=True)
+        risk, value_term, v_max = lean.risk, lean.value_term, lean.v_norm_max
+    else:
+        risk = risk_score(scores, c)
+        value_term = values.value_error_term(scores, rho)
+        v_max = values.max_value_norm(v_norm, scores)
     bound = values.output_bound(meter, value_term, v_max)
     passes = values.joint_pass(meter, value_term, v_max, tau_k, tau_v)
 
@@ -306,14 +317,22 @@ def _subnormal_step(dtype: torch.dtype) -> float:
     return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
 
 
+def _folded_matmul(grouped: torch.Tensor, per_kv_head: torch.Tensor) -> torch.Tensor:
+    """``(..., Hkv, G, Tq, a) @ (..., Hkv, a, b) -> (..., Hkv, G, Tq, b)`` with each kv head's ``G Tq`` rows
+    folded into one matrix: one GEMM per kv head, no broadcast copy of the cache per query head."""
+    *lead, groups, tq, a = grouped.shape
+    folded = grouped.reshape(*lead, groups * tq, a) @ per_kv_head
+    return folded.reshape(*lead, groups, tq, per_kv_head.shape[-1])
+
+
 def _truth(qg, k, v, v_hat, scores, keep, scale):
     """fp64 true TV and output error ``||p v - p~ v^||``: each (..., Hkv, G, Tq)."""
-    exact_scores = (qg @ k.to(torch.float64).unsqueeze(-3).transpose(-1, -2)) * scale
+    exact_scores = _folded_matmul(qg, k.to(torch.float64).transpose(-1, -2)) * scale
     p = torch.softmax(exact_scores.masked_fill(~keep, float("-inf")), dim=-1)
     p_tilde = torch.softmax(scores, dim=-1)
     tv = 0.5 * (p - p_tilde).abs().sum(-1)
-    y = p @ v.to(torch.float64).unsqueeze(-3)  # (..., Hkv, G, Tq, d)
-    y_hat = p_tilde @ v_hat.to(torch.float64).unsqueeze(-3)
+    y = _folded_matmul(p, v.to(torch.float64))  # (..., Hkv, G, Tq, d)
+    y_hat = _folded_matmul(p_tilde, v_hat.to(torch.float64))
     return tv, torch.linalg.vector_norm(y - y_hat, dim=-1)
 
 

@@ -112,12 +112,13 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     extra = {}
     if scope.tier == "B":
         key_stores = [store.codec.packed_store(p) for p in store.key_chunks]
+        slack = cells.score_slack(query, read[0], scale)  # independent of delta: once per call
         for name, loc in scope.delta_sweep.items():
             swept = cells.tighten_with_tier_b(math, query, key_stores, read[0], loc, scale, scope.adaptive,
-                                              scope.tau_k, scope.tau_v)
+                                              scope.tau_k, scope.tau_v, slack=slack)
             extra[name] = swept.cells["meter"].cpu()
         math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
-                                         scope.tau_k, scope.tau_v)
+                                         scope.tau_k, scope.tau_v, slack=slack)
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if scope.gate is not None:
         if scope.truth:

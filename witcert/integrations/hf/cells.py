@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.core import rounding, values
-from witcert.core.metering import meter, risk_score
+from witcert.fastpath.fused import lean_cells
 from witcert.gate.policy import Gate
 from witcert.gate.repair import LayerPager
 from witcert.tier_a.observation import observe_stored, score_rounding_bound
@@ -122,7 +122,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         mask = mask | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
-                         truth=None if exact is None else (*exact, v_hat))
+                         truth=None if exact is None else (*exact, v_hat), fused=True)
     c = torch.where(mask & ~blank[..., None], obs.c, torch.zeros_like(obs.c))
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {
@@ -135,8 +135,16 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
                     blank=blank)
 
 
+def score_slack(query, k_hat, scale: float) -> torch.Tensor:
+    """The fp64 logits' rounding (:func:`witcert.score_rounding_bound`), (B, Hq, Tq, S): one per call,
+    shared by every Tier B tightening of it (it does not depend on ``delta_loc``)."""
+    return score_rounding_bound(query.to(torch.float64), k_hat.to(torch.float64), scale,
+                                score_dtype=torch.float64, accumulate_dtype=torch.float64)
+
+
 def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_loc: float, scale: float,
-                        adaptive: bool, tau_k: float = 0.2, tau_v: float = 0.05) -> CallMath:
+                        adaptive: bool, tau_k: float = 0.2, tau_v: float = 0.05,
+                        slack: torch.Tensor | None = None) -> CallMath:
     """Per-token minimum of the Tier A bound and the Tier B bound of a dithered store (``TB``, ``L3``, ``DB``).
 
     ``key_stores``: the :class:`~witcert.tier_b.packed_store.PackedStore` of each written chunk
@@ -148,13 +156,14 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     + rho_t`` ("DB"), which holds for every query. ``rho_t`` covers the rounding of the
     dequantized keys to ``k_hat``'s dtype (an fp16 or bf16 model rounds far more than the
     ``s/2`` of ``Delta_t`` leaves room for). The meter, risk, output bound and joint pass are
-    recomputed from the tightened ``c``.
+    recomputed from the tightened ``c`` (the fused pass, :mod:`witcert.fastpath`).
 
     Why a teacher-forced probe is in scope on a real model: the layer-``l`` query and keys are
     functions of the exact prefill and of the dither of layers ``< l`` only (the counter holds
     the layer, and under the Philox modelling assumption distinct streams are independent), so
     conditionally on those the layer-``l`` dither is independent of the query. Greedy decoding
     feeds back tokens chosen through every layer's dither, so there only ``Delta_t`` is used.
+    ``slack``: :func:`score_slack` of this call, when the caller tightens it more than once.
     """
     from witcert.tier_b.certificate import tier_b_logit_bound
 
@@ -162,14 +171,14 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     mode = "delta" if adaptive else "min"
     c_b = torch.cat([tier_b_logit_bound(query, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s,
                                         key_dtype=k_hat.dtype) for chunk in key_stores], dim=-1).to(torch.float64)
-    slack = score_rounding_bound(query.to(torch.float64), k_hat.to(torch.float64), scale,
-                                 score_dtype=torch.float64, accumulate_dtype=torch.float64)
+    slack = score_slack(query, k_hat, scale) if slack is None else slack
     c = torch.minimum(math.c, rounding.add_up(c_b, slack))
     c = torch.where(torch.isneginf(math.scores_hat) | math.blank[..., None], torch.zeros_like(c), c)
-    m = meter(math.scores_hat, c)
+    lean = lean_cells(math.scores_hat, c, checked=True)  # valid by construction: one fused pass, no re-checks
+    m = lean.meter
     bound = values.output_bound(m, math.value_term, math.v_norm_max)
     passes = values.joint_pass(m, math.value_term, math.v_norm_max, tau_k, tau_v)
-    cells = dict(math.cells, meter=m, risk=risk_score(math.scores_hat, c), output_bound=bound,
+    cells = dict(math.cells, meter=m, risk=lean.risk, output_bound=bound,
                  joint=passes.joint, c_max=c.amax(dim=-1))
     return CallMath(cells=cells, value_term=math.value_term, v_norm_max=math.v_norm_max, c=c,
                     scores_hat=math.scores_hat, blank=math.blank)

@@ -1,0 +1,89 @@
+"""Public entry points of the fused pass: :func:`lean_cells` (meter, risk, value term) and :func:`fast_meter`.
+
+The pass itself and its rounding budget: :mod:`witcert.fastpath.budgeted_pass`; compiled or eager:
+:mod:`witcert.fastpath.compiled`. Inputs are flattened to (rows, tokens), padded to at least
+(2, 2), so one compiled graph serves every shape.
+"""
+from dataclasses import dataclass
+
+import torch
+
+from witcert.core.checks import check_scores_and_bounds
+from witcert.core.rounding import round_up_to
+from witcert.fastpath.budgeted_pass import MAX_TOKENS
+from witcert.fastpath.compiled import lean_cells_fn
+
+
+@dataclass(frozen=True)
+class LeanCells:
+    """Per-row fp64 results of :func:`lean_cells` (shape ``(...)``): each an upper bound except ``v_norm_max``
+    (the exact maximum of the given norms over the live tokens)."""
+
+    meter: torch.Tensor  # min(1, T1, P1, MN)
+    risk: torch.Tensor  # T1 unclamped: inf on overflow, never NaN
+    value_term: torch.Tensor  # >= sum_t p~_t rho_t (0 when no rho was given)
+    v_norm_max: torch.Tensor  # max_t ||v_t|| over live tokens (0 when not given)
+
+
+def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> LeanCells:
+    """Meter, risk, value term and max value norm of every row in one fused pass (``T1``, ``P1``, ``MN``, ``FP``).
+
+    Parameters
+    ----------
+    scores : Tensor (..., S)
+        Compressed logits; ``-inf`` masks a token.
+    c : Tensor broadcastable to ``scores``
+        Per-token logit-error bounds ``>= 0`` (``inf`` allowed).
+    rho, v_norm : Tensor broadcastable to ``scores``, optional
+        Value residual norms and value norms (``>= 0``): for the value term and its maximum.
+    checked : bool
+        ``scores`` and ``c`` are already valid (the per-layer path forms them from validated inputs:
+        finite or ``-inf`` logits with a live token per row, ``c >= 0``): skip the checks and their
+        host synchronisations (the token cap is still checked: it is a shape).
+
+    Returns
+    -------
+    LeanCells
+        fp64 upper bounds (``meter`` in ``[0, 1]``), computed by the compiled pass where available
+        (:func:`witcert.fastpath.compiled.lean_cells_fn`), else eagerly.
+    """
+    if not checked:
+        scores, c = check_scores_and_bounds(scores, c)
+    if scores.shape[-1] > MAX_TOKENS:
+        raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
+    rows = scores.shape[:-1]
+    parts = [scores.double(), c.double()] + [scores.new_zeros(()) if x is None else torch.as_tensor(x) for x in (rho, v_norm)]
+    flat = [_padded(x.double().expand(scores.shape).reshape(-1, scores.shape[-1])) for x in parts]
+    flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
+    results = lean_cells_fn()(*flat)
+    return LeanCells(*(r[:rows.numel()].reshape(rows) for r in results))
+
+
+def _padded(x: torch.Tensor) -> torch.Tensor:
+    """(R, S) padded to at least (2, 2): the compiled pass is specialised to sizes >= 2, so it never
+    recompiles for one row or one token. Padding rows are copies of row 0; padding tokens are masked
+    (their scores set to ``-inf`` by the caller: they carry no mass)."""
+    r, s = x.shape
+    if s < 2:
+        x = torch.cat([x, x[:, :1]], dim=-1)
+    if r < 2:
+        x = torch.cat([x, x[:1]], dim=0)
+    return x
+
+
+def _padding_mask(padded: torch.Tensor, shape) -> torch.Tensor:
+    """True on the real tokens of a :func:`_padded` (R, S) tensor."""
+    keep = torch.ones_like(padded, dtype=torch.bool)
+    keep[:, shape[-1]:] = False
+    return keep
+
+
+def fast_meter(scores, c) -> torch.Tensor:
+    """The fast meter ``min(1, T1, P1, MN)``: validated once, one fused pass; never below the exact value.
+
+    Same contract as :func:`witcert.meter` (``T1``, ``P1``, ``MN``; rounding ``FP``), returned in the
+    working dtype (rounded up). It may exceed :func:`witcert.meter` slightly (a coarser rounding
+    budget, and only these three bounds in the minimum), never the other way round for the exact value.
+    """
+    scores, c = check_scores_and_bounds(scores, c)
+    return round_up_to(lean_cells(scores, c, checked=True).meter, scores.dtype)
