@@ -10,6 +10,7 @@
 """
 import os
 
+import pytest
 import torch
 from hypothesis import HealthCheck, settings
 
@@ -21,3 +22,12 @@ settings.register_profile(
     "ci", max_examples=300, deadline=None, derandomize=True, suppress_health_check=[HealthCheck.too_slow]
 )
 settings.load_profile("ci" if os.environ.get("CI") else os.environ.get("HYPOTHESIS_PROFILE", "dev"))
+
+
+@pytest.fixture
+def one_thread():
+    """Run the test on one torch thread (model tests: stable timing on a shared machine), then restore."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

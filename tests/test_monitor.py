@@ -20,12 +20,7 @@ from witcert.integrations.hf import geometry
 from tests.tiny_models import INTERLEAVED, ROTATE_HALF, VOCAB, prompts, tiny
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def generate(model, scheme, new_tokens=4, rows=2, **kwargs):

@@ -11,7 +11,6 @@ import re
 from pathlib import Path
 
 import pytest
-import torch
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -39,14 +38,6 @@ def test_tier_a_from_q_k_k_hat(tmp_path, monkeypatch, capsys):
     ns = run_block(0, tmp_path, monkeypatch)  # the script asserts true TV <= meter on every cell
     assert ns["meter"].shape == (4, 3) and (ns["true_tv"] <= ns["meter"]).all()
     assert "tensor" in capsys.readouterr().out
-
-
-@pytest.fixture
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
 
 
 @pytest.mark.model

@@ -25,12 +25,7 @@ from witcert.tier_a.bands import BandLayout
 LAYOUT = BandLayout(head_dim=32, bands=8, rope="rotate_half")
 
 
-@pytest.fixture(autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 # ---------------------------------------------------------------- item 2: half-precision models
