@@ -3,7 +3,9 @@ import importlib.util
 from pathlib import Path
 
 MODEL_SUBDIR = "smollm2-135m-instruct-q4_1-fp32"
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
+_VLLM = importlib.util.find_spec("vllm")
+# a namespace package (this tests/vllm folder, once pytest puts tests/ on sys.path) is not vLLM
+HAS_VLLM = _VLLM is not None and _VLLM.origin is not None
 NO_VLLM = "vLLM is not importable here: run `make test-vllm` (its own venv, requirements-vllm.txt)"
 
 

@@ -1,5 +1,6 @@
 """``witcert fuzz``: the adversarial regression of every bound, per query."""
 import json
+import os
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
@@ -64,7 +65,20 @@ def _attack_table(attacks) -> Table:
     return table
 
 
+def _choose_kernel_backend() -> None:
+    """Without CUDA, run the kernel attack classes under Triton's CPU interpreter (an explicit setting wins).
+
+    Triton reads ``TRITON_INTERPRET`` when a kernel module is first imported, so this command (an
+    entry point, like the test run's conftest) sets it before any attack class imports one.
+    """
+    import torch
+
+    if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+
 def run(args) -> int:
+    _choose_kernel_backend()
     from witcert.verification.fuzz import run_fuzz  # torch import deferred so `witcert --help` stays fast
 
     console = Console()
