@@ -168,3 +168,21 @@ def at_most(x, y, rel=BOUND_REL_TOL) -> bool:
     a, b = to_mpf(x), to_mpf(y)
     with mpmath.workdps(COMPARE_DPS):
         return a <= b + rel * abs(b)
+
+
+def torch_bounds_and_goldens() -> dict:
+    """Each torch bound of the meter -> the 50-digit golden of the same statement (name -> (impl, oracle))."""
+    import witcert
+    from witcert.core import bounds
+    from witcert.spec import golden
+
+    return {
+        "eform": (bounds.eform_bound, golden.eform_from_scores),
+        "two_sided": (bounds.two_sided_bound, golden.two_sided_from_scores),
+        "retention": (bounds.retention_bound, golden.retention_from_scores),
+        "maxnorm": (bounds.maxnorm_bound, golden.maxnorm_from_scores),
+        "competitor": (bounds.competitor_bound, golden.competitor_from_scores),
+        "chi_square": (bounds.chi_square_bound, golden.chi_square_from_scores),
+        "mass_split": (bounds.mass_split_bound, golden.mass_split_from_scores),
+        "meter": (witcert.meter, golden.meter_from_scores),
+    }

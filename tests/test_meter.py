@@ -16,18 +16,9 @@ from hypothesis import strategies as st
 import witcert
 from witcert.core import bounds, rounding
 from witcert.spec import golden
-from tests.oracles import cells, to_mpf, with_edge_cells
+from tests.oracles import cells, to_mpf, torch_bounds_and_goldens, with_edge_cells
 
-BOUNDS = {  # torch implementation -> golden of the same statement
-    "eform": (bounds.eform_bound, golden.eform_from_scores),
-    "two_sided": (bounds.two_sided_bound, golden.two_sided_from_scores),
-    "retention": (bounds.retention_bound, golden.retention_from_scores),
-    "maxnorm": (bounds.maxnorm_bound, golden.maxnorm_from_scores),
-    "competitor": (bounds.competitor_bound, golden.competitor_from_scores),
-    "chi_square": (bounds.chi_square_bound, golden.chi_square_from_scores),
-    "mass_split": (bounds.mass_split_bound, golden.mass_split_from_scores),
-    "meter": (witcert.meter, golden.meter_from_scores),
-}
+BOUNDS = torch_bounds_and_goldens()  # torch implementation -> golden of the same statement
 FP64_REL_TOL = 1e-12
 FP64_MAX = torch.finfo(torch.float64).max
 OVERFLOW_EDGE = {"chi_square": math.sqrt(FP64_MAX) / 1e6}  # CS is formed from its second moment, inf above ~1e154

@@ -20,20 +20,10 @@ from witcert.core import bounds, rounding, values
 from witcert.verification.attacks import underflow
 from witcert.spec import golden
 from witcert.core.checks import check_scores_and_bounds
-from tests.oracles import to_mpf
+from tests.oracles import to_mpf, torch_bounds_and_goldens
 
 SUB64, SUB32 = 2.0**-1074, 2.0**-149
-PUBLIC = {  # torch implementation -> golden of the same statement
-    "meter": (witcert.meter, golden.meter_from_scores),
-    "risk_score": (witcert.risk_score, golden.eform_from_scores),
-    "eform": (bounds.eform_bound, golden.eform_from_scores),
-    "two_sided": (bounds.two_sided_bound, golden.two_sided_from_scores),
-    "retention": (bounds.retention_bound, golden.retention_from_scores),
-    "maxnorm": (bounds.maxnorm_bound, golden.maxnorm_from_scores),
-    "competitor": (bounds.competitor_bound, golden.competitor_from_scores),
-    "chi_square": (bounds.chi_square_bound, golden.chi_square_from_scores),
-    "mass_split": (bounds.mass_split_bound, golden.mass_split_from_scores),
-}
+PUBLIC = {**torch_bounds_and_goldens(), "risk_score": (witcert.risk_score, golden.eform_from_scores)}
 
 
 def _check_row(scores: torch.Tensor, c: torch.Tensor) -> None:
