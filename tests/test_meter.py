@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import witcert
-from witcert.core import bounds, rounding
+from witcert.core import rounding
 from witcert.spec import golden
 from tests.oracles import cells, to_mpf, torch_bounds_and_goldens, with_edge_cells
 

@@ -16,7 +16,7 @@ import torch
 from mpmath import mp, mpf
 
 import witcert
-from witcert.core import bounds, rounding, values
+from witcert.core import rounding, values
 from witcert.verification.attacks import underflow
 from witcert.spec import golden
 from witcert.core.checks import check_scores_and_bounds
