@@ -149,21 +149,6 @@ def test_tier_b_is_deterministic_inside_generate_and_probabilistic_only_where_de
     assert len(set(table["seed"].tolist())) == 2  # a fresh secret seed per request (cache)
 
 
-def test_tier_b_deterministic_branch_matches_the_attack_oracle_in_bf16():
-    """The bf16 spiky model of the model-dtypes attack through the monitor: adaptive (deterministic)
-    cells against the attack's own fp64 oracle."""
-    from witcert.verification.attacks import model_dtypes
-
-    model = model_dtypes.spiky_llama(torch.bfloat16, 31, 14.41218646547984, 24.67829895260539)
-    monitor = witcert.Monitor(model, "dithered-int8", bands=8, seed=1255200654889945937)
-    calls = model_dtypes.recorded_run(model, monitor, torch.full((4, 3), 14), 2, adaptive_probe=True)
-    assert len(calls) == 2
-    for call in calls:
-        assert call.k_hat.dtype == torch.bfloat16
-        tv = model_dtypes.oracle_tv(call)
-        assert (tv <= call.meter).all(), f"TV {tv[tv > call.meter]} above meter {call.meter[tv > call.meter]}"
-
-
 # ---------------------------------------------------------------- production mode
 
 

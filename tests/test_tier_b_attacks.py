@@ -31,11 +31,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 # ---------------------------------------------------------------- item 2: half-precision models
 
 
-def test_bf16_model_adaptive_cells_cover_the_cast_of_the_keys():
+@pytest.mark.parametrize("tier", ["auto", "B"])  # the monitor's default resolves to Tier B for this cache
+def test_bf16_model_adaptive_cells_cover_the_cast_of_the_keys(tier):
     """A spiky bf16 model, three copies of one token, adaptive probe: the configuration where the
     fp32-only deterministic branch gave meter < TV (2 cells, TV/meter = 1.25 before the fix)."""
     model = model_dtypes.spiky_llama(torch.bfloat16, 31, 14.41218646547984, 24.67829895260539)
-    monitor = Monitor(model, DITHERED, tier="B", bands=8, seed=1255200654889945937)
+    monitor = Monitor(model, DITHERED, tier=tier, bands=8, seed=1255200654889945937)
     calls = model_dtypes.recorded_run(model, monitor, torch.full((4, 3), 14), 2, adaptive_probe=True)
     assert len(calls) == 2
     for call in calls:
