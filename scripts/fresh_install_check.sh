@@ -39,16 +39,18 @@ from witcert import meter
 
 assert "site-packages" in witcert.__file__, witcert.__file__
 assert torch.__version__.startswith("2.13.0"), torch.__version__
-# two tokens of equal logit, c = (0.1, 0): e-form 1/2 (A^2 - 1) with A = (e^0.1 + 1)/2; P1 and
-# tanh(D/2) = tanh(0.05) are the other candidates; the meter is their minimum, rounded up
+# two tokens of equal logit, c = (0.1, 0): the true worst-case TV is sigmoid(0.1) - 1/2 (move the
+# first logit by +0.1); the meter must lie between it and the older closed-form candidates (e-form
+# 1/2 (A^2 - 1) with A = (e^0.1 + 1)/2, P1, tanh(D/2)), which the cumulative-slack bound tightens
 scores = torch.zeros(1, 2, dtype=torch.float64)
 c = torch.tensor([[0.1, 0.0]], dtype=torch.float64)
 a, a_minus = (math.exp(0.1) + 1) / 2, (math.exp(-0.1) + 1) / 2
-exact = min(1.0, 0.5 * (a * a - 1), 0.5 * (a / a_minus - a_minus / a), math.tanh(0.05))
+loose = min(1.0, 0.5 * (a * a - 1), 0.5 * (a / a_minus - a_minus / a), math.tanh(0.05))
+true_tv = 1 / (1 + math.exp(-0.1)) - 0.5
 m = float(meter(scores, c))
-assert exact <= m <= exact * (1 + 1e-12), (m, exact)
+assert true_tv <= m <= loose * (1 + 1e-12), (m, true_tv, loose)
 import witcert.integrations.hf.attention  # noqa: F401  (the [hf] extra is complete)
-print(f"import witcert {witcert.__version__} from site-packages; meter {m:.6f} (exact {exact:.6f})")
+print(f"import witcert {witcert.__version__} from site-packages; meter {m:.6f} (true TV {true_tv:.6f}, closed forms {loose:.6f})")
 PY
 "$work/venv/bin/witcert" --help >/dev/null
 "$work/venv/bin/witcert" observe --help | grep -q "(default: 0.2)"
