@@ -3,8 +3,9 @@
 The fused pass replaces per-operation directed rounding by an a-priori budget, so it is attacked
 on the same regimes as the eager meter (:mod:`witcert.verification.attacks.underflow`: subnormal
 and tiny radii, underflowing masses, huge offsets, exponents that round below the underflow
-threshold, masks with ``c = inf`` on masked tokens), plus ``long-row`` (one per 1,000 rows): ``S``
-up to 131,072 with an outlier radius. Per row, against the 60-digit statements (``witcert.spec.bounds``):
+threshold, masks with ``c = inf`` on masked tokens), plus one ``long-row`` per run of at least 1,000 rows:
+``S`` from 32,768 to 131,072 with an outlier radius (its 60-digit checks take minutes, so one per
+run; ``tests/test_fastpath.py`` checks a 131,072-token row on every test run). Per row, against the 60-digit statements (``witcert.spec.bounds``):
 :func:`~witcert.fastpath.fused.fast_meter` against the meter ``min(1, T1, P1, MN)``, the fused
 risk against ``T1`` and the fused value term against ``sum p~ rho``. Eager by default; the
 compiled pass when ``WITCERT_COMPILE=1`` (``tests/test_fastpath.py`` runs both).
@@ -17,10 +18,10 @@ from witcert.verification.attacks import AttackTally
 from witcert.verification.attacks.underflow import DPS, FAMILIES, _judge, _mask, _residuals, _Row
 
 NAME = "fast-path"
-SHARE = 0.004  # a row costs ~3-10 ms of 60-digit spec evaluations: 2,000 rows at --trials 500000
+SHARE = 0.004  # a short row costs ~90 ms of 60-digit spec evaluations: 2,000 rows (~3 min) at --trials 500000
 _SIZES = (1, 2, 3, 5, 8, 17, 64, 256)
 _ROWS = 6
-_LONG_EVERY = 1000  # one long row (~10 s of 60-digit evaluation) per this many rows
+_LONG_MIN_ROWS = 1000  # runs this large get one long row (~2-7 min of 60-digit evaluation), halfway
 
 
 def _long_row(g: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,9 +52,10 @@ def run(n: int, g: torch.Generator) -> AttackTally:
     """``n`` rows over the underflow regimes and long rows, fp32 and fp64, a third of them masked."""
     tally = AttackTally(NAME)
     names = list(FAMILIES)
-    done = 0
+    done, long_pending = 0, n >= _LONG_MIN_ROWS
     while done < n:
-        long_due = done // _LONG_EVERY < (done + _ROWS) // _LONG_EVERY
+        long_due = long_pending and done >= n // 2
+        long_pending &= not long_due
         family = "long-row" if long_due else names[int(torch.randint(len(names), (1,), generator=g))]
         dtype = torch.float32 if bool(torch.rand(1, generator=g) < 0.5) else torch.float64
         if family == "long-row":
