@@ -238,8 +238,14 @@ def reference_meter(c: AttentionCase) -> torch.Tensor:
     return witcert.meter(compressed_scores(c), reference_radius(c))
 
 
+def reference_unsplit_meter(c: AttentionCase) -> torch.Tensor:
+    """The torch enclosure's ``min(1, T1, P1, MN, CS)`` (no MS): what the kernel's meter reports (B, Hq)."""
+    m = reference_moments(c)
+    return bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c, m.second_hi).meter()
+
+
 def reference_base_meter(c: AttentionCase) -> torch.Tensor:
-    """The torch enclosure's ``min(1, T1, P1, MN)`` (no CS, MS): what the kernel's meter reports (B, Hq)."""
+    """The torch enclosure's ``min(1, T1, P1, MN)`` (no CS, MS): the kernel's meter without CS (B, Hq)."""
     m = reference_moments(c)
     return bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c).meter()
 

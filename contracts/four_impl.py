@@ -11,7 +11,7 @@ c_t         ``spec.bands.bound_band_witness`` (T2)   Cauchy-Schwarz per band, fr
 u-branch    ``spec.dither.logit_bound(mode="u")``    ``u + beta + rho`` from TB's definitions
 A           ``spec.golden.a_plus_from_scores``       ``spec.independent.quantities``
 meter       ``spec.golden.meter_from_scores``        ``spec.independent.quantities``
-base meter  ``min(1, T1, P1, MN)`` of the golden      the same of ``spec.independent.quantities``
+unsplit     ``min(1, T1, P1, MN, CS)`` of the golden  the same of ``spec.independent.quantities``
 CS, MS      ``spec.golden.chi_square_from_scores``,   ``spec.independent.quantities``
             ``mass_split_from_scores``
 ==========  ======================================  ======================================
@@ -20,10 +20,10 @@ The kernel's per-token radii come from single-token rows (``D = max_t c_t = c_t`
 ``A`` and the meter from the full rows. torch: ``witcert.logit_bound``, ``tier_b_logit_bound``,
 ``witcert.core.bounds.moments``, ``witcert.meter``, ``chi_square_bound``, ``mass_split_bound`` (fp64).
 Golden and independent see the exact logits (``q . k^`` of the stored values, at full precision)
-and their own exact radii. The kernel reports the base meter ``min(1, T1, P1, MN)`` (CS and MS are
+and their own exact radii. The kernel reports the unsplit meter ``min(1, T1, P1, MN, CS)`` (MS is
 not in its accumulators, ``kernels/certificate.py``): it has values in the ``meter`` row (never below
-the golden, which holds CS and MS) and the ``base meter`` row (within its stated budget), none for
-CS and MS.
+the golden, which holds MS too) and the ``unsplit meter`` row (within its stated budget), none for
+CS and MS alone.
 
 Used by ``contracts/test_four_implementations.py`` (assertions) and
 ``scripts/four_impl_table.py`` (the printed table).
@@ -171,11 +171,11 @@ def torch_scores(p: Problem) -> torch.Tensor:
 
 
 def torch_certificate(p: Problem) -> dict:
-    """A, the meter, the base meter (the enclosure without CS and MS, as the kernel's), CS and MS, each (Hq,)."""
+    """A, the meter, the unsplit meter (the enclosure without MS, as the kernel's), CS and MS, each (Hq,)."""
     scores, radius = torch_scores(p), torch_radii(p)[0]
     m = bounds.moments(scores, radius)
-    base = bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c).meter()
-    return {"A": 1 + m.k_hi, "meter": witcert.meter(scores, radius), "base meter": base,
+    unsplit = bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c, m.second_hi).meter()
+    return {"A": 1 + m.k_hi, "meter": witcert.meter(scores, radius), "unsplit meter": unsplit,
             "CS": bounds.chi_square_bound(scores, radius), "MS": bounds.mass_split_bound(scores, radius)}
 
 
@@ -210,12 +210,12 @@ def golden_certificate(scores, radii) -> dict:
     def per_cell(fn):
         return [fn(s, c) for s, c in zip(scores, radii)]
 
-    def base(s, c):
+    def unsplit(s, c):
         return min(mpmath.mpf(1), golden.eform_from_scores(s, c), golden.two_sided_from_scores(s, c),
-                   golden.maxnorm_from_scores(s, c))
+                   golden.maxnorm_from_scores(s, c), golden.chi_square_from_scores(s, c))
 
     return {"A": per_cell(golden.a_plus_from_scores), "meter": per_cell(golden.meter_from_scores),
-            "base meter": per_cell(base), "CS": per_cell(golden.chi_square_from_scores),
+            "unsplit meter": per_cell(unsplit), "CS": per_cell(golden.chi_square_from_scores),
             "MS": per_cell(golden.mass_split_from_scores)}
 
 
@@ -258,7 +258,7 @@ def independent_radii_and_scores(p: Problem):
 def independent_certificate(scores, radii) -> dict:
     found = [independent.quantities(s, c=c) for s, c in zip(scores, radii)]
     return {"A": [f["a_plus"] for f in found], "meter": [f["meter"] for f in found],
-            "base meter": [min(Decimal(1), f["eform"], f["two_sided"], f["maxnorm"]) for f in found],
+            "unsplit meter": [min(Decimal(1), f["eform"], f["two_sided"], f["maxnorm"], f["chi_square"]) for f in found],
             "CS": [f["chi_square"] for f in found], "MS": [f["mass_split"] for f in found]}
 
 
@@ -289,8 +289,8 @@ def table(seed: int = 31, scheme: str = "rtn-int4") -> tuple[Quantity, ...]:
         Quantity("A", "T1", {"kernel": flat(k_a), "torch": flat(t["A"]), "golden": g["A"], "independent": i["A"]}),
         Quantity("meter", "T1/P1/MN/CS/MS", {"kernel": flat(k_meter), "torch": flat(t["meter"]), "golden": g["meter"],
                                              "independent": i["meter"]}),
-        Quantity("base meter", "T1/P1/MN", {"kernel": flat(k_meter), "torch": flat(t["base meter"]),
-                                            "golden": g["base meter"], "independent": i["base meter"]}),
+        Quantity("unsplit meter", "T1/P1/MN/CS", {"kernel": flat(k_meter), "torch": flat(t["unsplit meter"]),
+                                                  "golden": g["unsplit meter"], "independent": i["unsplit meter"]}),
         Quantity("chi-square", "CS", {"torch": flat(t["CS"]), "golden": g["CS"], "independent": i["CS"]}),
         Quantity("mass-split", "MS", {"torch": flat(t["MS"]), "golden": g["MS"], "independent": i["MS"]}),
     )

@@ -13,9 +13,9 @@ Tolerances:
 * kernel (fp64 radii rounded up to fp32) vs golden: never below; above by at most its stated
   round-up -- ``2 kappa = RADIUS_EXCESS`` for ``c_t`` and the Tier B radius
   (``kernels/certificate.py``), the ``A - 1`` budget ``kernel_a_budget`` for ``A`` (relative to
-  ``A - 1``) and twice that for the base meter ``min(1, T1, P1, MN)``, which is what the kernel
-  reports; against the full meter (CS and MS included) only never below. The kernel has no CS
-  or MS values (registry rows CS/MS: ``kernel=None``).
+  ``A - 1``) and twice that for the unsplit meter ``min(1, T1, P1, MN, CS)``, which is what the
+  kernel reports; against the full meter (MS included) only never below. The kernel has no MS
+  values (registry row MS: ``kernel=None``).
 """
 import mpmath
 import pytest
@@ -31,8 +31,8 @@ def _quantity(name, scheme):
     return {q.name: q for q in table(31, scheme)}[name]
 
 
-NAMES = ("c_t (Tier A)", "u_t + beta_t + rho_t (Tier B)", "A", "meter", "base meter", "chi-square", "mass-split")
-KERNEL_BUDGETED = ("c_t (Tier A)", "u_t + beta_t + rho_t (Tier B)", "A", "base meter")
+NAMES = ("c_t (Tier A)", "u_t + beta_t + rho_t (Tier B)", "A", "meter", "unsplit meter", "chi-square", "mass-split")
+KERNEL_BUDGETED = ("c_t (Tier A)", "u_t + beta_t + rho_t (Tier B)", "A", "unsplit meter")
 
 
 @pytest.mark.parametrize("scheme", SCHEMES)
@@ -51,7 +51,7 @@ def test_torch_is_an_upper_bound_within_fp64_or_its_fp32_round_up(name, scheme):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 def test_kernel_meter_never_below_the_full_golden_meter(scheme):
-    """The kernel's base meter is sound against the meter with CS and MS (it is never below min(1, T1, P1, MN))."""
+    """The kernel's meter is sound against the meter with MS (it is never below min(1, T1, P1, MN, CS))."""
     rel = _quantity("meter", scheme).relative("kernel")
     assert rel and all(r >= 0 for r in rel)
 

@@ -22,16 +22,21 @@ Tolerances (each justified where it is used):
 * ``D``: the same radius, rounded up by the reference (at most one fp32 ulp over its fp64
   value) and by the kernel (``RADIUS_EXCESS``, or the fp32 normal floor ``2^-126``):
   ``[1 - 2^-23, 1 + RADIUS_EXCESS]`` times the reference.
-* meter: the kernel reports the base meter ``min(1, T1, P1, MN)``, a function of ``A - 1``,
-  ``1 - A-`` and ``D`` whose relative sensitivity is at most 2, so twice the ``A`` budget above the
-  reference's base meter (both sides are sound upper bounds: neither is "the truth"), and never
-  far below the reference's full meter (which adds CS and MS, so is at most the base).
+* meter: the kernel reports ``min(1, T1, P1, MN, CS)``, a function of ``A - 1``, ``1 - A-``,
+  ``D`` and ``sum p~ expm1(c)^2`` whose relative sensitivity is at most 2 (CS: half that of the
+  second moment, whose radius sensitivity is twice that of ``A - 1``, plus that of ``A-``), so
+  twice the ``A`` budget above the reference's same minimum (both sides are sound upper bounds:
+  neither is "the truth"; a square root turns the absolute underflow term into its root), and
+  never far below the reference's full meter (which adds MS, so is at most that minimum).
+* CS takes effect: where the reference's CS is below its base meter ``min(1, T1, P1, MN)``, so
+  is the kernel's meter (up to the same budget).
 """
 import pytest
 import torch
 
 from contract_oracles import (CASES, case, compressed_scores, delta_max, exact_a_minus_one, kernel_relative_budget,
                               kernel_run, reference_attention, reference_base_meter, reference_meter, reference_moments,
+                              reference_unsplit_meter,
                               reference_radius)
 from witcert.kernels.certificate import ARG_ERROR, RADIUS_EXCESS, KernelRounding
 
@@ -83,13 +88,22 @@ def test_max_radius_matches_reference(name):
 def test_meter_matches_reference(name):
     c = case(name)
     kernel = kernel_run(name).certificate.meter.double()
-    reference, base = reference_meter(c), reference_base_meter(c)
+    reference, unsplit = reference_meter(c), reference_unsplit_meter(c)
     budget = 2 * kernel_relative_budget(name)
-    underflow = 64 * c.k.shape[2] * torch.finfo(torch.float32).tiny
+    underflow = (64 * c.k.shape[2] * torch.finfo(torch.float32).tiny) ** 0.5  # CS: the root of the moment's term
     delta = delta_max(name)
-    ceiling = base * (1 + budget) * (1 + 4 * delta) + 4 * delta + underflow
+    ceiling = unsplit * (1 + budget) * (1 + 4 * delta) + 4 * delta + underflow
     assert bool((kernel <= ceiling).all()), "kernel meter above its stated budget"
     assert bool((kernel >= reference * (1 - budget)).all()), "kernel meter far below the reference"
+
+
+@pytest.mark.parametrize("name", ["B-min-standalone", "B-delta-paged-outliers-fp32", "A-tiny-c"])
+def test_kernel_meter_takes_the_chi_square_bound(name):
+    """On spread radii (Tier B, tiny c) CS is below the base meter: the kernel's meter follows it."""
+    kernel = kernel_run(name).certificate.meter.double()
+    base, unsplit = reference_base_meter(case(name)), reference_unsplit_meter(case(name))
+    assert bool((unsplit < 0.95 * base).all()), "case no longer exercises CS"
+    assert bool((kernel <= unsplit * (1 + 2 * kernel_relative_budget(name))).all())
 
 
 @pytest.mark.parametrize("name", ["A-rtn-int4", "B-min-standalone"])

@@ -1,23 +1,32 @@
-"""The kernel's meter: fp64 enclosures of ``A - 1`` and ``1 - A-`` from the fp32 accumulators (FP).
+"""The kernel's meter: fp64 enclosures of ``A - 1``, ``1 - A-`` and ``sum p~ expm1(c)^2`` from the fp32 accumulators (FP).
 
 ``kernels/decode_attention.py`` accumulates, per (batch, query head), in fp32 with an online
 max and split-KV merge (``kernels/merge.py``)::
 
-    l = sum_t e^{y_t},  k = sum_t e^{y_t} (e^{c'_t} - 1),  j = sum_t e^{y_t} (1 - e^{-c'_t})
+    l = sum_t e^{y_t},  k = sum_t e^{y_t} g_t,  j = sum_t e^{y_t} (1 - e^{-c'_t}),  s = sum_t e^{y_t} min(g_t, G)^2
 
-with ``y_t = s'_t - m`` (``s'_t`` the kernel's fp64 logit, ``m`` the max). This module turns
-them into an upper bound on the exact-arithmetic meter ``min(1, 1/2(A^2-1), 1/2(A/A- - A-/A),
-tanh(D/2))`` of Theorem 1 (``T1``), Proposition 1 (``P1``) and the max-norm bound (``MN``),
+with ``y_t = s'_t - m`` (``s'_t`` the kernel's fp64 logit, ``m`` the max), ``g_t = e^{c'_t} - 1``
+and ``G = SECOND_G_CAP``. This module turns them into an upper bound on the exact-arithmetic meter
+``min(1, 1/2(A^2-1), 1/2(A/A- - A-/A), tanh(D/2), 1/2 sqrt(E_p~[expm1(c)^2]) / A-)`` of Theorem 1
+(``T1``), Proposition 1 (``P1``), the max-norm bound (``MN``) and the chi-square bound (``CS``),
 reusing the bound formulas of ``witcert.core.bounds`` and the error constants of
 ``witcert.core.rounding`` (registry key ``FP``).
 
-This is the *base* meter. The torch meter also takes the chi-square (``CS``) and mass-split
-(``MS``) bounds, which need a second moment and per-bucket sums over a grid anchored at
-``D = max c`` (not known until the last split is merged); the kernel does not accumulate them
-yet, so its :class:`~witcert.core.bounds.Enclosure` has neither and its meter is
-``min(1, T1, P1, MN)``: still sound, never below the torch meter or the golden (which are a
-minimum over more sound bounds), and at most as loose as before (registry rows ``CS``, ``MS``:
+The torch meter also takes the mass-split bound (``MS``), which needs per-bucket sums over a
+grid anchored at ``D = max c`` (not known until the last split is merged); the kernel does not
+accumulate them, so its meter is ``min(1, T1, P1, MN, CS)``: still sound, never below the torch
+meter or the golden (which are a minimum over more sound bounds; registry row ``MS``:
 ``kernel=None``).
+
+Chi-square moment. ``G = 2^46`` keeps each ``s`` term below ``2^92`` and the sum of up to ``2^31``
+of them finite in fp32 (an ``inf`` times a zero rescale factor would be NaN). No term is capped
+when ``c'_max <= SECOND_C_LIMIT = 31`` (``e^31 - 1 < 2^45``, whatever the ``expm1`` error); a row
+with a larger ``c'`` reports CS = ``inf`` (T1 and MN still hold it). Logit rounding: with
+``p~_t <= p'_t e^{delta_t + delta_max}`` (below) and ``e^{delta} expm1(c)^2 <= expm1(c + delta)^2``
+(``delta >= 0``), ``E_p~[expm1(c)^2] <= e^{delta_max} s/l``; independently ``E_p~[expm1(c)^2] <=
+expm1(D) (A - 1)``, and the smaller of the two is kept. The ``s`` terms carry the ``k`` terms' errors
+plus one more ``expm1``-type factor and one more product; every ``g`` in the ``k`` analysis below
+becomes ``g^2``.
 
 Rounding budget (``u = 2^-24``, ``eps_exp`` from ``witcert.core.rounding.exp_relative_error``)
 ------------------------------------------------------------------------------------
@@ -81,6 +90,8 @@ from .expm1 import expm1_relative_error
 
 C_CAP = tl.constexpr(64.0)
 C_CAP_VALUE = 64.0
+SECOND_G_CAP = tl.constexpr(2.0**46)  # cap of the second factor of each s term (finite sums)
+SECOND_C_LIMIT = 31.0  # c'_max at or below this: no s term was capped, CS holds
 UNIT = 2.0**-24  # fp32 unit roundoff
 ARG_ERROR = 4.1 * UNIT  # exponent error per unit |y_t| (4.001 u, rounded up with margin)
 Y_NORMAL = 88.0  # |y| above which fp32 e^{y} is subnormal or zero
@@ -155,9 +166,17 @@ class KernelRounding:
 
     def moment_error(self) -> float:
         """Per-term relative error of ``k`` and ``j`` terms, exponent arguments aside."""
+        return self._times_factors(1)
+
+    def second_error(self) -> float:
+        """Per-term relative error of ``s`` terms (two ``expm1`` factors, two products), exponent arguments aside."""
+        return self._times_factors(2)
+
+    def _times_factors(self, factors: int) -> float:
+        """``l``'s per-term error compounded with ``factors`` ``expm1``-type factors and their products."""
         eps_exp = rounding.exp_relative_error(torch.float32)
         g_error = expm1_relative_error(UNIT, eps_exp)
-        return math.expm1(math.log1p(self.mass_error()) + g_error + UNIT)
+        return math.expm1(math.log1p(self.mass_error()) + factors * (g_error + UNIT))
 
 
 @dataclass(frozen=True)
@@ -167,7 +186,7 @@ class Certificate:
     Attributes
     ----------
     meter : Tensor (batch, Hq), fp32
-        The base meter ``min(1, e-form, two-sided, tanh(D/2))`` (no CS, MS), never below the
+        ``min(1, e-form, two-sided, tanh(D/2), chi-square)`` (no MS), never below the
         exact-arithmetic value of itself nor of the full meter.
     risk : Tensor (batch, Hq), fp64
         Raw e-form ``1/2 (A^2 - 1)`` upper bound; ``inf`` when the radius was capped.
@@ -175,6 +194,8 @@ class Certificate:
         Upper bound on ``A - 1`` (T1).
     one_minus_a_minus : Tensor (batch, Hq), fp64
         Upper bound on ``1 - A-`` (P1).
+    second_moment : Tensor (batch, Hq), fp64
+        Upper bound on ``sum p~ expm1(c)^2`` (CS); ``inf`` where ``c'_max > SECOND_C_LIMIT``.
     c_max : Tensor (batch, Hq), fp64
         ``D = max_t c_t`` (rounded up).
     """
@@ -183,10 +204,11 @@ class Certificate:
     risk: torch.Tensor
     a_minus_one: torch.Tensor
     one_minus_a_minus: torch.Tensor
+    second_moment: torch.Tensor
     c_max: torch.Tensor
 
 
-def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape: KernelRounding) -> Certificate:
+def certificate_from_moments(l, k, j, s, c_max, cp_max, delta_max, seq_lens, shape: KernelRounding) -> Certificate:
     """fp64 certificate from the merged fp32 accumulators (all (batch, Hq) fp64 tensors).
 
     ``seq_lens`` (batch, 1) gives each row's ``S`` (for ``ln S`` and the underflow slack).
@@ -194,7 +216,7 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
     n = seq_lens.to(torch.float64)
     log_n = torch.log(n) * FP64_MARGIN
     tiny = torch.finfo(torch.float32).tiny
-    rho_l, rho_k = shape.mass_error(), shape.moment_error()
+    rho_l, rho_k, rho_s = shape.mass_error(), shape.moment_error(), shape.second_error()
     a_l = ARG_ERROR * log_n
     a_rel = math.expm1(ARG_ERROR * Y_NORMAL)
 
@@ -202,21 +224,27 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
     l_lo = (l / ((1 + rho_l) * (1 + a_l)) - under_l) / FP64_MARGIN
     l_hi = (l / ((1 - rho_l) * (1 - a_l)) + under_l) * FP64_MARGIN
 
-    def moment_hi(acc, g_max):
+    def moment_hi(acc, g_max, rho=rho_k):
         under = 4 * n * tiny * torch.clamp(g_max, min=1.0)
-        relative = (acc / (1 - rho_k) + under) / (1 - a_rel)
-        absolute = acc / (1 - rho_k) + ARG_ERROR * g_max * l_hi * log_n + under
+        relative = (acc / (1 - rho) + under) / (1 - a_rel)
+        absolute = acc / (1 - rho) + ARG_ERROR * g_max * l_hi * log_n + under
         return torch.minimum(relative, absolute) * FP64_MARGIN
 
     capped = cp_max >= C_CAP_VALUE
     cp = torch.clamp(cp_max, max=C_CAP_VALUE)
     k_hi = moment_hi(k, torch.expm1(cp)) / l_lo * FP64_MARGIN
     j_hi = moment_hi(j, -torch.expm1(-cp)) / l_lo * FP64_MARGIN
+    g_max = torch.expm1(cp) * FP64_MARGIN
+    second_hi = moment_hi(s, g_max * g_max, rho_s) / l_lo * FP64_MARGIN
     # logit rounding: A <= e^{delta_max} (1 + k/l), A- >= e^{-delta_max} (1 - j/l)
     k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
     j_hi = torch.clamp((delta_max + j_hi) * FP64_MARGIN, max=1.0)
+    # E[expm1(c)^2] <= min(e^{delta_max} s/l, expm1(D) (A - 1)); inf where a term may have been capped
+    second_hi = torch.minimum(torch.exp(delta_max) * second_hi, g_max * k_hi) * FP64_MARGIN
+    second_hi = torch.where(cp_max <= SECOND_C_LIMIT, second_hi, torch.full_like(second_hi, math.inf))
 
-    enclosure = bounds.Enclosure(k_hi, j_hi, rounding.sub_down(1.0, j_hi).clamp(min=0.0), c_max)  # A- from below
+    enclosure = bounds.Enclosure(k_hi, j_hi, rounding.sub_down(1.0, j_hi).clamp(min=0.0), c_max,
+                                 second_hi)  # A- from below; no MS (split=None)
     eform = enclosure.eform()
     best = torch.where(capped, torch.ones_like(eform), enclosure.meter().clamp(min=0.0))
     risk = torch.where(capped, torch.full_like(eform, math.inf), eform)
@@ -225,5 +253,6 @@ def certificate_from_moments(l, k, j, c_max, cp_max, delta_max, seq_lens, shape:
         risk=risk,
         a_minus_one=k_hi,
         one_minus_a_minus=j_hi,
+        second_moment=second_hi,
         c_max=c_max,
     )

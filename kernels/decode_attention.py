@@ -1,4 +1,4 @@
-"""GQA decode attention that emits the WitCert certificate in the same pass (T1, P1, MN, T2, L4).
+"""GQA decode attention that emits the WitCert certificate in the same pass (T1, P1, MN, CS, T2, L4).
 
 One decode query per (batch, query head) attends over ``S`` cached tokens. Alongside the
 attention output, every program accumulates the meter's moments over its tokens
@@ -7,6 +7,7 @@ attention output, every program accumulates the meter's moments over its tokens
 * ``l = sum_t e^{y_t}`` with ``y_t = s_t - m`` (``m`` the running max of the logits ``s``),
 * ``k = sum_t e^{y_t} (e^{c'_t} - 1)``  (``A - 1 = k / l``, Theorem 1 ``T1``),
 * ``j = sum_t e^{y_t} (1 - e^{-c'_t})`` (``1 - A- = j / l``, Proposition 1 ``P1``),
+* ``s = sum_t e^{y_t} (e^{c'_t} - 1)^2`` (``sum p~ expm1(c)^2 = s / l``, the chi-square bound ``CS``),
 * ``D = max_t c_t`` (max-norm bound ``MN``),
 
 where ``c_t`` is the per-token logit-error bound, the per-token minimum of what is available
@@ -26,7 +27,7 @@ a bound on the rounding of the kernel's own logit (``kernels/certificate.py``).
 
 Split-KV: stage 1 (this file) runs a program per (batch, kv head, split) for all the query
 heads of that kv head (GQA) and writes per split the unnormalised output and the raw
-``(m, l, k, j, c_max, c'_max, delta_max)``. Stage 2 (``kernels/merge.py``) merges them with the
+``(m, l, k, j, c_max, c'_max, delta_max, s)``. Stage 2 (``kernels/merge.py``) merges them with the
 same log-sum-exp weights for the output and for ``A`` (Lemma 4 ``L4``). The fp64 meter with
 its a-priori rounding slack is formed in ``kernels/certificate.py``.
 
@@ -47,12 +48,13 @@ from witcert.tier_a.bands import BandLayout
 
 from . import require_backend
 from ._validate import require, require_finite, require_nonnegative, require_tensor
-from .certificate import C_CAP, Certificate, KernelRounding, certificate_from_moments
+from .certificate import C_CAP, SECOND_G_CAP, Certificate, KernelRounding, certificate_from_moments
 from .expm1 import expm1_nonneg, one_minus_exp_neg
 from .packed_keys import (MODES, RADIUS_NONE, PackedKeys, dither_radius, load_packed_keys, log_term,
                           query_group_sums)
 from .radius import query_band_norms, radius_to_fp32, witness_radius
-from .merge import NUM_STATS, stat_column, STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX, STAT_J, STAT_K, STAT_L, STAT_M, merge_splits
+from .merge import (NUM_STATS, stat_column, STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX, STAT_J, STAT_K, STAT_L, STAT_M,
+                    STAT_S, merge_splits)
 
 FLOAT_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 ONE_PLUS_2U = tl.constexpr(1.0 + 2.0**-22)  # rounds c + delta up past one fp32 rounding of the sum
@@ -107,6 +109,7 @@ def _decode_stage1_kernel(
     acc = tl.zeros([BLOCK_H, BLOCK_D], tl.float32)
     k_acc = tl.zeros([BLOCK_H], tl.float32)
     j_acc = tl.zeros([BLOCK_H], tl.float32)
+    s_acc = tl.zeros([BLOCK_H], tl.float32)
     c_max = tl.zeros([BLOCK_H], tl.float32)
     cp_max = tl.zeros([BLOCK_H], tl.float32)
     delta_max = tl.zeros([BLOCK_H], tl.float32)
@@ -177,8 +180,14 @@ def _decode_stage1_kernel(
             delta_max = tl.maximum(delta_max, tl.max(delta, axis=1))
             # beyond C_CAP the meter is the trivial 1 (kernels/certificate.py): cap to stay finite
             c_prime = tl.minimum(c_prime, C_CAP)
-            k_acc = k_acc * alpha + tl.sum(mass * expm1_nonneg(c_prime), axis=1)
+            grow = expm1_nonneg(c_prime)
+            excess = mass * grow
+            k_acc = k_acc * alpha + tl.sum(excess, axis=1)
             j_acc = j_acc * alpha + tl.sum(mass * one_minus_exp_neg(c_prime), axis=1)
+            # CS: the cap keeps every term and the sum finite (inf * alpha = NaN at alpha = 0); a row
+            # whose c' reaches it reports CS = inf (kernels/certificate.py)
+            capped = tl.minimum(grow, SECOND_G_CAP)
+            s_acc = s_acc * alpha + tl.sum(mass * capped * capped, axis=1)
         m = m_new
 
     acc_rows = part_acc_ptr + pid_b * stride_acc_b + offs_h * stride_acc_h + pid_split * stride_acc_split
@@ -188,6 +197,7 @@ def _decode_stage1_kernel(
     tl.store(stat_rows + STAT_L, l_acc.to(tl.float64), mask=mask_h)
     tl.store(stat_rows + STAT_K, k_acc.to(tl.float64), mask=mask_h)
     tl.store(stat_rows + STAT_J, j_acc.to(tl.float64), mask=mask_h)
+    tl.store(stat_rows + STAT_S, s_acc.to(tl.float64), mask=mask_h)
     tl.store(stat_rows + STAT_C_MAX, c_max.to(tl.float64), mask=mask_h)
     tl.store(stat_rows + STAT_CP_MAX, cp_max.to(tl.float64), mask=mask_h)
     tl.store(stat_rows + STAT_DELTA_MAX, delta_max.to(tl.float64), mask=mask_h)
@@ -204,9 +214,9 @@ class DecodeAttention:
     lse : Tensor (batch, Hq), fp64
         Log-sum-exp of the kernel's logits.
     certificate : Certificate or None
-        Meter, risk score, ``A - 1``, ``1 - A-``, ``D`` (None when ``certify=False``).
+        Meter, risk score, ``A - 1``, ``1 - A-``, ``sum p~ expm1(c)^2``, ``D`` (None when ``certify=False``).
     stats : Tensor (batch, Hq, 8), fp64
-        Merged accumulators ``(m, l, k, j, c_max, c'_max, delta_max)`` (columns ``STAT_*``).
+        Merged accumulators ``(m, l, k, j, c_max, c'_max, delta_max, s)`` (columns ``STAT_*``).
     partial_stats : Tensor (batch, Hq, splits, 8), fp64
         The same per split, before the stage-2 merge (the Lemma 4 contracts read them).
     """
@@ -356,7 +366,8 @@ def _run(q, v, plan: _Launch, seq_lens, sm_scale, num_splits, block_n) -> Decode
     certificate = None
     if plan.certify:
         certificate = certificate_from_moments(
-            *(stat_column(stats, col) for col in (STAT_L, STAT_K, STAT_J, STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX)),
+            *(stat_column(stats, col) for col in (STAT_L, STAT_K, STAT_J, STAT_S, STAT_C_MAX, STAT_CP_MAX,
+                                                   STAT_DELTA_MAX)),
             seq_lens[:, None], shape)
     return DecodeAttention(out=out, lse=lse, certificate=certificate, stats=stats, partial_stats=part_stat)
 
@@ -365,8 +376,8 @@ def decode_attention(q, k_hat, v, witness=None, layout=None, *, seq_lens=None, s
                      num_splits=4, block_n=32, certify=True, validate=True) -> DecodeAttention:
     """GQA decode attention over reconstructed keys with the Tier A certificate in the same pass.
 
-    Implements the attention and the meter of Theorem 1 (``T1``), Proposition 1 (``P1``) and the
-    max-norm bound (``MN``), with ``c_t`` from the band witness (Theorem 2 ``T2``) and the
+    Implements the attention and the meter of Theorem 1 (``T1``), Proposition 1 (``P1``), the
+    max-norm bound (``MN``) and the chi-square bound (``CS``; not the mass split ``MS``), with ``c_t`` from the band witness (Theorem 2 ``T2``) and the
     split-KV merge of Lemma 4 (``L4``); torch oracle: ``witcert.meter`` on
     ``witcert.logit_bound``.
 
@@ -417,7 +428,7 @@ def decode_attention_packed(q, keys: PackedKeys, v, *, delta_loc=None, mode="min
     The keys are dequantized with the dither regenerated by in-kernel Philox (bit-identical to
     the write path), and ``c_t`` is the Tier B bound of ``witcert.tier_b.certificate`` (``L2``, ``TB``,
     ``L3``), per-token minimum with the Tier A witness when one is given (``T2``); the meter
-    and the split-KV merge are those of :func:`decode_attention` (``T1``, ``P1``, ``MN``, ``L4``).
+    and the split-KV merge are those of :func:`decode_attention` (``T1``, ``P1``, ``MN``, ``CS``, ``L4``).
 
     Parameters
     ----------

@@ -1,7 +1,8 @@
 """Split-KV stage 2: merge outputs and the certificate with the same LSE weights (Lemma 4, L4).
 
 Split ``i`` of a (batch, query head) row holds ``m_i`` (max logit, fp64), ``l_i = sum e^{s - m_i}``,
-``k_i``, ``j_i`` (the moments of ``A - 1`` and ``1 - A-``, see ``kernels/decode_attention.py``),
+``k_i``, ``j_i``, ``s_i`` (the moments of ``A - 1``, ``1 - A-`` and the chi-square bound's
+``sum p~ expm1(c)^2``, see ``kernels/decode_attention.py``),
 the unnormalised output ``acc_i``, and maxima of ``c``. With ``M = max_i m_i`` and
 ``r_i = e^{m_i - M}``, the merged row is ``l = sum r_i l_i``, ``k = sum r_i k_i``, ... so that
 
@@ -20,8 +21,8 @@ import triton.language as tl
 from . import require_backend
 
 # Column of each statistic in the (..., NUM_STATS) fp64 split buffers.
-STAT_M, STAT_L, STAT_K, STAT_J, STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX = (tl.constexpr(i) for i in range(7))
-NUM_STATS = 8  # padded to a power of two
+STAT_M, STAT_L, STAT_K, STAT_J, STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX, STAT_S = (tl.constexpr(i) for i in range(8))
+NUM_STATS = 8  # a power of two
 
 
 def stat_column(stats: torch.Tensor, column) -> torch.Tensor:
@@ -53,9 +54,11 @@ def _merge_kernel(
     l_i = tl.load(stat_rows + STAT_L, mask=mask_split, other=0.0).to(tl.float32)
     k_i = tl.load(stat_rows + STAT_K, mask=mask_split, other=0.0).to(tl.float32)
     j_i = tl.load(stat_rows + STAT_J, mask=mask_split, other=0.0).to(tl.float32)
+    s_i = tl.load(stat_rows + STAT_S, mask=mask_split, other=0.0).to(tl.float32)
     l_sum = tl.sum(r * l_i, axis=0)
     k_sum = tl.sum(r * k_i, axis=0)  # A - 1 = k/l = sum_i w_i (k_i/l_i): same weights as the output (L4)
     j_sum = tl.sum(r * j_i, axis=0)
+    s_sum = tl.sum(r * s_i, axis=0)  # finite: the kernel caps each term (kernels/certificate.py)
 
     acc_rows = part_acc_ptr + pid_b * stride_acc_b + pid_h * stride_acc_h + offs_split * stride_acc_split
     acc = tl.load(acc_rows[:, None] + offs_d[None, :], mask=mask_split[:, None] & mask_d[None, :], other=0.0)
@@ -70,6 +73,7 @@ def _merge_kernel(
     tl.store(row + STAT_L, l_sum.to(tl.float64))
     tl.store(row + STAT_K, k_sum.to(tl.float64))
     tl.store(row + STAT_J, j_sum.to(tl.float64))
+    tl.store(row + STAT_S, s_sum.to(tl.float64))
     tl.store(row + STAT_C_MAX, c_max)
     tl.store(row + STAT_CP_MAX, cp_max)
     tl.store(row + STAT_DELTA_MAX, delta_max)
@@ -83,7 +87,7 @@ def merge_splits(part_acc: torch.Tensor, part_stat: torch.Tensor) -> tuple[torch
     out : Tensor (batch, Hq, d), fp32
         The normalised attention output.
     stat : Tensor (batch, Hq, 8), fp64
-        Merged ``(M, l, k, j, c_max, c'_max, delta_max)`` (L4), columns as ``STAT_*``.
+        Merged ``(M, l, k, j, c_max, c'_max, delta_max, s)`` (L4), columns as ``STAT_*``.
     """
     batch, heads, splits, head_dim = part_acc.shape
     out = torch.empty((batch, heads, head_dim), dtype=torch.float32, device=part_acc.device)
@@ -120,7 +124,7 @@ def merge_splits_reference(part_acc: torch.Tensor, part_stat: torch.Tensor) -> t
     l_sum = torch.exp(lse.squeeze(-1) - m)  # so that l / e^{-m} reproduces LSE
     stat[..., operator.index(STAT_M)] = m
     stat[..., operator.index(STAT_L)] = l_sum
-    for column in (STAT_K, STAT_J):
+    for column in (STAT_K, STAT_J, STAT_S):
         ratio = torch.where(live, stat_column(part_stat, column) / safe_l, torch.zeros_like(l_i))
         stat[..., operator.index(column)] = l_sum * (weight * ratio).sum(-1)
     for column in (STAT_C_MAX, STAT_CP_MAX, STAT_DELTA_MAX):
