@@ -126,6 +126,46 @@ def test_greedy_stops_at_the_first_page_below_tau(cell, tau, block_size):
 
 
 @GOLDEN_EXAMPLES
+@given(cell=gated_cells(), tau=TAUS_CERTIFIED, block_size=BLOCK_SIZES)
+def test_exact_logits_in_memory_are_sound_and_stop_at_the_first_page_below_tau(cell, tau, block_size):
+    """``exact=`` (the prefix-batched repair): the true TV is below ``after`` and every page was needed."""
+    exact, scores, c = cell
+    gate = Gate(tau, block_size=block_size)
+    result = gate(scores, c, exact=exact)
+    assert at_most(golden_tv(exact, result.scores), float(result.after))
+    assert all(v > tau for v in replay_values(gate, scores, c, exact, result.pages))
+    assert float(gate.value(result.scores, result.c)) == float(result.after)
+    if not result.reached:
+        assert torch.isneginf(log_block_excess(result.scores, result.c, block_size)).all()
+    assert len({block for _, block in result.pages}) == len(result.pages) == int(result.blocks)
+    assert result.bytes_paged == 0
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+def test_exact_logits_in_memory_page_what_the_pager_pages(dtype):
+    """The prefix-batched repair (``exact=``) and the round-by-round loop (a pager) give the same
+    pages in the same order, the same repaired cells and the same recomputed meter."""
+    g = torch.Generator().manual_seed(3)
+    for trial in range(40):
+        cells, seq = int(torch.randint(1, 10, (1,), generator=g)), int(torch.randint(1, 150, (1,), generator=g))
+        scores = torch.randn(cells, seq, generator=g, dtype=torch.float64) * float(torch.rand(1, generator=g) * 8)
+        exact = scores + torch.randn(cells, seq, generator=g, dtype=torch.float64) * 0.3
+        c = (exact - scores).abs() * (1 + torch.rand(cells, seq, generator=g, dtype=torch.float64)) + 1e-12
+        if trial % 3 == 0:
+            mask = torch.rand(cells, seq, generator=g) < 0.2
+            mask[:, 0] = False
+            scores = scores.masked_fill(mask, -math.inf)
+        block_size = int(torch.randint(1, 33, (1,), generator=g))
+        gate = Gate(float(torch.rand(1, generator=g)) * 0.5, block_size=block_size)
+        exact = exact.to(dtype)  # no cast slack on either path
+        in_memory = gate(scores.to(dtype), c.to(dtype), exact=exact)
+        paged = gate(scores.to(dtype), c.to(dtype), pager=TablePager(exact, block_size))
+        assert in_memory.pages == paged.pages
+        assert torch.equal(in_memory.scores, paged.scores) and torch.equal(in_memory.c, paged.c)
+        assert torch.equal(in_memory.after, paged.after) and torch.equal(in_memory.reached, paged.reached)
+
+
+@GOLDEN_EXAMPLES
 @given(cell=gated_cells(), tau=st.sampled_from((1.0, 2.0, 5.0)), block_size=BLOCK_SIZES)
 def test_risk_ranked_gates_on_the_raw_score(cell, tau, block_size):
     exact, scores, c = cell

@@ -46,7 +46,9 @@ every page-in, until the gated value is ``<= tau`` or nothing is left to repair 
 paged at most once per call; a cell still above ``tau`` then is flagged ``unreachable``). The policy is
 vectorized over cells: each round pages one block in every cell still over ``tau`` (the
 pager, if one is given, is still called once per (cell, block)); the result is the same as
-repairing the cells one at a time, and ``pages`` lists them cell by cell.
+repairing the cells one at a time, and ``pages`` lists them cell by cell. With ``exact=``
+(nothing to fetch) the rounds are evaluated several at a time, with the same pages and result
+(paging a block leaves the other blocks' order by ``X_j`` unchanged).
 ``repair="whole"`` pages every block with a positive ``X_j`` of a fired cell (the paper's
 whole-head fallback; the traffic baseline). ``granularity="head"`` decides per cell;
 ``granularity="request"`` makes one decision for every cell of the call (fires all cells if
@@ -65,6 +67,7 @@ from witcert.core.metering import meter, risk_score
 from witcert.core.checks import check_scores_and_bounds
 
 MODES = ("certified", "risk")
+_PREFIX_ELEMENTS = 1 << 22  # candidate logits per gated-value call in Gate._repair_prefixes (memory cap)
 GRANULARITIES = ("head", "request")
 REPAIRS = ("blocks", "whole")
 
@@ -255,8 +258,11 @@ class Gate:
         stops when that real value is ``<= tau`` or nothing is left to repair. A block is paged
         at most once per call: paging it again would return the same exact logits (and the same
         cast slack ``c``), so the loop ends after at most ``n_blocks`` rounds, ``tau`` reachable
-        or not. The active rows are worked on as a compact copy.
+        or not. The active rows are worked on as a compact copy. Exact logits already in memory
+        take :meth:`_repair_prefixes` (the same result in fewer meter calls).
         """
+        if isinstance(source, _ExactSource):
+            return self._repair_prefixes(scores, c, rows, source)
         pages = _Pages()
         work_scores, work_c = scores[rows], c[rows]  # (n, S)
         n_blocks = -(-scores.shape[-1] // self.block_size)
@@ -274,6 +280,58 @@ class Gate:
             done = ~still
             scores[rows[done]], c[rows[done]] = work_scores[done], work_c[done]
             rows, work_scores, work_c, paged = rows[still], work_scores[still], work_c[still], paged[still]
+        return pages
+
+    def _repair_prefixes(self, scores: torch.Tensor, c: torch.Tensor, rows: torch.Tensor,
+                         source: "_ExactSource") -> "_Pages":
+        """:meth:`_repair_greedy` over exact logits in memory: the same pages, several rounds per meter call.
+
+        Paging a block rescales ``p~`` on every other block by one common factor, so the unpaged
+        blocks keep their order by ``X_j``: round ``r`` of the greedy loop repairs the ``r``-block
+        prefix of the initial order. Each row stops at the first prefix whose real gated value is
+        ``<= tau`` or when its useful blocks run out (as the loop does); the prefixes are
+        evaluated a growing chunk at a time, in one call of the gated value per chunk. Pages move
+        no bytes, so evaluating a prefix a row never reaches costs only compute.
+        """
+        pages = _Pages()
+        n, n_tokens = rows.numel(), scores.shape[-1]
+        if not n:
+            return pages
+        work_scores, work_c = scores[rows], c[rows]  # (n, S)
+        exact, slack, _ = source.fetch(rows, rows, rows)
+        masked = torch.isneginf(work_scores)
+        repaired_c = torch.where(masked, torch.zeros_like(slack), slack)
+        sorted_x, order = log_block_excess(work_scores, work_c, self.block_size).sort(dim=-1, descending=True, stable=True)
+        useful = (sorted_x > -math.inf).sum(-1)  # (n,) blocks each row can page
+        rank = torch.empty_like(order).scatter_(-1, order, torch.arange(order.shape[-1]).expand_as(order))
+        token_rank = rank.repeat_interleave(self.block_size, dim=-1)[:, :n_tokens]  # (n, S): page order of its block
+        nonfinite = ~masked & ~torch.isfinite(exact)  # an error only if a chosen prefix holds it, as in the loop
+        exact = torch.where(nonfinite, work_scores, exact)
+        final = useful.clone()  # prefix length per row; rows with nothing useful page nothing
+        active = (useful > 0).nonzero().flatten()
+        start, chunk = 0, 2
+        while active.numel():
+            width = max(1, min(chunk, _PREFIX_ELEMENTS // (active.numel() * n_tokens)))
+            lengths = start + 1 + torch.arange(width)  # (m,) prefix lengths of this chunk
+            page = token_rank[active, None, :] < lengths[None, :, None]  # (a, m, S)
+            cand_scores = torch.where(page & ~masked[active, None], exact[active, None], work_scores[active, None])
+            cand_c = torch.where(page, repaired_c[active, None], work_c[active, None])
+            value = self.value(cand_scores.reshape(-1, n_tokens), cand_c.reshape(-1, n_tokens)).reshape(-1, width)
+            stop = (self._within(value) | (lengths[None, :] >= useful[active, None])) & (lengths[None, :] <= useful[active, None])
+            stopped = stop.any(-1)
+            final[active[stopped]] = lengths[stop.int().argmax(-1)[stopped]]
+            active, start, chunk = active[~stopped], start + width, chunk * 2
+        page = token_rank < final[:, None]
+        hit = page & nonfinite
+        if hit.any():  # the loop would have raised on paging this block
+            row = int(hit.any(-1).nonzero()[0])
+            block = int(order[row, token_rank[row][hit[row]].min()])
+            raise ValueError(f"pager returned non-finite exact logits for block {block} of cell {source.cell(int(rows[row]))}")
+        scores[rows] = torch.where(page & ~masked, exact, work_scores)
+        c[rows] = torch.where(page, repaired_c, work_c)
+        for step in range(int(final.max())):  # round by round, as the loop records them
+            took = final > step
+            pages.add(rows[took], order[took, step], torch.zeros(int(took.sum()), dtype=torch.int64))
         return pages
 
     def _within(self, value: torch.Tensor) -> torch.Tensor:
