@@ -12,7 +12,7 @@ Saturated cells (meter = 1) are reported separately: there the shape ratio only 
 """
 import torch
 
-import witcert
+from witcert.verification.adversary import sup_box_tv
 from witcert.core import bounds
 
 
@@ -39,7 +39,7 @@ def _tail_cause(scores: torch.Tensor, shape: torch.Tensor, threshold: float = 10
 def split(sampled: dict) -> list[dict]:
     rows = []
     for config, t in sampled.items():
-        sup = witcert.verification.adversary.sup_box_tv(t["scores"], t["c"]).tv
+        sup = sup_box_tv(t["scores"], t["c"]).tv
         live = (t["meter"] < 1) & (sup > 0)
         shape = t["meter"][live] / sup[live]
         per_token = sup[live & (t["true_tv"] > 0)] / t["true_tv"][live & (t["true_tv"] > 0)]
