@@ -160,6 +160,15 @@ def _rows(seed, n=40, s=50):
     return scores, exact, c
 
 
+def test_each_scheme_is_reported_as_it_finishes(loaded):
+    """run_observe(on_result=...) hands over every scheme's result in order, before returning them."""
+    config = observatory.ObserveConfig(schemes=("fp8-e4m3", "rtn-int4"), task="needle", **SHORT)
+    seen = []
+    results, baseline = observatory.run_observe(loaded, config, on_result=lambda r, b: seen.append((r, b)))
+    assert [r for r, _ in seen] == results and [r.scheme for r in results] == ["fp8-e4m3", "rtn-int4"]
+    assert all(b == baseline for _, b in seen)
+
+
 @pytest.mark.parametrize("seed", range(3))
 def test_gate_on_exact_logits_matches_the_per_block_pager(seed):
     """Implementation: Gate(exact=) over all rows (cells.gated_output's call); oracle: the same

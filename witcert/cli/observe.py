@@ -108,7 +108,8 @@ def run(args) -> int:
     print(f"model: {loaded.source}")
     try:
         with _Progress() as progress:
-            results, baseline = observatory.run_observe(loaded, config, progress)
+            on_result = progress.show(config) if len(config.schemes) > 1 else None
+            results, baseline = observatory.run_observe(loaded, config, progress, on_result)
     except ValueError as err:  # what only the loaded model can tell: a text too short, bands vs head_dim
         print(f"witcert observe: error: {err}", file=sys.stderr)
         return 2
@@ -177,12 +178,17 @@ def _head_dim(config_path: Path) -> int | None:
 
 def _print_table(results, config, baseline) -> None:
     from rich.console import Console
+
+    Console(width=200).print(_table(results, config, baseline))
+
+
+def _table(results, config, baseline, title: str | None = None):
     from rich.table import Table
 
     from witcert.observatory import report
 
     header, rows = report.table_rows(results, config.tau, baseline)
-    title = f"WitCert observatory - task {config.task}, tier {config.tier}, tau {config.tau:g}"
+    title = title or f"WitCert observatory - task {config.task}, tier {config.tier}, tau {config.tau:g}"
     if "needle_acc" in baseline:
         title += f" (needle accuracy uncompressed: {baseline['needle_acc']:.2f})"
     table = Table(title=title)
@@ -190,17 +196,19 @@ def _print_table(results, config, baseline) -> None:
         table.add_column(name, overflow="fold")
     for row in rows:
         table.add_row(*row)
-    Console(width=200).print(table)
+    return table
 
 
 class _Progress:
     """A rich progress bar; ``start(total)`` returns ``tick(label)`` (what ``run_observe`` expects)."""
 
     def __enter__(self):
+        from rich.console import Console
         from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 
         self._bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                             TimeElapsedColumn(), TimeRemainingColumn(), transient=False)
+                             TimeElapsedColumn(), TimeRemainingColumn(), transient=False,
+                             console=Console(width=200))  # as the final table
         self._bar.__enter__()
         return self
 
@@ -211,6 +219,15 @@ class _Progress:
             self._bar.update(task, advance=1, description=label)
 
         return tick
+
+    def show(self, config):
+        """``on_result`` for ``run_observe``: each scheme's row, printed above the bar as it finishes."""
+
+        def on_result(result, baseline) -> None:
+            title = f"{result.scheme}: done in {result.wall_s:.0f} s (task {config.task}, tau {config.tau:g})"
+            self._bar.console.print(_table([result], config, baseline, title))
+
+        return on_result
 
     def __exit__(self, *exc):
         return self._bar.__exit__(*exc)

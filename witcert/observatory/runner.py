@@ -170,8 +170,11 @@ def quality(reference: list[CaseOutput], outputs: list[CaseOutput], cases) -> di
     return result
 
 
-def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[SchemeResult], dict]:
-    """Run every scheme of ``config`` on its task; returns the results and the reference quality."""
+def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) -> tuple[list[SchemeResult], dict]:
+    """Run every scheme of ``config`` on its task; returns the results and the reference quality.
+
+    ``on_result(result, baseline)``, if given, is called as each scheme finishes (the CLI prints its row then).
+    """
     model, tokenizer = loaded.model, loaded.tokenizer
     cases = build_cases(tokenizer, config)
     steps = len(cases) * (1 + len(config.schemes) * (2 if config.gate else 1))
@@ -198,6 +201,8 @@ def run_observe(loaded, config: ObserveConfig, progress=None) -> tuple[list[Sche
             result.extra["gated_quality"] = quality(reference, gated, cases)
         result.wall_s = time.perf_counter() - start
         results.append(result)
+        if on_result is not None:
+            on_result(result, baseline)
     return results, baseline
 
 
