@@ -311,7 +311,7 @@ class Gate:
         active = (useful > 0).nonzero().flatten()
         start, chunk = 0, 2
         while active.numel():
-            width = max(1, min(chunk, _PREFIX_ELEMENTS // (active.numel() * n_tokens)))
+            width = max(1, min(chunk, _PREFIX_ELEMENTS // (active.numel() * n_tokens), int(useful[active].max()) - start))
             lengths = start + 1 + torch.arange(width)  # (m,) prefix lengths of this chunk
             page = token_rank[active, None, :] < lengths[None, :, None]  # (a, m, S)
             cand_scores = torch.where(page & ~masked[active, None], exact[active, None], work_scores[active, None])
