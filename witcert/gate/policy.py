@@ -298,7 +298,7 @@ class Gate:
         if not n:
             return pages
         work_scores, work_c = scores[rows], c[rows]  # (n, S)
-        exact, slack, _ = source.fetch(rows, rows, rows)
+        exact, slack = source.logits(rows)
         masked = torch.isneginf(work_scores)
         repaired_c = torch.where(masked, torch.zeros_like(slack), slack)
         sorted_x, order = log_block_excess(work_scores, work_c, self.block_size).sort(dim=-1, descending=True, stable=True)
@@ -432,10 +432,13 @@ class _ExactSource:
         self.exact = flat.to(scores.dtype)
         self.slack = None if flat.dtype == scores.dtype else _cast_slack(flat, self.exact, c_dtype)
 
-    def fetch(self, rows, which, blocks):
+    def logits(self, rows) -> tuple[torch.Tensor, torch.Tensor]:
+        """Exact logits of rows ``rows`` (n, S) in the scores' dtype and their cast's rounding slack."""
         exact = self.exact[rows]
-        slack = torch.zeros_like(exact) if self.slack is None else self.slack[rows]
-        return exact, slack, torch.zeros(which.shape[0], dtype=torch.int64)
+        return exact, torch.zeros_like(exact) if self.slack is None else self.slack[rows]
+
+    def fetch(self, rows, which, blocks):
+        return *self.logits(rows), torch.zeros(which.shape[0], dtype=torch.int64)
 
     def cell(self, row: int) -> tuple:
         return _cell(row, self.shape)
