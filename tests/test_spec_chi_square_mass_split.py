@@ -55,13 +55,13 @@ def _base(scores, c) -> mpf:
 
 
 def test_registry_rows():
-    """CS and MS name their Lean theorems, these mirrors and the torch bounds; the kernel follows in wave 2."""
+    """CS and MS name their Lean theorems, these mirrors and the torch bounds; the kernel carries CS, not MS."""
     cs, ms = by_key("CS"), by_key("MS")
     assert cs.lean == "WitCert.tv_le_chi_square" and cs.spec == "witcert.spec.bounds.bound_chi_square"
     assert ms.lean == "WitCert.tv_le_mass_split" and ms.spec == "witcert.spec.bounds.bound_mass_split"
     assert cs.torch == "witcert.core.bounds.chi_square_bound" and ms.torch == "witcert.core.bounds.mass_split_bound"
-    assert cs.kernel is ms.kernel is None
-    assert "wave 2" in cs.note and "wave 2" in ms.note
+    assert cs.kernel == "witcert.kernels.decode_attention.decode_attention" and ms.kernel is None
+    assert "kernels/certificate.py" in cs.note and "min(1, T1, P1, MN, CS)" in ms.note
 
 
 # ----------------------------------------------------------------------------- soundness, per query
