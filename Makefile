@@ -19,8 +19,11 @@ $(STAMP): requirements.txt pyproject.toml
 	DISABLE_CUDA=1 $(PIP) --no-deps --no-build-isolation -r requirements-quant.txt && { $(PY) -c "from optimum.quanto.library.extensions import get_extension as g; g('quanto_cpp').lib" >/dev/null || echo "optimum-quanto: C++ extension not prebuilt (compiled on first use)"; }
 	touch $(STAMP)
 
+# every core the machine has (`witcert observe` defaults to 1 thread for stable measurements)
+DEMO_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
+
 demo: $(STAMP)
-	$(VENV)/bin/witcert observe --demo
+	$(VENV)/bin/witcert observe --demo --threads $(DEMO_THREADS)
 
 test: $(STAMP)
 	$(PY) -m pytest -q
