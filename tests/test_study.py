@@ -75,6 +75,8 @@ def test_the_report_has_both_studies_with_intervals(quick):
     markdown = (out / "report.md").read_text()
     assert "## Repair study" in markdown and "## Layer sweep: kivi-2bit" in markdown
     assert markdown.count("| kivi-2bit gated tau=0.2 |") == 1
+    for plot in ("repair.png", "sweep-kivi-2bit.png"):  # written beside the markdown and linked from it
+        assert (out / plot).stat().st_size > 0 and f"]({plot})" in markdown
 
 
 def test_accuracy_interval_is_clopper_pearson():

@@ -49,7 +49,7 @@ def check(args) -> None:
     """Resolve the schemes and the study's shape before any model loads (``ValueError`` names the argument)."""
     from witcert.observatory.study_config import QUICK, StudyConfig
 
-    _args.require_installed("witcert study", "observatory", "transformers", "scipy")
+    _args.require_installed("witcert study", "observatory", "transformers", "scipy", "matplotlib")
     schemes = {}
     for option, text in (("--scheme", args.scheme), ("--gate-scheme", args.gate_scheme),
                          ("--risk-scheme", args.risk_scheme), ("--sweep-scheme", args.sweep_scheme)):

@@ -1,4 +1,5 @@
-"""The study's report: ``report.json`` (every number) and ``report.md`` (the two tables with their intervals)."""
+"""The study's report: ``report.json`` (every number), ``report.md`` (the two tables with their intervals) and the plots
+(:mod:`witcert.observatory.study_plots`)."""
 from __future__ import annotations
 
 import json
@@ -6,12 +7,15 @@ from pathlib import Path
 
 
 def write(report: dict, out: Path) -> Path:
-    """Write ``report.json`` and ``report.md`` under ``out`` (created); returns the markdown path."""
+    """Write ``report.json``, ``report.md`` and the plots under ``out`` (created); returns the markdown path."""
+    from witcert.observatory import study_plots  # matplotlib, imported only here
+
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
+    plots = study_plots.write(report, out)
     md = out / "report.md"
-    md.write_text(markdown(report), encoding="utf-8")
+    md.write_text(markdown(report) + "\n" + "\n".join(f"![{p.stem}]({p.name})" for p in plots) + "\n", encoding="utf-8")
     return md
 
 
