@@ -3,9 +3,10 @@
 The fused pass replaces per-operation directed rounding by an a-priori budget, so it is attacked
 on the same regimes as the eager meter (:mod:`witcert.verification.attacks.underflow`: subnormal
 and tiny radii, underflowing masses, huge offsets, exponents that round below the underflow
-threshold, masks with ``c = inf`` on masked tokens), plus one ``long-row`` per run of at least 1,000 rows:
-``S`` from 32,768 to 131,072 with an outlier radius (its 60-digit checks take minutes, so one per
-run; ``tests/test_fastpath.py`` checks a 131,072-token row on every test run). Per row, against the 60-digit statements (``witcert.spec.bounds``):
+threshold, masks with ``c = inf`` on masked tokens), plus one ``long-row`` per run of at least
+1,000 rows: ``S`` from 32,768 to 131,072 with an outlier radius (its 60-digit checks take minutes,
+so one per run; ``tests/test_fastpath.py`` checks a 131,072-token row on every test run). Per row,
+against the 60-digit statements (``witcert.spec.bounds``):
 :func:`~witcert.fastpath.fused.fast_meter` against the meter ``min(1, T1, P1, MN)``, the fused
 risk against ``T1`` and the fused value term against ``sum p~ rho``. Eager by default; the
 compiled pass when ``WITCERT_COMPILE=1`` (``tests/test_fastpath.py`` runs both).
