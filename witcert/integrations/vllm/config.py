@@ -83,20 +83,19 @@ def _flag(env, name: str) -> bool:
 
 
 def _int(env, name: str, default: int) -> int:
-    raw = env.get(name)
-    if raw in (None, ""):
-        return default
-    try:
-        return int(raw)
-    except ValueError:
-        raise ValueError(f"{name} must be an integer, got {raw!r}") from None
+    return _parsed(env, name, default, int, "an integer")
 
 
 def _float(env, name: str, default: float) -> float:
+    return _parsed(env, name, default, float, "a number")
+
+
+def _parsed(env, name: str, default, kind, what: str):
+    """``kind(env[name])``, ``default`` when unset or empty; a clear error naming the variable otherwise."""
     raw = env.get(name)
     if raw in (None, ""):
         return default
     try:
-        return float(raw)
+        return kind(raw)
     except ValueError:
-        raise ValueError(f"{name} must be a number, got {raw!r}") from None
+        raise ValueError(f"{name} must be {what}, got {raw!r}") from None
