@@ -232,9 +232,10 @@ def certificate_from_moments(l, k, j, s, c_max, cp_max, delta_max, seq_lens, sha
 
     capped = cp_max >= C_CAP_VALUE
     cp = torch.clamp(cp_max, max=C_CAP_VALUE)
-    k_hi = moment_hi(k, torch.expm1(cp)) / l_lo * FP64_MARGIN
+    grow = torch.expm1(cp)
+    k_hi = moment_hi(k, grow) / l_lo * FP64_MARGIN
     j_hi = moment_hi(j, -torch.expm1(-cp)) / l_lo * FP64_MARGIN
-    g_max = torch.expm1(cp) * FP64_MARGIN
+    g_max = grow * FP64_MARGIN
     second_hi = moment_hi(s, g_max * g_max, rho_s) / l_lo * FP64_MARGIN
     # logit rounding: A <= e^{delta_max} (1 + k/l), A- >= e^{-delta_max} (1 - j/l)
     k_hi = (torch.expm1(delta_max) + torch.exp(delta_max) * k_hi) * FP64_MARGIN
