@@ -8,7 +8,6 @@ from __future__ import annotations
 from pathlib import Path
 
 from witcert.observatory.report import _plt
-from witcert.observatory.study_report import _span
 
 
 def write(report: dict, out: Path) -> list[Path]:
@@ -17,6 +16,11 @@ def write(report: dict, out: Path) -> list[Path]:
     for scheme, sweep in report["sweep"].items():
         paths.append(_sweep(scheme, sweep, Path(out)))
     return paths
+
+
+def layer_span(layers: list) -> str:
+    """``"7"`` for one layer, ``"0-9"`` for a contiguous run."""
+    return str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
 
 
 def _repair(report: dict, out: Path) -> Path:
@@ -40,7 +44,7 @@ def _sweep(scheme: str, sweep: dict, out: Path) -> Path:
     """Accuracy with its interval for each single compressed layer, each third and all layers."""
     plt = _plt()
     rows = [*sweep["single_layers"], *sweep["thirds"], sweep["all_layers"]]
-    labels = ["all" if r["layers"] is None else _span(r["layers"]) for r in rows]
+    labels = ["all" if r["layers"] is None else layer_span(r["layers"]) for r in rows]
     fig, ax = plt.subplots(figsize=(max(6.0, 0.28 * len(rows) + 1.5), 4))
     for x, row in enumerate(rows):
         lost = row["paired"]["p_mcnemar"] < 0.05 and row["paired"]["diff"] < 0

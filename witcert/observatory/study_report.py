@@ -5,11 +5,12 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from witcert.observatory import study_plots
+from witcert.observatory.study_plots import layer_span
+
 
 def write(report: dict, out: Path) -> Path:
     """Write ``report.json``, ``report.md`` and the plots under ``out`` (created); returns the markdown path."""
-    from witcert.observatory import study_plots  # matplotlib, imported only here
-
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
@@ -68,7 +69,7 @@ def sweep_table(scheme: str, sweep: dict) -> list[str]:
              "cells / violations |",
              "|---|---|---|---|---|---|"]
     for row in [*sweep["single_layers"], *sweep["thirds"], sweep["all_layers"]]:
-        layers = "all" if row["layers"] is None else _span(row["layers"])
+        layers = "all" if row["layers"] is None else layer_span(row["layers"])
         lines.append("| " + " | ".join([layers, _acc(row), _diff(row), _p(row), _number(row.get("mean_meter")),
                                          _cells(row)]) + " |")
     return lines
@@ -101,8 +102,4 @@ def _number(x) -> str:
 
 def _bytes(x) -> str:
     return "-" if x is None else f"{x / 2**20:.1f} MiB"
-
-
-def _span(layers: list) -> str:
-    return str(layers[0]) if len(layers) == 1 else f"{layers[0]}-{layers[-1]}"
 
