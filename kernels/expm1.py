@@ -5,28 +5,22 @@ The meter's moments are carried as ``k = A - 1 = sum p~ (e^{c} - 1)`` and
 cancel to nothing. Triton has no ``expm1``; here it is a degree-8 Taylor polynomial (Horner) for
 ``x <= 1/2`` and ``exp`` otherwise.
 
-Relative error, ``u = 2^-24``, ``eps_exp`` = relative error of one ``tl.exp`` (see
-``witcert.core.rounding.exp_relative_error``):
-
-* ``x <= 1/2``: truncation below ``x^8/9! < 1.1e-8 < u`` (relative, since ``e^x - 1 >= 0.79 x``
-  and ``1 - e^{-x} >= 0.79 x``). Horner step ``1 +- z`` with ``z = (x/k) poly <= 1/3`` takes
-  3 roundings in ``z`` (the constant ``1/k``, two products) and one in the sum, and damps the
-  inherited error by ``z/(1 -+ z) <= 1/2``, so every level stays below ``8 u``; the final
-  product adds one: below ``10 u`` (the bound below keeps a factor two);
-* ``x > 1/2``: ``e^x - 1 >= 0.64``: ``(eps_exp e^x + u e^x) / (e^x - 1) <= 2.6 (eps_exp + u)``;
-  ``1 - e^{-x} >= 0.39``: ``(eps_exp e^{-x} + u) / (1 - e^{-x}) <= 1.6 eps_exp + 2.6 u``.
-
-:func:`expm1_relative_error` returns one bound covering both helpers and both branches.
+Relative error: :func:`expm1_relative_error`
+(``witcert.core.rounding.series_expm1_relative_error``, where the analysis is written out; the
+fused CPU pass ``witcert.fastpath.budgeted_pass`` evaluates the same polynomial in torch), one bound
+covering both helpers and both branches.
 """
 import triton
 import triton.language as tl
+
+from witcert.core.rounding import series_expm1_relative_error
 
 POLY_LIMIT = tl.constexpr(0.5)
 
 
 def expm1_relative_error(u: float, eps_exp: float) -> float:
     """Relative error bound of :func:`expm1_nonneg` and :func:`one_minus_exp_neg`."""
-    return max(20.0 * u, 2.6 * (eps_exp + u) + u)
+    return series_expm1_relative_error(u, eps_exp)
 
 
 @triton.jit

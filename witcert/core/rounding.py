@@ -52,6 +52,23 @@ def exp_relative_error(dtype: torch.dtype) -> float:
     return EXP_ULPS * 2 * unit_roundoff(dtype)
 
 
+def series_expm1_relative_error(u: float, eps_exp: float) -> float:
+    """Relative error bound of the fp32 ``e^x - 1`` / ``1 - e^{-x}`` (``x >= 0``) of ``kernels/expm1.py`` and
+    ``witcert.fastpath.budgeted_pass``: a degree-8 Horner polynomial below ``1/2``, ``exp`` above.
+
+    ``u`` the unit roundoff, ``eps_exp`` the relative error of one ``exp``.
+
+    * ``x <= 1/2``: truncation below ``x^8/9! < 1.1e-8 < u`` (relative, since ``e^x - 1 >= 0.79 x``
+      and ``1 - e^{-x} >= 0.79 x``). Horner step ``1 +- z`` with ``z = (x/k) poly <= 1/3`` takes
+      3 roundings in ``z`` (the constant ``1/k``, two products) and one in the sum, and damps the
+      inherited error by ``z/(1 -+ z) <= 1/2``, so every level stays below ``8 u``; the final
+      product adds one: below ``10 u`` (kept with a factor two). FMA contraction removes roundings only.
+    * ``x > 1/2``: ``e^x - 1 >= 0.64``: ``(eps_exp e^x + u e^x) / (e^x - 1) <= 2.6 (eps_exp + u)``;
+      ``1 - e^{-x} >= 0.39``: ``(eps_exp e^{-x} + u) / (1 - e^{-x}) <= 1.6 eps_exp + 2.6 u``.
+    """
+    return max(20.0 * u, 2.6 * (eps_exp + u) + u)
+
+
 def summation_gamma(n_terms: int, dtype: torch.dtype) -> float:
     """``gamma_{n-1}`` (rounded up): relative error bound for summing ``n`` non-negative terms in any order."""
     nu = max(n_terms - 1, 0) * unit_roundoff(dtype)  # exact: an integer times a power of two

@@ -1,134 +1,183 @@
-"""The fused fp64 pass: meter (``T1``, ``P1``, ``MN``), risk and value term, with an a-priori budget.
+"""The fused fp32 pass: every row's moments in one pass, then the meter from an a-priori budget (T1, P1, MN, CS; FP).
 
 The eager reference (:func:`witcert.core.metering.meter`) encloses every rounding per operation
 (directed fp64 steps, per-token ``Terms``): exact, but some forty small tensor passes per call.
-Here every per-token term is computed once in fp64 and enclosed by **one relative budget per
-token and one absolute slack per term**, valid for any evaluation order, FMA contraction and any
-exp/tanh within :data:`REL` of the true value -- the eager libm (<= 4 ulps, ``FP``) and
-``torch.compile``'s vectorized code alike (measured on a dense grid by
-``tests/test_fastpath.py::test_transcendental_budget``: at most ``2^-50``, budget ``2^-40``).
-``expm1`` is not used: compiled, it has no relative accuracy for small arguments (measured).
+Here :func:`sums_kernel` makes one pass in fp32 and :func:`lean_from_sums` turns its per-row sums
+into fp64 upper bounds with one
+relative error per kind of term and one absolute slack per token, valid for any evaluation order,
+FMA contraction and any ``exp`` within ``eps`` = :func:`~witcert.core.rounding.exp_relative_error`
+(fp32) of the true value: the eager libm and ``torch.compile``'s vectorized code alike (measured on a
+dense grid by ``tests/test_fastpath.py::test_compiled_transcendentals_within_budget``).
 
-Per live token (``y = x - max x``, ``f = 1 - e^{-c}``), all non-negative:
+Per live token, with ``y = s - max s`` and ``c'`` the radius rounded up to fp32 (``c' >= c``)::
 
-* mass ``M = e^{y}``; excess ``K = e^{y + c} f = e^{y}(e^{c} - 1)`` (formed from ``e^{y+c}`` so an
-  underflowed mass never meets a large ``e^{c}``); shortfall ``J = e^{y} f <= M``.
-* Exponent errors: ``y`` and ``y + c`` are rounded once each, so the exponent of a term is off by
-  at most ``u (|y| + |y + c|) (1 + u)`` (``u = 2^-53``; ``|y|`` alone for ``M`` and ``J``); we budget
-  ``2^-51 (|y| + |y + c|)`` plus ``8 REL`` for the exp (``REL``), ``f`` (``4 REL``) and the product. With ``b <= 1`` the exact term
-  lies within ``(1 +- b (1 + b))`` of the computed one (``e^{b} - 1 <= b (1 + b)``). A live term
-  with ``b > 1`` (scores spanning more than ~10^15) is negligible if even its exponent plus ``b``
-  is below -1000 (then ``ABS`` covers it), else it gets the trivial upper bound ``inf``.
-* A term computed in (or flushed from) the subnormal range is off by less than :data:`ABS` =
-  ``2^-1020`` absolutely (every subnormal is below ``2^-1022``, and ``(1 + b(1 + b)) <= 3``).
-* Sums of ``S <= MAX_TOKENS`` non-negative fp64 terms in any order: relative ``gamma_S <= 2^-29``
-  (Higham, Thm. 4.4); :data:`GROW` ``= 1 + 2^-28`` covers it and the few roundings after it.
-* The row-level formulas (``T1 = k (k + 2)/2``, ``P1 = (k + j)/2 (1/A- + 1/(1 + k))``,
-  ``MN = tanh(D/2)``) take a handful of fp64 operations: relative ``(1 + REL)`` each result
-  (far above their ``u``), and ``2^-1068`` absolute for subnormal results.
+    l = sum e^{y},  k = sum e^{y} g,  j = sum e^{y} g / (1 + g),  s = sum e^{y} min(g, G)^2,  w = sum e^{y} rho'
 
-Not computed here (sound: a minimum of fewer sound bounds is still a sound bound): the direct
-``A-`` lower bound from ``e^{y - c}`` (only ``A- >= 1 - j``), the retention form ``P1r`` and any
-bound added to the eager minimum later. Their absence can only make this meter larger.
+``g = e^{c'} - 1`` (:func:`expm1_nonneg`, never ``torch.expm1``: compiled, it has no relative
+accuracy for small arguments), ``1 - e^{-c} = g / (1 + g)``, ``G = G_CAP``, ``rho'`` the value
+residual rounded up to fp32. The exact moments at ``c`` are at most these at ``c'`` (each term grows
+with ``c``), so ``A - 1 <= K/L``, ``1 - A- <= J/L``, ``E_p~[expm1(c)^2] <= S/L`` and the value term
+``<= W/L`` in exact arithmetic (capital letters: exact sums at ``c'``).
+
+Budget (``u = 2^-24``, ``tiny = 2^-126``, ``n`` tokens in the row):
+
+* the logit offset ``y`` is the fp64 difference cast to fp32: off by at most ``a |y|``,
+  ``a = 2^-24 (1 + 2^-20)``; a term that is normal in fp32 has ``|y| <= 88``, so its mass
+  ``e^{y}`` is within ``rho_m = e^{88 a} (1 + eps) - 1`` relative; any term (normal or not) is
+  within ``rho_m`` relative plus ``2 tiny`` absolute;
+* ``g`` within ``rho_g`` = :func:`~witcert.core.rounding.series_expm1_relative_error` (the Horner
+  analysis there); ``g / (1 + g)`` within ``rho_f = (1 + rho_g)(1 + u)^2 / (1 - rho_g) - 1``
+  (``1 + g`` inherits at most ``rho_g``);
+* each product adds ``u`` relative or ``2^-149`` absolute (underflow); an absolute error ``2 tiny`` of
+  the mass is multiplied by the other factor: the slack per token is ``3 tiny max(1, factor)``;
+* the terms are summed in fp64 (each converted exactly), in any order: ``gamma_{n-1}`` at ``2^-53``
+  (Higham Thm 4.4), so the budget does not grow with the row as an fp32 sum's ``(n - 1) 2^-24`` would;
+* the row-level formulas (``Enclosure``: directed fp64 operations) and the few fp64 operations
+  here: ``FP64_MARGIN``.
+
+A row whose ``c'`` reaches ``C_CAP = 64`` reports the trivial meter 1 and risk ``inf`` (then
+``tanh(D/2) = 1`` in fp64 anyway); CS is ``inf`` where ``c'_max > CS_C_LIMIT = 31``, below which no
+``s`` term is capped (``e^{31} - 1 < 2^45 < G``). Not formed here (sound: a minimum over fewer
+bounds is still a bound): the retention form ``P1r`` and the mass split ``MS``.
 """
+import math
+from dataclasses import dataclass
+
 import torch
 
+from witcert.core import rounding
+from witcert.core.bounds import Enclosure
 
-REL = 2.0**-40  # budget of one exp/tanh/row-level result, relative (compiled exp, tanh measured <= 2^-50)
-ABS = 2.0**-1020  # absolute error of one term computed in the subnormal range (or flushed to zero)
-TINY = 2.0**-1068  # absolute slack of a row-level result that may be subnormal
-GROW = 1.0 + 2.0**-28  # any-order sum of at most MAX_TOKENS non-negative terms, and what follows it
-MAX_TOKENS = 2**24
-_EXPONENT_U = 2.0**-51  # >= u (1 + u) with margin: the exponent's rounding per unit of |y| + |y + c|
+C_CAP = 64.0  # radii are capped here inside the exponent; such a row reports meter 1, risk inf
+G_CAP = 2.0**46  # cap of g in the s terms: each below 2^92, any sum finite in fp32
+CS_C_LIMIT = 31.0  # c'_max at or below this: no s term was capped, CS holds
+MAX_TOKENS = 2**24  # rows longer than this are refused (a bound on n in the budget)
+UNIT = 2.0**-24
+TINY = 2.0**-126  # smallest normal fp32
+_ARG = 2.0**-24 * (1 + 2.0**-20)  # |fl32(fl64(s - m)) - (s - m)| / |s - m|
+_Y_NORMAL = 88.0  # |y| of any term whose fp32 mass e^y is normal
+_RADIUS_UP = 2.0**-21  # x (1 + this), rounded twice, is above x (kernels/radius.py)
+FP64_MARGIN = 1.0 + 64 * 2.0**-52  # the few fp64 roundings of lean_from_sums
 
 
-def _up(x: torch.Tensor, positive: torch.Tensor) -> torch.Tensor:
-    """A row-level fp64 result lifted past its few roundings; exactly 0 where the exact value is 0."""
-    return torch.where(positive, x * (1.0 + REL) + TINY, torch.zeros_like(x))
+def expm1_nonneg(x: torch.Tensor) -> torch.Tensor:
+    """``e^x - 1`` for fp32 ``x >= 0`` within :func:`~witcert.core.rounding.series_expm1_relative_error`.
 
-
-def _enclose(value: torch.Tensor, exponent: torch.Tensor, budget: torch.Tensor, zero: torch.Tensor):
-    """``(upper, lower)`` of one non-negative term ``exp(exponent) * factor``, its log off by at most ``budget``.
-
-    ``budget <= 1``: within ``(1 +- r)``, ``r = b (1 + b) >= e^{b} - 1`` (lifted past its own roundings).
-    Otherwise the term is negligible (below ``ABS``: upper 0 here, the caller adds ``ABS`` per term)
-    when even ``exponent + budget < -1000``, else unknown: upper ``inf``, lower 0.
+    The degree-8 Horner polynomial of ``kernels/expm1.py`` below ``1/2``, ``exp(x) - 1`` above; the
+    same operations in torch, so the same analysis holds (FMA contraction only removes roundings).
     """
-    ok = budget <= 1.0
-    r = torch.where(ok, budget * (1.0 + budget) * (1.0 + REL), zero)
-    far = torch.where(exponent + budget < -1000.0, zero, torch.full_like(zero, float("inf")))
-    return torch.where(ok, value * (1.0 + r), far), torch.where(ok, value * (1.0 - r), zero)
+    poly = 1.0 + x * (1.0 / 7.0) * (1.0 + x * (1.0 / 8.0))
+    for k in (6.0, 5.0, 4.0, 3.0, 2.0):
+        poly = 1.0 + x * (1.0 / k) * poly
+    return torch.where(x <= 0.5, x * poly, torch.exp(x) - 1.0)
 
 
-def _one_minus_exp_neg(c: torch.Tensor) -> torch.Tensor:
-    """``1 - e^{-c}``, at most ``4 REL`` below it (what the term budget charges), without ``expm1``.
-
-    Only upper bounds (``K``, ``J``) use it, so the series' truncation, which errs upward, is free.
-
-    ``torch.compile``'s vectorized fp64 ``expm1`` loses all relative accuracy for small arguments
-    (it returned 0 for ``1e-20``: measured, ``tests/test_fastpath.py``). Below ``1/4`` the
-    alternating Taylor series cut after its ``c^7/7!`` term (truncation upward, below ``c^6/8! < 2^-26``
-    relative: terms decrease), in nested form (factors near 1: a few ``u`` of rounding).
-    Above, ``1 - e^{-c} >= 0.22`` so the exp's ``REL`` grows at most 4-fold in the subtraction.
-    """
-    series = c * (1 - c / 2 * (1 - c / 3 * (1 - c / 4 * (1 - c / 5 * (1 - c / 6 * (1 - c / 7))))))
-    return torch.where(c <= 0.25, series, 1.0 - torch.exp(-c))
+def _expm1_up(x: torch.Tensor) -> torch.Tensor:
+    """fp64 ``>= e^x - 1`` for ``x >= 0`` without ``expm1`` (compiled, it returned 0 for ``1e-20``):
+    ``x e^x`` below ``1/2`` (``(e^x - 1)/x <= e^x``), ``e^x - 1`` above (cancellation ``<= 2.6``-fold),
+    each lifted by ``2^-40`` (the exp's ``EXP_ULPS`` and the two roundings are below ``2^-47``)."""
+    return torch.where(x <= 0.5, x * torch.exp(x), torch.exp(x) - 1.0) * (1.0 + 2.0**-40)
 
 
-def lean_cells_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor,
-                      v_norm: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """The fused pass on validated fp64 inputs (..., S); returns ``(meter, risk, value_term, v_norm_max)``.
+def fp32_up(x: torch.Tensor) -> torch.Tensor:
+    """An fp32 tensor ``>= x`` for ``x >= 0`` (``0`` and ``inf`` kept): fp32/half unchanged, fp64 lifted by
+    ``2^-21`` then cast, with the normal floor ``2^-126`` for positive values the cast would flush."""
+    if x.dtype != torch.float64:
+        return x.float()
+    up = (x * (1.0 + _RADIUS_UP)).float()
+    return torch.where(x > 0, torch.clamp(up, min=TINY), torch.zeros_like(up))
 
-    ``scores`` finite or ``-inf`` (masked; every row has a live token), ``c >= 0`` (``inf`` allowed),
-    ``rho >= 0`` and ``v_norm >= 0`` broadcastable to ``scores``. No host synchronisation: this is
-    the function :mod:`witcert.fastpath.compiled` compiles.
+
+def sums_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor, v_norm: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """One fp32 pass over validated (rows, S) inputs; returns ``(l, k, j, s, w, c_max, rho_max, v_norm_max)`` per row
+    (sums in fp64, maxima in fp32 or the norms' dtype).
+
+    ``scores`` fp32 or fp64, finite or ``-inf`` (masked; every row has a live token); ``c``, ``rho``,
+    ``v_norm`` ``>= 0`` (``inf`` allowed). No host synchronisation.
     """
     live = scores > float("-inf")
-    zero = torch.zeros_like(scores)
-    c = torch.where(live, c, zero)
-    y = scores - scores.amax(-1, keepdim=True)  # -inf where masked
-    g = torch.where(live, y + c, y)  # inf where c is
-    f = _one_minus_exp_neg(c)  # >= 1 - e^{-c}, in [0, 1]; exactly 0 where c = 0
-    mass = torch.exp(y)
-    excess = torch.exp(g) * f
-    shortfall = mass * f
+    zero = torch.zeros((), dtype=torch.float32, device=scores.device)
+    y = (scores.double() - scores.amax(-1, keepdim=True).double()).float()  # -inf where masked
+    c = torch.where(live, fp32_up(c), zero)
+    g = expm1_nonneg(torch.clamp(c, max=C_CAP))
+    mass = torch.exp(y)  # 0 where masked
+    r = torch.where(live, fp32_up(rho), zero)
+    weighted = torch.where(torch.isinf(r), r, mass * r)  # an infinite residual is an infinite term, never 0 * inf
+    v_max = torch.where(live, v_norm, torch.zeros_like(v_norm)).amax(-1)
+    terms = (mass, mass * g, mass * (g / (1.0 + g)), mass * torch.square(torch.clamp(g, max=G_CAP)), weighted)
+    return (*(t.sum(-1, dtype=torch.float64) for t in terms), c.amax(-1), r.amax(-1), v_max)
 
-    ay = torch.where(live, y.abs(), zero)
-    ag = torch.where(live, g.abs(), zero)
-    # M and J have the exponent y, K the exponent y + c (inf where c is: K is inf then)
-    mass_up, mass_lo = _enclose(mass, y, _EXPONENT_U * ay + 8 * REL, zero)
-    shortfall_up = _enclose(shortfall, y, _EXPONENT_U * ay + 8 * REL, zero)[0]
-    excess_up = _enclose(excess, g, _EXPONENT_U * (ay + ag) + 8 * REL, zero)[0]
-    # exactly 0: masked tokens, and K, J where c = 0
-    has_f = live & (f > 0)
-    excess_up = torch.where(has_f, excess_up, zero)
-    shortfall_up = torch.where(has_f, shortfall_up, zero)
-    mass_up = torch.where(live, mass_up, zero)
-    mass_lo = torch.where(live, mass_lo, zero)
 
-    n_live = live.sum(-1).to(scores.dtype)
-    n_f = has_f.sum(-1).to(scores.dtype)
-    total_lo = (mass_lo.sum(-1) / GROW - n_live * ABS) / GROW  # > 1/2: the max token has y = 0, M = 1
-    k_sum = excess_up.sum(-1) * GROW + n_f * ABS
-    j_sum = shortfall_up.sum(-1) * GROW + n_f * ABS
-    k = _up(k_sum / total_lo, k_sum > 0)
-    j = torch.clamp(_up(j_sum / total_lo, j_sum > 0), max=1.0)  # the exact j = 1 - A- is <= 1
-    a_minus = torch.clamp((1.0 - j) * (1.0 - REL), min=0.0)  # <= A- (1 - j rounds by u only)
+@dataclass(frozen=True)
+class PassBudget:
+    """The relative errors of one row's fp32 sums (see the module docstring), for rows of ``n <= MAX_TOKENS`` tokens."""
 
-    eform = _up(0.5 * k * (k + 2.0), k > 0)
-    spread = k + j
-    two_sided = _up(0.5 * spread * (1.0 / a_minus + 1.0 / (1.0 + k)), spread > 0)
-    two_sided = torch.where((a_minus > 0) & torch.isfinite(k), two_sided, torch.full_like(two_sided, float("inf")))
-    half_d = c.amax(-1) * 0.5  # exact unless subnormal: then one 2^-1074 step covers it
-    half_d = torch.where(half_d > 0, half_d + 2.0**-1074, half_d)
-    maxnorm = torch.minimum(torch.minimum(half_d, _up(torch.tanh(half_d), half_d > 0)), torch.ones_like(half_d))
-    meter = torch.clamp(torch.minimum(torch.minimum(eform, two_sided), maxnorm), max=1.0)
+    n: int
 
-    # an underflowed mass keeps its slack ABS through the product; each product rounds by at most
-    # half a 2^-1074 step below the normal range (ABS rho itself may be subnormal)
-    weighted_live = live & (rho > 0)
-    weighted = torch.where(weighted_live, (mass_up + ABS) * rho, zero)
-    w_sum = weighted.sum(-1) * GROW + weighted_live.sum(-1).to(scores.dtype) * 2.0**-1074
-    value_term = _up(w_sum / total_lo, w_sum > 0)
-    v_norm_max = torch.where(live, v_norm.expand_as(scores), zero).amax(-1)
-    return meter, eform, value_term, v_norm_max
+    gamma = rounding.summation_gamma(MAX_TOKENS, torch.float64)  # every row: no shape-dependent branch when compiled
+
+    @property
+    def mass(self) -> float:
+        eps = rounding.exp_relative_error(torch.float32)
+        return math.exp(_Y_NORMAL * _ARG) * (1 + eps) * FP64_MARGIN - 1
+
+    @property
+    def g(self) -> float:
+        return rounding.series_expm1_relative_error(UNIT, rounding.exp_relative_error(torch.float32))
+
+    def product(self, factor_error: float, factors: int = 1) -> float:
+        """Relative error of ``mass x factor^factors`` (each factor within ``factor_error``, one rounding per product)."""
+        return ((1 + self.mass) * ((1 + factor_error) * (1 + UNIT)) ** factors) * FP64_MARGIN - 1
+
+    @property
+    def f(self) -> float:
+        return (1 + self.g) * (1 + UNIT) ** 2 / (1 - self.g) * FP64_MARGIN - 1
+
+    def upper(self, total, rel: float, factor_max) -> torch.Tensor:
+        """Exact sum ``<=`` this, from the computed ``total`` of fp32 terms within ``rel`` and ``3 tiny factor_max``."""
+        slack = 3 * TINY * self.n * torch.clamp(factor_max, min=1.0)
+        return (total / (1 - self.gamma) + slack) / (1 - rel) * FP64_MARGIN
+
+    def lower_mass(self, total) -> torch.Tensor:
+        """Exact ``L >=`` this (``> 0``: the max token's mass is 1)."""
+        return (total / (1 + self.gamma) - 2 * TINY * self.n) / (1 + self.mass) / FP64_MARGIN
+
+
+def lean_from_sums(sums: tuple, n_tokens: int) -> tuple[torch.Tensor, ...]:
+    """``(meter, risk, value_term, v_norm_max)`` (fp64, per row) from :func:`sums_kernel`'s results.
+
+    ``meter = min(1, T1, P1, MN, CS)`` through :class:`~witcert.core.bounds.Enclosure`; ``risk`` the
+    unclamped T1 (``inf`` on a capped row); ``value_term >= sum_t p~_t rho_t``.
+    """
+    l, k, j, s, w, c_max, r_max, v_max = sums
+    budget = PassBudget(n_tokens)
+    c_max = c_max.double()
+    any_c = c_max > 0  # all radii 0: A = A- = 1 exactly, every bound 0
+    g_max = _expm1_up(torch.clamp(c_max, max=C_CAP)) * (1 + budget.g)  # >= every computed g
+    l_lo = budget.lower_mass(l)
+    zero = torch.zeros_like(l_lo)
+    k_hi = torch.where(any_c, budget.upper(k, budget.product(budget.g), g_max) / l_lo * FP64_MARGIN, zero)
+    j_hi = torch.where(any_c, budget.upper(j, budget.product(budget.f), zero) / l_lo * FP64_MARGIN, zero)
+    j_hi = torch.clamp(j_hi, max=1.0)  # the exact 1 - A- is below 1
+    s_hi = budget.upper(s, budget.product(budget.g, factors=2), g_max * g_max) / l_lo * FP64_MARGIN
+    s_hi = torch.where(any_c, torch.minimum(s_hi, g_max * k_hi * FP64_MARGIN), zero)  # E[g^2] <= g_max E[g]
+    s_hi = torch.where(c_max <= CS_C_LIMIT, s_hi, torch.full_like(s_hi, math.inf))
+    enclosure = Enclosure(k_hi, j_hi, rounding.sub_down(1.0, j_hi).clamp(min=0.0), c_max, s_hi)
+    capped = c_max >= C_CAP
+    eform = enclosure.eform()
+    meter = torch.where(capped, torch.ones_like(eform), enclosure.meter())
+    risk = torch.where(capped, torch.full_like(eform, math.inf), eform)
+    r_max = r_max.double()
+    value_term = torch.where(r_max > 0, budget.upper(w, budget.product(_RADIUS_UP), r_max) / l_lo * FP64_MARGIN, zero)
+    value_term = torch.where(torch.isinf(r_max) | torch.isinf(w), torch.full_like(value_term, math.inf), value_term)
+    return meter, risk, value_term, v_max.double()
+
+
+def lean_pass(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor, v_norm: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`sums_kernel` then :func:`lean_from_sums`: the whole pass, what :mod:`witcert.fastpath.compiled` compiles."""
+    return lean_from_sums(sums_kernel(scores, c, rho, v_norm), scores.shape[-1])
+
+
+def probe() -> tuple[torch.Tensor, ...]:
+    """Arguments that compile :func:`lean_pass` (sizes >= 2: no 0/1 specialisation)."""
+    return (torch.zeros(2, 2, dtype=torch.float64),) * 4

@@ -1,15 +1,14 @@
-"""``torch.compile`` of the fused pass, falling back to eager (said once, never an error).
+"""``torch.compile`` of the fast path's pure functions, falling back to eager (said once, never an error).
 
 ``WITCERT_COMPILE`` chooses: ``1`` compile (the first call of a new shape class takes seconds;
 inductor caches the code on disk, so a second process starts warm), ``0`` (the default) eager.
-Soundness does not depend on the choice: the pass's budget (:mod:`witcert.fastpath.budgeted_pass`)
-covers any evaluation order, FMA contraction and exp/expm1/tanh within ``REL`` of the true value,
-which ``tests/test_fastpath.py`` measures for the compiled code on a dense grid.
+Soundness does not depend on the choice: each function's budget (:mod:`witcert.fastpath.budgeted_pass`,
+:mod:`witcert.fastpath.radius`) covers any evaluation order, FMA contraction and an ``exp`` within
+its assumed error, which ``tests/test_fastpath.py`` measures for the compiled code on a dense grid.
 """
 import os
 import warnings
-
-from witcert.fastpath.budgeted_pass import lean_cells_kernel
+from typing import Callable
 
 _CHOICES = ("0", "1")
 _state: dict = {}
@@ -23,30 +22,44 @@ def compile_requested() -> bool:
     return choice == "1"
 
 
-def compiled_kernel():
-    """The compiled fused pass, or ``None`` (with one warning) where ``torch.compile`` is unavailable."""
-    if "compiled" not in _state:
-        _state["compiled"] = _compile()
-    return _state["compiled"]
+def compiled_of(fn: Callable, probe: Callable[[], tuple]):
+    """``torch.compile(fn)``, compiled now on ``probe()``'s arguments (a missing compiler fails here, not
+    mid-generation), or ``None`` (with one warning per function) where ``torch.compile`` is unavailable."""
+    if fn not in _state:
+        _state[fn] = _compile(fn, probe)
+    return _state[fn]
 
 
-def _compile():
+def _compile(fn: Callable, probe: Callable[[], tuple]):
     import torch
 
     try:
-        fn = torch.compile(lean_cells_kernel, dynamic=True, fullgraph=True)
-        probe = torch.zeros(2, 2, dtype=torch.float64)  # sizes >= 2: no 0/1 specialisation
-        fn(probe, probe, probe, probe)  # compile now: a missing compiler fails here, not mid-generation
-        return fn
-    except Exception as err:  # any failure of the toolchain: the eager pass is the same function
-        warnings.warn(f"witcert.fastpath: torch.compile unavailable ({type(err).__name__}: {err}); "
-                      "using the eager fused pass", RuntimeWarning, stacklevel=3)
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+        compiled(*probe())
+    except Exception as err:  # any failure of the toolchain: the eager function is the same computation
+        _fall_back(fn, err)
         return None
 
+    def call(*args):
+        if _state.get(fn) is None:  # an earlier call failed: eager from now on
+            return fn(*args)
+        try:
+            return compiled(*args)
+        except Exception as err:  # e.g. a recompile limit; a real input error recurs in the eager call
+            _state[fn] = None
+            _fall_back(fn, err)
+            return fn(*args)
 
-def lean_cells_fn(compiled: bool | None = None):
-    """The fused pass to call: compiled when asked for (``compiled``, default ``WITCERT_COMPILE``) and
-    available, else the eager :func:`~witcert.fastpath.budgeted_pass.lean_cells_kernel`."""
+    return call
+
+
+def _fall_back(fn: Callable, err: Exception) -> None:
+    warnings.warn(f"witcert.fastpath: torch.compile unavailable ({type(err).__name__}: {str(err)[:300]}); "
+                  f"using the eager {fn.__name__}", RuntimeWarning, stacklevel=5)
+
+
+def pick(fn: Callable, probe: Callable[[], tuple], compiled: bool | None = None) -> Callable:
+    """``fn`` compiled when asked for (``compiled``, default ``WITCERT_COMPILE``) and available, else ``fn``."""
     want = compile_requested() if compiled is None else compiled
-    fn = compiled_kernel() if want else None
-    return lean_cells_kernel if fn is None else fn
+    fast = compiled_of(fn, probe) if want else None
+    return fn if fast is None else fast

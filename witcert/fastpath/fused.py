@@ -10,8 +10,9 @@ import torch
 
 from witcert.core.checks import check_scores_and_bounds
 from witcert.core.rounding import round_up_to
+from witcert.fastpath import budgeted_pass
 from witcert.fastpath.budgeted_pass import MAX_TOKENS
-from witcert.fastpath.compiled import lean_cells_fn
+from witcert.fastpath.compiled import pick
 
 
 @dataclass(frozen=True)
@@ -19,14 +20,14 @@ class LeanCells:
     """Per-row fp64 results of :func:`lean_cells` (shape ``(...)``): each an upper bound except ``v_norm_max``
     (the exact maximum of the given norms over the live tokens)."""
 
-    meter: torch.Tensor  # min(1, T1, P1, MN)
+    meter: torch.Tensor  # min(1, T1, P1, MN, CS)
     risk: torch.Tensor  # T1 unclamped: inf on overflow, never NaN
     value_term: torch.Tensor  # >= sum_t p~_t rho_t (0 when no rho was given)
     v_norm_max: torch.Tensor  # max_t ||v_t|| over live tokens (0 when not given)
 
 
 def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> LeanCells:
-    """Meter, risk, value term and max value norm of every row in one fused pass (``T1``, ``P1``, ``MN``, ``FP``).
+    """Meter, risk, value term and max value norm of every row in one fused pass (``T1``, ``P1``, ``MN``, ``CS``, ``FP``).
 
     Parameters
     ----------
@@ -45,18 +46,24 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
     -------
     LeanCells
         fp64 upper bounds (``meter`` in ``[0, 1]``), computed by the compiled pass where available
-        (:func:`witcert.fastpath.compiled.lean_cells_fn`), else eagerly.
+        (:func:`witcert.fastpath.compiled.pick`), else eagerly.
     """
     if not checked:
         scores, c = check_scores_and_bounds(scores, c)
     if scores.shape[-1] > MAX_TOKENS:
         raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
-    rows = scores.shape[:-1]
-    parts = [scores.double(), c.double()] + [scores.new_zeros(()) if x is None else torch.as_tensor(x) for x in (rho, v_norm)]
-    flat = [_padded(x.double().expand(scores.shape).reshape(-1, scores.shape[-1])) for x in parts]
-    flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
-    results = lean_cells_fn()(*flat)
+    rows, n = scores.shape[:-1], scores.shape[-1]
+    parts = [scores, c] + [scores.new_zeros(()) if x is None else torch.as_tensor(x) for x in (rho, v_norm)]
+    flat = [_padded(_working(x).expand(scores.shape).reshape(-1, n)) for x in parts]
+    if flat[0].shape != (rows.numel(), n):
+        flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
+    results = pick(budgeted_pass.lean_pass, budgeted_pass.probe)(*flat)
     return LeanCells(*(r[:rows.numel()].reshape(rows) for r in results))
+
+
+def _working(x: torch.Tensor) -> torch.Tensor:
+    """fp32 and fp64 as given (the pass rounds fp64 radii up to fp32 itself); half types widened exactly."""
+    return x if x.dtype in (torch.float32, torch.float64) else x.float()
 
 
 def _padded(x: torch.Tensor) -> torch.Tensor:
@@ -79,11 +86,11 @@ def _padding_mask(padded: torch.Tensor, shape) -> torch.Tensor:
 
 
 def fast_meter(scores, c) -> torch.Tensor:
-    """The fast meter ``min(1, T1, P1, MN)``: validated once, one fused pass; never below the exact value.
+    """The fast meter ``min(1, T1, P1, MN, CS)``: validated once, one fused fp32 pass; never below the exact value.
 
-    Same contract as :func:`witcert.meter` (``T1``, ``P1``, ``MN``; rounding ``FP``), returned in the
-    working dtype (rounded up). It may exceed :func:`witcert.meter` slightly (a coarser rounding
-    budget, and only these three bounds in the minimum), never the other way round for the exact value.
+    Same contract as :func:`witcert.meter` (``T1``, ``P1``, ``MN``, ``CS``; rounding ``FP``), returned in
+    the working dtype (rounded up). It may exceed :func:`witcert.meter` slightly (an fp32 rounding
+    budget, and no ``P1r``/``MS`` in the minimum), never the other way round for the exact value.
     """
     scores, c = check_scores_and_bounds(scores, c)
     return round_up_to(lean_cells(scores, c, checked=True).meter, scores.dtype)

@@ -153,9 +153,10 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     (..., Hkv, S, .) with the same leading dims; ``mask`` as in :func:`observe`; ``truth``
     ``(k, v, v_hat)`` the exact keys and values and the values attention reads, for the true TV
     and output error (``None``: not computed, e.g. when the exact cache is not kept). ``fused``:
-    risk and value term from one pass (:func:`witcert.fastpath.fused.lean_cells`, under an a-priori
-    rounding budget) instead of the eager reference's separate passes; the meter is the library's
-    full minimum either way (the fused pass's own meter omits ``CS``/``MS``).
+    meter, risk and value term from one fp32 pass (:func:`witcert.fastpath.fused.lean_cells`, under
+    an a-priori rounding budget, compiled with ``WITCERT_COMPILE=1``) instead of the eager
+    reference's separate passes; its meter is ``min(1, T1, P1, MN, CS)``, never below the exact value
+    and at most a little above the eager full minimum, which also takes ``P1r`` and ``MS``.
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]
@@ -177,13 +178,11 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
 
     rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
     v_norm = stored.value_norm.double()[..., None, None, :]
-    # The meter is always the library's full minimum (CS and MS included): the fused pass's meter
-    # is the looser base minimum T1/P1/MN, so it supplies only the risk score and the value term.
-    meter = tv_meter(scores, c)  # (..., Hkv, G, Tq)
     if fused:  # scores and c are valid by construction: no second round of checks
         lean = lean_cells(scores, c, rho, v_norm, checked=True)
-        risk, value_term, v_max = lean.risk, lean.value_term, lean.v_norm_max
+        meter, risk, value_term, v_max = lean.meter, lean.risk, lean.value_term, lean.v_norm_max
     else:
+        meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (P1r and MS too)
         risk = risk_score(scores, c)
         value_term = values.value_error_term(scores, rho)
         v_max = values.max_value_norm(v_norm, scores)

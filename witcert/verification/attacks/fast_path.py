@@ -7,7 +7,8 @@ threshold, masks with ``c = inf`` on masked tokens), plus one ``long-row`` per r
 1,000 rows: ``S`` from 32,768 to 131,072 with an outlier radius (its 60-digit checks take minutes,
 so one per run; ``tests/test_fastpath.py`` checks a 131,072-token row on every test run). Per row,
 against the 60-digit statements (``witcert.spec.bounds``):
-:func:`~witcert.fastpath.fused.fast_meter` against the meter ``min(1, T1, P1, MN)``, the fused
+:func:`~witcert.fastpath.fused.fast_meter` against the exact minimum of the bounds it forms,
+``min(1, T1, P1, MN, CS)`` (stronger than the full meter, which also takes ``MS``), the fused
 risk against ``T1`` and the fused value term against ``sum p~ rho``. Eager by default; the
 compiled pass when ``WITCERT_COMPILE=1`` (``tests/test_fastpath.py`` runs both).
 """
@@ -23,6 +24,7 @@ SHARE = 0.004  # a short row costs ~90 ms of 60-digit spec evaluations: 2,000 ro
 _SIZES = (1, 2, 3, 5, 8, 17, 64, 256)
 _ROWS = 6
 _LONG_MIN_ROWS = 1000  # runs this large get one long row (~2-7 min of 60-digit evaluation), halfway
+_FORMED = ("eform", "two_sided", "maxnorm", "chi_square")  # the fused meter = min(1, these)
 
 
 def _long_row(g: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -44,7 +46,9 @@ def _check(scores: torch.Tensor, c: torch.Tensor, g: torch.Generator, tally: Att
     fused = lean_cells(scores, c, rho)
     for i in range(scores.shape[0]):
         row = _Row(scores[i].double().tolist(), c[i].double().tolist())
-        _judge(tally, f"fast_meter {label}", row.statement("meter"), float(reported[i]))
+        with mp.workdps(DPS):
+            formed = min([mpf(1)] + [row.statement(name) for name in _FORMED])
+        _judge(tally, f"fast_meter {label}", formed, float(reported[i]))
         _judge(tally, f"fused risk {label}", row.statement("eform"), float(fused.risk[i]))
         _judge(tally, f"fused value_term {label}", row.value_term(rho[i].double().tolist()), float(fused.value_term[i]))
 
