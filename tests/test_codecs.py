@@ -67,6 +67,21 @@ def test_reconstructions_are_narrowed_only_when_lossless(scheme, dtype, held):
     assert torch.equal(codec.decode(packed, dtype), witcert.schemes.registry.apply_scheme(scheme, x))
 
 
+@pytest.mark.parametrize("bits", [8, 4, 2])
+def test_joined_int_chunks_decode_as_the_chunks_did(bits):
+    """A decode-on-read store holds one joined chunk (one decode per read, not one per step), same values."""
+    layout = witcert.BandLayout(64)
+    store = CompressedLayer(codecs.IntCodes(bits), layout, keep_exact=False)
+    x = _cache(torch.float32)
+    parts = [x[:, :, :4], x[:, :, 4:5], x[:, :, 5:]]
+    for part in parts:
+        store.append(part, part)
+    assert len(store.key_chunks) == len(store.value_chunks) == 1
+    expected = torch.cat([store.codec.decode(store.codec.encode(part, "key"), x.dtype) for part in parts], dim=-2)
+    keys, values = store.read()
+    assert torch.equal(keys, expected) and torch.equal(values, expected)
+
+
 def test_layer_memory_account():
     """Production store of rtn-int4 keys and values, d = 64, fp32: int4 codes (32 B) + fp32 scales
     (8 B) per token per head and side, the witness (16 bands fp16 = 32 B) + value statistics (8 B)."""

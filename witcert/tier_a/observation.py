@@ -30,6 +30,7 @@ from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
 from witcert.fastpath.fused import lean_cells
+from witcert.fastpath.radius import fast_logit_bound
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import check_head_pairing, logit_bound, witness_of
@@ -153,8 +154,9 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     (..., Hkv, S, .) with the same leading dims; ``mask`` as in :func:`observe`; ``truth``
     ``(k, v, v_hat)`` the exact keys and values and the values attention reads, for the true TV
     and output error (``None``: not computed, e.g. when the exact cache is not kept). ``fused``:
-    meter, risk and value term from one fp32 pass (:func:`witcert.fastpath.fused.lean_cells`, under
-    an a-priori rounding budget, compiled with ``WITCERT_COMPILE=1``) instead of the eager
+    the radius from one fp32 band dot (:func:`witcert.fastpath.radius.fast_logit_bound`) and meter,
+    risk and value term from one fp32 pass (:func:`witcert.fastpath.fused.lean_cells`), each under
+    an a-priori rounding budget and compiled with ``WITCERT_COMPILE=1``, instead of the eager
     reference's separate passes; its meter is ``min(1, T1, P1, MN, CS)``, never below the exact value
     and at most a little above the eager full minimum, which also takes ``P1r`` and ``MS``.
     """
@@ -169,7 +171,8 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
 
     qg = q.to(torch.float64).reshape(*grouped, d)  # (..., Hkv, G, Tq, d)
     k_hat64 = stored.k_hat.to(torch.float64)
-    c = logit_bound(q, stored.witness, layout, scale).to(torch.float64)  # (..., Hq, Tq, S)
+    radius = fast_logit_bound if fused else logit_bound  # the fused path's fp32 band dot (same bound, a priori)
+    c = radius(q, stored.witness, layout, scale).to(torch.float64)  # (..., Hq, Tq, S)
     c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
                                                 accumulate_dtype=torch.float64))
     keep = _mask(mask, (*lead, hq, tq, s), q.device).reshape(*grouped, s)

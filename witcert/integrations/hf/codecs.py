@@ -20,8 +20,9 @@ What saves memory, honestly:
   value *exactly* (checked per chunk: a raw ``fp8-e4m3`` cast fits fp8, one byte per value),
   otherwise in the model's dtype. Then the compressed cache plus its witness is *larger* than the
   exact cache, and the monitor's memory report says so. A user who wants the saving writes a
-  codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods and
-  passes it as the scheme.
+  codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods (and,
+  optionally, ``join(first, second)``: one packed chunk of both, which the cache then holds instead of
+  one chunk per step, as :class:`IntCodes` does) and passes it as the scheme.
 """
 from __future__ import annotations
 
@@ -92,6 +93,11 @@ class IntCodes:
 
     def nbytes(self, packed: tuple) -> int:
         return nbytes(packed[0], packed[1])
+
+    def join(self, first: tuple, second: tuple) -> tuple:
+        """One packed chunk: ``first``'s tokens then ``second``'s (codes and scales concatenated on the
+        token axis), so the cache decodes its whole history in one call instead of one per step."""
+        return torch.cat([first[0], second[0]], dim=-2), torch.cat([first[1], second[1]], dim=-3), first[2]
 
 
 @dataclass(frozen=True)

@@ -110,7 +110,7 @@ class CompressedLayer:
     keep_exact: bool = True
     backing: BackingStore | None = None
     backing_key: Hashable = 0
-    key_chunks: list = field(default_factory=list, repr=False)  # codec-packed, in write order
+    key_chunks: list = field(default_factory=list, repr=False)  # codec-packed, in write order (joined where the codec can)
     value_chunks: list = field(default_factory=list, repr=False)
     _dtype: torch.dtype | None = field(default=None, repr=False)
     _stats: dict = field(default_factory=dict, repr=False)  # witness, value_residual, value_norm, (B, Hkv, S, ...)
@@ -151,8 +151,8 @@ class CompressedLayer:
         v_packed = self.codec.encode(value, "value", start)
         k_hat, v_hat = self.codec.decode(k_packed, key.dtype), self.codec.decode(v_packed, value.dtype)
         new = stored_keys(key, k_hat, value, v_hat, self.layout)
-        self.key_chunks.append(k_packed)
-        self.value_chunks.append(v_packed)
+        _add_chunk(self.codec, self.key_chunks, k_packed)
+        _add_chunk(self.codec, self.value_chunks, v_packed)
         # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
         _extend(self._stats, witness=new.witness, value_residual=new.value_residual,
                 value_norm=round_up_to(new.value_norm, torch.float32))
@@ -200,6 +200,15 @@ class CompressedLayer:
             exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
             backing_host=backing,
         )
+
+
+def _add_chunk(codec, chunks: list, packed) -> None:
+    """Append ``packed``, joined to the last chunk where the codec can (an optional ``join(first, second)``)."""
+    join = getattr(codec, "join", None)
+    if chunks and callable(join):
+        chunks[-1] = join(chunks[-1], packed)
+    else:
+        chunks.append(packed)
 
 
 def _extend(parts: dict, **new: torch.Tensor) -> None:

@@ -1,0 +1,60 @@
+"""Tier A per-token radius ``c_t = sm_scale sum_b ||q_b|| w_{t,b}`` in fp32 for the fast path (T2, FP).
+
+:func:`witcert.logit_bound` forms the same bound in fp64 with a directed round-up per element.
+Here the band dot is one fp32 batched matmul (BLAS, any order, FMA or not) over an fp16 witness,
+which is what :func:`witcert.witness_of` stores, enclosed a priori:
+
+* query band norms: the fp64 upper norms of ``logit_bound`` times the scale (one fp64 rounding,
+  the scale being the exact multiplier), rounded up to fp32 (``fp32_up``: covers that rounding) and
+  lifted to at least ``2^-100`` -- zero ones too (``2^-100 >= 0``: still an upper bound) -- so that
+  every product with a positive fp16 witness entry (``>= 2^-24``) is a normal fp32 number: the dot
+  never underflows (it is 0 exactly when every witness entry is, and then so is the exact value),
+  and an infinite witness entry makes ``c = inf``, never ``0 * inf = NaN`` (a zero band against an
+  infinite witness band gives the trivial ``inf``, where ``logit_bound`` gives that band 0: looser,
+  still sound);
+* the ``B``-term dot of non-negative terms: ``gamma_B`` relative (Higham Thm 3.1), and the lift
+  itself one rounding: ``1 + (B + 4) 2^-23`` covers ``(1 - gamma_B)^-1 (1 - u)^-1`` with room.
+
+Other witness dtypes (bf16, fp32: products could underflow) take :func:`witcert.logit_bound`.
+"""
+import torch
+
+from witcert.fastpath.budgeted_pass import fp32_up
+from witcert.fastpath.compiled import pick
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.witness import _band_norms_upper_fp64, _resolve_scale, check_head_pairing, logit_bound
+
+_NORM_FLOOR = 2.0**-100  # query band norms are lifted to this: no product with fp16 underflows, no 0 * inf
+
+
+def radius_kernel(q_norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
+    """fp32 ``c`` (..., Q, S) from scaled fp32 query band norms (..., Q, B) (all ``>= 2^-100``) and an fp16
+    witness (..., S, B); every result above the exact ``sum_b q_b w_b``. No host synchronisation."""
+    return (q_norms @ w.float().transpose(-1, -2)) * (1.0 + (w.shape[-1] + 4) * 2.0**-23)
+
+
+def probe() -> tuple[torch.Tensor, ...]:
+    """Arguments that compile :func:`radius_kernel` (sizes >= 2)."""
+    return torch.ones(1, 2, 2), torch.ones(1, 2, 2, dtype=torch.float16)
+
+
+def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None) -> torch.Tensor:
+    """:func:`witcert.logit_bound`'s bound (same arguments, shapes and head pairing), in fp32 from one
+    compiled pass (``WITCERT_COMPILE=1``) where the witness is fp16; never below the exact value.
+
+    The inputs are not re-checked beyond their shapes: the caller passes validated ones (the monitor
+    forms them itself); anything else goes through :func:`witcert.logit_bound`'s checks.
+    """
+    if w.dtype != torch.float16:
+        return logit_bound(q, w, layout, sm_scale)
+    if q.shape[-1] != layout.head_dim or w.shape[-1] != layout.bands:
+        raise ValueError(f"q must be (..., d={layout.head_dim}) and w (..., S, B={layout.bands}), "
+                         f"got {tuple(q.shape)} and {tuple(w.shape)}")
+    hkv, groups = check_head_pairing(q.shape, w.shape, "q", "w")
+    scale = _resolve_scale(sm_scale, layout.head_dim)
+    norms = fp32_up(_band_norms_upper_fp64(q.to(torch.float64), layout) * scale)  # (..., Hq, Tq, B)
+    norms = torch.clamp(norms, min=_NORM_FLOOR)
+    lead, tq = q.shape[:-3], q.shape[-2]
+    folded = norms.reshape(*lead, hkv, groups * tq, layout.bands)  # each kv head's G query heads
+    c = pick(radius_kernel, probe)(folded, w)
+    return c.reshape(*q.shape[:-1], w.shape[-2])
