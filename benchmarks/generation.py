@@ -12,13 +12,13 @@ each with the fused meter pass eager (the default) and, when ``compiled``, with
 ``WITCERT_COMPILE=1`` (compiled once before timing). Runs are interleaved round by round; the
 figure is the median wall time of ``generate`` (prefill included, as a user feels it).
 """
-import os
 import statistics
 import time
 
 import torch
 
 import witcert
+from benchmarks.timing import compile_choice
 
 
 def _generate(model, ids, new_tokens: int):
@@ -27,9 +27,7 @@ def _generate(model, ids, new_tokens: int):
 
 
 def _timed(model, ids, new_tokens, keep_exact: bool | None, compiled: bool) -> float:
-    previous = os.environ.get("WITCERT_COMPILE")
-    os.environ["WITCERT_COMPILE"] = "1" if compiled else "0"
-    try:
+    with compile_choice(compiled):
         started = time.perf_counter()
         if keep_exact is None:
             _generate(model, ids, new_tokens)
@@ -37,18 +35,17 @@ def _timed(model, ids, new_tokens, keep_exact: bool | None, compiled: bool) -> f
             with witcert.monitor(model, "rtn-int8", keep_exact=keep_exact):
                 _generate(model, ids, new_tokens)
         return time.perf_counter() - started
-    finally:
-        os.environ.pop("WITCERT_COMPILE") if previous is None else os.environ.__setitem__("WITCERT_COMPILE", previous)
 
 
 def run(context: int = 512, new_tokens: int = 16, reps: int = 3, compiled: bool = True) -> dict:
+    from witcert.fastpath import budgeted_pass
     from witcert.fastpath import compiled as compiled_mod
     from witcert.integrations.hf.default_model import load_model
 
     model = load_model().model
     ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0))
     configs = {"stock": (None, False), "monitored": (False, False), "observed": (True, False)}
-    if compiled and compiled_mod.compiled_kernel() is not None:
+    if compiled and compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe) is not None:
         configs |= {"monitored, compiled": (False, True), "observed, compiled": (True, True)}
     for keep, comp in configs.values():  # warm-up: first-call costs (and any recompile) out of the timing
         _timed(model, ids, 2, keep, comp)

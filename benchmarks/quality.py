@@ -26,7 +26,7 @@ import torch
 
 import witcert
 from witcert.core import bounds
-from witcert.tier_a.observation import score_rounding_bound
+from witcert.tier_a.score_rounding import score_rounding_bound
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_b.certificate import deterministic_delta, delta_local, tier_b_logit_bound
 

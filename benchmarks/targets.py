@@ -21,6 +21,18 @@ def evaluate(results: dict) -> list[dict]:
                 f"{a['lean fp32 floor, exp shared (estimate)']:.2f}x)", a["tier_a"] <= 0.30,
                 "library path (fp64 enclosures, input checks) vs the fp32 compute floor")
             add(f"Tier B meter <= 0.30x attention at S=32k, {r['shape']}", f"{a['tier_b']:.2f}x", a["tier_b"] <= 0.30)
+    for r in results.get("fastpath", {}).get("rows", []):
+        a = r["ratio_to_attention"]
+        if r["S"] == 32768 and "fused compiled" in a:
+            add(f"fused compiled meter <= 0.25x attention at S=32k, {r['shape']}",
+                f"{a['fused compiled']:.2f}x (+ Tier A c {a['fused compiled + Tier A c']:.2f}x, "
+                f"+ Tier B c {a['fused compiled + Tier B c']:.2f}x)", a["fused compiled"] <= 0.25,
+                "met for the pass on (scores, c); with the per-token bound: the + columns")
+    generation = results.get("generation", {}).get("ratio_to_stock", {})
+    for name in ("monitored", "monitored, compiled"):
+        if name in generation:
+            add(f"{name} generation >= 0.6x stock tokens/s (SmolLM2, 512-token context)", f"{generation[name]:.2f}x",
+                generation[name] >= 0.6)
     kernel = results.get("kernel", {})
     timings = kernel.get("timings")
     if timings:

@@ -3,7 +3,9 @@
 Ratios (meter / attention) are formed from medians measured in the same process, interleaved
 run by run so that background load on a shared machine hits both sides alike.
 """
+import contextlib
 import math
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -52,3 +54,18 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 5, warmup
             if round_ >= warmup - 1:
                 samples[name].append(elapsed)
     return {name: Timing(statistics.median(s), min(s), max(s), len(s)) for name, s in samples.items()}
+
+
+@contextlib.contextmanager
+def compile_choice(compiled: bool):
+    """``WITCERT_COMPILE`` set to ``compiled`` inside the block (the library reads it per call), restored after."""
+    previous = os.environ.get("WITCERT_COMPILE")
+    os.environ["WITCERT_COMPILE"] = "1" if compiled else "0"
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop("WITCERT_COMPILE")
+        else:
+            os.environ["WITCERT_COMPILE"] = previous
+

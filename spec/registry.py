@@ -257,7 +257,7 @@ THEOREMS: tuple[Theorem, ...] = (
         statement="|fl(sm q . k^_t) - sm q . k^_t| <= score_rounding_bound_t for scores in bf16/fp16/fp32/fp64 with fp32/fp64 accumulation",
         lean=None,
         spec=None,
-        torch="witcert.tier_a.observation.score_rounding_bound",
+        torch="witcert.tier_a.score_rounding.score_rounding_bound",
         kernel=None,
         tests=("tests/test_score_rounding.py", "tests/test_observe.py"),
         note="A floating-point error analysis (Higham's gamma_d for the dot in any order, the pre-scaling of SDPA's math path, the final cast, subnormal floors; witcert/tier_a/observation.py), not a Lean theorem: checked per (query, token) against emulated runtimes and correctly rounded exact sums. Added to c wherever logits computed in floating point are metered (observe_stored, the Tier B tightening), and by users who bring their own logits (Theorem 1 needs c_t >= |given logit - exact logit|).",

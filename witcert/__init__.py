@@ -23,7 +23,8 @@ from witcert.gate.policy import Gate
 from witcert.integrations.hf.monitoring import Monitor, monitor
 from witcert.schemes.registry import get_scheme, list_schemes, register_scheme
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.observation import observe, score_rounding_bound
+from witcert.tier_a.observation import observe
+from witcert.tier_a.score_rounding import score_rounding_bound
 from witcert.tier_a.rotary import apply_rope
 from witcert.tier_a.witness import logit_bound, witness_of
 from witcert.tier_b.certificate import tier_b_logit_bound

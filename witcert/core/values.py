@@ -46,18 +46,23 @@ def value_residual_norms(v: torch.Tensor, v_hat: torch.Tensor) -> torch.Tensor:
 
     fp64 for fp64 input, fp32 otherwise, rounded up (never below the exact norm, subnormal norms included).
     """
-    _check_pair(v, v_hat)
-    rho = _norms_up(v_hat.to(torch.float64) - v.to(torch.float64))  # (..., S); the difference rounds relatively
+    check_value_pair(v, v_hat)
+    return residual_norms(v, v_hat)
+
+
+def residual_norms(v: torch.Tensor, v_hat: torch.Tensor) -> torch.Tensor:
+    """:func:`value_residual_norms` on checked input (no host synchronisation)."""
+    rho = norms_up(v_hat.to(torch.float64) - v.to(torch.float64))  # (..., S); the difference rounds relatively
     return round_up_to(rho, torch.float64 if v.dtype == torch.float64 else torch.float32)
 
 
 def value_norms(v: torch.Tensor) -> torch.Tensor:
     """``>= ||v_t||`` for ``v`` (..., S, d) -> (..., S), fp64."""
-    _check_pair(v, v)
-    return _norms_up(v.to(torch.float64))
+    check_value_pair(v, v)
+    return norms_up(v.to(torch.float64))
 
 
-def _norms_up(x64: torch.Tensor) -> torch.Tensor:
+def norms_up(x64: torch.Tensor) -> torch.Tensor:
     """``norms_upper_fp64`` plus one ulp-step lift: its final product and inflation round to nearest,
     which below the normal range can drop up to a ``2^-1074`` step each (``||(s, s)||`` came out as ``s``)."""
     return rounding.ulps_up(norms_upper_fp64(x64), 1)
@@ -102,8 +107,12 @@ def output_bound(tv_bound: torch.Tensor, value_term: torch.Tensor, v_norm_max: t
     for name, x in (("tv_bound", tv), ("value_term", vt), ("v_norm_max", vmax)):
         if torch.isnan(x).any() or (x < 0).any():
             raise ValueError(f"{name} must be >= 0 and not NaN")
-    attention = rounding.mul_up(rounding.mul_up(tv, vmax), 2.0)
-    return rounding.add_up(attention, vt)
+    return output_bound_of(tv, vt, vmax)
+
+
+def output_bound_of(tv: torch.Tensor, value_term: torch.Tensor, v_norm_max: torch.Tensor) -> torch.Tensor:
+    """:func:`output_bound` on checked fp64 tensors (no host synchronisation)."""
+    return rounding.add_up(rounding.mul_up(rounding.mul_up(tv, v_norm_max), 2.0), value_term)
 
 
 def joint_pass(
@@ -120,7 +129,8 @@ def joint_pass(
     return JointPass(pass_k, pass_v, pass_k & pass_v)
 
 
-def _check_pair(v: torch.Tensor, v_hat: torch.Tensor) -> None:
+def check_value_pair(v: torch.Tensor, v_hat: torch.Tensor) -> None:
+    """``v`` and ``v_hat`` (..., S, d): floating, finite, one shape (``ValueError`` naming the argument)."""
     for name, x in (("v", v), ("v_hat", v_hat)):
         if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x) or x.dim() < 2:
             raise ValueError(f"{name} must be a floating tensor (..., S, d)")

@@ -19,10 +19,11 @@ Other witness dtypes (bf16, fp32: products could underflow) take :func:`witcert.
 """
 import torch
 
-from witcert.fastpath.budgeted_pass import fp32_up
 from witcert.fastpath.compiled import pick
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness import _band_norms_upper_fp64, _resolve_scale, check_head_pairing, logit_bound
+from witcert.core.norms import norms_upper_fp64
+from witcert.fastpath.budgeted_pass import fp32_up
+from witcert.tier_a.witness import _resolve_scale, check_head_pairing, logit_bound
 
 _NORM_FLOOR = 2.0**-100  # query band norms are lifted to this: no product with fp16 underflows, no 0 * inf
 
@@ -50,11 +51,19 @@ def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_sc
     if q.shape[-1] != layout.head_dim or w.shape[-1] != layout.bands:
         raise ValueError(f"q must be (..., d={layout.head_dim}) and w (..., S, B={layout.bands}), "
                          f"got {tuple(q.shape)} and {tuple(w.shape)}")
-    hkv, groups = check_head_pairing(q.shape, w.shape, "q", "w")
-    scale = _resolve_scale(sm_scale, layout.head_dim)
-    norms = fp32_up(_band_norms_upper_fp64(q.to(torch.float64), layout) * scale)  # (..., Hq, Tq, B)
-    norms = torch.clamp(norms, min=_NORM_FLOOR)
-    lead, tq = q.shape[:-3], q.shape[-2]
-    folded = norms.reshape(*lead, hkv, groups * tq, layout.bands)  # each kv head's G query heads
+    hkv, _ = check_head_pairing(q.shape, w.shape, "q", "w")
+    folded = scaled_query_norms(q, layout, _resolve_scale(sm_scale, layout.head_dim), hkv)
     c = pick(radius_kernel, probe)(folded, w)
     return c.reshape(*q.shape[:-1], w.shape[-2])
+
+
+def scaled_query_norms(q: torch.Tensor, layout: BandLayout, scale: float, hkv: int) -> torch.Tensor:
+    """fp32 ``>= scale ||q_b||``, at least ``2^-100`` (..., Hkv, G Tq, B): each kv head's query rows folded."""
+    lead, hq, tq = q.shape[:-3], q.shape[-3], q.shape[-2]
+    folded = q.to(torch.float64).reshape(*lead, hkv, hq // hkv * tq, layout.head_dim)
+    return scaled_norms_of(folded, layout.index, scale)
+
+
+def scaled_norms_of(q64: torch.Tensor, index: torch.Tensor, scale: float) -> torch.Tensor:
+    """:func:`scaled_query_norms` of fp64 rows (..., d), bands gathered by ``index`` -> (..., B) (no host synchronisation)."""
+    return torch.clamp(fp32_up(norms_upper_fp64(q64[..., index.to(q64.device)]) * scale), min=_NORM_FLOOR)

@@ -21,7 +21,6 @@ against the exact ``sm_scale q . k^_t``. A runtime that computes its own logits 
 rounds far more; a caller metering *those* logits adds :func:`score_rounding_bound` for the
 runtime's dtypes to ``c`` (Theorem 1 needs ``c_t >= |runtime logit - exact logit|``).
 """
-import math
 from dataclasses import dataclass
 
 import torch
@@ -29,13 +28,14 @@ import torch
 from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
-from witcert.fastpath.fused import lean_cells
-from witcert.fastpath.radius import fast_logit_bound
+from witcert.fastpath.compiled import pick
+from witcert.fastpath.stored_pass import probe as stored_pass_probe
+from witcert.fastpath.stored_pass import stored_pass
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness import check_head_pairing, logit_bound, witness_of
+from witcert.tier_a.score_rounding import score_rounding_bound, score_rounding_coefficients
+from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pairing, logit_bound, residual_witness
 
-SCORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 @dataclass(frozen=True)
@@ -91,9 +91,24 @@ class StoredKeys:
 
 def stored_keys(k: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, v_hat: torch.Tensor,
                 layout: BandLayout) -> StoredKeys:
-    """The :class:`StoredKeys` of exact ``k, v`` and their reconstructions ``k_hat, v_hat`` (..., S, d)."""
-    return StoredKeys(k_hat=k_hat, witness=witness_of(k, k_hat, layout),
-                      value_residual=values.value_residual_norms(v, v_hat), value_norm=values.value_norms(v))
+    """The :class:`StoredKeys` of exact ``k, v`` and their reconstructions ``k_hat, v_hat`` (..., S, d):
+    :func:`witcert.witness_of`, :func:`witcert.core.values.value_residual_norms` and ``value_norms``,
+    checked once and computed in one function (compiled with ``WITCERT_COMPILE=1``: a cache write)."""
+    _check_layout(layout)
+    _check_key_pair(k, k_hat, layout)
+    values.check_value_pair(v, v_hat)
+    witness, rho, v_norm = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout.index)
+    return StoredKeys(k_hat=k_hat, witness=witness, value_residual=rho, value_norm=v_norm)
+
+
+def stored_statistics(k, k_hat, v, v_hat, index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(witness, value residual norms, value norms)`` of checked tensors (no host synchronisation)."""
+    return residual_witness(k, k_hat, index), values.residual_norms(v, v_hat), values.norms_up(v.to(torch.float64))
+
+
+def _statistics_probe() -> tuple:
+    x = torch.ones(1, 2, 2, 8)
+    return x, x, x, x, BandLayout(8, 2).index
 
 
 def observe(
@@ -154,10 +169,11 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     (..., Hkv, S, .) with the same leading dims; ``mask`` as in :func:`observe`; ``truth``
     ``(k, v, v_hat)`` the exact keys and values and the values attention reads, for the true TV
     and output error (``None``: not computed, e.g. when the exact cache is not kept). ``fused``:
-    the radius from one fp32 band dot (:func:`witcert.fastpath.radius.fast_logit_bound`) and meter,
-    risk and value term from one fp32 pass (:func:`witcert.fastpath.fused.lean_cells`), each under
-    an a-priori rounding budget and compiled with ``WITCERT_COMPILE=1``, instead of the eager
-    reference's separate passes; its meter is ``min(1, T1, P1, MN, CS)``, never below the exact value
+    logits, radius (one fp32 band dot, :mod:`witcert.fastpath.radius`) and meter, risk and value
+    term (one fp32 pass, :mod:`witcert.fastpath.budgeted_pass`) from one function
+    (:func:`witcert.fastpath.stored_pass.stored_pass`, compiled with ``WITCERT_COMPILE=1``), under
+    a-priori rounding budgets, instead of the eager reference's separate passes (an fp16 witness,
+    as every built-in store holds; any other dtype takes the eager path); its meter is ``min(1, T1, P1, MN, CS)``, never below the exact value
     and at most a little above the eager full minimum, which also takes ``P1r`` and ``MS``.
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
@@ -171,25 +187,27 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
 
     qg = q.to(torch.float64).reshape(*grouped, d)  # (..., Hkv, G, Tq, d)
     k_hat64 = stored.k_hat.to(torch.float64)
-    radius = fast_logit_bound if fused else logit_bound  # the fused path's fp32 band dot (same bound, a priori)
-    c = radius(q, stored.witness, layout, scale).to(torch.float64)  # (..., Hq, Tq, S)
-    c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
-                                                accumulate_dtype=torch.float64))
     keep = _mask(mask, (*lead, hq, tq, s), q.device).reshape(*grouped, s)
-    scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
-    c = c.reshape(*grouped, s)
-
     rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
     v_norm = stored.value_norm.double()[..., None, None, :]
-    if fused:  # scores and c are valid by construction: no second round of checks
-        lean = lean_cells(scores, c, rho, v_norm, checked=True)
-        meter, risk, value_term, v_max = lean.meter, lean.risk, lean.value_term, lean.v_norm_max
+    if fused and stored.witness.dtype == torch.float16:  # inputs valid by construction: one pass, no re-checks
+        folded = (*lead, hkv, groups * tq)
+        results = pick(stored_pass, stored_pass_probe)(
+            qg.reshape(*folded, d), k_hat64, layout.index, stored.witness, keep.reshape(*folded, s),
+            rho.squeeze(-2), v_norm.squeeze(-2), scale,
+            score_rounding_coefficients(d, scale, torch.float64, torch.float64, torch.float64))
+        scores, c, meter, risk, value_term, v_max, bound = (x.reshape(*grouped, *x.shape[len(folded):]) for x in results)
     else:
+        c = logit_bound(q, stored.witness, layout, scale).to(torch.float64)  # (..., Hq, Tq, S)
+        c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
+                                                    accumulate_dtype=torch.float64))
+        scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
+        c = c.reshape(*grouped, s)
         meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (P1r and MS too)
         risk = risk_score(scores, c)
         value_term = values.value_error_term(scores, rho)
         v_max = values.max_value_norm(v_norm, scores)
-    bound = values.output_bound(meter, value_term, v_max)
+        bound = values.output_bound(meter, value_term, v_max)
     passes = values.joint_pass(meter, value_term, v_max, tau_k, tau_v)
 
     true_tv = true_err = None
@@ -203,120 +221,6 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
         true_tv=per_query_head(true_tv),
         true_output_error=per_query_head(true_err),
     )
-
-
-def score_rounding_bound(q: torch.Tensor, k_hat: torch.Tensor, sm_scale: float, *,
-                         score_dtype: torch.dtype, accumulate_dtype: torch.dtype = torch.float32,
-                         input_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """``>= |runtime score - sm_scale q . k^_t|``, to add to ``c`` for logits a runtime computed (..., Hq, Tq, S).
-
-    For users who bring their own logits: Theorem 1 needs ``c_t >= |given logit - exact logit|``;
-    :func:`witcert.logit_bound` covers ``|sm_scale q . (k^_t - k_t)|`` in exact arithmetic only, and a
-    runtime's own scores carry their rounding on top (bf16 scores: about ``2^-9`` of the score).
-
-    Parameters
-    ----------
-    q : Tensor (..., Hq, Tq, d)
-        The queries exactly as the runtime held them (e.g. bf16 values).
-    k_hat : Tensor (..., Hkv, S, d)
-        The keys the runtime read (the compressed cache's reconstruction), same leading dims.
-    sm_scale : float
-        The softmax scale the runtime applies (a Python float, e.g. ``module.scaling``).
-    score_dtype : torch.dtype
-        The dtype the runtime's scores are stored in (fp16, bf16, fp32 or fp64).
-    accumulate_dtype : torch.dtype
-        The dtype of its dot-product accumulation (fp32 for fp16/bf16/fp32 GEMMs; fp64).
-    input_dtype : torch.dtype, optional
-        The dtype ``q`` and ``k^`` are held in (default: their promoted dtype).
-
-    Returns
-    -------
-    Tensor (..., Hq, Tq, S), fp64, rounded up.
-
-    Arithmetic covered (both ways kernels apply the scale): either (a) ``q`` and ``k^`` are each
-    multiplied by ``fl(sqrt(sm_scale))`` and rounded to ``input_dtype`` (PyTorch's SDPA math
-    path), or (b) the scale multiplies the accumulated dot; products and sums in
-    ``accumulate_dtype`` in any order; the result rounded to ``score_dtype``. (:func:`observe_stored`'s
-    own fp64 logits are case (b) with every dtype fp64.) With ``M_t = sum_c
-    |q_c k^_tc|``, ``u`` the unit roundoffs and ``h`` the smallest subnormal of each dtype (twice its rounding
-    error below the normal range):
-
-    - (a): ``P = sm M (2 e + e^2) + h_in sqrt(sm) (2 + e) (||q||_1 + ||k^_t||_1) + d h_in^2`` with
-      ``e = (1 + u_acc)^2 (1 + u_in) - 1`` (the square root and the product rounded in the
-      accumulator, the cast to the input dtype), then the dot: ``gamma_d (sm M + P) + d h_acc``;
-    - (b): ``sm (gamma_d M + d h_acc)(1 + u_acc) + u_acc sm M + h_acc``;
-    - the final cast: ``(1 + u_out) max(a, b) + u_out sm M + h_out``.
-
-    ``gamma_d = d u_acc / (1 - d u_acc)`` (Higham, Thm. 3.1, any summation order). Every step
-    has its constants rounded up and is evaluated in fp64, inflated a priori for that evaluation.
-    """
-    for name, dt in (("score_dtype", score_dtype), ("accumulate_dtype", accumulate_dtype)):
-        if dt not in SCORE_DTYPES:
-            raise ValueError(f"{name} must be one of {SCORE_DTYPES}, got {dt!r}")
-    if accumulate_dtype not in (torch.float32, torch.float64):
-        raise ValueError(f"accumulate_dtype must be float32 or float64 (an fp16/bf16 accumulation is not covered), "
-                         f"got {accumulate_dtype!r}")
-    for name, x in (("q", q), ("k_hat", k_hat)):
-        if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x):
-            raise ValueError(f"{name} must be a floating tensor")
-        if not torch.isfinite(x).all():
-            raise ValueError(f"{name} contains NaN or Inf")
-    if q.shape[-1] != k_hat.shape[-1]:
-        raise ValueError(f"q head dim {q.shape[-1]} differs from k_hat head dim {k_hat.shape[-1]}")
-    hkv, groups = check_head_pairing(q.shape, k_hat.shape, "q", "k_hat")
-    if isinstance(sm_scale, bool) or not isinstance(sm_scale, (int, float)) or not 0 < sm_scale < float("inf"):
-        raise ValueError(f"sm_scale must be a positive finite float, got {sm_scale!r}")
-    input_dtype = torch.promote_types(q.dtype, k_hat.dtype) if input_dtype is None else input_dtype
-    if input_dtype not in SCORE_DTYPES:
-        raise ValueError(f"input_dtype must be one of {SCORE_DTYPES}, got {input_dtype!r}")
-    d = q.shape[-1]
-    lead, tq, s = q.shape[:-3], q.shape[-2], k_hat.shape[-2]
-    a_m, a_l, a_0, b_m, b_0, out_m, out_0 = _score_rounding_coefficients(d, float(sm_scale), input_dtype,
-                                                                         accumulate_dtype, score_dtype)
-    q_abs = q.to(torch.float64).abs().reshape(*lead, hkv, groups * tq, d)  # kv head's query heads folded
-    k_abs = k_hat.to(torch.float64).abs()
-    sm_m = (q_abs @ k_abs.transpose(-1, -2)) * float(sm_scale)  # (..., Hkv, G Tq, S): sm M, to fp64 rounding
-    l1 = q_abs.sum(-1, keepdim=True) + k_abs.sum(-1).unsqueeze(-2)  # ||q||_1 + ||k^_t||_1
-    case_a = sm_m * a_m + l1 * a_l + a_0
-    case_b = sm_m * b_m + b_0
-    final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + out_0[1]
-    # the fp64 evaluation: a d-term dot (gamma_d), then at most 8 roundings, each relative u or absolute
-    # below 2^-1074: 16 subnormal steps and (d + 16) u cover them; the last product rounds up by one step
-    inflate = 1 + (d + 16) * 2.0**-52
-    up = (final + 16 * rounding.SUBNORMAL_STEP) * inflate
-    return rounding.next_up(up).reshape(*lead, hkv * groups, tq, s)
-
-
-def _score_rounding_coefficients(d: int, sm: float, input_dtype, accumulate_dtype, score_dtype) -> tuple:
-    """The constants of :func:`score_rounding_bound`'s cases as upper bounds (Python floats, rounded up).
-
-    ``case_a = a_m sm M + a_l (||q||_1 + ||k^||_1) + a_0``, ``case_b = b_m sm M + b_0``, result
-    ``out_m max(a, b) + out_0[0] sm M + out_0[1]`` (see its docstring for the terms).
-    """
-    def up(x: float) -> float:
-        return math.nextafter(x, math.inf)
-
-    u_in, u_acc, u_out = (rounding.unit_roundoff(t) for t in (input_dtype, accumulate_dtype, score_dtype))
-    h_in, h_acc, h_out = (_subnormal_step(t) for t in (input_dtype, accumulate_dtype, score_dtype))
-    gamma = rounding.summation_gamma(d + 1, accumulate_dtype)  # gamma_d = d u / (1 - d u), rounded up
-    root = up(up(math.sqrt(sm)))  # >= sqrt(sm)
-    e = up(up(2 * u_acc + u_in) * up(up(1 + u_acc) + u_in))  # >= (1 + u_acc)^2 (1 + u_in) - 1
-    e_factor = up(e * up(2 + e))  # 2e + e^2
-    c_l = up(up(h_in * root) * up(2 + e))  # h_in sqrt(sm) (2 + e)
-    c_0 = up(d * up(h_in * h_in)) if h_in * h_in > 0 else up(d * rounding.SUBNORMAL_STEP)  # d h_in^2
-    one_gamma = up(1 + gamma)
-    a_m = up(up(e_factor * one_gamma) + gamma)  # P (1 + gamma) + gamma sm M, P's sm M part
-    a_l = up(c_l * one_gamma)
-    a_0 = up(up(c_0 * one_gamma) + up(d * h_acc))
-    b_m = up(up(gamma * up(1 + u_acc)) + u_acc)
-    b_0 = up(up(up(sm * up(d * h_acc)) * up(1 + u_acc)) + h_acc)
-    return a_m, a_l, a_0, b_m, b_0, up(1 + u_out), (u_out, h_out)
-
-
-def _subnormal_step(dtype: torch.dtype) -> float:
-    """The smallest positive subnormal of ``dtype``: at least twice the absolute rounding error below the
-    normal range (half of it, 2^-1075 for fp64, is not an fp64 number)."""
-    return torch.finfo(dtype).smallest_normal * torch.finfo(dtype).eps
 
 
 def _folded_matmul(grouped: torch.Tensor, per_kv_head: torch.Tensor) -> torch.Tensor:

@@ -67,13 +67,21 @@ def witness_of(
     _check_key_pair(k, k_hat, layout)
     if rope_dtype is not None and rope_dtype not in ROPE_DTYPES:
         raise ValueError(f"rope_dtype must be None or one of {ROPE_DTYPES}, got {rope_dtype!r}")
+    if rope_dtype is None:
+        return residual_witness(k, k_hat, layout.index)
     k64, k_hat64 = k.to(torch.float64), k_hat.to(torch.float64)
     norms = _band_norms_upper_fp64(k_hat64 - k64, layout)  # (..., S, B)
-    if rope_dtype is not None:
-        k_norms = _band_norms_upper_fp64(k64, layout)
-        k_hat_norms = _band_norms_upper_fp64(k_hat64, layout)
-        norms = rounded_rotation_witness(norms, k_norms, k_hat_norms, layout.pairs_per_band, rope_dtype)
+    k_norms = _band_norms_upper_fp64(k64, layout)
+    k_hat_norms = _band_norms_upper_fp64(k_hat64, layout)
+    norms = rounded_rotation_witness(norms, k_norms, k_hat_norms, layout.pairs_per_band, rope_dtype)
     return round_up_to(norms, torch.float16)
+
+
+def residual_witness(k: torch.Tensor, k_hat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """:func:`witness_of` without rotation on checked keys: the fp16 upper band norms of ``k_hat - k``
+    (fp64 difference, exact for inputs up to fp32), bands gathered by ``index`` (``BandLayout.index``)."""
+    residual = k_hat.to(torch.float64) - k.to(torch.float64)
+    return round_up_to(norms_upper_fp64(residual[..., index.to(residual.device)]), torch.float16)  # (..., S, B)
 
 
 def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None) -> torch.Tensor:

@@ -27,7 +27,8 @@ from witcert.core import rounding, values
 from witcert.fastpath.fused import lean_cells
 from witcert.gate.policy import Gate
 from witcert.gate.repair import LayerPager
-from witcert.tier_a.observation import observe_stored, score_rounding_bound
+from witcert.tier_a.observation import observe_stored
+from witcert.tier_a.score_rounding import score_rounding_bound
 
 FIELDS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "joint", "c_max", "repaired")
 TIERS = ("A", "B")

@@ -21,7 +21,7 @@ import torch
 from witcert.verification.attacks import AttackTally
 from witcert.tier_a.bands import BandLayout
 from witcert.core.metering import meter
-from witcert.tier_a.observation import score_rounding_bound
+from witcert.tier_a.score_rounding import score_rounding_bound
 from witcert.tier_a.rotary import apply_rope
 from witcert.schemes.registry import apply_scheme
 from witcert.spec import golden
