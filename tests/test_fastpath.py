@@ -239,3 +239,32 @@ def test_compiled_equals_eager_to_the_budget(compiled_pass):
     args = (scores, c, rho, rho)
     for a, b in zip(compiled_pass(*args), lean_pass(*args)):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-30)
+
+
+def test_every_fast_function_compiles_from_its_probe(compiled_pass):
+    """A probe that does not compile would silently leave the eager function in place (with a warning)."""
+    from witcert.fastpath import radius, stored_pass
+    from witcert.tier_a import observation
+
+    for fn, probe in ((radius.radius_kernel, radius.probe), (stored_pass.stored_pass, stored_pass.probe),
+                      (observation.stored_statistics, observation._statistics_probe)):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            assert compiled_mod.compiled_of(fn, probe) is not None, fn.__name__
+
+
+def test_compiled_per_layer_pass_matches_eager_and_stays_above_the_true_tv(compiled_pass, monkeypatch):
+    import witcert
+    from witcert.tier_a.observation import observe_stored, stored_keys
+
+    g = torch.Generator().manual_seed(19)
+    layout = witcert.BandLayout(64)
+    q, k, v = torch.randn(1, 9, 2, 64, generator=g) * 2, torch.randn(1, 3, 300, 64, generator=g), torch.randn(1, 3, 300, 64, generator=g)
+    k_hat, v_hat = witcert.get_scheme("rtn-int4")(k), witcert.get_scheme("rtn-int4")(v)
+    stored = stored_keys(k, k_hat, v, v_hat, layout)
+    eager = observe_stored(q, stored, layout, truth=(k, v, v_hat), fused=True)
+    monkeypatch.setenv("WITCERT_COMPILE", "1")
+    compiled = observe_stored(q, stored, layout, truth=(k, v, v_hat), fused=True)
+    assert torch.allclose(compiled.meter, eager.meter, rtol=1e-6)
+    assert torch.allclose(compiled.output_bound, eager.output_bound, rtol=1e-6)
+    assert torch.all(compiled.true_tv <= compiled.meter) and torch.all(compiled.true_output_error <= compiled.output_bound)

@@ -40,8 +40,8 @@ def stored_pass(q64: torch.Tensor, k_hat64: torch.Tensor, index: torch.Tensor, w
 
 
 def probe() -> tuple:
-    """Arguments that compile :func:`stored_pass` (sizes >= 2, one kv head of two rows)."""
-    f64 = torch.ones(2, 2, 8, dtype=torch.float64)
-    return (f64, f64, torch.arange(8).reshape(2, 4), torch.ones(2, 8, 2, dtype=torch.float16),
+    """Arguments that compile :func:`stored_pass` (sizes >= 2: two kv heads of two rows, 8 tokens, d = 8, B = 2)."""
+    q64, k64 = torch.ones(2, 2, 8, dtype=torch.float64), torch.ones(2, 8, 8, dtype=torch.float64)  # d = 8, S = 8
+    return (q64, k64, torch.arange(8).reshape(2, 4), torch.ones(2, 8, 2, dtype=torch.float16),
             torch.ones(2, 2, 8, dtype=torch.bool), torch.ones(2, 1, 8, dtype=torch.float64),
             torch.ones(2, 1, 8, dtype=torch.float64), 0.5, (1e-16,) * 5 + (1.0, (1e-16, 1e-300)))
