@@ -264,6 +264,19 @@ def test_bad_configuration_is_rejected():
         witcert.monitor(model, "dithered-int8", seed=-1)
     with pytest.raises(ValueError, match="bands"):
         witcert.monitor(model, "rtn-int4", bands=3)
+    with pytest.raises(ValueError, match="meter must be"):
+        witcert.monitor(model, "rtn-int4", meter="fast")
+
+
+@pytest.mark.parametrize("family", ["llama", "cohere"])
+def test_full_meter_is_sound_and_at_most_the_fused_one_up_to_its_rounding_budget(family):
+    """``meter="full"`` adds P1r and MS to the fused pass's minimum: never above it beyond the fp32 budget."""
+    fused, _ = generate(tiny(family), "rtn-int4")
+    full, _ = generate(tiny(family), "rtn-int4", meter="full")
+    assert_sound(fused.table())
+    assert_sound(full.table())
+    a, b = fused.table()["meter"], full.table()["meter"]
+    assert a.shape == b.shape and np.all(b <= a * (1 + 1e-4) + 1e-30)
 
 
 # ---------------------------------------------------------------- results

@@ -207,9 +207,10 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
 
 
 def _monitor(model, scheme, config: ObserveConfig, tier: str, gate: Gate | None = None) -> Monitor:
-    """One monitor per (scheme, gated) run: one request per case, numbered from 0 like the cases."""
+    """One monitor per (scheme, gated) run: one request per case, numbered from 0 like the cases; the full
+    meter (``P1r`` and ``MS`` too), as the observatory measures how tight the certificate can be."""
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=config.observe, bands=config.bands,
-                   seed=config.seed, tau=config.tau)
+                   seed=config.seed, tau=config.tau, meter="full")
 
 
 def _run_scheme(model, tokenizer, cases, config, monitor: Monitor, tick) -> list[CaseOutput]:

@@ -66,6 +66,7 @@ class CallScope:
     delta_sweep: dict = field(default_factory=dict)  # column name -> delta_loc: extra Tier B meters
     tau_k: float = 0.2
     tau_v: float = 0.05
+    fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS)); False: the full eager meter
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -108,7 +109,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     store = layer.store
     tq, s = query.shape[-2], read[0].shape[-2]
     visible = cells.visible_mask(attention_mask, tq, s, query.device)
-    math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth)
+    math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused)
     extra = {}
     if scope.tier == "B":
         key_stores = [store.codec.packed_store(p) for p in store.key_chunks]

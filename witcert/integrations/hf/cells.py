@@ -107,13 +107,14 @@ def visible_mask(attention_mask, q_len: int, kv_len: int, device) -> torch.Tenso
     return attention_mask[..., :kv_len] > torch.finfo(attention_mask.dtype).min / 2
 
 
-def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True) -> CallMath:
+def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True, fused: bool = True) -> CallMath:
     """Tier A observation of every (row, query head, query) of one call, in one batched pass.
 
     ``query`` (B, Hq, Tq, d) post-RoPE; ``store`` the layer's
     :class:`~witcert.integrations.hf.compressed_cache.LayerStore`; ``read`` the keys and values
     attention read (B, Hkv, S, d); ``visible`` bool, broadcastable to (B, Hq, Tq, S); ``truth``:
-    also the true TV, when the store keeps the exact keys.
+    also the true TV, when the store keeps the exact keys; ``fused``: the fast path's cells
+    (:func:`~witcert.tier_a.observation.observe_stored`), else the full eager meter.
     """
     k_hat, v_hat = read
     b, hq, tq, _ = query.shape
@@ -123,7 +124,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         mask = mask | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
-                         truth=None if exact is None else (*exact, v_hat), fused=True)
+                         truth=None if exact is None else (*exact, v_hat), fused=fused)
     c = torch.where(mask & ~blank[..., None], obs.c, torch.zeros_like(obs.c))
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {

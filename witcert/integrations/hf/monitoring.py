@@ -65,7 +65,7 @@ TIERS = ("auto", "A", "B")
 
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
-            backing_dir: str | Path | None = None, tau: float = 0.2) -> "Monitor":
+            backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused") -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -101,9 +101,15 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         Production gate: keep the backing store in memory-mapped files under this directory.
     tau : float
         Threshold of the summary's coverage column (and of ``pass_K``).
+    meter : {"fused", "full"}
+        ``"fused"`` (default): each layer's cells from one fp32 pass under an a-priori rounding
+        budget, ``min(1, T1, P1, MN, CS)`` (:mod:`witcert.fastpath`; compiled with
+        ``WITCERT_COMPILE=1``). ``"full"``: the eager reference's full minimum, which adds the
+        retention form ``P1r`` and the mass split ``MS`` (a little tighter, several times slower
+        per cell). Both are sound.
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
-                   delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau)
+                   delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter)
 
 
 @dataclass
@@ -139,7 +145,10 @@ class Monitor:
 
     def __init__(self, model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
-                 backing_dir: str | Path | None = None, tau: float = 0.2):
+                 backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused"):
+        if meter not in ("fused", "full"):
+            raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
+        self.meter = meter
         self.model = model
         self.geometry = geometry_of(model, rope)
         self.layout = self.geometry.layout(bands)
@@ -248,7 +257,7 @@ class Monitor:
         scope = attention.CallScope(
             layout=self.layout, tier=self.tier, adaptive=self._generating > 0 or self._non_adaptive == 0,
             truth=self.keep_exact, record=self.batches.append, gate=self.gate, delta_loc=self.delta_loc,
-            delta_sweep=dict(self.delta_sweep),
+            delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused",
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
