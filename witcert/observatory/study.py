@@ -222,7 +222,7 @@ def run_configuration(model, tokenizer, batch: Batch, prefix: DynamicCache, conf
     if conf.scheme is None:
         tally.outcomes += answer(model, tokenizer, batch, cache, config.new_tokens)
     else:
-        kwargs = dict(gate=conf.gate, keep_exact=True, bands=config.bands)
+        kwargs = dict(gate=conf.gate, keep_exact=True, bands=config.bands, meter="full")  # the tightest certificate
         monitor = (Monitor(model, conf.scheme, **kwargs) if conf.layers is None
                    else _LayerSubsetMonitor(model, conf.scheme, conf.layers, **kwargs))
         with monitor:
