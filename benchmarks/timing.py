@@ -68,4 +68,3 @@ def compile_choice(compiled: bool):
             os.environ.pop("WITCERT_COMPILE")
         else:
             os.environ["WITCERT_COMPILE"] = previous
-

@@ -19,10 +19,10 @@ Other witness dtypes (bf16, fp32: products could underflow) take :func:`witcert.
 """
 import torch
 
-from witcert.fastpath.compiled import pick
-from witcert.tier_a.bands import BandLayout
 from witcert.core.norms import norms_upper_fp64
 from witcert.fastpath.budgeted_pass import fp32_up
+from witcert.fastpath.compiled import pick
+from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import _resolve_scale, check_head_pairing, logit_bound
 
 _NORM_FLOOR = 2.0**-100  # query band norms are lifted to this: no product with fp16 underflows, no 0 * inf

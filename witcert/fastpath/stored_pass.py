@@ -11,8 +11,8 @@ model is dominated by the dispatch of many small operations, not by arithmetic).
 import torch
 
 from witcert.core import rounding
-from witcert.fastpath.budgeted_pass import lean_pass
 from witcert.core.values import output_bound_of
+from witcert.fastpath.budgeted_pass import lean_pass
 from witcert.fastpath.radius import radius_kernel, scaled_norms_of
 from witcert.tier_a.score_rounding import score_rounding_from
 

@@ -37,7 +37,6 @@ from witcert.tier_a.score_rounding import score_rounding_bound, score_rounding_c
 from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pairing, logit_bound, residual_witness
 
 
-
 @dataclass(frozen=True)
 class Observation:
     """Per (query head, query) results of :func:`observe`; shapes ``(..., Hq, Tq)`` unless noted.
@@ -173,8 +172,9 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     term (one fp32 pass, :mod:`witcert.fastpath.budgeted_pass`) from one function
     (:func:`witcert.fastpath.stored_pass.stored_pass`, compiled with ``WITCERT_COMPILE=1``), under
     a-priori rounding budgets, instead of the eager reference's separate passes (an fp16 witness,
-    as every built-in store holds; any other dtype takes the eager path); its meter is ``min(1, T1, P1, MN, CS)``, never below the exact value
-    and at most a little above the eager full minimum, which also takes ``P1r`` and ``MS``.
+    as every built-in store holds; any other dtype takes the eager path). Its meter is
+    ``min(1, T1, P1, MN, CS)``, never below the exact value and at most a little above the eager
+    full minimum, which also takes ``P1r`` and ``MS``.
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]

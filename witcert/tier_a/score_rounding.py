@@ -6,6 +6,7 @@ rounding on top. :func:`score_rounding_bound` bounds it for the ways runtimes co
 :func:`score_rounding_from` is its arithmetic on checked fp64 tensors (what the fused per-layer
 pass, :mod:`witcert.fastpath.stored_pass`, compiles).
 """
+import functools
 import math
 
 import torch
@@ -106,6 +107,7 @@ def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: floa
     return rounding.next_up(up)
 
 
+@functools.lru_cache(maxsize=64)  # the monitor asks once per layer and step, always the same few
 def score_rounding_coefficients(d: int, sm: float, input_dtype, accumulate_dtype, score_dtype) -> tuple:
     """The constants of :func:`score_rounding_bound`'s cases as upper bounds (Python floats, rounded up).
 
