@@ -45,7 +45,7 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
     fns = {"attention": lambda: _attention(p),
            "library meter (Tier A c)": lambda: witcert.meter(scores, c_a)}
     for label in ("eager",) + (("compiled",) if compiled else ()):
-        tier_a_c = radius.fast_logit_bound if label == "compiled" else witcert.logit_bound
+        tier_a_c = (lambda *a: radius.fast_logit_bound(*a, checked=True)) if label == "compiled" else witcert.logit_bound
 
         def fused(c_fn=None, compiled=label == "compiled"):
             with compile_choice(compiled):

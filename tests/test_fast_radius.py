@@ -77,12 +77,17 @@ def test_other_witness_dtypes_take_logit_bound():
     assert torch.equal(fast_logit_bound(q, w, layout), witcert.logit_bound(q, w, layout))
 
 
-def test_bad_shapes_name_the_arguments():
+def test_bad_input_names_the_argument():
+    """The same checks as ``logit_bound``: a negative witness entry would lower ``c`` below the exact bound."""
     layout = witcert.BandLayout(8, 2)
     with pytest.raises(ValueError, match="w .*B=2"):
         fast_logit_bound(torch.randn(1, 1, 1, 8), torch.rand(1, 1, 5, 3).half(), layout)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         fast_logit_bound(torch.randn(1, 3, 1, 8), torch.rand(1, 2, 5, 2).half(), layout)
+    with pytest.raises(ValueError, match="negative"):
+        fast_logit_bound(torch.randn(1, 1, 1, 8), -torch.rand(1, 1, 5, 2).half(), layout)
+    with pytest.raises(ValueError, match="q contains NaN"):
+        fast_logit_bound(torch.full((1, 1, 1, 8), math.nan), torch.rand(1, 1, 5, 2).half(), layout)
 
 
 def test_compiled_radius_matches_eager_and_stays_above(monkeypatch):

@@ -23,7 +23,7 @@ from witcert.core.norms import norms_upper_fp64
 from witcert.fastpath.budgeted_pass import fp32_up
 from witcert.fastpath.compiled import pick
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness import _resolve_scale, check_head_pairing, logit_bound
+from witcert.tier_a.witness import _resolve_scale, check_head_pairing, check_logit_bound_inputs, logit_bound
 
 _NORM_FLOOR = 2.0**-100  # query band norms are lifted to this: no product with fp16 underflows, no 0 * inf
 
@@ -39,19 +39,20 @@ def probe() -> tuple[torch.Tensor, ...]:
     return torch.ones(1, 2, 2), torch.ones(1, 2, 2, dtype=torch.float16)
 
 
-def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None) -> torch.Tensor:
-    """:func:`witcert.logit_bound`'s bound (same arguments, shapes and head pairing), in fp32 from one
+def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None, *,
+                     checked: bool = False) -> torch.Tensor:
+    """:func:`witcert.logit_bound`'s bound (same arguments, checks, shapes and head pairing), in fp32 from one
     compiled pass (``WITCERT_COMPILE=1``) where the witness is fp16; never below the exact value.
 
-    The inputs are not re-checked beyond their shapes: the caller passes validated ones (the monitor
-    forms them itself); anything else goes through :func:`witcert.logit_bound`'s checks.
+    ``checked``: the inputs are already valid (finite ``q``, a witness ``>= 0``): skip the checks and
+    their pass over the witness (the shapes are still checked).
     """
     if w.dtype != torch.float16:
         return logit_bound(q, w, layout, sm_scale)
-    if q.shape[-1] != layout.head_dim or w.shape[-1] != layout.bands:
-        raise ValueError(f"q must be (..., d={layout.head_dim}) and w (..., S, B={layout.bands}), "
-                         f"got {tuple(q.shape)} and {tuple(w.shape)}")
-    hkv, _ = check_head_pairing(q.shape, w.shape, "q", "w")
+    if checked:
+        hkv, _ = check_head_pairing(q.shape, w.shape, "q", "w")
+    else:
+        hkv, _ = check_logit_bound_inputs(q, w, layout)
     folded = scaled_query_norms(q, layout, _resolve_scale(sm_scale, layout.head_dim), hkv)
     c = pick(radius_kernel, probe)(folded, w)
     return c.reshape(*q.shape[:-1], w.shape[-2])

@@ -122,14 +122,10 @@ def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: 
     -----
     ``c`` bounds the error of logits computed in exact arithmetic. Logits a runtime computes in
     floating point (bf16/fp16 scores, fp32 accumulation) differ from those by their rounding:
-    add :func:`witcert.score_rounding_bound` (:mod:`witcert.tier_a.observation`) to ``c`` before calling
+    add :func:`witcert.score_rounding_bound` (:mod:`witcert.tier_a.score_rounding`) to ``c`` before calling
     :func:`witcert.meter` on them.
     """
-    _check_layout(layout)
-    _check_last_dim(q, layout.head_dim, "q")
-    _check_finite_float(q, "q")
-    _check_witness(w, layout)
-    hkv, groups = check_head_pairing(q.shape, w.shape, "q", "w")
+    hkv, groups = check_logit_bound_inputs(q, w, layout)
     scale = _resolve_scale(sm_scale, layout.head_dim)
     q_norms = _band_norms_upper_fp64(q.to(torch.float64), layout)  # (..., Hq, Tq, B), already inflated
     # c grows with every ||q_b||: lifting tiny nonzero norms keeps an upper bound and keeps the
@@ -144,6 +140,15 @@ def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: 
     c = c * (1.0 + (layout.bands + 8) * _U)
     out_dtype = torch.float64 if q.dtype == torch.float64 else torch.float32
     return round_up_to(c, out_dtype).reshape(*q.shape[:-1], w.shape[-2])  # (..., Hq, Tq, S)
+
+
+def check_logit_bound_inputs(q: torch.Tensor, w: torch.Tensor, layout: BandLayout) -> tuple[int, int]:
+    """:func:`logit_bound`'s checks (``ValueError`` naming the argument); returns ``(Hkv, G)``."""
+    _check_layout(layout)
+    _check_last_dim(q, layout.head_dim, "q")
+    _check_finite_float(q, "q")
+    _check_witness(w, layout)
+    return check_head_pairing(q.shape, w.shape, "q", "w")
 
 
 def check_head_pairing(q_shape, kv_shape, q_name: str, kv_name: str) -> tuple[int, int]:
