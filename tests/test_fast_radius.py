@@ -71,6 +71,14 @@ def test_infinite_witness_gives_inf_never_nan():
         assert math.isinf(c[0].item()) and math.isfinite(c[1].item())
 
 
+def test_query_beyond_fp32_gives_inf_never_nan():
+    """An fp64 query whose band norm overflows fp32 meets a zero witness entry: ``inf * 0`` must not be NaN."""
+    layout = witcert.BandLayout(8, 2)
+    w = torch.tensor([[[0.0, 0.0], [1.0, 0.0]]], dtype=torch.float16)[None]  # (1, 1, 2, 2)
+    c = fast_logit_bound(torch.full((1, 1, 1, 8), 1e300, dtype=torch.float64), w, layout)[0, 0, 0]
+    assert torch.isinf(c).all()  # token 0: exact value 0, trivial inf (sound); token 1: 1.4e300 overflows
+
+
 def test_other_witness_dtypes_take_logit_bound():
     layout = witcert.BandLayout(8, 2)
     q, w = torch.randn(1, 2, 1, 8), torch.rand(1, 1, 5, 2, dtype=torch.float32)

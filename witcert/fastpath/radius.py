@@ -30,8 +30,13 @@ _NORM_FLOOR = 2.0**-100  # query band norms are lifted to this: no product with 
 
 def radius_kernel(q_norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """fp32 ``c`` (..., Q, S) from scaled fp32 query band norms (..., Q, B) (all ``>= 2^-100``) and an fp16
-    witness (..., S, B); every result above the exact ``sum_b q_b w_b``. No host synchronisation."""
-    return (q_norms @ w.float().transpose(-1, -2)) * (1.0 + (w.shape[-1] + 4) * 2.0**-23)
+    witness (..., S, B); every result above the exact ``sum_b q_b w_b``. No host synchronisation.
+
+    A norm beyond fp32 (an fp64 query above ``3.4e38``) is ``inf``; against a zero witness entry its
+    product is NaN, reported as ``inf`` (the trivial bound: the exact value may be 0 there, never above).
+    """
+    c = (q_norms @ w.float().transpose(-1, -2)) * (1.0 + (w.shape[-1] + 4) * 2.0**-23)
+    return torch.where(torch.isnan(c), float("inf"), c)
 
 
 def probe() -> tuple[torch.Tensor, ...]:
