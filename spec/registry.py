@@ -248,8 +248,9 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.golden.meter_from_scores",
         torch="witcert.core.rounding.sum_upper",
         kernel="witcert.kernels.certificate.certificate_from_moments",
-        tests=("tests/test_meter.py", "tests/test_fuzz.py", "tests/test_fastpath.py", "tests/test_fast_radius.py"),
-        note="A floating-point error analysis (witcert/core/rounding.py, kernels/certificate.py, and the fp32 fast path's a-priori budgets in witcert/fastpath/budgeted_pass.py and radius.py): the exact-arithmetic meter (its golden is the spec side) is never above the reported one; checked per query against the 50-digit golden, not a Lean theorem.",
+        tests=("tests/test_meter.py", "tests/test_fuzz.py", "tests/test_fastpath.py", "tests/test_fast_radius.py",
+               "tests/test_fast_tier_b.py"),
+        note="A floating-point error analysis (witcert/core/rounding.py, kernels/certificate.py, and the fp32 fast path's a-priori budgets in witcert/fastpath/budgeted_pass.py, radius.py and tier_b_radius.py): the exact-arithmetic meter (its golden is the spec side) is never above the reported one; checked per query against the 50-digit golden, not a Lean theorem.",
     ),
     Theorem(
         key="SR",

@@ -248,6 +248,24 @@ def _per_element_sums(q64: torch.Tensor, store: PackedStore) -> tuple[torch.Tens
     return l1, sq, abs_q @ outlier_error_bound(store).transpose(-1, -2)
 
 
+def check_tier_b_inputs(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale: float | None,
+                        n_tokens: int | None) -> tuple[torch.Tensor, float, int]:
+    """The checked inputs of the Tier B bound: ``(q64, sm, n)``, ``q64`` the folded fp64 query
+    (*lead, Hkv, G Tq, d) of :func:`_check_query` (tiny entries lifted), ``sm`` the softmax scale
+    (default ``1/sqrt(d)``), ``n`` the union size (default the store's ``S``)."""
+    if not 0 < delta_loc < 1:
+        raise ValueError(f"delta_loc: expected a probability in (0, 1), got {delta_loc!r}")
+    q64, _, _ = _check_query(q, store)
+    sm = 1 / math.sqrt(store.layout.head_dim) if sm_scale is None else float(sm_scale)
+    if not sm > 0 or not math.isfinite(sm):
+        raise ValueError(f"sm_scale: expected a positive finite float, got {sm_scale!r}")
+    n_union = store.n_tokens if n_tokens is None else n_tokens
+    if isinstance(n_union, bool) or not isinstance(n_union, int) or n_union < store.n_tokens:
+        raise ValueError(f"n_tokens: expected an int >= the store's {store.n_tokens} tokens (the union bound "
+                         f"covers every token the bound is used for), got {n_tokens!r}")
+    return q64, sm, n_union
+
+
 def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale: float | None = None,
                  n_tokens: int | None = None, key_dtype: torch.dtype = torch.float32) -> TierBTerms:
     """The fp64 pieces of the Tier B bound (Lemma 2, Theorem 3, deterministic branch: "L2", "TB", "DB").
@@ -259,15 +277,8 @@ def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale
     (the ``dtype`` given to ``DitheredInt8.dequantize``, whose default is fp32). Returns terms
     shaped (*lead, Hq, Tq, S).
     """
-    if not 0 < delta_loc < 1:
-        raise ValueError(f"delta_loc: expected a probability in (0, 1), got {delta_loc!r}")
-    q64, hkv, groups = _check_query(q, store)  # (*lead, Hkv, G Tq, d)
+    q64, sm, n_union = check_tier_b_inputs(q, store, delta_loc, sm_scale, n_tokens)  # (*lead, Hkv, G Tq, d)
     cast_bound = key_cast_error_bound(store, key_dtype)
-    head_dim = store.layout.head_dim
-    sm = 1 / math.sqrt(head_dim) if sm_scale is None else float(sm_scale)
-    if not sm > 0 or not math.isfinite(sm):
-        raise ValueError(f"sm_scale: expected a positive finite float, got {sm_scale!r}")
-    n_union = store.n_tokens if n_tokens is None else n_tokens
     sums = _grouped_sums(q64, store) if _groups_apply(store) else _per_element_sums(q64, store)
     l1_sum, sq_sum, outlier_sum = sums  # (*lead, H, Tq, S) each
     l1 = sm * l1_sum

@@ -25,6 +25,7 @@ import torch
 
 from witcert.core import rounding, values
 from witcert.fastpath.fused import lean_cells
+from witcert.fastpath.tier_b_radius import fast_tier_b_of_chunks
 from witcert.gate.policy import Gate
 from witcert.gate.repair import LayerPager
 from witcert.tier_a.observation import observe_stored
@@ -167,12 +168,8 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     feeds back tokens chosen through every layer's dither, so there only ``Delta_t`` is used.
     ``slack``: :func:`score_slack` of this call, when the caller tightens it more than once.
     """
-    from witcert.tier_b.certificate import tier_b_logit_bound
-
-    s = k_hat.shape[-2]
     mode = "delta" if adaptive else "min"
-    c_b = torch.cat([tier_b_logit_bound(query, chunk, delta_loc, sm_scale=scale, mode=mode, n_tokens=s,
-                                        key_dtype=k_hat.dtype) for chunk in key_stores], dim=-1).to(torch.float64)
+    c_b = fast_tier_b_of_chunks(query, key_stores, delta_loc, scale, mode, k_hat.shape[-2], k_hat.dtype).double()
     slack = score_slack(query, k_hat, scale) if slack is None else slack
     c = torch.minimum(math.c, rounding.add_up(c_b, slack))
     c = torch.where(torch.isneginf(math.scores_hat) | math.blank[..., None], torch.zeros_like(c), c)
