@@ -21,8 +21,8 @@ with ``c``), so ``A - 1 <= K/L``, ``1 - A- <= J/L``, ``E_p~[expm1(c)^2] <= S/L``
 
 Budget (``u = 2^-24``, ``tiny = 2^-126``, ``n`` tokens in the row):
 
-* the logit offset ``y`` is the fp64 difference cast to fp32: off by at most ``a |y|``,
-  ``a = 2^-24 (1 + 2^-20)``; a term that is normal in fp32 has ``|y| <= 88``, so its mass
+* the logit offset ``y`` is the fp64 difference cast to fp32 (fp32 scores: their fp32 difference,
+  one rounding, exact where subnormal): off by at most ``a |y|``, ``a = 2^-24 (1 + 2^-20)``; a term that is normal in fp32 has ``|y| <= 88``, so its mass
   ``e^{y}`` is within ``rho_m = e^{88 a} (1 + eps) - 1`` relative; any term (normal or not) is
   within ``rho_m`` relative plus ``2 tiny`` absolute;
 * ``g`` within ``rho_g`` = :func:`~witcert.core.rounding.series_expm1_relative_error` (the Horner
@@ -54,6 +54,7 @@ CS_C_LIMIT = 31.0  # c'_max at or below this: no s term was capped, CS holds
 MAX_TOKENS = 2**24  # rows longer than this are refused (a bound on n in the budget)
 UNIT = 2.0**-24
 TINY = 2.0**-126  # smallest normal fp32
+_FP32_MAX = float(torch.finfo(torch.float32).max)
 _ARG = 2.0**-24 * (1 + 2.0**-20)  # |fl32(fl64(s - m)) - (s - m)| / |s - m|
 _Y_NORMAL = 88.0  # |y| of any term whose fp32 mass e^y is normal
 _RADIUS_UP = 2.0**-21  # x (1 + this), rounded twice, is above x (kernels/radius.py)
@@ -89,20 +90,25 @@ def fp32_up(x: torch.Tensor) -> torch.Tensor:
 
 
 def sums_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor, v_norm: torch.Tensor) -> tuple[torch.Tensor, ...]:
-    """One fp32 pass over validated (rows, S) inputs; returns ``(l, k, j, s, w, c_max, rho_max, v_norm_max)`` per row
+    """One fp32 pass over validated (..., S) inputs; returns ``(l, k, j, s, w, c_max, rho_max, v_norm_max)`` per row
     (sums in fp64, maxima in fp32 or the norms' dtype).
 
     ``scores`` fp32 or fp64, finite or ``-inf`` (masked; every row has a live token); ``c``, ``rho``,
-    ``v_norm`` ``>= 0`` (``inf`` allowed). No host synchronisation.
+    ``v_norm`` ``>= 0`` (``inf`` allowed), broadcastable to ``scores`` (a kv head's value statistics
+    serve all its query rows without a copy). No host synchronisation.
     """
     live = scores > float("-inf")
     zero = torch.zeros((), dtype=torch.float32, device=scores.device)
-    y = (scores.double() - scores.amax(-1, keepdim=True).double()).float()  # -inf where masked
+    top = scores.amax(-1, keepdim=True)
+    if scores.dtype == torch.float32:  # one correctly rounded fp32 subtraction: within a |y| (exact if subnormal)
+        y = scores - top
+    else:
+        y = (scores - top).float()  # -inf where masked
     c = torch.where(live, fp32_up(c), zero)
     g = expm1_nonneg(torch.clamp(c, max=C_CAP))
     mass = torch.exp(y)  # 0 where masked
     r = torch.where(live, fp32_up(rho), zero)
-    weighted = torch.where(torch.isinf(r), r, mass * r)  # an infinite residual is an infinite term, never 0 * inf
+    weighted = mass * torch.clamp(r, max=_FP32_MAX)  # never 0 * inf; an infinite residual makes r_max (so the term) inf
     v_max = torch.where(live, v_norm, torch.zeros_like(v_norm)).amax(-1)
     terms = (mass, mass * g, mass * (g / (1.0 + g)), mass * torch.square(torch.clamp(g, max=G_CAP)), weighted)
     return (*(t.sum(-1, dtype=torch.float64) for t in terms), c.amax(-1), r.amax(-1), v_max)

@@ -53,8 +53,9 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
     if scores.shape[-1] > MAX_TOKENS:
         raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
     rows, n = scores.shape[:-1], scores.shape[-1]
-    parts = [scores, c] + [scores.new_zeros(()) if x is None else torch.as_tensor(x) for x in (rho, v_norm)]
-    flat = [_padded(_working(x).expand(scores.shape).reshape(-1, n)) for x in parts]
+    flat = [_padded(_working(x).expand(scores.shape).reshape(-1, n)) for x in (scores, c)]
+    for x in (rho, v_norm):  # absent: one zero that broadcasts (no (rows, S) copy)
+        flat.append(scores.new_zeros(1, 1) if x is None else _padded(_working(torch.as_tensor(x)).expand(scores.shape).reshape(-1, n)))
     if flat[0].shape != (rows.numel(), n):
         flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
     results = pick(budgeted_pass.lean_pass, budgeted_pass.probe)(*flat)

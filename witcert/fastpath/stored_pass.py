@@ -33,9 +33,7 @@ def stored_pass(q64: torch.Tensor, k_hat64: torch.Tensor, index: torch.Tensor, w
     scores = ((q64 @ k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
     radius = radius_kernel(scaled_norms_of(q64, index, scale), witness).double()
     c = rounding.add_up(radius, score_rounding_from(q64, k_hat64, scale, coefficients))
-    rows, s = scores.shape[:-1], scores.shape[-1]
-    flat = [x.expand(scores.shape).reshape(-1, s) for x in (scores, c, rho, v_norm)]
-    meter, risk, value_term, v_max = (r.reshape(rows) for r in lean_pass(*flat))
+    meter, risk, value_term, v_max = lean_pass(scores, c, rho, v_norm)  # rho, v_norm broadcast over the rows
     return scores, c, meter, risk, value_term, v_max, output_bound_of(meter, value_term, v_max)
 
 
