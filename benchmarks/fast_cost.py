@@ -9,8 +9,10 @@ in one process (every ratio is a median over the same run's attention median):
   on the same ``(scores, c)`` (``T1``, ``P1``, ``MN``, ``CS``), as the monitor calls it (inputs valid
   by construction);
 * ``+ Tier A c``: the per-token bound included -- eager: ``witcert.logit_bound`` (fp64, directed);
-  compiled: :func:`witcert.fastpath.radius.fast_logit_bound` (one fp32 band dot) -- i.e. the whole
-  Tier A meter of a cell; ``+ Tier B c``: ``witcert.tier_b_logit_bound`` (eager in both).
+  compiled: :func:`witcert.fastpath.radius.fast_logit_bound` (one fp32 band dot; a BLAS call, not
+  itself compiled) -- i.e. the whole Tier A meter of a cell; ``+ Tier B c``: eager
+  ``witcert.tier_b_logit_bound`` (fp64); compiled
+  :func:`witcert.fastpath.tier_b_radius.fast_tier_b_logit_bound` (two fp32 group dots, one compiled pass).
 
 The first compile (a fresh process: dynamo + inductor, before the on-disk cache helps) is timed
 separately. A GPU is never needed; GPU-only checks live in ``kernel.py``.
@@ -22,7 +24,7 @@ import torch
 import witcert
 from benchmarks.cost import SHAPES, _attention, _problem
 from benchmarks.timing import compile_choice, time_interleaved
-from witcert.fastpath import budgeted_pass, radius
+from witcert.fastpath import budgeted_pass, radius, tier_b_radius
 from witcert.fastpath import compiled as compiled_mod
 from witcert.fastpath.fused import lean_cells
 
@@ -31,10 +33,10 @@ QUICK = (2048, 8192)
 
 
 def first_compile_seconds() -> float:
-    """Seconds to compile the fused pass and the radius in this process (the on-disk cache helps after the first run)."""
+    """Seconds to compile the fused pass and the Tier B kernel in this process (the on-disk cache helps after the first run)."""
     started = time.perf_counter()
     fns = [compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe),
-           compiled_mod.compiled_of(radius.radius_kernel, radius.probe)]
+           compiled_mod.compiled_of(tier_b_radius.tier_b_kernel, tier_b_radius.probe)]
     return float("nan") if None in fns else time.perf_counter() - started
 
 
@@ -46,6 +48,7 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
            "library meter (Tier A c)": lambda: witcert.meter(scores, c_a)}
     for label in ("eager",) + (("compiled",) if compiled else ()):
         tier_a_c = (lambda *a: radius.fast_logit_bound(*a, checked=True)) if label == "compiled" else witcert.logit_bound
+        tier_b_c = tier_b_radius.fast_tier_b_logit_bound if label == "compiled" else witcert.tier_b_logit_bound
 
         def fused(c_fn=None, compiled=label == "compiled"):
             with compile_choice(compiled):
@@ -54,8 +57,8 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
         fns[f"fused {label}"] = fused
         fns[f"fused {label} + Tier A c"] = lambda fused=fused, f=tier_a_c: fused(
             lambda: f(p["q"], p["w"], p["layout"], p["sm"]))
-        fns[f"fused {label} + Tier B c"] = lambda fused=fused: fused(
-            lambda: witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"]))
+        fns[f"fused {label} + Tier B c"] = lambda fused=fused, f=tier_b_c: fused(
+            lambda: f(p["q"], p["store"], p["delta_loc"], p["sm"]))
     if compiled:  # the same numbers to the budget (the compiled code follows the same analysis)
         assert torch.allclose(fns["fused compiled"](), fns["fused eager"](), rtol=1e-6)
     timings = time_interleaved(fns, reps=reps, warmup=1)

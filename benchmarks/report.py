@@ -49,7 +49,7 @@ def _fastpath_md(results: dict) -> str:
     fast = results["fastpath"]
     rows = [{"shape": r["shape"], "S": r["S"], "attention ms": 1e3 * r["median_s"]["attention"], **r["ratio_to_attention"]}
             for r in fast["rows"]]
-    text = f"First compile of the fused pass and the radius: {_fmt(fast['first_compile_s'])} s (fresh process).\n\n"
+    text = f"First compile of the fused pass and the Tier B kernel: {_fmt(fast['first_compile_s'])} s (fresh process).\n\n"
     return text + _table(rows, list(rows[0]))
 
 
@@ -133,8 +133,9 @@ def markdown(results: dict) -> str:
     if results.get("fastpath"):
         parts += ["### 1c. The fused meter pass (witcert.fastpath), eager and compiled, as ratios to attention", "",
                   "`library meter`: `witcert.meter` (eager reference); `fused`: one fp32 pass with an a-priori "
-                  "rounding budget (T1, P1, MN, CS); `+ Tier A/B c`: the per-token bound included (Tier A "
-                  "compiled: the fp32 band dot of `witcert.fastpath.radius`; Tier B: the library bound).", "",
+                  "rounding budget (T1, P1, MN, CS); `+ Tier A/B c`: the per-token bound included (eager: "
+                  "the fp64 library bounds; compiled: the fp32 band dot of `witcert.fastpath.radius` and the fp32 "
+                  "group dots of `witcert.fastpath.tier_b_radius`).", "",
                   _fastpath_md(results), ""]
     if results.get("generation"):
         parts += ["### 1d. Generation overhead", "", _generation_md(results), ""]

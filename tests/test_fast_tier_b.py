@@ -131,3 +131,17 @@ def test_compiled_tier_b_matches_eager_and_stays_above(monkeypatch):
         compiled = fast_tier_b_logit_bound(q, store, 1e-7, mode=mode)
         assert torch.all(compiled.double() >= library * (1 - 2.0**-40))
         assert torch.allclose(compiled, eager, rtol=2.0**-20, atol=0.0)
+
+
+def test_fast_radii_attack_class_finds_nothing_and_catches_a_short_lift(monkeypatch):
+    """The fuzz class of both fast per-token bounds: clean on the library, and it catches a bound lowered by
+    ``2^-17`` relative (the lifts' margin is about ``1e-6``: the class measures it, worst ratio ~0.999999)."""
+    from witcert.fastpath import radius
+    from witcert.verification.attacks import fast_radii
+
+    tally = fast_radii.run(30, torch.Generator().manual_seed(0))
+    assert tally.cells == 30 * 24 and tally.violations == 0, tally.notes
+    for module, name in ((tier_b_radius, "tier_b_kernel"), (radius, "radius_kernel")):
+        original = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *args, f=original: f(*args) * (1 - 2.0**-17))
+    assert fast_radii.run(30, torch.Generator().manual_seed(0)).violations > 0

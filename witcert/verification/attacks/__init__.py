@@ -18,7 +18,7 @@ from importlib import import_module
 # module names under witcert.verification.attacks, in report order
 ATTACKS: tuple[str, ...] = (
     "underflow", "split_mass", "gate_tau", "rope_frame", "mutating_scheme", "model_dtypes", "batched_dither",
-    "kernel_range", "fast_path",
+    "kernel_range", "fast_path", "fast_radii",
 )
 
 

@@ -1,0 +1,103 @@
+"""Attack class ``fast radii``: the fast path's fp32 per-token bounds against their exact values.
+
+:func:`~witcert.fastpath.radius.fast_logit_bound` (Tier A, T2) and
+:func:`~witcert.fastpath.tier_b_radius.fast_tier_b_logit_bound` (Tier B, TB/DB) replace fp64 directed
+rounding by an a-priori fp32 budget, with lifted floors against underflow and a per-row ``inf`` against
+overflow. Attacked where that budget could break: query entries from ``1e-38`` to ``1e30`` (fp64
+queries beyond fp32 included), softmax scales down to ``2^-140``, fp16-subnormal witness entries and
+scales, all-zero key groups (scale 0, ``c = 0`` exactly), token-group and token layouts, both Tier B
+modes. Per token, the reported ``c`` against the 40-digit spec of the same stored data
+(``witcert.spec.bands.bound_band_witness``, ``witcert.spec.dither.logit_bound``); ``NaN`` is a violation.
+Eager by default; the compiled Tier B kernel when ``WITCERT_COMPILE=1``.
+"""
+import math
+
+import torch
+from mpmath import mp, mpf
+
+from witcert.fastpath.radius import fast_logit_bound
+from witcert.fastpath.tier_b_radius import fast_tier_b_logit_bound
+from witcert.verification.attacks import AttackTally
+
+NAME = "fast radii"
+SHARE = 0.002  # one trial: 2 queries x 6 tokens of 40-digit spec per tier (~30 ms): 1,000 trials at --trials 500000
+_DPS = 40
+_MAGNITUDES = (1e-38, 1e-20, 1.0, 1e4, 1e19, 1e30)
+_SCALES = (None, 1.0, 2.0**-140, 30.0)
+_TOKENS, _QUERIES, _DIM = 6, 2, 32
+
+
+def _pick(options, g: torch.Generator):
+    return options[int(torch.randint(len(options), (1,), generator=g))]
+
+
+def _vectors(shape, g: torch.Generator) -> torch.Tensor:
+    """fp64 entries of random sign and magnitude; some exact zeros."""
+    x = torch.randn(shape, generator=g, dtype=torch.float64) * _pick(_MAGNITUDES, g)
+    return x.masked_fill(torch.rand(shape, generator=g) < 0.15, 0.0)
+
+
+def _keys(g: torch.Generator) -> torch.Tensor:
+    keys = torch.randn(1, _TOKENS, _DIM, generator=g) * _pick((1.0, 1e-6, 300.0), g)
+    keys[0, int(torch.randint(_TOKENS, (1,), generator=g))] = 0.0  # every scale 0
+    keys[0, int(torch.randint(_TOKENS, (1,), generator=g)), :8] = 0.0  # one zero group of 8
+    return keys
+
+
+def _judge(tally: AttackTally, label: str, exact, reported: float) -> None:
+    tally.cells += 1
+    bad = math.isnan(reported) or mpf(reported) < exact
+    if bad:
+        tally.violations += 1
+        if len(tally.notes) < 5:
+            tally.notes.append(f"{label}: c {reported!r} < exact {mp.nstr(exact, 8)}")
+    elif 0 < reported < math.inf and exact < mp.inf:
+        ratio = float(exact / mpf(reported))
+        tally.worst_ratio = ratio if math.isnan(tally.worst_ratio) else max(tally.worst_ratio, ratio)
+
+
+def _tier_a(tally: AttackTally, g: torch.Generator) -> None:
+    import witcert
+    from witcert.spec import bands as spec
+
+    layout = witcert.BandLayout(_DIM, _pick((2, 4, 16), g), _pick(("rotate_half", "interleaved"), g))
+    keys = _keys(g).double()
+    witness = witcert.witness_of(keys, keys + _vectors(keys.shape, g) * 1e-3, layout)  # fp16, subnormals too
+    q = _vectors((1, _QUERIES, _DIM), g).to(_pick((torch.float32, torch.float64), g))
+    sm = _pick(_SCALES, g)
+    c = fast_logit_bound(q[:, :, None], witness[:, None], layout, sm)  # 2 query heads on one kv head: (1, 2, 1, S)
+    with mp.workdps(_DPS):
+        for i in range(_QUERIES):
+            for t in range(_TOKENS):
+                exact = spec.bound_band_witness(q[0, i].double().tolist(), witness[0, t].tolist(), layout.bands,
+                                                layout.rope, sm)
+                _judge(tally, f"tier A |q|~{q[0, i].abs().max().item():.1e} sm={sm}", exact, float(c[0, i, 0, t]))
+
+
+def _tier_b(tally: AttackTally, g: torch.Generator) -> None:
+    import witcert
+    from witcert.spec import dither as spec
+    from witcert.tier_b.counters import StandaloneCounter
+
+    config = _pick((dict(group=8), dict(group=16), dict(group=32), dict(granularity="token")), g)
+    store = witcert.DitheredInt8(**config).quantize(_keys(g), StandaloneCounter(request=0, layer=0))
+    q = _vectors((1, _QUERIES, _DIM), g).to(_pick((torch.float32, torch.float64), g))
+    sm, mode = _pick(_SCALES, g), _pick(("min", "delta"), g)
+    c = fast_tier_b_logit_bound(q, store, 1e-6, sm, mode)
+    sm_value = _DIM**-0.5 if sm is None else sm
+    with mp.workdps(_DPS):
+        for i in range(_QUERIES):
+            for t in range(_TOKENS):
+                exact = spec.logit_bound(q[0, i].double().tolist(), store.scale_per_element()[0, t].tolist(),
+                                         sm_value, store.n_tokens, 1e-6, mode=mode)
+                _judge(tally, f"tier B {mode} {config} |q|~{q[0, i].abs().max().item():.1e} sm={sm}", exact,
+                       float(c[0, i, t]))
+
+
+def run(n: int, g: torch.Generator) -> AttackTally:
+    """``n`` trials, each one Tier A and one Tier B problem (``2 x 6`` tokens each)."""
+    tally = AttackTally(NAME)
+    for _ in range(n):
+        _tier_a(tally, g)
+        _tier_b(tally, g)
+    return tally
