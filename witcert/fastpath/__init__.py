@@ -3,6 +3,8 @@
 - :mod:`witcert.fastpath.budgeted_pass`: the fused meter pass (moments in fp32, sums in fp64; meter
   ``min(1, T1, P1, MN, CS)``, risk and value term) and its rounding budget;
 - :mod:`witcert.fastpath.radius`: the Tier A radius as one fp32 band dot over the fp16 witness;
+- :mod:`witcert.fastpath.tier_b_radius`: the Tier B bound as two fp32 group dots over the fp16 scales
+  (the monitor's Tier B tightening, every written chunk in one pass);
 - :mod:`witcert.fastpath.stored_pass`: one function per layer and step from what a compressed cache
   stores (logits, radius, score rounding, the fused meter, the output bound) -- the monitor's path;
 - :mod:`witcert.fastpath.compiled`: ``torch.compile`` of these pure functions (``WITCERT_COMPILE=1``),

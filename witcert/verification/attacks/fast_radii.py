@@ -17,6 +17,10 @@ from mpmath import mp, mpf
 
 from witcert.fastpath.radius import fast_logit_bound
 from witcert.fastpath.tier_b_radius import fast_tier_b_logit_bound
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.witness import witness_of
+from witcert.tier_b.counters import StandaloneCounter
+from witcert.tier_b.quantizer import DitheredInt8
 from witcert.verification.attacks import AttackTally
 
 NAME = "fast radii"
@@ -57,12 +61,11 @@ def _judge(tally: AttackTally, label: str, exact, reported: float) -> None:
 
 
 def _tier_a(tally: AttackTally, g: torch.Generator) -> None:
-    import witcert
     from witcert.spec import bands as spec
 
-    layout = witcert.BandLayout(_DIM, _pick((2, 4, 16), g), _pick(("rotate_half", "interleaved"), g))
+    layout = BandLayout(_DIM, _pick((2, 4, 16), g), _pick(("rotate_half", "interleaved"), g))
     keys = _keys(g).double()
-    witness = witcert.witness_of(keys, keys + _vectors(keys.shape, g) * 1e-3, layout)  # fp16, subnormals too
+    witness = witness_of(keys, keys + _vectors(keys.shape, g) * 1e-3, layout)  # fp16, subnormals too
     q = _vectors((1, _QUERIES, _DIM), g).to(_pick((torch.float32, torch.float64), g))
     sm = _pick(_SCALES, g)
     c = fast_logit_bound(q[:, :, None], witness[:, None], layout, sm)  # 2 query heads on one kv head: (1, 2, 1, S)
@@ -75,12 +78,10 @@ def _tier_a(tally: AttackTally, g: torch.Generator) -> None:
 
 
 def _tier_b(tally: AttackTally, g: torch.Generator) -> None:
-    import witcert
     from witcert.spec import dither as spec
-    from witcert.tier_b.counters import StandaloneCounter
 
     config = _pick((dict(group=8), dict(group=16), dict(group=32), dict(granularity="token")), g)
-    store = witcert.DitheredInt8(**config).quantize(_keys(g), StandaloneCounter(request=0, layer=0))
+    store = DitheredInt8(**config).quantize(_keys(g), StandaloneCounter(request=0, layer=0))
     q = _vectors((1, _QUERIES, _DIM), g).to(_pick((torch.float32, torch.float64), g))
     sm, mode = _pick(_SCALES, g), _pick(("min", "delta"), g)
     c = fast_tier_b_logit_bound(q, store, 1e-6, sm, mode)
