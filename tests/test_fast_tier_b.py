@@ -145,3 +145,23 @@ def test_fast_radii_attack_class_finds_nothing_and_catches_a_short_lift(monkeypa
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, f=original: f(*args) * (1 - 2.0**-17))
     assert fast_radii.run(30, torch.Generator().manual_seed(0)).violations > 0
+
+
+def test_chunks_of_one_cache_in_one_pass():
+    """The monitor's form: the chunks written step by step, their union over every token (``n_tokens``)."""
+    from witcert.fastpath.tier_b_radius import fast_tier_b_of_chunks
+
+    g = torch.Generator().manual_seed(5)
+    keys = torch.randn(1, 3, 40, 64, generator=g)
+    chunks = [_store(keys[..., a:b, :]) for a, b in ((0, 30), (30, 31), (31, 40))]
+    q = torch.randn(1, 9, 1, 64, generator=g)
+    for mode in ("min", "delta"):
+        joined = fast_tier_b_of_chunks(q, chunks, 1e-6, mode=mode)
+        library = torch.cat([witcert.tier_b_logit_bound(q, chunk, 1e-6, mode=mode, n_tokens=40) for chunk in chunks], -1)
+        assert joined.shape == (1, 9, 1, 40)
+        assert torch.all(joined.double() >= library.double() * (1 - 2.0**-40))
+        assert torch.all(joined.double() <= library.double() * (1 + 2.0**-17))
+    with pytest.raises(ValueError, match="stores"):
+        fast_tier_b_of_chunks(q, [], 1e-6)
+    with pytest.raises(ValueError, match="one cache"):
+        fast_tier_b_of_chunks(q, [chunks[0], _store(keys[..., :5, :], group=16)], 1e-6)

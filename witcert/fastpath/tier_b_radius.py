@@ -37,7 +37,7 @@ import torch
 from witcert.fastpath.budgeted_pass import TINY, fp32_up
 from witcert.fastpath.compiled import pick
 from witcert.fastpath.radius import split_overflow
-from witcert.tier_b.certificate import (DEQUANT_FACTOR, _groups_apply, check_tier_b_inputs,
+from witcert.tier_b.certificate import (DEQUANT_FACTOR, check_tier_b_inputs, shares_group_scales,
                                         tier_b_logit_bound)
 from witcert.tier_b.dither import GRID_STEP
 from witcert.tier_b.packed_store import PackedStore
@@ -91,6 +91,8 @@ def fast_tier_b_of_chunks(q: torch.Tensor, stores: list, delta_loc: float, sm_sc
     """The bound over the written chunks of one cache (each a :class:`PackedStore` of the same heads, in write
     order), concatenated along ``S``; ``n_tokens`` defaults to their total. The bound needs only the scales
     on the fast layouts, so every chunk is one pass: their scales are joined, not their payloads."""
+    if not stores:
+        raise ValueError("stores: expected at least one written chunk")
     n_union = sum(store.n_tokens for store in stores) if n_tokens is None else n_tokens
     if not all(_fast(store, mode, key_dtype) for store in stores):
         return torch.cat([tier_b_logit_bound(q, store, delta_loc, sm_scale, mode, n_union, key_dtype)
@@ -106,7 +108,7 @@ def fast_tier_b_of_chunks(q: torch.Tensor, stores: list, delta_loc: float, sm_sc
 
 
 def _fast(store: PackedStore, mode: str, key_dtype: torch.dtype) -> bool:
-    return mode in ("min", "delta") and _groups_apply(store) and key_dtype in _FAST_KEY_DTYPES
+    return mode in ("min", "delta") and shares_group_scales(store) and key_dtype in _FAST_KEY_DTYPES
 
 
 def group_sums(q64: torch.Tensor, n_groups: int, sm: float, log_term: float) -> tuple[torch.Tensor, torch.Tensor]:

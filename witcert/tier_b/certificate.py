@@ -216,7 +216,7 @@ def _abs_dot(abs_q: torch.Tensor, per_element: torch.Tensor) -> torch.Tensor:
     return finite_sum.masked_fill(hit, math.inf)
 
 
-def _groups_apply(store: PackedStore) -> bool:
+def shares_group_scales(store: PackedStore) -> bool:
     """Whether every token's channels share per-group scales: token-group or token layout, no outliers."""
     return store.layout.granularity in ("token-group", "token") and store.layout.outlier_pairs == 0
 
@@ -279,7 +279,7 @@ def tier_b_terms(q: torch.Tensor, store: PackedStore, delta_loc: float, sm_scale
     """
     q64, sm, n_union = check_tier_b_inputs(q, store, delta_loc, sm_scale, n_tokens)  # (*lead, Hkv, G Tq, d)
     cast_bound = key_cast_error_bound(store, key_dtype)
-    sums = _grouped_sums(q64, store) if _groups_apply(store) else _per_element_sums(q64, store)
+    sums = _grouped_sums(q64, store) if shares_group_scales(store) else _per_element_sums(q64, store)
     l1_sum, sq_sum, outlier_sum = sums  # (*lead, H, Tq, S) each
     l1 = sm * l1_sum
     variance = sm**2 * sq_sum / 12
