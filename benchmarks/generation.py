@@ -37,7 +37,7 @@ def _timed(model, ids, new_tokens, keep_exact: bool | None, compiled: bool) -> f
         return time.perf_counter() - started
 
 
-def run(context: int = 512, new_tokens: int = 16, reps: int = 3, compiled: bool = True) -> dict:
+def run(context: int = 512, new_tokens: int = 16, reps: int = 7, compiled: bool = True) -> dict:
     from witcert.fastpath import budgeted_pass
     from witcert.fastpath import compiled as compiled_mod
     from witcert.integrations.hf.default_model import load_model

@@ -106,7 +106,7 @@ def main(argv=None) -> None:
     def generation():
         from benchmarks import generation as generation_mod
 
-        results["generation"] = generation_mod.run(new_tokens=8 if args.quick else 16, reps=3)
+        results["generation"] = generation_mod.run(new_tokens=8 if args.quick else 16, reps=3 if args.quick else 7)
 
     def proposals():
         from benchmarks import proposals as proposals_mod
