@@ -11,6 +11,7 @@ import warnings
 from typing import Callable
 
 _CHOICES = ("0", "1")
+RECOMPILE_LIMIT = 64  # graphs per function; a model uses a handful, the fuzz sprays ranks, dtypes and group counts
 _state: dict = {}
 
 
@@ -32,10 +33,15 @@ def compiled_of(fn: Callable, probe: Callable[[], tuple]):
 
 def _compile(fn: Callable, probe: Callable[[], tuple]):
     import torch
+    import torch._dynamo.config as dynamo_config
+
+    def run(*args):  # each shape class (rank, dtype, a size of 1, the Tier B group count) is its own graph:
+        with dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):  # more than torch's 8, for these functions only
+            return compiled(*args)
 
     try:
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
-        compiled(*probe())
+        run(*probe())
     except Exception as err:  # any failure of the toolchain: the eager function is the same computation
         _fall_back(fn, err)
         return None
@@ -44,7 +50,7 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
         if _state.get(fn) is None:  # an earlier call failed: eager from now on
             return fn(*args)
         try:
-            return compiled(*args)
+            return run(*args)
         except Exception as err:  # e.g. a recompile limit; a real input error recurs in the eager call
             _state[fn] = None
             _fall_back(fn, err)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from witcert.core import rounding
 from witcert.tier_b.dither import dither_of
 from witcert.tier_b.outliers import block_pairs, calibrate_pairs
 from witcert.tier_b.packed_store import GRANULARITIES, PackedStore, StoreLayout
@@ -57,7 +58,7 @@ def fp16_scale_up(amax: torch.Tensor) -> torch.Tensor:
         raise ValueError(f"x: a scale group's amax exceeds the fp16 scale range ({FP16_MAX} * {SCALE_DIVISOR})")
     scale = (amax / SCALE_DIVISOR).to(torch.float16)
     short = scale.to(torch.float64) * SCALE_DIVISOR < amax
-    bumped = torch.nextafter(scale, torch.full_like(scale, float("inf")))
+    bumped = rounding.next_up(scale)  # not torch.nextafter: compiled, it is wrong on fp16
     scale = torch.where(short, bumped, scale)
     if torch.isinf(scale).any():
         raise ValueError("x: a scale group's amax exceeds the fp16 scale range")
