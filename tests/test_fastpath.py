@@ -284,6 +284,22 @@ def test_compiled_equals_eager_to_the_budget(compiled_pass):
         assert torch.allclose(a, b, rtol=1e-6, atol=1e-30)
 
 
+def test_value_free_pass_is_the_pass_with_zero_value_statistics(compiled_pass):
+    """``rho = v_norm = None`` (no value work in the token loop) gives the meter and risk of the pass with zero
+    value statistics, a zero value term and maximum, compiled and eager alike; one of the two absent is a zero."""
+    g = torch.Generator().manual_seed(19)
+    scores, c = _rows(g, 7, 300, torch.float32)
+    zero = torch.zeros_like(c)
+    for fn in (compiled_pass, lean_pass):
+        free, zeros = fn(scores, c, None, None), fn(scores, c, zero, zero)
+        assert all(torch.equal(a, b) for a, b in zip(free, zeros))
+    assert torch.all(lean_cells(scores, c).value_term == 0)
+    rho = torch.rand(7, 300, generator=g)
+    with_rho = lean_cells(scores, c, rho=rho)
+    assert torch.all(with_rho.value_term > 0) and torch.all(with_rho.v_norm_max == 0)
+    assert torch.equal(with_rho.meter, lean_cells(scores, c).meter)
+
+
 def test_every_fast_function_compiles_from_its_probe(compiled_pass):
     """A probe that does not compile would silently leave the eager function in place (with a warning)."""
     from witcert.fastpath import radius, stored_pass

@@ -95,7 +95,9 @@ def sums_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor, v_norm
 
     ``scores`` fp32 or fp64, finite or ``-inf`` (masked; every row has a live token); ``c``, ``rho``,
     ``v_norm`` ``>= 0`` (``inf`` allowed), broadcastable to ``scores`` (a kv head's value statistics
-    serve all its query rows without a copy). No host synchronisation.
+    serve all its query rows without a copy); ``rho`` and ``v_norm`` may both be ``None``: no value
+    statistics, those results 0, and no value work in the token loop (a graph of its own when compiled).
+    No host synchronisation.
     """
     live = scores > float("-inf")
     zero = torch.zeros((), dtype=torch.float32, device=scores.device)
@@ -107,11 +109,15 @@ def sums_kernel(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor, v_norm
     c = torch.where(live, fp32_up(c), zero)
     g = expm1_nonneg(torch.clamp(c, max=C_CAP))
     mass = torch.exp(y)  # 0 where masked
+    terms = (mass, mass * g, mass * (g / (1.0 + g)), mass * torch.square(torch.clamp(g, max=G_CAP)))
+    sums = tuple(t.sum(-1, dtype=torch.float64) for t in terms)
+    if rho is None:
+        none = torch.zeros_like(sums[0])
+        return (*sums, none, c.amax(-1), none.float(), none.float())
     r = torch.where(live, fp32_up(rho), zero)
     weighted = mass * torch.clamp(r, max=_FP32_MAX)  # never 0 * inf; an infinite residual makes r_max (so the term) inf
     v_max = torch.where(live, v_norm, torch.zeros_like(v_norm)).amax(-1)
-    terms = (mass, mass * g, mass * (g / (1.0 + g)), mass * torch.square(torch.clamp(g, max=G_CAP)), weighted)
-    return (*(t.sum(-1, dtype=torch.float64) for t in terms), c.amax(-1), r.amax(-1), v_max)
+    return (*sums, weighted.sum(-1, dtype=torch.float64), c.amax(-1), r.amax(-1), v_max)
 
 
 @dataclass(frozen=True)
@@ -185,5 +191,6 @@ def lean_pass(scores: torch.Tensor, c: torch.Tensor, rho: torch.Tensor, v_norm: 
 
 
 def probe() -> tuple[torch.Tensor, ...]:
-    """Arguments that compile :func:`lean_pass` (sizes >= 2: no 0/1 specialisation)."""
-    return (torch.zeros(2, 2, dtype=torch.float64),) * 4
+    """Arguments that compile :func:`lean_pass` (sizes >= 2: no 0/1 specialisation; no value statistics, the
+    common call: :func:`~witcert.fastpath.fused.lean_cells` without them)."""
+    return torch.zeros(2, 2, dtype=torch.float64), torch.zeros(2, 2, dtype=torch.float64), None, None
