@@ -161,6 +161,31 @@ def test_a_compiled_call_that_fails_later_falls_back_to_eager_once(monkeypatch):
     assert len(calls) == 2
 
 
+def _add_one(x):
+    return x + 1.0
+
+
+def test_more_graphs_than_torchs_default_limit_stay_compiled_and_the_global_limit_is_restored():
+    """Twelve new shape classes (ranks 2-13) of one function: beyond torch's default of 8 graphs, each is compiled
+    (torch would otherwise run the 9th on eagerly and silently), and the process-wide limit is what it was
+    before each call (a user's setting kept)."""
+    import torch._dynamo.config as dynamo_config
+    from torch._dynamo.utils import counters
+
+    if compiled_mod.compiled_of(_add_one, lambda: (torch.ones(2),)) is None:
+        pytest.skip("torch.compile unavailable on this machine")
+    before = dynamo_config.recompile_limit
+    fn = compiled_mod.compiled_of(_add_one, lambda: (torch.ones(2),))
+    graphs = counters["stats"]["unique_graphs"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for rank in range(2, 14):
+            assert torch.equal(fn(torch.ones((2,) * rank)), torch.full((2,) * rank, 2.0))
+            assert dynamo_config.recompile_limit == before
+    assert counters["stats"]["unique_graphs"] - graphs == 12
+    assert compiled_mod._state[_add_one] is not None  # still the compiled function
+
+
 def test_expm1_series_within_budget():
     """``g = e^c - 1`` and ``g / (1 + g)`` of the fp32 pass within ``rho_g`` and ``rho_f``, c from subnormal to 64."""
     budget = PassBudget(2)

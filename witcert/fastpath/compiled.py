@@ -36,8 +36,12 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
     import torch._dynamo.config as dynamo_config
 
     def run(*args):  # each shape class (rank, dtype, a size of 1, the Tier B group count) is its own graph:
-        with dynamo_config.patch(recompile_limit=RECOMPILE_LIMIT):  # more than torch's 8, for these functions only
+        saved = dynamo_config.recompile_limit  # more than torch's 8, for these functions only; set directly, not
+        dynamo_config.recompile_limit = max(saved, RECOMPILE_LIMIT)  # with config.patch (measured 50-80 us a call)
+        try:
             return compiled(*args)
+        finally:
+            dynamo_config.recompile_limit = saved
 
     try:
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
