@@ -63,6 +63,24 @@ def test_fast_radius_close_to_logit_bound_on_gqa_shapes():
     assert torch.all(fast.double() <= library.double() * (1 + 2.0**-17))
 
 
+@pytest.mark.parametrize("rows", range(1, 10))
+def test_every_row_count_stays_above_the_exact_dot_and_keeps_its_shape(rows):
+    """The kernel pads query rows to a multiple of 4 for the CPU sgemm: each real row still above its exact
+    dot (fp64 of the same inputs, every product exact), the padding never returned, an inf row still inf."""
+    g = torch.Generator().manual_seed(rows)
+    norms = torch.rand(2, rows, 16, generator=g) * torch.logspace(-30, 30, 16)[torch.randperm(16, generator=g)]
+    norms = norms.clamp(min=2.0**-100)
+    w = (torch.rand(2, 700, 16, generator=g) * 10).half()
+    w[0, :5] = 0  # exact zero tokens: zero radius
+    c = radius.radius_kernel(norms, w)
+    assert c.shape == (2, rows, 700) and c.dtype == torch.float32
+    exact = norms.double() @ w.double().transpose(-1, -2)
+    assert torch.all(c.double() >= exact) and torch.all(c[0, :, :5] == 0)
+    norms[1, -1, 3] = math.inf
+    c = radius.radius_kernel(norms, w)
+    assert torch.all(c[1, -1] == math.inf) and torch.all(torch.isfinite(c[0])) and not torch.isnan(c).any()
+
+
 def test_infinite_witness_gives_inf_never_nan():
     layout = witcert.BandLayout(8, 2)
     w = torch.tensor([[[1.0, math.inf], [0.5, 0.25]]], dtype=torch.float16)[None]  # (1, 1, 2, 2)

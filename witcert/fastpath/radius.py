@@ -26,6 +26,7 @@ from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import _resolve_scale, check_head_pairing, check_logit_bound_inputs, logit_bound
 
 _NORM_FLOOR = 2.0**-100  # query band norms are lifted to this: no product with fp16 underflows, no 0 * inf
+_ROW_BLOCK = 4  # query rows padded (zeros) to a multiple of this: the CPU sgemm measured 2x faster for 4 rows than 3
 
 
 def radius_kernel(q_norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
@@ -37,7 +38,9 @@ def radius_kernel(q_norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
     """
     finite, overflow = split_overflow(q_norms)
     lifted = finite * (1.0 + (w.shape[-1] + 4) * 2.0**-23)  # the lift on the (Q, B) norms, not the (Q, S) result
-    return (lifted @ w.float().transpose(-1, -2)) + overflow
+    rows = lifted.shape[-2]
+    lifted = torch.cat([lifted, lifted.new_zeros(*lifted.shape[:-2], -rows % _ROW_BLOCK, lifted.shape[-1])], dim=-2)
+    return (lifted @ w.float().transpose(-1, -2))[..., :rows, :] + overflow  # each row's dot is its own: padding changes none
 
 
 def split_overflow(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
