@@ -53,8 +53,7 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
     if scores.shape[-1] > MAX_TOKENS:
         raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
     rows, n = scores.shape[:-1], scores.shape[-1]
-    flat = [_padded(_working(x).expand(scores.shape).reshape(-1, n)) for x in (scores, c)]
-    flat += _value_statistics(rho, v_norm, scores)
+    flat = [_flat(scores, scores), _flat(c, scores), *_value_statistics(rho, v_norm, scores)]
     if flat[0].shape != (rows.numel(), n):
         flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
     results = pick(budgeted_pass.lean_pass, budgeted_pass.probe)(*flat)
@@ -66,9 +65,12 @@ def _value_statistics(rho, v_norm, scores: torch.Tensor) -> list:
     one absent: a zero that broadcasts (no (rows, S) copy)."""
     if rho is None and v_norm is None:
         return [None, None]
-    n = scores.shape[-1]
-    return [scores.new_zeros(1, 1) if x is None else _padded(_working(torch.as_tensor(x)).expand(scores.shape).reshape(-1, n))
-            for x in (rho, v_norm)]
+    return [scores.new_zeros(1, 1) if x is None else _flat(torch.as_tensor(x), scores) for x in (rho, v_norm)]
+
+
+def _flat(x: torch.Tensor, scores: torch.Tensor) -> torch.Tensor:
+    """``x`` broadcast to ``scores`` as (rows, S) in its working dtype, :func:`_padded`."""
+    return _padded(_working(x).expand(scores.shape).reshape(-1, scores.shape[-1]))
 
 
 def _working(x: torch.Tensor) -> torch.Tensor:
