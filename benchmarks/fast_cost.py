@@ -9,13 +9,16 @@ in one process (every ratio is a median over the same run's attention median):
   on the same ``(scores, c)`` (``T1``, ``P1``, ``MN``, ``CS``), as the monitor calls it (inputs valid
   by construction);
 * ``+ Tier A c``: the per-token bound included -- eager: ``witcert.logit_bound`` (fp64, directed);
-  compiled: :func:`witcert.fastpath.radius.fast_logit_bound` (one fp32 band dot; a BLAS call, not
-  itself compiled) -- i.e. the whole Tier A meter of a cell; ``+ Tier B c``: eager
+  compiled: :func:`witcert.fastpath.fused.tier_a_cells` (the fp32 band dot over the band-major fp16
+  witness inside the same compiled pass) -- i.e. the whole Tier A meter of a cell; ``+ Tier B c``: eager
   ``witcert.tier_b_logit_bound`` (fp64); compiled
   :func:`witcert.fastpath.tier_b_radius.fast_tier_b_logit_bound` (two fp32 group dots, one compiled pass).
 
-The first compile (a fresh process: dynamo + inductor, before the on-disk cache helps) is timed
-separately. A GPU is never needed; GPU-only checks live in ``kernel.py``.
+Each entry is timed warm (repeated calls, inputs in cache: the median per call of samples of >= 20 ms)
+and, compiled, also cold (``cold_ratio_to_attention``: one call right after the attention step,
+whose 50 MB of keys and values have evicted the meter's inputs, as in a decode step where a layer's
+witness was last read a step ago). The first compile (a fresh process: dynamo + inductor, before
+the on-disk cache helps) is timed separately. A GPU is never needed; GPU-only checks live in ``kernel.py``.
 """
 import time
 
@@ -23,20 +26,21 @@ import torch
 
 import witcert
 from benchmarks.cost import SHAPES, _attention, _problem
-from benchmarks.timing import compile_choice, time_interleaved
+from benchmarks.timing import compile_choice, time_after, time_interleaved
 from witcert.fastpath import budgeted_pass, radius, tier_b_radius
 from witcert.fastpath import compiled as compiled_mod
-from witcert.fastpath.fused import lean_cells
+from witcert.fastpath.fused import lean_cells, tier_a_cells
 
 LENGTHS = {"SmolLM2-135M (9q/3kv, d=64)": (2048, 8192, 32768, 131072), "7B-class (28q/4kv, d=128)": (2048, 8192, 32768)}
 QUICK = (2048, 8192)
 
 
 def first_compile_seconds() -> float:
-    """Seconds to compile the fused pass and the Tier B kernel in this process (the on-disk cache helps after the first run)."""
+    """Seconds to compile the fused pass, the Tier B kernel and the Tier A pass in this process (the on-disk cache helps after the first run)."""
     started = time.perf_counter()
     fns = [compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe),
-           compiled_mod.compiled_of(tier_b_radius.tier_b_kernel, tier_b_radius.probe)]
+           compiled_mod.compiled_of(tier_b_radius.tier_b_kernel, tier_b_radius.probe),
+           compiled_mod.compiled_of(radius.tier_a_pass, radius.tier_a_probe)]
     return float("nan") if None in fns else time.perf_counter() - started
 
 
@@ -47,15 +51,19 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
     fns = {"attention": lambda: _attention(p),
            "library meter (Tier A c)": lambda: witcert.meter(scores, c_a)}
     for label in ("eager",) + (("compiled",) if compiled else ()):
-        tier_a_c = (lambda *a: radius.fast_logit_bound(*a, checked=True)) if label == "compiled" else witcert.logit_bound
+        tier_a_c = witcert.logit_bound
         tier_b_c = tier_b_radius.fast_tier_b_logit_bound if label == "compiled" else witcert.tier_b_logit_bound
 
         def fused(c_fn=None, compiled=label == "compiled"):
             with compile_choice(compiled):
                 return lean_cells(scores, c_a if c_fn is None else c_fn(), checked=True).meter
 
+        def fused_tier_a(compiled=label == "compiled"):  # one pass, the radius formed inside it
+            with compile_choice(compiled):
+                return tier_a_cells(scores, p["q"], p["w"], p["layout"], p["sm"], checked=True).meter
+
         fns[f"fused {label}"] = fused
-        fns[f"fused {label} + Tier A c"] = lambda fused=fused, f=tier_a_c: fused(
+        fns[f"fused {label} + Tier A c"] = fused_tier_a if label == "compiled" else lambda fused=fused, f=tier_a_c: fused(
             lambda: f(p["q"], p["w"], p["layout"], p["sm"]))
         fns[f"fused {label} + Tier B c"] = lambda fused=fused, f=tier_b_c: fused(
             lambda: f(p["q"], p["store"], p["delta_loc"], p["sm"]))
@@ -63,8 +71,12 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
         assert torch.allclose(fns["fused compiled"](), fns["fused eager"](), rtol=1e-6)
     timings = time_interleaved(fns, reps=reps, warmup=1)
     att = timings["attention"].median
-    return {"shape": name, "S": s, "reps": reps, "median_s": {k: t.median for k, t in timings.items()},
-            "ratio_to_attention": {k: t.median / att for k, t in timings.items() if k != "attention"}}
+    row = {"shape": name, "S": s, "reps": reps, "median_s": {k: t.median for k, t in timings.items()},
+           "ratio_to_attention": {k: t.median / att for k, t in timings.items() if k != "attention"}}
+    if compiled:
+        cold = time_after({k: f for k, f in fns.items() if k.startswith("fused compiled")}, fns["attention"], reps)
+        row["cold_ratio_to_attention"] = {k: t.median / att for k, t in cold.items()}
+    return row
 
 
 def run(quick: bool, reps: int) -> dict:

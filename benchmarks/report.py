@@ -49,8 +49,14 @@ def _fastpath_md(results: dict) -> str:
     fast = results["fastpath"]
     rows = [{"shape": r["shape"], "S": r["S"], "attention ms": 1e3 * r["median_s"]["attention"], **r["ratio_to_attention"]}
             for r in fast["rows"]]
-    text = f"First compile of the fused pass and the Tier B kernel: {_fmt(fast['first_compile_s'])} s (fresh process).\n\n"
-    return text + _table(rows, list(rows[0]))
+    text = (f"First compile of the fused pass, the Tier B kernel and the Tier A pass: {_fmt(fast['first_compile_s'])} s "
+            "(fresh process).\n\n" + _table(rows, list(rows[0])))
+    cold = [{"shape": r["shape"], "S": r["S"], **r["cold_ratio_to_attention"]} for r in fast["rows"]
+            if "cold_ratio_to_attention" in r]
+    if cold:
+        text += ("\n\nCold (compiled; one call right after the attention step, whose keys and values evicted the "
+                 "meter's inputs from the caches, as in a decode step):\n\n" + _table(cold, list(cold[0])))
+    return text
 
 
 def _generation_md(results: dict) -> str:

@@ -24,11 +24,14 @@ def evaluate(results: dict) -> list[dict]:
     for r in results.get("fastpath", {}).get("rows", []):
         a = r["ratio_to_attention"]
         if r["S"] == 32768 and "fused compiled" in a:
+            cold = r.get("cold_ratio_to_attention", {})
             for tier in ("A", "B"):
-                whole = a[f"fused compiled + Tier {tier} c"]
+                key = f"fused compiled + Tier {tier} c"
+                whole = a[key]
                 add(f"Tier {tier} meter (c and the pass), compiled, <= 0.25x attention at S=32k, {r['shape']}",
-                    f"{whole:.2f}x (pass alone {a['fused compiled']:.2f}x; eager "
-                    f"{a[f'fused eager + Tier {tier} c']:.2f}x)", whole <= 0.25)
+                    f"{whole:.2f}x warm (pass alone {a['fused compiled']:.2f}x; eager "
+                    f"{a[f'fused eager + Tier {tier} c']:.2f}x)", whole <= 0.25,
+                    f"cold, right after attention: {cold[key]:.2f}x" if key in cold else "")
     generation = results.get("generation", {}).get("ratio_to_stock", {})
     for name in ("monitored", "monitored, compiled"):
         if name in generation:

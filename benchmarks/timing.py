@@ -27,7 +27,9 @@ class Timing:
 
 
 def _calls_per_sample(fn: Callable[[], object], min_sample_s: float) -> int:
-    """Calls per timed sample so that one sample lasts at least ``min_sample_s`` (timer noise)."""
+    """Calls per timed sample so that one sample lasts at least ``min_sample_s`` (timer noise), from the second
+    call (a first call that compiles, e.g. a new shape class, would make every sample a single call)."""
+    fn()
     start = time.perf_counter()
     fn()
     once = max(time.perf_counter() - start, 1e-7)
@@ -53,6 +55,21 @@ def time_interleaved(fns: dict[str, Callable[[], object]], reps: int = 5, warmup
             elapsed = (time.perf_counter() - start) / calls[name]
             if round_ >= warmup - 1:
                 samples[name].append(elapsed)
+    return {name: Timing(statistics.median(s), min(s), max(s), len(s)) for name, s in samples.items()}
+
+
+def time_after(fns: dict[str, Callable[[], object]], before: Callable[[], object], reps: int = 5) -> dict[str, Timing]:
+    """Each callable timed on one call right after ``before()`` (not timed), ``reps`` rounds after one untimed
+    round: the cost with caches as ``before`` leaves them (after a decode attention step has streamed the
+    layer's keys and values, the meter's inputs are no longer cached, as in a decode step)."""
+    samples = {name: [] for name in fns}
+    for round_ in range(reps + 1):
+        for name, fn in fns.items():
+            before()
+            start = time.perf_counter()
+            fn()
+            if round_:
+                samples[name].append(time.perf_counter() - start)
     return {name: Timing(statistics.median(s), min(s), max(s), len(s)) for name, s in samples.items()}
 
 

@@ -18,8 +18,10 @@ from mpmath import mp, mpf
 import witcert
 from witcert.fastpath import compiled as compiled_mod
 from witcert.fastpath import radius
+from witcert.fastpath.fused import lean_cells, tier_a_cells
 from witcert.fastpath.radius import fast_logit_bound
 from witcert.spec import bands as spec
+from witcert.spec import golden
 
 LAYOUTS = [(8, 2), (16, 4), (64, 16), (128, 16)]
 SCALES = [None, 1.0, 0.125, 2.0**-140]
@@ -117,8 +119,8 @@ def test_bad_input_names_the_argument():
 
 
 def test_compiled_radius_matches_eager_and_stays_above():
-    """The radius kernel as the per-layer pass compiles it (``fast_logit_bound`` itself calls it eagerly)."""
-    compiled_kernel = compiled_mod.compiled_of(radius.radius_kernel, radius.probe)
+    """The band dot compiled (the loop over a band-major witness) against the eager one (one BLAS call)."""
+    compiled_kernel = compiled_mod.compiled_of(radius.band_dot, radius.probe)
     if compiled_kernel is None:
         pytest.skip("torch.compile unavailable on this machine")
     g = torch.Generator().manual_seed(3)
@@ -128,10 +130,73 @@ def test_compiled_radius_matches_eager_and_stays_above():
     w = witcert.witness_of(k, k + 0.02 * torch.randn(k.shape, generator=g), layout)
     norms = radius.scaled_query_norms(q, layout, 64**-0.5, 3)[0]  # (3 kv heads, 3 rows, 16 bands)
     norms[0, 0, 0] = math.inf  # an overflowing row: inf, never NaN
-    eager, compiled = radius.radius_kernel(norms, w[0]), compiled_kernel(norms, w[0])  # (3, 3, 2048)
+    assert w.transpose(-1, -2).is_contiguous()  # witness_of stores band-major: the layout the loop reads
+    eager, compiled = radius.radius_kernel(norms, w[0]), compiled_kernel(*radius.lifted_norms(norms, 16), w[0])  # (3, 3, 2048)
     assert torch.isinf(compiled[0, 0]).all() and torch.isinf(eager[0, 0]).all()
     finite_rows = torch.ones(3, 3, dtype=torch.bool)
     finite_rows[0, 0] = False
     assert torch.allclose(compiled[finite_rows], eager[finite_rows], rtol=2.0**-20, atol=0.0)
     library = witcert.logit_bound(q, w, layout).double().reshape(3, 3, 2048)
     assert torch.all(compiled.double()[finite_rows] >= library[finite_rows] * (1 - 2.0**-22))
+
+
+# ----------------------------------------------------------------------------- the Tier A cell in one pass
+
+
+def _gqa_cell(g: torch.Generator, s: int):
+    """4 query heads on 2 kv heads, one query each, ``s`` tokens (a third masked, token 0 kept), d = 16, B = 4."""
+    layout = witcert.BandLayout(16, 4)
+    q = torch.randn(1, 4, 1, 16, generator=g, dtype=torch.float64) * 3
+    k = torch.randn(1, 2, s, 16, generator=g, dtype=torch.float64)
+    k_hat = k + 0.05 * torch.randn(k.shape, generator=g, dtype=torch.float64)
+    w = witcert.witness_of(k, k_hat, layout)
+    scores = (q @ k_hat.repeat_interleave(2, dim=1).transpose(-1, -2)) * 0.25  # (1, 4, 1, s)
+    drop = torch.rand(scores.shape, generator=g) < 0.3
+    drop[..., 0] = False
+    return layout, q, w, scores.masked_fill(drop, -math.inf)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tier_a_cells_is_the_two_calls_in_one_pass_and_never_below_golden(compiled, monkeypatch):
+    """``tier_a_cells`` forms the radius inside the pass: the meter of ``lean_cells(scores, fast_logit_bound(...))``
+    (bit for bit eager; to the budget compiled), and per row never below the 50-digit meter at the exact
+    Theorem-2 radius (60-digit band norms of the query against the stored witness)."""
+    if compiled and compiled_mod.compiled_of(radius.tier_a_pass, radius.tier_a_probe) is None:
+        pytest.skip("torch.compile unavailable on this machine")
+    monkeypatch.setenv("WITCERT_COMPILE", "1" if compiled else "0")
+    layout, q, w, scores = _gqa_cell(torch.Generator().manual_seed(29), 24)
+    for dtype in (torch.float32, torch.float64):
+        cells = tier_a_cells(scores.to(dtype), q.to(dtype), w, layout, 0.25)
+        two_calls = lean_cells(scores.to(dtype), fast_logit_bound(q.to(dtype), w, layout, 0.25), checked=True)  # c kept fp32
+        assert cells.meter.shape == (1, 4, 1)
+        if compiled:
+            assert torch.allclose(cells.meter, two_calls.meter, rtol=1e-6, atol=0.0)
+        else:
+            assert torch.equal(cells.meter, two_calls.meter) and torch.equal(cells.risk, two_calls.risk)
+        for h in range(4):
+            row = scores[0, h, 0].to(dtype).double().tolist()
+            with mp.workdps(60):
+                exact_c = [spec.bound_band_witness(q[0, h, 0].to(dtype).double().tolist(), w[0, h // 2, t].tolist(),
+                                                   4, layout.rope, 0.25) for t in range(24)]
+                assert mpf(cells.meter[0, h, 0].item()) >= golden.meter_from_scores(row, exact_c)
+
+
+def test_tier_a_cells_takes_the_two_calls_where_one_pass_does_not_apply():
+    """One token, one row or a non-fp16 witness: the two calls themselves (the same bounds)."""
+    layout, q, w, scores = _gqa_cell(torch.Generator().manual_seed(31), 9)
+    cases = [(scores[..., :1], q, w[..., :1, :]), (scores[:, :1], q[:, :1], w[:, :1]), (scores, q, w.float())]
+    for s, qq, ww in cases:
+        expected = lean_cells(s, fast_logit_bound(qq, ww, layout)).meter
+        assert torch.equal(tier_a_cells(s, qq, ww, layout).meter, expected)
+
+
+def test_tier_a_cells_checks_its_arguments():
+    layout, q, w, scores = _gqa_cell(torch.Generator().manual_seed(37), 9)
+    with pytest.raises(ValueError, match="scores must be"):
+        tier_a_cells(scores[..., :8], q, w, layout)
+    with pytest.raises(ValueError, match="scores contains NaN"):
+        tier_a_cells(torch.full_like(scores, math.nan), q, w, layout)
+    with pytest.raises(ValueError, match="negative"):
+        tier_a_cells(scores, q, -w, layout)
+    with pytest.raises(ValueError, match="multiple of kv heads"):
+        tier_a_cells(scores[:, :3], q[:, :3], w, layout)

@@ -140,8 +140,8 @@ def test_fast_radii_attack_class_finds_nothing_and_catches_a_short_lift(monkeypa
     from witcert.verification.attacks import fast_radii
 
     tally = fast_radii.run(30, torch.Generator().manual_seed(0))
-    assert tally.cells == 30 * 24 and tally.violations == 0, tally.notes
-    for module, name in ((tier_b_radius, "tier_b_kernel"), (radius, "radius_kernel")):
+    assert tally.cells == 30 * 26 and tally.violations == 0, tally.notes  # 24 radii and 2 cell meters per trial
+    for module, name in ((tier_b_radius, "tier_b_kernel"), (radius, "band_dot")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, f=original: f(*args) * (1 - 2.0**-17))
     assert fast_radii.run(30, torch.Generator().manual_seed(0)).violations > 0

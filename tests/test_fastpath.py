@@ -330,7 +330,8 @@ def test_every_fast_function_compiles_from_its_probe(compiled_pass):
     from witcert.fastpath import radius, stored_pass
     from witcert.tier_a import observation
 
-    for fn, probe in ((radius.radius_kernel, radius.probe), (stored_pass.stored_pass, stored_pass.probe),
+    for fn, probe in ((radius.band_dot, radius.probe), (radius.tier_a_pass, radius.tier_a_probe),
+                      (stored_pass.stored_pass, stored_pass.probe),
                       (observation.stored_statistics, observation._statistics_probe)):
         with warnings.catch_warnings():
             warnings.simplefilter("error")

@@ -17,7 +17,9 @@ from maintenance_oracles import witness_shortfalls
 from witcert.spec import maintenance as spec
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.maintenance import WitnessedTensor, maintained_witness
-from witcert.tier_a.witness import witness_of
+from witcert.integrations.hf import codecs
+from witcert.integrations.hf.compressed_cache import CompressedLayer
+from witcert.tier_a.witness import band_major, cat_tokens, witness_of
 
 LAYOUT = BandLayout(16, 4)
 
@@ -182,3 +184,32 @@ def test_witnessed_tensor_rejects_what_it_cannot_describe():
         store.move(torch.zeros(1, 1, 4, 16).as_subclass(Packed))
     with pytest.raises(ValueError, match="BandLayout"):
         WitnessedTensor("bands")
+
+
+def _band_major(w: torch.Tensor) -> bool:
+    return w.transpose(-1, -2).is_contiguous()
+
+
+def test_stores_keep_the_witness_band_major():
+    """The fast band dot reads each band contiguously: appends, partial moves and reorders keep that layout
+    (values as the token-major joins would give)."""
+    gen = torch.Generator().manual_seed(23)
+    store = WitnessedTensor(LAYOUT)
+    exact = torch.randn(2, 2, 6, 16, generator=gen)
+    store.append_exact(exact[..., :4, :])
+    store.append_exact(exact[..., 4:, :])
+    assert _band_major(store.witness) and store.witness.shape == (2, 2, 6, 4)
+    store.move(_rtn(exact[..., 1:3, :], 0.5), start=1)
+    assert _band_major(store.witness) and witness_shortfalls(store.witness, store.recon, exact, LAYOUT) == 0
+    w = store.witness.clone()
+    store.reorder(torch.tensor([1, 0]))
+    assert _band_major(store.witness) and torch.equal(store.witness, w[[1, 0]])
+    layer = CompressedLayer(codecs.IntCodes(8), LAYOUT, keep_exact=False)
+    for part in (exact[..., :4, :], exact[..., 4:5, :], exact[..., 5:, :]):
+        layer.append(part, part)
+    stored = layer.stored()
+    assert _band_major(stored.witness)
+    assert torch.equal(stored.witness, witness_of(exact, layer.read()[0], LAYOUT))
+    assert torch.equal(cat_tokens(w[..., :2, :], w[..., 2:, :]), w) and _band_major(cat_tokens(w[..., :2, :].contiguous(), w))
+    one_token = w[0, 0, 0]
+    assert band_major(w) is w and band_major(one_token) is one_token  # no copy where nothing moves

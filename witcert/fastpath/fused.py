@@ -10,9 +10,11 @@ import torch
 
 from witcert.core.checks import check_scores_and_bounds
 from witcert.core.rounding import round_up_to
-from witcert.fastpath import budgeted_pass
+from witcert.fastpath import budgeted_pass, radius
 from witcert.fastpath.budgeted_pass import MAX_TOKENS
 from witcert.fastpath.compiled import pick
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.witness import _resolve_scale, check_head_pairing, check_logit_bound_inputs
 
 
 @dataclass(frozen=True)
@@ -58,6 +60,37 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
         flat[0] = torch.where(_padding_mask(flat[0], scores.shape), flat[0], float("-inf"))
     results = pick(budgeted_pass.lean_pass, budgeted_pass.probe)(*flat)
     return LeanCells(*(r[:rows.numel()].reshape(rows) for r in results))
+
+
+def tier_a_cells(scores, q, w, layout: BandLayout, sm_scale: float | None = None, rho=None, v_norm=None, *,
+                 checked: bool = False) -> LeanCells:
+    """:func:`lean_cells` of the Tier A radius ``c`` of :func:`~witcert.fastpath.radius.fast_logit_bound`, in one
+    pass that forms ``c`` inside it and never stores it (``T2``, ``T1``, ``P1``, ``MN``, ``CS``, ``FP``).
+
+    ``scores`` (..., Hq, Tq, S): the compressed logits of the queries ``q`` (..., Hq, Tq, d), whose keys
+    have the witnesses ``w`` (..., Hkv, S, B) (arguments and head pairing as :func:`witcert.logit_bound`);
+    ``rho``, ``v_norm`` and ``checked`` as :func:`lean_cells`. The same bounds as the two calls, within
+    the same budgets: a non-fp16 witness, one row or one token take those two calls.
+    """
+    if not checked:
+        scores, _ = check_scores_and_bounds(scores, 0.0)
+    if w.dtype != torch.float16 or scores.shape[-1] < 2 or scores[..., 0].numel() < 2:
+        c = radius.fast_logit_bound(q, w, layout, sm_scale, checked=checked)
+        return lean_cells(scores, c, rho, v_norm, checked=checked)
+    if checked:
+        hkv, _ = check_head_pairing(q.shape, w.shape, "q", "w")
+    else:
+        hkv, _ = check_logit_bound_inputs(q, w, layout)
+    if scores.shape != (*q.shape[:-1], w.shape[-2]):
+        raise ValueError(f"scores must be (..., Hq, Tq, S) = {(*q.shape[:-1], w.shape[-2])} for q {tuple(q.shape)} "
+                         f"and w {tuple(w.shape)}, got {tuple(scores.shape)}")
+    if scores.shape[-1] > MAX_TOKENS:
+        raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
+    norms = radius.scaled_query_norms(q, layout, _resolve_scale(sm_scale, layout.head_dim), hkv)
+    flat = _working(scores).reshape(-1, scores.shape[-1])
+    lifted = radius.lifted_norms(norms, w.shape[-1])
+    results = pick(radius.tier_a_pass, radius.tier_a_probe)(flat, *lifted, w, *_value_statistics(rho, v_norm, scores))
+    return LeanCells(*(r.reshape(scores.shape[:-1]) for r in results))
 
 
 def _value_statistics(rho, v_norm, scores: torch.Tensor) -> list:

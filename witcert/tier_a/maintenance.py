@@ -32,7 +32,7 @@ import torch
 
 from witcert.core.rounding import round_up_to
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness import witness_of
+from witcert.tier_a.witness import band_major, cat_tokens, witness_of
 
 
 def maintained_witness(w: torch.Tensor, x_hat_old: torch.Tensor, x_hat_new: torch.Tensor, layout: BandLayout) -> torch.Tensor:
@@ -111,7 +111,7 @@ class WitnessedTensor:
             )
         zeros = torch.zeros(*x.shape[:-1], self.layout.bands, dtype=torch.float16, device=x.device)
         self.recon = _cat(self.recon, x)
-        self.witness = _cat(self.witness, zeros)
+        self.witness = cat_tokens(*([] if self.witness is None else [self.witness]), zeros)  # band-major
         if self.keep_exact:
             self.exact = _cat(self.exact, x)
 
@@ -133,7 +133,7 @@ class WitnessedTensor:
         else:
             w_new = maintained_witness(self.witness[..., start:stop, :], old, x_hat_new, self.layout)
         self.recon = x_hat_new if whole else _splice(self.recon, x_hat_new, start)
-        self.witness = w_new if whole else _splice(self.witness, w_new, start)
+        self.witness = band_major(w_new) if whole else _splice(self.witness, w_new, start, cat_tokens)
 
     def reorder(self, index: torch.Tensor) -> None:
         """Reorder the batch (beam search): row ``i`` becomes row ``index[i]``."""
@@ -141,6 +141,8 @@ class WitnessedTensor:
             held = getattr(self, name)
             if held is not None:
                 setattr(self, name, held.index_select(0, index.to(held.device)))
+        if self.witness is not None:
+            self.witness = band_major(self.witness)
 
     def reset(self) -> None:
         """Forget every token (a new request)."""
@@ -177,7 +179,7 @@ def _cat(held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
     return new if held is None else torch.cat([held, new], dim=-2)
 
 
-def _splice(held: torch.Tensor, part: torch.Tensor, start: int) -> torch.Tensor:
-    """``held`` with tokens ``[start, start + n)`` replaced by ``part`` (a new tensor)."""
+def _splice(held: torch.Tensor, part: torch.Tensor, start: int, cat=lambda *xs: torch.cat(xs, dim=-2)) -> torch.Tensor:
+    """``held`` with tokens ``[start, start + n)`` replaced by ``part`` (a new tensor, joined by ``cat``)."""
     stop = start + part.shape[-2]
-    return torch.cat([held[..., :start, :], part, held[..., stop:, :]], dim=-2)
+    return cat(held[..., :start, :], part, held[..., stop:, :])

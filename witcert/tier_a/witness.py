@@ -22,6 +22,11 @@ underflow in the squares). For ``n`` terms the fp64 relative error of a norm is 
 ``gamma_{n-1}``, sqrt, rescale); we inflate by ``1 + (n + 16) 2^-52``, which covers it with a
 factor two to spare, then round to the storage dtype and step up one ulp (``nextafter``
 toward ``+inf``) wherever the cast landed below. Overflow gives ``inf``: the trivial bound.
+
+Layout: a witness is indexed ``(..., S, B)`` and stored **band-major** (:func:`band_major`: each
+band's ``S`` entries contiguous), so the per-token band dot of the fast path reads every band as
+one contiguous run (measured 3x faster than reading 16-entry token rows at S = 32k on the CPU).
+The stores keep that layout when they append tokens (:func:`cat_tokens`); any layout is accepted.
 """
 import math
 
@@ -74,14 +79,29 @@ def witness_of(
     k_norms = _band_norms_upper_fp64(k64, layout)
     k_hat_norms = _band_norms_upper_fp64(k_hat64, layout)
     norms = rounded_rotation_witness(norms, k_norms, k_hat_norms, layout.pairs_per_band, rope_dtype)
-    return round_up_to(norms, torch.float16)
+    return band_major(round_up_to(norms, torch.float16))
 
 
 def residual_witness(k: torch.Tensor, k_hat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """:func:`witness_of` without rotation on checked keys: the fp16 upper band norms of ``k_hat - k``
     (fp64 difference, exact for inputs up to fp32), bands gathered by ``index`` (``BandLayout.index``)."""
     residual = k_hat.to(torch.float64) - k.to(torch.float64)
-    return round_up_to(norms_upper_fp64(residual[..., index.to(residual.device)]), torch.float16)  # (..., S, B)
+    return band_major(round_up_to(norms_upper_fp64(residual[..., index.to(residual.device)]), torch.float16))
+
+
+def band_major(w: torch.Tensor) -> torch.Tensor:
+    """``w`` (..., S, B), the same values, with each band's ``S`` entries contiguous in memory (a copy only
+    when they are not): the layout the fast band dot reads (:mod:`witcert.fastpath.radius`). One token's
+    witness (B,) is returned as is."""
+    if w.dim() < 2:
+        return w
+    bands_first = w.transpose(-1, -2)
+    return w if bands_first.is_contiguous() else bands_first.contiguous().transpose(-1, -2)
+
+
+def cat_tokens(*parts: torch.Tensor) -> torch.Tensor:
+    """Witnesses (..., S_i, B) joined along the token axis into one :func:`band_major` witness."""
+    return torch.cat([w.transpose(-1, -2) for w in parts], dim=-1).transpose(-1, -2)
 
 
 def logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None = None) -> torch.Tensor:

@@ -36,6 +36,7 @@ from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import nbytes
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
+from witcert.tier_a.witness import cat_tokens
 
 
 @dataclass(frozen=True)
@@ -212,6 +213,11 @@ def _add_chunk(codec, chunks: list, packed) -> None:
 
 
 def _extend(parts: dict, **new: torch.Tensor) -> None:
-    """Append each tensor along the token axis (2) of the stored one."""
+    """Append each tensor along the token axis (2) of the stored one; the witness stays band-major
+    (:func:`~witcert.tier_a.witness.cat_tokens`: the layout the fast band dot reads)."""
     for name, tensor in new.items():
-        parts[name] = tensor if name not in parts else torch.cat([parts[name], tensor], dim=2)
+        held = [parts[name]] if name in parts else []
+        if name == "witness":
+            parts[name] = cat_tokens(*held, tensor)
+        else:
+            parts[name] = torch.cat([*held, tensor], dim=2) if held else tensor

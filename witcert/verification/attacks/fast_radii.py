@@ -8,13 +8,16 @@ queries beyond fp32 included), softmax scales down to ``2^-140``, fp16-subnormal
 scales, all-zero key groups (scale 0, ``c = 0`` exactly), token-group and token layouts, both Tier B
 modes. Per token, the reported ``c`` against the 40-digit spec of the same stored data
 (``witcert.spec.bands.bound_band_witness``, ``witcert.spec.dither.logit_bound``); ``NaN`` is a violation.
-Eager by default; the compiled Tier B kernel when ``WITCERT_COMPILE=1``.
+Per Tier A row also the cell meter of :func:`~witcert.fastpath.fused.tier_a_cells` (the radius formed
+inside the pass) against the 50-digit meter at those exact radii. Eager by default; the compiled band
+dot, Tier A pass and Tier B kernel when ``WITCERT_COMPILE=1``.
 """
 import math
 
 import torch
 from mpmath import mp, mpf
 
+from witcert.fastpath.fused import tier_a_cells
 from witcert.fastpath.radius import fast_logit_bound
 from witcert.fastpath.tier_b_radius import fast_tier_b_logit_bound
 from witcert.tier_a.bands import BandLayout
@@ -54,7 +57,7 @@ def _judge(tally: AttackTally, label: str, exact, reported: float) -> None:
     if bad:
         tally.violations += 1
         if len(tally.notes) < 5:
-            tally.notes.append(f"{label}: c {reported!r} < exact {mp.nstr(exact, 8)}")
+            tally.notes.append(f"{label}: {reported!r} < exact {mp.nstr(exact, 8)}")
     elif 0 < reported < math.inf and exact < mp.inf:
         ratio = float(exact / mpf(reported))
         tally.worst_ratio = ratio if math.isnan(tally.worst_ratio) else max(tally.worst_ratio, ratio)
@@ -62,6 +65,7 @@ def _judge(tally: AttackTally, label: str, exact, reported: float) -> None:
 
 def _tier_a(tally: AttackTally, g: torch.Generator) -> None:
     from witcert.spec import bands as spec
+    from witcert.spec import golden
 
     layout = BandLayout(_DIM, _pick((2, 4, 16), g), _pick(("rotate_half", "interleaved"), g))
     keys = _keys(g).double()
@@ -69,12 +73,19 @@ def _tier_a(tally: AttackTally, g: torch.Generator) -> None:
     q = _vectors((1, _QUERIES, _DIM), g).to(_pick((torch.float32, torch.float64), g))
     sm = _pick(_SCALES, g)
     c = fast_logit_bound(q[:, :, None], witness[:, None], layout, sm)  # 2 query heads on one kv head: (1, 2, 1, S)
+    scores = (torch.randn(1, _QUERIES, 1, _TOKENS, generator=g, dtype=torch.float64) * _pick((0.1, 3.0, 40.0), g)).to(q.dtype)
+    cells = tier_a_cells(scores, q[:, :, None], witness[:, None], layout, sm)  # the radius inside the pass
     with mp.workdps(_DPS):
         for i in range(_QUERIES):
+            exact = [spec.bound_band_witness(q[0, i].double().tolist(), witness[0, t].tolist(), layout.bands,
+                                             layout.rope, sm) for t in range(_TOKENS)]
+            label = f"tier A |q|~{q[0, i].abs().max().item():.1e} sm={sm}"
             for t in range(_TOKENS):
-                exact = spec.bound_band_witness(q[0, i].double().tolist(), witness[0, t].tolist(), layout.bands,
-                                                layout.rope, sm)
-                _judge(tally, f"tier A |q|~{q[0, i].abs().max().item():.1e} sm={sm}", exact, float(c[0, i, 0, t]))
+                _judge(tally, label, exact[t], float(c[0, i, 0, t]))
+            with mp.workdps(50):
+                meter = golden.meter_from_scores(scores[0, i, 0].double().tolist(),
+                                                 [mp.inf if mp.isnan(x) else x for x in exact])  # 0 * inf: trivial
+            _judge(tally, f"{label} cell meter", meter, float(cells.meter[0, i, 0]))
 
 
 def _tier_b(tally: AttackTally, g: torch.Generator) -> None:
