@@ -273,8 +273,8 @@ def test_compiled_stored_statistics_never_below_the_eager_witness():
     layout = witcert.BandLayout(32, 8)
     k = torch.randn(2, 2, 40, 32, generator=g) * torch.logspace(-6, 3, 40)[:, None]
     k_hat, v = k + 1e-3 * torch.randn(k.shape, generator=g), torch.randn(k.shape, generator=g)
-    (witness, *norms), eager = compiled(k, k_hat, v, v + 0.01, layout.index), observation.stored_statistics(
-        k, k_hat, v, v + 0.01, layout.index)
+    (witness, *norms), eager = compiled(k, k_hat, v, v + 0.01, layout), observation.stored_statistics(
+        k, k_hat, v, v + 0.01, layout)
     assert witness.dtype == torch.float16 and torch.equal(witness, eager[0])  # the rounding up to fp16 is exact
     for got, expected in zip(norms, eager[1:]):  # fp64 norms with a budget for any summation order
         assert torch.allclose(got, expected, rtol=1e-13, atol=0.0)

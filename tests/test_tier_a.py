@@ -68,6 +68,16 @@ def test_layout_index_matches_spec_and_holds_whole_pairs(head_dim, bands, rope):
         assert {(row[i], row[i + 1]) for i in range(0, len(row), 2)} <= pairs
 
 
+@pytest.mark.parametrize("head_dim,bands", LAYOUTS)
+@pytest.mark.parametrize("rope", ROPES)
+def test_split_is_the_gather_by_index(head_dim, bands, rope):
+    """``split`` forms bands by reshape and permute (no gather): entry for entry ``x[..., index]``, any leading dims."""
+    layout = witcert.BandLayout(head_dim, bands, rope)
+    x = torch.randn(2, 3, 5, head_dim, dtype=torch.float64)
+    for view in (x, x.transpose(1, 2), x[0, 0]):
+        assert torch.equal(layout.split(view), view[..., layout.index])
+
+
 def test_layout_conventions_spelled_out():
     """rotate_half pairs (j, j + d/2); interleaved pairs (2j, 2j+1) (docs/design.md "Tier A: the band witness")."""
     assert witcert.BandLayout(8, 2, "rotate_half").index.tolist() == [[0, 4, 1, 5], [2, 6, 3, 7]]

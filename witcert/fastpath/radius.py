@@ -126,9 +126,10 @@ def scaled_query_norms(q: torch.Tensor, layout: BandLayout, scale: float, hkv: i
     """fp32 ``>= scale ||q_b||``, at least ``2^-100`` (..., Hkv, G Tq, B): each kv head's query rows folded."""
     lead, hq, tq = q.shape[:-3], q.shape[-3], q.shape[-2]
     folded = q.to(torch.float64).reshape(*lead, hkv, hq // hkv * tq, layout.head_dim)
-    return scaled_norms_of(folded, layout.index, scale)
+    return scaled_norms_of(folded, layout, scale)
 
 
-def scaled_norms_of(q64: torch.Tensor, index: torch.Tensor, scale: float) -> torch.Tensor:
-    """:func:`scaled_query_norms` of fp64 rows (..., d), bands gathered by ``index`` -> (..., B) (no host synchronisation)."""
-    return torch.clamp(fp32_up(norms_upper_fp64(q64[..., index.to(q64.device)]) * scale), min=_NORM_FLOOR)
+def scaled_norms_of(q64: torch.Tensor, layout: BandLayout, scale: float) -> torch.Tensor:
+    """:func:`scaled_query_norms` of fp64 rows (..., d), bands as ``layout`` splits them -> (..., B) (no host
+    synchronisation)."""
+    return torch.clamp(fp32_up(norms_upper_fp64(layout.split(q64)) * scale), min=_NORM_FLOOR)

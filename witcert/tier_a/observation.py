@@ -96,18 +96,18 @@ def stored_keys(k: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, v_hat: to
     _check_layout(layout)
     _check_key_pair(k, k_hat, layout)
     values.check_value_pair(v, v_hat)
-    witness, rho, v_norm = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout.index)
+    witness, rho, v_norm = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout)
     return StoredKeys(k_hat=k_hat, witness=witness, value_residual=rho, value_norm=v_norm)
 
 
-def stored_statistics(k, k_hat, v, v_hat, index) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def stored_statistics(k, k_hat, v, v_hat, layout: BandLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(witness, value residual norms, value norms)`` of checked tensors (no host synchronisation)."""
-    return residual_witness(k, k_hat, index), values.residual_norms(v, v_hat), values.norms_up(v.to(torch.float64))
+    return residual_witness(k, k_hat, layout), values.residual_norms(v, v_hat), values.norms_up(v.to(torch.float64))
 
 
 def _statistics_probe() -> tuple:
     x = torch.ones(1, 2, 2, 8)
-    return x, x, x, x, BandLayout(8, 2).index
+    return x, x, x, x, BandLayout(8, 2)
 
 
 def observe(
@@ -193,7 +193,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     if fused and stored.witness.dtype == torch.float16:  # inputs valid by construction: one pass, no re-checks
         folded = (*lead, hkv, groups * tq)
         results = pick(stored_pass, stored_pass_probe)(
-            qg.reshape(*folded, d), k_hat64, layout.index, stored.witness, keep.reshape(*folded, s),
+            qg.reshape(*folded, d), k_hat64, layout, stored.witness, keep.reshape(*folded, s),
             rho.squeeze(-2), v_norm.squeeze(-2), scale,
             score_rounding_coefficients(d, scale, torch.float64, torch.float64, torch.float64))
         scores, c, meter, risk, value_term, v_max, bound = (x.reshape(*grouped, *x.shape[len(folded):]) for x in results)

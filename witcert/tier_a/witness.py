@@ -73,7 +73,7 @@ def witness_of(
     if rope_dtype is not None and rope_dtype not in ROPE_DTYPES:
         raise ValueError(f"rope_dtype must be None or one of {ROPE_DTYPES}, got {rope_dtype!r}")
     if rope_dtype is None:
-        return residual_witness(k, k_hat, layout.index)
+        return residual_witness(k, k_hat, layout)
     k64, k_hat64 = k.to(torch.float64), k_hat.to(torch.float64)
     norms = _band_norms_upper_fp64(k_hat64 - k64, layout)  # (..., S, B)
     k_norms = _band_norms_upper_fp64(k64, layout)
@@ -82,11 +82,11 @@ def witness_of(
     return band_major(round_up_to(norms, torch.float16))
 
 
-def residual_witness(k: torch.Tensor, k_hat: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+def residual_witness(k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout) -> torch.Tensor:
     """:func:`witness_of` without rotation on checked keys: the fp16 upper band norms of ``k_hat - k``
-    (fp64 difference, exact for inputs up to fp32), bands gathered by ``index`` (``BandLayout.index``)."""
+    (fp64 difference, exact for inputs up to fp32), bands as ``layout`` splits them."""
     residual = k_hat.to(torch.float64) - k.to(torch.float64)
-    return band_major(round_up_to(norms_upper_fp64(residual[..., index.to(residual.device)]), torch.float16))
+    return band_major(round_up_to(norms_upper_fp64(layout.split(residual)), torch.float16))
 
 
 def band_major(w: torch.Tensor) -> torch.Tensor:
