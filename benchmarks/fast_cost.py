@@ -51,7 +51,6 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
     fns = {"attention": lambda: _attention(p),
            "library meter (Tier A c)": lambda: witcert.meter(scores, c_a)}
     for label in ("eager",) + (("compiled",) if compiled else ()):
-        tier_a_c = witcert.logit_bound
         tier_b_c = tier_b_radius.fast_tier_b_logit_bound if label == "compiled" else witcert.tier_b_logit_bound
 
         def fused(c_fn=None, compiled=label == "compiled"):
@@ -63,8 +62,8 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
                 return tier_a_cells(scores, p["q"], p["w"], p["layout"], p["sm"], checked=True).meter
 
         fns[f"fused {label}"] = fused
-        fns[f"fused {label} + Tier A c"] = fused_tier_a if label == "compiled" else lambda fused=fused, f=tier_a_c: fused(
-            lambda: f(p["q"], p["w"], p["layout"], p["sm"]))
+        fns[f"fused {label} + Tier A c"] = fused_tier_a if label == "compiled" else lambda fused=fused: fused(
+            lambda: witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"]))
         fns[f"fused {label} + Tier B c"] = lambda fused=fused, f=tier_b_c: fused(
             lambda: f(p["q"], p["store"], p["delta_loc"], p["sm"]))
     if compiled:  # the same numbers to the budget (the compiled code follows the same analysis)

@@ -200,3 +200,18 @@ def test_tier_a_cells_checks_its_arguments():
         tier_a_cells(scores, q, -w, layout)
     with pytest.raises(ValueError, match="multiple of kv heads"):
         tier_a_cells(scores[:, :3], q[:, :3], w, layout)
+
+
+def test_tier_a_cells_folds_several_queries_per_head_as_the_two_calls_do():
+    """Tq = 3 queries on each of 4 query heads over 2 kv heads: each (head, query) row is matched to its own
+    radius (the fold of ``q`` and of ``scores`` agree), bit for bit the two calls eagerly."""
+    g = torch.Generator().manual_seed(41)
+    layout = witcert.BandLayout(16, 4)
+    q = torch.randn(2, 4, 3, 16, generator=g) * torch.tensor([0.1, 1.0, 10.0])[:, None]  # rows of different size
+    k = torch.randn(2, 2, 30, 16, generator=g)
+    w = witcert.witness_of(k, k + 0.05 * torch.randn(k.shape, generator=g), layout)
+    scores = torch.randn(2, 4, 3, 30, generator=g)
+    cells = tier_a_cells(scores, q, w, layout)
+    two_calls = lean_cells(scores, fast_logit_bound(q, w, layout), checked=True)
+    assert cells.meter.shape == (2, 4, 3) and torch.equal(cells.meter, two_calls.meter)
+    assert torch.unique(cells.meter).numel() > 12  # the rows really differ: a misfold would show

@@ -14,7 +14,6 @@ from witcert.fastpath import budgeted_pass, radius
 from witcert.fastpath.budgeted_pass import MAX_TOKENS
 from witcert.fastpath.compiled import pick
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness import _resolve_scale, check_head_pairing, check_logit_bound_inputs
 
 
 @dataclass(frozen=True)
@@ -52,8 +51,7 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
     """
     if not checked:
         scores, c = check_scores_and_bounds(scores, c)
-    if scores.shape[-1] > MAX_TOKENS:
-        raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
+    _check_token_cap(scores)
     rows, n = scores.shape[:-1], scores.shape[-1]
     flat = [_flat(scores, scores), _flat(c, scores), *_value_statistics(rho, v_norm, scores)]
     if flat[0].shape != (rows.numel(), n):
@@ -77,20 +75,20 @@ def tier_a_cells(scores, q, w, layout: BandLayout, sm_scale: float | None = None
     if w.dtype != torch.float16 or scores.shape[-1] < 2 or scores[..., 0].numel() < 2:
         c = radius.fast_logit_bound(q, w, layout, sm_scale, checked=checked)
         return lean_cells(scores, c, rho, v_norm, checked=checked)
-    if checked:
-        hkv, _ = check_head_pairing(q.shape, w.shape, "q", "w")
-    else:
-        hkv, _ = check_logit_bound_inputs(q, w, layout)
+    lifted = radius.checked_query_norms(q, w, layout, sm_scale, checked=checked)
     if scores.shape != (*q.shape[:-1], w.shape[-2]):
         raise ValueError(f"scores must be (..., Hq, Tq, S) = {(*q.shape[:-1], w.shape[-2])} for q {tuple(q.shape)} "
                          f"and w {tuple(w.shape)}, got {tuple(scores.shape)}")
-    if scores.shape[-1] > MAX_TOKENS:
-        raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
-    norms = radius.scaled_query_norms(q, layout, _resolve_scale(sm_scale, layout.head_dim), hkv)
+    _check_token_cap(scores)
     flat = _working(scores).reshape(-1, scores.shape[-1])
-    lifted = radius.lifted_norms(norms, w.shape[-1])
     results = pick(radius.tier_a_pass, radius.tier_a_probe)(flat, *lifted, w, *_value_statistics(rho, v_norm, scores))
     return LeanCells(*(r.reshape(scores.shape[:-1]) for r in results))
+
+
+def _check_token_cap(scores: torch.Tensor) -> None:
+    """A shape check even for checked inputs: the pass's sum budget holds for rows of at most ``MAX_TOKENS``."""
+    if scores.shape[-1] > MAX_TOKENS:
+        raise ValueError(f"scores has {scores.shape[-1]} tokens; the fast path's sum budget covers at most {MAX_TOKENS}")
 
 
 def _value_statistics(rho, v_norm, scores: torch.Tensor) -> list:

@@ -113,13 +113,20 @@ def fast_logit_bound(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_sc
     """
     if w.dtype != torch.float16:
         return logit_bound(q, w, layout, sm_scale)
+    c = pick(band_dot, probe)(*checked_query_norms(q, w, layout, sm_scale, checked=checked), w)
+    return c.reshape(*q.shape[:-1], w.shape[-2])
+
+
+def checked_query_norms(q: torch.Tensor, w: torch.Tensor, layout: BandLayout, sm_scale: float | None, *,
+                        checked: bool) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`lifted_norms` of ``q``'s scaled band norms (..., Hkv, G Tq, B), after :func:`witcert.logit_bound`'s
+    checks of ``q`` and ``w`` (only the shapes and head pairing when ``checked``)."""
     if checked:
         hkv, _ = check_head_pairing(q.shape, w.shape, "q", "w")
     else:
         hkv, _ = check_logit_bound_inputs(q, w, layout)
     folded = scaled_query_norms(q, layout, _resolve_scale(sm_scale, layout.head_dim), hkv)
-    c = pick(band_dot, probe)(*lifted_norms(folded, w.shape[-1]), w)
-    return c.reshape(*q.shape[:-1], w.shape[-2])
+    return lifted_norms(folded, w.shape[-1])
 
 
 def scaled_query_norms(q: torch.Tensor, layout: BandLayout, scale: float, hkv: int) -> torch.Tensor:

@@ -154,9 +154,10 @@ class CompressedLayer:
         new = stored_keys(key, k_hat, value, v_hat, self.layout)
         _add_chunk(self.codec, self.key_chunks, k_packed)
         _add_chunk(self.codec, self.value_chunks, v_packed)
+        held = [self._stats["witness"]] if "witness" in self._stats else []
+        self._stats["witness"] = cat_tokens(*held, new.witness)  # band-major: the layout the fast band dot reads
         # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
-        _extend(self._stats, witness=new.witness, value_residual=new.value_residual,
-                value_norm=round_up_to(new.value_norm, torch.float32))
+        _extend(self._stats, value_residual=new.value_residual, value_norm=round_up_to(new.value_norm, torch.float32))
         if self.keep_exact:
             _extend(self._exact, k=key.detach().clone(), v=value.detach().clone())
             _extend(self._decoded, k=k_hat, v=v_hat)
@@ -213,11 +214,6 @@ def _add_chunk(codec, chunks: list, packed) -> None:
 
 
 def _extend(parts: dict, **new: torch.Tensor) -> None:
-    """Append each tensor along the token axis (2) of the stored one; the witness stays band-major
-    (:func:`~witcert.tier_a.witness.cat_tokens`: the layout the fast band dot reads)."""
+    """Append each tensor along the token axis (2) of the stored one."""
     for name, tensor in new.items():
-        held = [parts[name]] if name in parts else []
-        if name == "witness":
-            parts[name] = cat_tokens(*held, tensor)
-        else:
-            parts[name] = torch.cat([*held, tensor], dim=2) if held else tensor
+        parts[name] = tensor if name not in parts else torch.cat([parts[name], tensor], dim=2)
