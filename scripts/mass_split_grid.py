@@ -20,9 +20,10 @@ Row sets: ``adversarial`` (S in {4, 8, 12}, random scores and radii, mixed shape
 (S = 256, a peaked ``p~`` with a sink, the largest radii on low-mass tokens) and, with ``--model``,
 SmolLM2 rtn-int8 Tier A cells (six layers, every query head, three domains, 8 queries each).
 
-The last two rows of every table are the shipped code itself (``witcert.core.bounds.moments``,
+The last three rows of every table are the shipped code itself (``witcert.core.bounds.moments``,
 with its rounding enclosure): ``torch before`` is its enclosure without CS and MS (the meter
-before issue 12, and what the Triton kernel still reports), ``torch after`` is ``witcert.meter``.
+before issue 12, and what the Triton kernel still reports), ``torch after`` is ``witcert.meter``;
+then the fast path's fused pass (``witcert.fastpath.fused.lean_cells``).
 ``--final-only`` skips the grid study and reports just those and the sup box.
 
 Usage: ``PYTHONPATH=. python scripts/mass_split_grid.py [--rows N] [--model] [--cache FILE] [--final-only]``
@@ -195,10 +196,12 @@ def shipped_meters(scores, c) -> dict:
     """The torch meter as shipped, before (enclosure without CS, MS) and after issue 12, fp64."""
     from witcert.core import bounds
     from witcert.core.metering import meter
+    from witcert.fastpath.fused import lean_cells
 
     m = bounds.moments(scores, c)
     before = bounds.Enclosure(m.k_hi, m.j_hi, m.a_minus_lo, m.max_c).meter()
-    return {"torch before: min(1, T1, P1, MN)": before, "torch after: witcert.meter (+CS+MS)": meter(scores, c)}
+    return {"torch before: min(1, T1, P1, MN)": before, "torch after: witcert.meter (+CS+MS)": meter(scores, c),
+            "fast path: lean_cells (+CS+MS on 4 sets)": lean_cells(scores, c).meter}
 
 
 def evaluate(name: str, rows, variants) -> list[str]:

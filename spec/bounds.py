@@ -508,9 +508,33 @@ def bound_mass_split(p_tilde: Sequence[Real], c: Sequence[Real], thresholds: Seq
     return min(_mass_split_at(p, r, g) for g in grid)
 
 
+def bound_mass_split_sets(p_tilde: Sequence[Real], c: Sequence[Real], low_sets: Sequence[Sequence[bool]]) -> mpf:
+    """MS minimised over explicit low sets ``L`` (Lean ``WitCert.tv_le_mass_split`` holds for any set).
+
+    ``low_sets``: each a sequence of booleans, one per token of ``p_tilde`` (``True``: the token is in
+    ``L``). The fast path (``witcert.fastpath.budgeted_pass``) splits at its own thresholds on its
+    fp32 radii, so its oracle names the sets rather than thresholds. Value as :func:`bound_mass_split`.
+    """
+    if len(low_sets) == 0:
+        raise ValueError("low_sets: must hold at least one set")
+    weights = _distribution(p_tilde)
+    keep = [pt > 0 for pt in weights]
+    p, r = _support(p_tilde, c)
+    on_support = set()
+    for i, low in enumerate(low_sets):
+        if len(low) != len(keep):
+            raise ValueError(f"low_sets[{i}]: has {len(low)} entries, p_tilde has {len(keep)}")
+        on_support.add(tuple(bool(x) for x, kept in zip(low, keep) if kept))  # equal sets: one evaluation
+    return min(_mass_split_on(p, r, list(low)) for low in on_support)
+
+
 def _mass_split_at(p: list[mpf], r: list[mpf], g: mpf) -> mpf:
     """``MS_g`` for normalised ``p`` on the support."""
-    low = [ct <= g for ct in r]
+    return _mass_split_on(p, r, [ct <= g for ct in r])
+
+
+def _mass_split_on(p: list[mpf], r: list[mpf], low: list[bool]) -> mpf:
+    """MS for the low set ``low`` (flags on the support), normalised ``p``."""
     r_low = [ct if inside else mpf(0) for ct, inside in zip(r, low)]
     first = min(bound_eform(p, r_low), bound_two_sided(p, r_low), bound_chi_square(p, r_low),
                 bound_maxnorm(p, r_low))

@@ -121,6 +121,16 @@ def mass_split_from_scores(scores: Sequence[Real], c: Sequence[Real], thresholds
     return bounds.bound_mass_split(bounds.softmax(scores), c, thresholds)
 
 
+@_golden
+def meter_on_sets_from_scores(scores: Sequence[Real], c: Sequence[Real], low_sets: Sequence[Sequence[bool]]) -> mpf:
+    """The exact meter ``min(1, T1, P1, MN, CS, MS)`` with MS over the given low sets
+    (``bounds.bound_mass_split_sets``): the oracle of a meter that splits at sets of its own choosing
+    (the fast path, ``witcert.fastpath.budgeted_pass.split_low_sets``)."""
+    p = bounds.softmax(scores)
+    return min(mpf(1), bounds.bound_eform(p, c), bounds.bound_two_sided(p, c), bounds.bound_maxnorm(p, c),
+               bounds.bound_chi_square(p, c), bounds.bound_mass_split_sets(p, c, low_sets))
+
+
 BOUNDS_FROM_SCORES: dict[str, Callable[[Sequence[Real], Sequence[Real]], mpf]] = {
     "eform": eform_from_scores,
     "two_sided": two_sided_from_scores,

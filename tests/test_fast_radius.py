@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 from mpmath import mp, mpf
 
 import witcert
+from witcert.fastpath import budgeted_pass
 from witcert.fastpath import compiled as compiled_mod
 from witcert.fastpath import radius
 from witcert.fastpath.fused import lean_cells, tier_a_cells
@@ -160,14 +161,16 @@ def _gqa_cell(g: torch.Generator, s: int):
 def test_tier_a_cells_is_the_two_calls_in_one_pass_and_never_below_golden(compiled, monkeypatch):
     """``tier_a_cells`` forms the radius inside the pass: the meter of ``lean_cells(scores, fast_logit_bound(...))``
     (bit for bit eager; to the budget compiled), and per row never below the 50-digit meter at the exact
-    Theorem-2 radius (60-digit band norms of the query against the stored witness)."""
+    Theorem-2 radius (60-digit band norms of the query against the stored witness), MS on the pass's sets."""
     if compiled and compiled_mod.compiled_of(radius.tier_a_pass, radius.tier_a_probe) is None:
         pytest.skip("torch.compile unavailable on this machine")
     monkeypatch.setenv("WITCERT_COMPILE", "1" if compiled else "0")
     layout, q, w, scores = _gqa_cell(torch.Generator().manual_seed(29), 24)
     for dtype in (torch.float32, torch.float64):
         cells = tier_a_cells(scores.to(dtype), q.to(dtype), w, layout, 0.25)
-        two_calls = lean_cells(scores.to(dtype), fast_logit_bound(q.to(dtype), w, layout, 0.25), checked=True)  # c kept fp32
+        c = fast_logit_bound(q.to(dtype), w, layout, 0.25)  # kept fp32
+        two_calls = lean_cells(scores.to(dtype), c, checked=True)
+        sets = budgeted_pass.split_low_sets(scores.to(dtype), c)  # where the pass splits (MS)
         assert cells.meter.shape == (1, 4, 1)
         if compiled:
             assert torch.allclose(cells.meter, two_calls.meter, rtol=1e-6, atol=0.0)
@@ -178,7 +181,8 @@ def test_tier_a_cells_is_the_two_calls_in_one_pass_and_never_below_golden(compil
             with mp.workdps(60):
                 exact_c = [spec.bound_band_witness(q[0, h, 0].to(dtype).double().tolist(), w[0, h // 2, t].tolist(),
                                                    4, layout.rope, 0.25) for t in range(24)]
-                assert mpf(cells.meter[0, h, 0].item()) >= golden.meter_from_scores(row, exact_c)
+                exact = golden.meter_on_sets_from_scores(row, exact_c, sets[0, h, 0].tolist())
+                assert mpf(cells.meter[0, h, 0].item()) >= exact
 
 
 def test_tier_a_cells_takes_the_two_calls_where_one_pass_does_not_apply():

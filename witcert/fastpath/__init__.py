@@ -1,7 +1,7 @@
 """Fast meter path: fp32 passes with a-priori rounding budgets, compiled where possible.
 
 - :mod:`witcert.fastpath.budgeted_pass`: the fused meter pass (moments in fp32, sums in fp64; meter
-  ``min(1, T1, P1, MN, CS)``, risk and value term) and its rounding budget;
+  ``min(1, T1, P1, MN, CS, MS)``, MS on four low sets of its own; risk and value term) and its rounding budget;
 - :mod:`witcert.fastpath.radius`: the Tier A radius as one fp32 band dot over the fp16 witness;
 - :mod:`witcert.fastpath.tier_b_radius`: the Tier B bound as two fp32 group dots over the fp16 scales
   (the monitor's Tier B tightening, every written chunk in one pass);

@@ -21,14 +21,14 @@ class LeanCells:
     """Per-row fp64 results of :func:`lean_cells` (shape ``(...)``): each an upper bound except ``v_norm_max``
     (the exact maximum of the given norms over the live tokens)."""
 
-    meter: torch.Tensor  # min(1, T1, P1, MN, CS)
+    meter: torch.Tensor  # min(1, T1, P1, MN, CS, MS), MS on the pass's low sets (budgeted_pass.split_low_sets)
     risk: torch.Tensor  # T1 unclamped: inf on overflow, never NaN
     value_term: torch.Tensor  # >= sum_t p~_t rho_t (0 when no rho was given)
     v_norm_max: torch.Tensor  # max_t ||v_t|| over live tokens (0 when not given)
 
 
 def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> LeanCells:
-    """Meter, risk, value term and max value norm of every row in one fused pass (``T1``, ``P1``, ``MN``, ``CS``, ``FP``).
+    """Meter, risk, value term and max value norm of every row in one fused pass (``T1``, ``P1``, ``MN``, ``CS``, ``MS``, ``FP``).
 
     Parameters
     ----------
@@ -63,7 +63,7 @@ def lean_cells(scores, c, rho=None, v_norm=None, *, checked: bool = False) -> Le
 def tier_a_cells(scores, q, w, layout: BandLayout, sm_scale: float | None = None, rho=None, v_norm=None, *,
                  checked: bool = False) -> LeanCells:
     """:func:`lean_cells` of the Tier A radius ``c`` of :func:`~witcert.fastpath.radius.fast_logit_bound`, in one
-    pass that forms ``c`` inside it and never stores it (``T2``, ``T1``, ``P1``, ``MN``, ``CS``, ``FP``).
+    pass that forms ``c`` inside it and never stores it (``T2``, ``T1``, ``P1``, ``MN``, ``CS``, ``MS``, ``FP``).
 
     ``scores`` (..., Hq, Tq, S): the compressed logits of the queries ``q`` (..., Hq, Tq, d), whose keys
     have the witnesses ``w`` (..., Hkv, S, B) (arguments and head pairing as :func:`witcert.logit_bound`);
@@ -129,11 +129,12 @@ def _padding_mask(padded: torch.Tensor, shape) -> torch.Tensor:
 
 
 def fast_meter(scores, c) -> torch.Tensor:
-    """The fast meter ``min(1, T1, P1, MN, CS)``: validated once, one fused fp32 pass; never below the exact value.
+    """The fast meter ``min(1, T1, P1, MN, CS, MS)``: validated once, one fused fp32 pass; never below the exact value.
 
-    Same contract as :func:`witcert.meter` (``T1``, ``P1``, ``MN``, ``CS``; rounding ``FP``), returned in
-    the working dtype (rounded up). It may exceed :func:`witcert.meter` slightly (an fp32 rounding
-    budget, and no ``P1r``/``MS`` in the minimum), never the other way round for the exact value.
+    Same contract as :func:`witcert.meter` (``T1``, ``P1``, ``MN``, ``CS``, ``MS``; rounding ``FP``), returned in
+    the working dtype (rounded up). It differs from :func:`witcert.meter` slightly either way: an fp32
+    rounding budget above, and MS on four low sets of its own (:func:`~witcert.fastpath.budgeted_pass.split_low_sets`)
+    instead of the eager grid's twelve; never below the exact value of its own bounds.
     """
     scores, c = check_scores_and_bounds(scores, c)
     return round_up_to(lean_cells(scores, c, checked=True).meter, scores.dtype)

@@ -173,8 +173,8 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     (:func:`witcert.fastpath.stored_pass.stored_pass`, compiled with ``WITCERT_COMPILE=1``), under
     a-priori rounding budgets, instead of the eager reference's separate passes (an fp16 witness,
     as every built-in store holds; any other dtype takes the eager path). Its meter is
-    ``min(1, T1, P1, MN, CS)``, never below the exact value and at most a little above the eager
-    full minimum, which also takes ``P1r`` and ``MS``.
+    ``min(1, T1, P1, MN, CS, MS)`` with MS on four low sets of its own, never below the exact value
+    and close to the eager meter (whose MS minimises over twelve thresholds).
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]
@@ -203,7 +203,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
                                                     accumulate_dtype=torch.float64))
         scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
         c = c.reshape(*grouped, s)
-        meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (P1r and MS too)
+        meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (MS on the eager grid)
         risk = risk_score(scores, c)
         value_term = values.value_error_term(scores, rho)
         v_max = values.max_value_norm(v_norm, scores)

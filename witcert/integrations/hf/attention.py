@@ -66,7 +66,7 @@ class CallScope:
     delta_sweep: dict = field(default_factory=dict)  # column name -> delta_loc: extra Tier B meters
     tau_k: float = 0.2
     tau_v: float = 0.05
-    fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS)); False: the full eager meter
+    fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS, MS)); False: the full eager meter
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""

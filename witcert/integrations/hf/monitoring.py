@@ -103,9 +103,9 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         Threshold of the summary's coverage column (and of ``pass_K``).
     meter : {"fused", "full"}
         ``"fused"`` (default): each layer's cells from one fp32 pass under an a-priori rounding
-        budget, ``min(1, T1, P1, MN, CS)`` (:mod:`witcert.fastpath`; compiled with
-        ``WITCERT_COMPILE=1``). ``"full"``: the eager reference's full minimum, which adds the
-        retention form ``P1r`` and the mass split ``MS`` (a little tighter, several times slower
+        budget, ``min(1, T1, P1, MN, CS, MS)`` (:mod:`witcert.fastpath`; MS on four low sets; compiled with
+        ``WITCERT_COMPILE=1``). ``"full"``: the eager reference's meter, per-operation directed
+        rounding and MS over twelve thresholds (as tight or a little tighter, several times slower
         per cell). Both are sound.
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,

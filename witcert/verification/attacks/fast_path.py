@@ -8,14 +8,16 @@ threshold, masks with ``c = inf`` on masked tokens), plus one ``long-row`` per r
 so one per run; ``tests/test_fastpath.py`` checks a 131,072-token row on every test run). Per row,
 against the 60-digit statements (``witcert.spec.bounds``):
 :func:`~witcert.fastpath.fused.fast_meter` against the exact minimum of the bounds it forms,
-``min(1, T1, P1, MN, CS)`` (stronger than the full meter, which also takes ``MS``), the fused
+``min(1, T1, P1, MN, CS, MS)`` with MS on the pass's own low sets (:func:`formed_meter`), the fused
 risk against ``T1`` and the fused value term against ``sum p~ rho``. Eager by default; the
 compiled pass when ``WITCERT_COMPILE=1`` (``tests/test_fastpath.py`` runs both).
 """
 import torch
 from mpmath import mp, mpf
 
+from witcert.fastpath.budgeted_pass import split_low_sets
 from witcert.fastpath.fused import fast_meter, lean_cells
+from witcert.spec import bounds as spec
 from witcert.verification.attacks import AttackTally
 from witcert.verification.attacks.underflow import DPS, FAMILIES, _judge, _mask, _residuals, _Row
 
@@ -24,7 +26,7 @@ SHARE = 0.004  # a short row costs ~90 ms of 60-digit spec evaluations: 2,000 ro
 _SIZES = (1, 2, 3, 5, 8, 17, 64, 256)
 _ROWS = 6
 _LONG_MIN_ROWS = 1000  # runs this large get one long row (~2-7 min of 60-digit evaluation), halfway
-_FORMED = ("eform", "two_sided", "maxnorm", "chi_square")  # the fused meter = min(1, these)
+_FORMED = ("eform", "two_sided", "maxnorm", "chi_square")  # the fused meter = min(1, these, MS on its sets)
 
 
 def _long_row(g: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
@@ -36,6 +38,13 @@ def _long_row(g: torch.Generator, dtype: torch.dtype) -> tuple[torch.Tensor, tor
     return scores.to(dtype), c.to(dtype)
 
 
+def formed_meter(row: _Row, low_sets: list) -> mpf:
+    """The exact value of the meter the fused pass forms, ``min(1, T1, P1, MN, CS, MS)`` with MS on the low sets
+    it splits at (``low_sets``: :func:`~witcert.fastpath.budgeted_pass.split_low_sets` of the row)."""
+    with mp.workdps(DPS):
+        return min([mpf(1)] + [row.statement(name) for name in _FORMED] + [spec.bound_mass_split_sets(row.p, row.c, low_sets)])
+
+
 def _check(scores: torch.Tensor, c: torch.Tensor, g: torch.Generator, tally: AttackTally, label: str) -> None:
     try:
         reported = fast_meter(scores, c)
@@ -44,11 +53,10 @@ def _check(scores: torch.Tensor, c: torch.Tensor, g: torch.Generator, tally: Att
         return
     rho = _residuals(scores.shape, scores.dtype, g)
     fused = lean_cells(scores, c, rho)
+    sets = split_low_sets(scores, c)
     for i in range(scores.shape[0]):
         row = _Row(scores[i].double().tolist(), c[i].double().tolist())
-        with mp.workdps(DPS):
-            formed = min([mpf(1)] + [row.statement(name) for name in _FORMED])
-        _judge(tally, f"fast_meter {label}", formed, float(reported[i]))
+        _judge(tally, f"fast_meter {label}", formed_meter(row, sets[i].tolist()), float(reported[i]))
         _judge(tally, f"fused risk {label}", row.statement("eform"), float(fused.risk[i]))
         _judge(tally, f"fused value_term {label}", row.value_term(rho[i].double().tolist()), float(fused.value_term[i]))
 

@@ -17,6 +17,7 @@ import math
 import torch
 from mpmath import mp, mpf
 
+from witcert.fastpath.budgeted_pass import split_low_sets
 from witcert.fastpath.fused import tier_a_cells
 from witcert.fastpath.radius import fast_logit_bound
 from witcert.fastpath.tier_b_radius import fast_tier_b_logit_bound
@@ -82,9 +83,10 @@ def _tier_a(tally: AttackTally, g: torch.Generator) -> None:
             label = f"tier A |q|~{q[0, i].abs().max().item():.1e} sm={sm}"
             for t in range(_TOKENS):
                 _judge(tally, label, exact[t], float(c[0, i, 0, t]))
-            with mp.workdps(50):
-                meter = golden.meter_from_scores(scores[0, i, 0].double().tolist(),
-                                                 [mp.inf if mp.isnan(x) else x for x in exact])  # 0 * inf: trivial
+            with mp.workdps(50):  # MS on the sets the pass splits at (its fp32 radius decides them)
+                meter = golden.meter_on_sets_from_scores(scores[0, i, 0].double().tolist(),
+                                                         [mp.inf if mp.isnan(x) else x for x in exact],  # 0 * inf: trivial
+                                                         split_low_sets(scores[0, i, 0], c[0, i, 0]).tolist())
             _judge(tally, f"{label} cell meter", meter, float(cells.meter[0, i, 0]))
 
 
