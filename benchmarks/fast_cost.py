@@ -11,8 +11,8 @@ in one process (every ratio is a median over the same run's attention median):
 * ``+ Tier A c``: the per-token bound included -- eager: ``witcert.logit_bound`` (fp64, directed);
   compiled: :func:`witcert.fastpath.fused.tier_a_cells` (the fp32 band dot over the band-major fp16
   witness inside the same compiled pass) -- i.e. the whole Tier A meter of a cell; ``+ Tier B c``: eager
-  ``witcert.tier_b_logit_bound`` (fp64); compiled
-  :func:`witcert.fastpath.tier_b_radius.fast_tier_b_logit_bound` (two fp32 group dots, one compiled pass).
+  ``witcert.tier_b_logit_bound`` (fp64); compiled :func:`witcert.fastpath.fused.tier_b_cells` (the two fp32
+  group dots of :mod:`witcert.fastpath.tier_b_radius` inside the same compiled pass).
 
 Each entry is timed warm (repeated calls, inputs in cache: the median per call of samples of >= 20 ms)
 and, compiled, also cold (``cold_ratio_to_attention``: one call right after the attention step,
@@ -29,17 +29,17 @@ from benchmarks.cost import SHAPES, _attention, _problem
 from benchmarks.timing import compile_choice, time_after, time_interleaved
 from witcert.fastpath import budgeted_pass, radius, tier_b_radius
 from witcert.fastpath import compiled as compiled_mod
-from witcert.fastpath.fused import lean_cells, tier_a_cells
+from witcert.fastpath.fused import lean_cells, tier_a_cells, tier_b_cells
 
 LENGTHS = {"SmolLM2-135M (9q/3kv, d=64)": (2048, 8192, 32768, 131072), "7B-class (28q/4kv, d=128)": (2048, 8192, 32768)}
 QUICK = (2048, 8192)
 
 
 def first_compile_seconds() -> float:
-    """Seconds to compile the fused pass, the Tier B kernel and the Tier A pass in this process (the on-disk cache helps after the first run)."""
+    """Seconds to compile the fused pass, the Tier B pass and the Tier A pass in this process (the on-disk cache helps after the first run)."""
     started = time.perf_counter()
     fns = [compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe),
-           compiled_mod.compiled_of(tier_b_radius.tier_b_kernel, tier_b_radius.probe),
+           compiled_mod.compiled_of(tier_b_radius.tier_b_pass, tier_b_radius.tier_b_probe),
            compiled_mod.compiled_of(radius.tier_a_pass, radius.tier_a_probe)]
     return float("nan") if None in fns else time.perf_counter() - started
 
@@ -51,8 +51,6 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
     fns = {"attention": lambda: _attention(p),
            "library meter (Tier A c)": lambda: witcert.meter(scores, c_a)}
     for label in ("eager",) + (("compiled",) if compiled else ()):
-        tier_b_c = tier_b_radius.fast_tier_b_logit_bound if label == "compiled" else witcert.tier_b_logit_bound
-
         def fused(c_fn=None, compiled=label == "compiled"):
             with compile_choice(compiled):
                 return lean_cells(scores, c_a if c_fn is None else c_fn(), checked=True).meter
@@ -61,11 +59,15 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
             with compile_choice(compiled):
                 return tier_a_cells(scores, p["q"], p["w"], p["layout"], p["sm"], checked=True).meter
 
+        def fused_tier_b(compiled=label == "compiled"):  # one pass, the bound formed inside it
+            with compile_choice(compiled):
+                return tier_b_cells(scores, p["q"], p["store"], p["delta_loc"], p["sm"], checked=True).meter
+
         fns[f"fused {label}"] = fused
         fns[f"fused {label} + Tier A c"] = fused_tier_a if label == "compiled" else lambda fused=fused: fused(
             lambda: witcert.logit_bound(p["q"], p["w"], p["layout"], p["sm"]))
-        fns[f"fused {label} + Tier B c"] = lambda fused=fused, f=tier_b_c: fused(
-            lambda: f(p["q"], p["store"], p["delta_loc"], p["sm"]))
+        fns[f"fused {label} + Tier B c"] = fused_tier_b if label == "compiled" else lambda fused=fused: fused(
+            lambda: witcert.tier_b_logit_bound(p["q"], p["store"], p["delta_loc"], p["sm"]))
     if compiled:  # the same numbers to the budget (the compiled code follows the same analysis)
         assert torch.allclose(fns["fused compiled"](), fns["fused eager"](), rtol=1e-6)
     timings = time_interleaved(fns, reps=reps, warmup=1)

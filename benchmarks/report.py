@@ -139,9 +139,10 @@ def markdown(results: dict) -> str:
     if results.get("fastpath"):
         parts += ["### 1c. The fused meter pass (witcert.fastpath), eager and compiled, as ratios to attention", "",
                   "`library meter`: `witcert.meter` (eager reference); `fused`: one fp32 pass with an a-priori "
-                  "rounding budget (T1, P1, MN, CS); `+ Tier A/B c`: the per-token bound included (eager: "
-                  "the fp64 library bounds; compiled: the fp32 band dot of `witcert.fastpath.radius` and the fp32 "
-                  "group dots of `witcert.fastpath.tier_b_radius`).", "",
+                  "rounding budget (T1, P1, MN, CS, MS on four sets of its own); `+ Tier A/B c`: the per-token bound "
+                  "included (eager: the fp64 library bounds; compiled: `tier_a_cells` and `tier_b_cells`, the fp32 "
+                  "band dot of `witcert.fastpath.radius` or the fp32 group dots of `witcert.fastpath.tier_b_radius` "
+                  "inside the same compiled pass).", "",
                   _fastpath_md(results), ""]
     if results.get("generation"):
         parts += ["### 1d. Generation overhead", "", _generation_md(results), ""]

@@ -18,9 +18,12 @@ from mpmath import mp, mpf
 
 import witcert
 from spec import dither as spec
+from witcert.fastpath import budgeted_pass
 from witcert.fastpath import compiled as compiled_mod
 from witcert.fastpath import tier_b_radius
+from witcert.fastpath.fused import lean_cells, tier_b_cells
 from witcert.fastpath.tier_b_radius import fast_tier_b_logit_bound
+from witcert.spec import golden
 from witcert.tier_b.counters import StandaloneCounter
 
 LAYOUTS = [dict(group=8), dict(group=16), dict(group=32), dict(granularity="token")]
@@ -140,7 +143,7 @@ def test_fast_radii_attack_class_finds_nothing_and_catches_a_short_lift(monkeypa
     from witcert.verification.attacks import fast_radii
 
     tally = fast_radii.run(30, torch.Generator().manual_seed(0))
-    assert tally.cells == 30 * 26 and tally.violations == 0, tally.notes  # 24 radii and 2 cell meters per trial
+    assert tally.cells == 30 * 28 and tally.violations == 0, tally.notes  # 24 radii and 4 cell meters per trial
     for module, name in ((tier_b_radius, "tier_b_kernel"), (radius, "band_dot")):
         original = getattr(module, name)
         monkeypatch.setattr(module, name, lambda *args, f=original: f(*args) * (1 - 2.0**-17))
@@ -165,3 +168,47 @@ def test_chunks_of_one_cache_in_one_pass():
         fast_tier_b_of_chunks(q, [], 1e-6)
     with pytest.raises(ValueError, match="one cache"):
         fast_tier_b_of_chunks(q, [chunks[0], _store(keys[..., :5, :], group=16)], 1e-6)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_tier_b_cells_is_the_two_calls_in_one_pass_and_never_below_golden(compiled, monkeypatch):
+    """``tier_b_cells`` forms the Tier B bound inside the meter pass: the meter of ``lean_cells(scores,
+    fast_tier_b_logit_bound(...))`` (bit for bit eager; to the budget compiled), and per row never below the
+    50-digit meter at the exact Tier B bound (40-digit spec per token), MS on the pass's own sets."""
+    if compiled and compiled_mod.compiled_of(tier_b_radius.tier_b_pass, tier_b_radius.tier_b_probe) is None:
+        pytest.skip("torch.compile unavailable on this machine")
+    monkeypatch.setenv("WITCERT_COMPILE", "1" if compiled else "0")
+    g = torch.Generator().manual_seed(41)
+    store = _store(torch.randn(1, 2, 20, 32, generator=g) * 3, group=8)
+    q = torch.randn(1, 4, 1, 32, generator=g)
+    scores = torch.randn(1, 4, 1, 20, generator=g, dtype=torch.float64) * 2
+    scores[..., 3] = -math.inf
+    for mode in ("min", "delta"):
+        cells = tier_b_cells(scores, q, store, 1e-6, mode=mode)
+        c = fast_tier_b_logit_bound(q, store, 1e-6, mode=mode)
+        two_calls = lean_cells(scores, c, checked=True)  # c kept fp32
+        if compiled:
+            assert torch.allclose(cells.meter, two_calls.meter, rtol=1e-5, atol=0.0)
+        else:
+            assert torch.equal(cells.meter, two_calls.meter) and torch.equal(cells.risk, two_calls.risk)
+        sets = budgeted_pass.split_low_sets(scores, c)
+        scale = store.scale_per_element()
+        for h in range(4):
+            with mp.workdps(40):
+                exact_c = [spec.logit_bound(q[0, h, 0].double().tolist(), scale[0, h // 2, t].tolist(), 32**-0.5,
+                                            store.n_tokens, 1e-6, mode=mode) for t in range(20)]
+            exact = golden.meter_on_sets_from_scores(scores[0, h, 0].tolist(), exact_c, sets[0, h, 0].tolist())
+            assert mpf(cells.meter[0, h, 0].item()) >= exact, (mode, h)
+
+
+def test_tier_b_cells_takes_the_two_calls_where_one_pass_does_not_apply_and_checks_shapes():
+    g = torch.Generator().manual_seed(43)
+    keys = torch.randn(1, 2, 9, 32, generator=g)
+    q = torch.randn(1, 4, 1, 32, generator=g)
+    scores = torch.randn(1, 4, 1, 9, generator=g)
+    for store, mode, key_dtype in [(_store(keys, granularity="block-channel"), "min", torch.float32),
+                                   (_store(keys), "u", torch.float32), (_store(keys), "min", torch.float16)]:
+        expected = lean_cells(scores, fast_tier_b_logit_bound(q, store, 1e-6, mode=mode, key_dtype=key_dtype)).meter
+        assert torch.equal(tier_b_cells(scores, q, store, 1e-6, mode=mode, key_dtype=key_dtype).meter, expected)
+    with pytest.raises(ValueError, match="scores must be"):
+        tier_b_cells(scores[..., :8], q, _store(keys), 1e-6)

@@ -9,8 +9,9 @@
   stores (logits, radius, score rounding, the fused meter, the output bound) -- the monitor's path;
 - :mod:`witcert.fastpath.compiled`: ``torch.compile`` of these pure functions (``WITCERT_COMPILE=1``),
   with the eager function as the fallback where compilation is unavailable or fails;
-- :mod:`witcert.fastpath.fused`: the entry points :func:`~witcert.fastpath.fused.lean_cells` and
-  :func:`~witcert.fastpath.fused.fast_meter`.
+- :mod:`witcert.fastpath.fused`: the entry points :func:`~witcert.fastpath.fused.lean_cells`,
+  :func:`~witcert.fastpath.fused.tier_a_cells` and :func:`~witcert.fastpath.fused.tier_b_cells` (the per-token
+  bound formed inside the meter pass) and :func:`~witcert.fastpath.fused.fast_meter`.
 
 The eager reference (:mod:`witcert.core`) stays the definition and the oracle; this path computes
 a subset of its minimum and is never below the exact value (registry key ``FP``).

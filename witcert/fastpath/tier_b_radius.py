@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from witcert.fastpath.budgeted_pass import TINY, fp32_up
+from witcert.fastpath.budgeted_pass import TINY, fp32_up, lean_pass
 from witcert.fastpath.compiled import pick
 from witcert.fastpath.radius import split_overflow
 from witcert.tier_b.certificate import (DEQUANT_FACTOR, check_tier_b_inputs, shares_group_scales,
@@ -94,21 +94,42 @@ def fast_tier_b_of_chunks(q: torch.Tensor, stores: list, delta_loc: float, sm_sc
     if not stores:
         raise ValueError("stores: expected at least one written chunk")
     n_union = sum(store.n_tokens for store in stores) if n_tokens is None else n_tokens
-    if not all(_fast(store, mode, key_dtype) for store in stores):
+    if not all(fast_layout(store, mode, key_dtype) for store in stores):
         return torch.cat([tier_b_logit_bound(q, store, delta_loc, sm_scale, mode, n_union, key_dtype)
                           for store in stores], dim=-1)
+    a, b, scales_t = kernel_inputs(q, stores, delta_loc, sm_scale, n_union)
+    c = pick(tier_b_kernel, probe)(a, b, scales_t, mode == "delta")
+    return c.reshape(*q.shape[:-1], scales_t.shape[-1])
+
+
+def kernel_inputs(q: torch.Tensor, stores: list, delta_loc: float, sm_scale: float | None,
+                  n_union: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """:func:`tier_b_kernel`'s ``(a, b, scales_t)`` for the written chunks ``stores`` of one cache (fast layouts:
+    :func:`fast_layout`), after :func:`witcert.tier_b_logit_bound`'s checks; ``a``, ``b`` (*lead, Hkv, G Tq, n_g)."""
     for store in stores[1:]:  # one cache: same layout and heads, only S differs
         if store.layout != stores[0].layout or store.scales.shape[:-2] != stores[0].scales.shape[:-2]:
             raise ValueError("stores: expected the chunks of one cache (same layout and heads)")
     scales_t = torch.cat([store.scales.transpose(-1, -2) for store in stores], dim=-1)  # (*lead, H, n_g, S), one copy
     q64, sm, n_union = check_tier_b_inputs(q, stores[0], delta_loc, sm_scale, n_union)  # (*lead, Hkv, G Tq, d)
     a, b = group_sums(q64, scales_t.shape[-2], sm, math.log(2 * n_union / delta_loc))
-    c = pick(tier_b_kernel, probe)(a, b, scales_t, mode == "delta")
-    return c.reshape(*q.shape[:-1], scales_t.shape[-1])
+    return a, b, scales_t
 
 
-def _fast(store: PackedStore, mode: str, key_dtype: torch.dtype) -> bool:
+def fast_layout(store: PackedStore, mode: str, key_dtype: torch.dtype) -> bool:
+    """Whether this module's pass serves ``store`` read as ``key_dtype`` in ``mode`` (else the fp64 library bound)."""
     return mode in ("min", "delta") and shares_group_scales(store) and key_dtype in _FAST_KEY_DTYPES
+
+
+def tier_b_pass(scores: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales_t: torch.Tensor, deterministic: bool,
+                rho, v_norm) -> tuple[torch.Tensor, ...]:
+    """:func:`~witcert.fastpath.budgeted_pass.lean_pass` on flat (rows, S) ``scores`` with the bound of
+    :func:`tier_b_kernel` formed inside the same pass (``rows = ... Hkv Q``): one compiled graph, ``c`` never stored."""
+    return lean_pass(scores, tier_b_kernel(a, b, scales_t, deterministic).reshape(scores.shape), rho, v_norm)
+
+
+def tier_b_probe() -> tuple:
+    """Arguments that compile :func:`tier_b_pass` (two rows of three tokens, no value statistics)."""
+    return torch.zeros(2, 3), *probe(), None, None
 
 
 def group_sums(q64: torch.Tensor, n_groups: int, sm: float, log_term: float) -> tuple[torch.Tensor, torch.Tensor]:

@@ -8,9 +8,10 @@ queries beyond fp32 included), softmax scales down to ``2^-140``, fp16-subnormal
 scales, all-zero key groups (scale 0, ``c = 0`` exactly), token-group and token layouts, both Tier B
 modes. Per token, the reported ``c`` against the 40-digit spec of the same stored data
 (``witcert.spec.bands.bound_band_witness``, ``witcert.spec.dither.logit_bound``); ``NaN`` is a violation.
-Per Tier A row also the cell meter of :func:`~witcert.fastpath.fused.tier_a_cells` (the radius formed
-inside the pass) against the 50-digit meter at those exact radii. Eager by default; the compiled band
-dot, Tier A pass and Tier B kernel when ``WITCERT_COMPILE=1``.
+Per row also the cell meter of :func:`~witcert.fastpath.fused.tier_a_cells` and
+:func:`~witcert.fastpath.fused.tier_b_cells` (the bound formed inside the pass) against the 50-digit
+meter at those exact radii, MS on the pass's own low sets. Eager by default; the compiled band dot,
+Tier A and Tier B passes and Tier B kernel when ``WITCERT_COMPILE=1``.
 """
 import math
 
@@ -18,7 +19,7 @@ import torch
 from mpmath import mp, mpf
 
 from witcert.fastpath.budgeted_pass import split_low_sets
-from witcert.fastpath.fused import tier_a_cells
+from witcert.fastpath.fused import tier_a_cells, tier_b_cells
 from witcert.fastpath.radius import fast_logit_bound
 from witcert.fastpath.tier_b_radius import fast_tier_b_logit_bound
 from witcert.tier_a.bands import BandLayout
@@ -97,15 +98,23 @@ def _tier_b(tally: AttackTally, g: torch.Generator) -> None:
     store = DitheredInt8(**config).quantize(_keys(g), StandaloneCounter(request=0, layer=0))
     q = _vectors((1, _QUERIES, _DIM), g).to(_pick((torch.float32, torch.float64), g))
     sm, mode = _pick(_SCALES, g), _pick(("min", "delta"), g)
+    from witcert.spec import golden
+
     c = fast_tier_b_logit_bound(q, store, 1e-6, sm, mode)
+    scores = (torch.randn(1, _QUERIES, _TOKENS, generator=g, dtype=torch.float64) * _pick((0.1, 3.0, 40.0), g)).to(q.dtype)
+    cells = tier_b_cells(scores, q, store, 1e-6, sm, mode)  # the bound inside the pass
+    sets = split_low_sets(scores, c)
     sm_value = _DIM**-0.5 if sm is None else sm
     with mp.workdps(_DPS):
         for i in range(_QUERIES):
+            label = f"tier B {mode} {config} |q|~{q[0, i].abs().max().item():.1e} sm={sm}"
+            exact = [spec.logit_bound(q[0, i].double().tolist(), store.scale_per_element()[0, t].tolist(),
+                                      sm_value, store.n_tokens, 1e-6, mode=mode) for t in range(_TOKENS)]
             for t in range(_TOKENS):
-                exact = spec.logit_bound(q[0, i].double().tolist(), store.scale_per_element()[0, t].tolist(),
-                                         sm_value, store.n_tokens, 1e-6, mode=mode)
-                _judge(tally, f"tier B {mode} {config} |q|~{q[0, i].abs().max().item():.1e} sm={sm}", exact,
-                       float(c[0, i, t]))
+                _judge(tally, label, exact[t], float(c[0, i, t]))
+            with mp.workdps(50):  # MS on the sets the pass splits at
+                meter = golden.meter_on_sets_from_scores(scores[0, i].double().tolist(), exact, sets[0, i].tolist())
+            _judge(tally, f"{label} cell meter", meter, float(cells.meter[0, i]))
 
 
 def run(n: int, g: torch.Generator) -> AttackTally:
