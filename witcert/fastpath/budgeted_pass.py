@@ -44,7 +44,7 @@ sets ``L_k = {c' <= g_k}``, ``g_k = fl32(D f_k)``, ``f = SPLIT_FRACTIONS``, ``D 
 token loop sums ``e^{y} g`` and ``e^{y} min(g, G)^2`` over each low set in fp32 (``gamma_{n-1}`` at
 ``2^-24``, relative to the low set's own sums), ``max_L c <= min(g_k, D)``; the high set's ``k`` is
 the row's less the low set's. The eager reference's grid (11 thresholds of ``(1 + r/4) 2^q`` below
-``D``, three sums each) would put 33 more sums in the loop; these four sets cost about a fifth of
+``D``, three sums each) would put 33 more sums in the loop; these four sets cost about an eighth of
 the pass and keep the coverage on real cells (docs/design.md "The meter and the risk score"). Any
 partition is sound, so the sets may differ from the eager ones; the meter is never below the exact
 value on its own sets (:func:`split_low_sets`). Not formed: the retention form ``P1r`` (not in the
