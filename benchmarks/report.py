@@ -141,8 +141,8 @@ def markdown(results: dict) -> str:
                   "`library meter`: `witcert.meter` (eager reference); `fused`: one fp32 pass with an a-priori "
                   "rounding budget (T1, P1, MN, CS, MS on four sets of its own); `+ Tier A/B c`: the per-token bound "
                   "included (eager: the fp64 library bounds; compiled: `tier_a_cells` and `tier_b_cells`, the fp32 "
-                  "band dot of `witcert.fastpath.radius` or the fp32 group dots of `witcert.fastpath.tier_b_radius` "
-                  "inside the same compiled pass).", "",
+                  "band dot of `witcert.fastpath.radius` inside the compiled pass, or the fp32 group dots of "
+                  "`witcert.fastpath.tier_b_radius` in a compiled graph of their own before the pass).", "",
                   _fastpath_md(results), ""]
     if results.get("generation"):
         parts += ["### 1d. Generation overhead", "", _generation_md(results), ""]

@@ -10,8 +10,8 @@
 - :mod:`witcert.fastpath.compiled`: ``torch.compile`` of these pure functions (``WITCERT_COMPILE=1``),
   with the eager function as the fallback where compilation is unavailable or fails;
 - :mod:`witcert.fastpath.fused`: the entry points :func:`~witcert.fastpath.fused.lean_cells`,
-  :func:`~witcert.fastpath.fused.tier_a_cells` and :func:`~witcert.fastpath.fused.tier_b_cells` (the per-token
-  bound formed inside the meter pass) and :func:`~witcert.fastpath.fused.fast_meter`.
+  :func:`~witcert.fastpath.fused.tier_a_cells` and :func:`~witcert.fastpath.fused.tier_b_cells` (whole cells:
+  the per-token bound and the meter pass) and :func:`~witcert.fastpath.fused.fast_meter`.
 
 The eager reference (:mod:`witcert.core`) stays the definition and the oracle; this path computes
 a subset of its minimum and is never below the exact value (registry key ``FP``).

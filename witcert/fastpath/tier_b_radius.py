@@ -34,7 +34,7 @@ import math
 
 import torch
 
-from witcert.fastpath.budgeted_pass import TINY, fp32_up, lean_pass
+from witcert.fastpath.budgeted_pass import TINY, fp32_up
 from witcert.fastpath.compiled import pick
 from witcert.fastpath.radius import split_overflow
 from witcert.tier_b.certificate import (DEQUANT_FACTOR, check_tier_b_inputs, shares_group_scales,
@@ -118,18 +118,6 @@ def kernel_inputs(q: torch.Tensor, stores: list, delta_loc: float, sm_scale: flo
 def fast_layout(store: PackedStore, mode: str, key_dtype: torch.dtype) -> bool:
     """Whether this module's pass serves ``store`` read as ``key_dtype`` in ``mode`` (else the fp64 library bound)."""
     return mode in ("min", "delta") and shares_group_scales(store) and key_dtype in _FAST_KEY_DTYPES
-
-
-def tier_b_pass(scores: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scales_t: torch.Tensor, deterministic: bool,
-                rho, v_norm) -> tuple[torch.Tensor, ...]:
-    """:func:`~witcert.fastpath.budgeted_pass.lean_pass` on flat (rows, S) ``scores`` with the bound of
-    :func:`tier_b_kernel` formed inside the same pass (``rows = ... Hkv Q``): one compiled graph, ``c`` never stored."""
-    return lean_pass(scores, tier_b_kernel(a, b, scales_t, deterministic).reshape(scores.shape), rho, v_norm)
-
-
-def tier_b_probe() -> tuple:
-    """Arguments that compile :func:`tier_b_pass` (two rows of three tokens, no value statistics)."""
-    return torch.zeros(2, 3), *probe(), None, None
 
 
 def group_sums(q64: torch.Tensor, n_groups: int, sm: float, log_term: float) -> tuple[torch.Tensor, torch.Tensor]:

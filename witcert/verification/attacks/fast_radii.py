@@ -9,9 +9,9 @@ scales, all-zero key groups (scale 0, ``c = 0`` exactly), token-group and token 
 modes. Per token, the reported ``c`` against the 40-digit spec of the same stored data
 (``witcert.spec.bands.bound_band_witness``, ``witcert.spec.dither.logit_bound``); ``NaN`` is a violation.
 Per row also the cell meter of :func:`~witcert.fastpath.fused.tier_a_cells` and
-:func:`~witcert.fastpath.fused.tier_b_cells` (the bound formed inside the pass) against the 50-digit
+:func:`~witcert.fastpath.fused.tier_b_cells` (the bound's kernel, then the pass) against the 50-digit
 meter at those exact radii, MS on the pass's own low sets. Eager by default; the compiled band dot,
-Tier A and Tier B passes and Tier B kernel when ``WITCERT_COMPILE=1``.
+Tier A pass, the Tier B kernel and the meter pass when ``WITCERT_COMPILE=1``.
 """
 import math
 
