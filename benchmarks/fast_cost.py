@@ -59,7 +59,7 @@ def measure(name: str, s: int, reps: int, compiled: bool) -> dict:
             with compile_choice(compiled):
                 return tier_a_cells(scores, p["q"], p["w"], p["layout"], p["sm"], checked=True).meter
 
-        def fused_tier_b(compiled=label == "compiled"):  # one pass, the bound formed inside it
+        def fused_tier_b(compiled=label == "compiled"):  # the bound's kernel, then the pass
             with compile_choice(compiled):
                 return tier_b_cells(scores, p["q"], p["store"], p["delta_loc"], p["sm"], checked=True).meter
 
