@@ -276,11 +276,19 @@ def test_compiled_stored_statistics_never_below_the_eager_witness():
     layout = witcert.BandLayout(32, 8)
     k = torch.randn(2, 2, 40, 32, generator=g) * torch.logspace(-6, 3, 40)[:, None]
     k_hat, v = k + 1e-3 * torch.randn(k.shape, generator=g), torch.randn(k.shape, generator=g)
-    (witness, *norms), eager = compiled(k, k_hat, v, v + 0.01, layout), observation.stored_statistics(
+    (witness, *norms, finite), eager = compiled(k, k_hat, v, v + 0.01, layout), observation.stored_statistics(
         k, k_hat, v, v + 0.01, layout)
     assert witness.dtype == torch.float16 and torch.equal(witness, eager[0])  # the rounding up to fp16 is exact
-    for got, expected in zip(norms, eager[1:]):  # fp64 norms with a budget for any summation order
+    for got, expected in zip(norms, eager[1:3]):  # fp64 norms with a budget for any summation order
         assert torch.allclose(got, expected, rtol=1e-13, atol=0.0)
+    assert bool(finite) and bool(eager[3])
+    for name, position in (("k", 0), ("k_hat", 1), ("v", 2), ("v_hat", 3)):  # the flag the write reads once
+        bad = [k, k_hat, v, v + 0.01]
+        bad[position] = bad[position].clone()
+        bad[position][1, 0, 3, 5] = (math.nan, math.inf)[position % 2]
+        assert not bool(compiled(*bad, layout)[3]), name
+        with pytest.raises(ValueError, match=f"^{name} contains"):
+            observation.stored_keys(*bad, layout)
 
 
 def test_compiled_expm1_series_within_budget(compiled_pass):
@@ -373,3 +381,41 @@ def test_fused_meter_takes_the_mass_split_on_its_own_sets():
     # the eager MS takes tanh(max_L c / 2) = tanh(0.005) on the low set, the pass min(g, D) = 0.875 (so CS_L):
     # measured 0.11% above the eager meter here, within 1%
     assert float(got[0]) <= float(witcert.meter(scores, c)[0]) * (1 + 1e-2)
+
+
+def test_compiled_per_layer_pass_radius_covers_every_logit_exactly(compiled_pass):
+    """The monitor's compiled per-layer pass (its logits a fused multiply-and-sum, not a GEMM): per token,
+    ``c_t >= |scores_t - sm q . k_t|`` against the exact keys in rational arithmetic, query and key entries
+    from ``1e-30`` to ``1e30``, zero rows, fp32 and fp64 inputs, a mask; and its meter at least the eager one's
+    radius-for-radius (the same pass)."""
+    from fractions import Fraction
+
+    from witcert.fastpath import stored_pass as sp
+    from witcert.tier_a.observation import stored_keys
+
+    fn = compiled_mod.compiled_of(sp.stored_pass, sp.probe)
+    g = torch.Generator().manual_seed(29)
+    layout = witcert.BandLayout(16, 4)
+    for dtype, magnitude in ((torch.float32, 1.0), (torch.float32, 1e-30), (torch.float64, 1e30), (torch.float64, 1e-3)):
+        q = (torch.randn(1, 2, 3, 16, generator=g, dtype=torch.float64) * magnitude).to(dtype)
+        k = (torch.randn(1, 2, 20, 16, generator=g, dtype=torch.float64) * torch.logspace(-3, 3, 20, dtype=torch.float64)[:, None]).to(dtype)
+        q[0, 1, 2] = 0.0
+        k_hat = witcert.get_scheme("rtn-int4")(k)
+        stored = stored_keys(k, k_hat, k, k_hat, layout)
+        keep = torch.rand(1, 2, 3, 20, generator=g) < 0.8
+        keep[..., 0] = True
+        scale = 16**-0.5
+        out = fn(q, k_hat, layout, stored.witness, keep, stored.value_residual[..., None, :],
+                 stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05))
+        scores, c = out[0], out[1]
+        for h in range(2):
+            for r in range(3):
+                for t in range(20):
+                    if not keep[0, h, r, t]:
+                        assert scores[0, h, r, t] == -math.inf
+                        continue
+                    exact = Fraction(scale) * sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(q[0, h, r], k[0, h, t]))
+                    assert Fraction(float(c[0, h, r, t])) >= abs(Fraction(float(scores[0, h, r, t])) - exact), (dtype, h, r, t)
+        eager = sp.stored_pass(q, k_hat, layout, stored.witness, keep, stored.value_residual[..., None, :],
+                               stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05))
+        assert torch.allclose(out[2], eager[2], rtol=1e-5) and out[7].dtype == out[8].dtype == torch.bool

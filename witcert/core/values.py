@@ -119,9 +119,7 @@ def joint_pass(
     meter: torch.Tensor, value_term: torch.Tensor, v_norm_max: torch.Tensor, tau_k: float = 0.2, tau_v: float = 0.05
 ) -> JointPass:
     """The joint event ``pass_K and pass_V`` (see the module docstring for the definitions)."""
-    for name, tau in (("tau_k", tau_k), ("tau_v", tau_v)):
-        if not (isinstance(tau, (int, float)) and tau >= 0):
-            raise ValueError(f"{name} must be a number >= 0, got {tau!r}")
+    check_thresholds(tau_k, tau_v)
     # compared in fp64, where tau is exact (an fp32 comparison would round tau, maybe up)
     pass_k = torch.as_tensor(meter).double() <= tau_k
     pass_v = torch.as_tensor(value_term).double() <= rounding.mul_down(float(tau_v), torch.as_tensor(v_norm_max).double())
@@ -129,12 +127,20 @@ def joint_pass(
     return JointPass(pass_k, pass_v, pass_k & pass_v)
 
 
-def check_value_pair(v: torch.Tensor, v_hat: torch.Tensor) -> None:
-    """``v`` and ``v_hat`` (..., S, d): floating, finite, one shape (``ValueError`` naming the argument)."""
+def check_thresholds(tau_k, tau_v) -> None:
+    """``tau_k``, ``tau_v``: real numbers ``>= 0`` (``ValueError`` naming the argument)."""
+    for name, tau in (("tau_k", tau_k), ("tau_v", tau_v)):
+        if not (isinstance(tau, (int, float)) and tau >= 0):
+            raise ValueError(f"{name} must be a number >= 0, got {tau!r}")
+
+
+def check_value_pair(v: torch.Tensor, v_hat: torch.Tensor, finite: bool = True) -> None:
+    """``v`` and ``v_hat`` (..., S, d): floating, finite (read only when ``finite``), one shape (``ValueError``
+    naming the argument)."""
     for name, x in (("v", v), ("v_hat", v_hat)):
         if not isinstance(x, torch.Tensor) or not torch.is_floating_point(x) or x.dim() < 2:
             raise ValueError(f"{name} must be a floating tensor (..., S, d)")
-        if not torch.isfinite(x).all():
+        if finite and not torch.isfinite(x).all():
             raise ValueError(f"{name} contains NaN or Inf")
     if v.shape != v_hat.shape:
         raise ValueError(f"v_hat shape {tuple(v_hat.shape)} differs from v shape {tuple(v.shape)}")

@@ -30,10 +30,10 @@ from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
 from witcert.fastpath.compiled import pick
 from witcert.fastpath.stored_pass import probe as stored_pass_probe
-from witcert.fastpath.stored_pass import stored_pass
+from witcert.fastpath.stored_pass import pass_constants, stored_pass
 from witcert.schemes.registry import apply_scheme
-from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.score_rounding import score_rounding_bound, score_rounding_coefficients
+from witcert.tier_a.bands import BandLayout, _check_last_dim
+from witcert.tier_a.score_rounding import score_rounding_bound
 from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pairing, logit_bound, residual_witness
 
 
@@ -92,17 +92,35 @@ def stored_keys(k: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, v_hat: to
                 layout: BandLayout) -> StoredKeys:
     """The :class:`StoredKeys` of exact ``k, v`` and their reconstructions ``k_hat, v_hat`` (..., S, d):
     :func:`witcert.witness_of`, :func:`witcert.core.values.value_residual_norms` and ``value_norms``,
-    checked once and computed in one function (compiled with ``WITCERT_COMPILE=1``: a cache write)."""
+    checked once and computed in one function (compiled with ``WITCERT_COMPILE=1``: a cache write).
+
+    The shapes and dtypes are checked first; finiteness is read once, from the same function's flag (one
+    host synchronisation per write instead of six), and a ``False`` flag reruns the full checks for the
+    error naming the argument.
+    """
     _check_layout(layout)
-    _check_key_pair(k, k_hat, layout)
-    values.check_value_pair(v, v_hat)
-    witness, rho, v_norm = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout)
+    for name, x in (("k", k), ("k_hat", k_hat)):
+        _check_last_dim(x, layout.head_dim, name)
+        if not torch.is_floating_point(x):
+            raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
+    if k.shape != k_hat.shape:
+        raise ValueError(f"k_hat shape {tuple(k_hat.shape)} differs from k shape {tuple(k.shape)}")
+    values.check_value_pair(v, v_hat, finite=False)
+    witness, rho, v_norm, finite = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout)
+    if not finite:
+        _check_key_pair(k, k_hat, layout)
+        values.check_value_pair(v, v_hat)
+        raise ValueError("k, k_hat, v or v_hat contains NaN or Inf")  # the flag and the checks disagree: still refuse
     return StoredKeys(k_hat=k_hat, witness=witness, value_residual=rho, value_norm=v_norm)
 
 
-def stored_statistics(k, k_hat, v, v_hat, layout: BandLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(witness, value residual norms, value norms)`` of checked tensors (no host synchronisation)."""
-    return residual_witness(k, k_hat, layout), values.residual_norms(v, v_hat), values.norms_up(v.to(torch.float64))
+def stored_statistics(k, k_hat, v, v_hat, layout: BandLayout) -> tuple[torch.Tensor, ...]:
+    """``(witness, value residual norms, value norms, finite)`` of shape-checked tensors (no host
+    synchronisation); ``finite`` (0-dim bool) says every entry of the four inputs is finite (the statistics
+    are meaningful only then)."""
+    finite = torch.isfinite(k).all() & torch.isfinite(k_hat).all() & torch.isfinite(v).all() & torch.isfinite(v_hat).all()
+    return (residual_witness(k, k_hat, layout), values.residual_norms(v, v_hat), values.norms_up(v.to(torch.float64)),
+            finite)
 
 
 def _statistics_probe() -> tuple:
@@ -185,19 +203,23 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     def per_query_head(x):  # (..., Hkv, G, Tq, ...) -> (..., Hq, Tq, ...)
         return None if x is None else x.reshape(*lead, hq, tq, *x.shape[len(grouped):])
 
-    qg = q.to(torch.float64).reshape(*grouped, d)  # (..., Hkv, G, Tq, d)
-    k_hat64 = stored.k_hat.to(torch.float64)
+    values.check_thresholds(tau_k, tau_v)
+    fast = fused and stored.witness.dtype == torch.float16
+    qg = None if fast and truth is None else q.to(torch.float64).reshape(*grouped, d)  # (..., Hkv, G, Tq, d)
     keep = _mask(mask, (*lead, hq, tq, s), q.device).reshape(*grouped, s)
-    rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
-    v_norm = stored.value_norm.double()[..., None, None, :]
-    if fused and stored.witness.dtype == torch.float16:  # inputs valid by construction: one pass, no re-checks
-        folded = (*lead, hkv, groups * tq)
+    if fast:  # inputs valid by construction: one pass, no re-checks
+        folded = (*lead, hkv, groups * tq)  # the statistics as stored (views; the pass widens them)
         results = pick(stored_pass, stored_pass_probe)(
-            qg.reshape(*folded, d), k_hat64, layout, stored.witness, keep.reshape(*folded, s),
-            rho.squeeze(-2), v_norm.squeeze(-2), scale,
-            score_rounding_coefficients(d, scale, torch.float64, torch.float64, torch.float64))
-        scores, c, meter, risk, value_term, v_max, bound = (x.reshape(*grouped, *x.shape[len(folded):]) for x in results)
+            q.reshape(*folded, d), stored.k_hat, layout, stored.witness, keep.reshape(*folded, s),
+            stored.value_residual[..., None, :], stored.value_norm[..., None, :],
+            pass_constants(d, scale, float(tau_k), float(tau_v)).to(q.device))
+        scores, c, meter, risk, value_term, v_max, bound, pass_k, pass_v = (
+            x.reshape(*grouped, *x.shape[len(folded):]) for x in results)
+        passes = values.JointPass(pass_k, pass_v, pass_k & pass_v)
     else:
+        k_hat64 = stored.k_hat.to(torch.float64)
+        rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
+        v_norm = stored.value_norm.double()[..., None, None, :]
         c = logit_bound(q, stored.witness, layout, scale).to(torch.float64)  # (..., Hq, Tq, S)
         c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
                                                     accumulate_dtype=torch.float64))
@@ -208,7 +230,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
         value_term = values.value_error_term(scores, rho)
         v_max = values.max_value_norm(v_norm, scores)
         bound = values.output_bound(meter, value_term, v_max)
-    passes = values.joint_pass(meter, value_term, v_max, tau_k, tau_v)
+        passes = values.joint_pass(meter, value_term, v_max, tau_k, tau_v)
 
     true_tv = true_err = None
     if truth is not None:

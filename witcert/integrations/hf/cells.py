@@ -91,6 +91,7 @@ class CallMath:
     c: torch.Tensor  # (B, Hq, Tq, S) per-token logit bounds (score rounding included), 0 where masked
     scores_hat: torch.Tensor  # (B, Hq, Tq, S) compressed logits
     blank: torch.Tensor  # (B, Hq, Tq) bool: rows that see no token (reported as NaN)
+    any_blank: bool = True  # whether ``blank`` has a True entry (read once, in :func:`measure`)
 
 
 def visible_mask(attention_mask, q_len: int, kv_len: int, device) -> torch.Tensor:
@@ -121,7 +122,8 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
     b, hq, tq, _ = query.shape
     mask = visible.to(query.device).expand(b, hq, tq, k_hat.shape[-2])
     blank = ~mask.any(-1)
-    if blank.any():  # measured as if every token were visible, then reported as NaN (and never gated)
+    any_blank = bool(blank.any())
+    if any_blank:  # measured as if every token were visible, then reported as NaN (and never gated)
         mask = mask | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
@@ -135,7 +137,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         "joint": obs.joint, "c_max": c.amax(dim=-1),
     }
     return CallMath(cells=cells, value_term=obs.value_term, v_norm_max=obs.v_norm_max, c=c, scores_hat=obs.scores,
-                    blank=blank)
+                    blank=blank, any_blank=any_blank)
 
 
 def score_slack(query, k_hat, scale: float) -> torch.Tensor:
@@ -180,7 +182,7 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     cells = dict(math.cells, meter=m, risk=lean.risk, output_bound=bound,
                  joint=passes.joint, c_max=c.amax(dim=-1))
     return CallMath(cells=cells, value_term=math.value_term, v_norm_max=math.v_norm_max, c=c,
-                    scores_hat=math.scores_hat, blank=math.blank)
+                    scores_hat=math.scores_hat, blank=math.blank, any_blank=math.any_blank)
 
 
 def exact_logits(query, keys, scale: float, scores_hat) -> torch.Tensor:

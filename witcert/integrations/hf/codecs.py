@@ -87,8 +87,9 @@ class IntCodes:
 
     def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
         payload, scale, d = packed
-        codes = _unpack(payload, self.bits, d).to(scale.dtype)
-        grouped = codes.unflatten(-1, (scale.shape[-2], -1))
+        grouped = _unpack(payload, self.bits, d).unflatten(-1, (scale.shape[-2], -1))
+        # int8 codes times the fp32/fp64 scales promote in the one multiply (each code converted exactly, one
+        # rounding per product: the same values as converting first), one pass over the cache instead of two
         return (grouped * scale).flatten(-2).to(dtype)
 
     def nbytes(self, packed: tuple) -> int:
