@@ -32,7 +32,7 @@ from witcert.fastpath.compiled import pick
 from witcert.fastpath.stored_pass import probe as stored_pass_probe
 from witcert.fastpath.stored_pass import pass_constants, stored_pass
 from witcert.schemes.registry import apply_scheme
-from witcert.tier_a.bands import BandLayout, _check_last_dim
+from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.score_rounding import score_rounding_bound
 from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pairing, logit_bound, residual_witness
 
@@ -99,12 +99,7 @@ def stored_keys(k: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, v_hat: to
     error naming the argument.
     """
     _check_layout(layout)
-    for name, x in (("k", k), ("k_hat", k_hat)):
-        _check_last_dim(x, layout.head_dim, name)
-        if not torch.is_floating_point(x):
-            raise ValueError(f"{name} must be a floating tensor, got dtype {x.dtype}")
-    if k.shape != k_hat.shape:
-        raise ValueError(f"k_hat shape {tuple(k_hat.shape)} differs from k shape {tuple(k.shape)}")
+    _check_key_pair(k, k_hat, layout, finite=False)
     values.check_value_pair(v, v_hat, finite=False)
     witness, rho, v_norm, finite = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout)
     if not finite:
@@ -203,11 +198,11 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     def per_query_head(x):  # (..., Hkv, G, Tq, ...) -> (..., Hq, Tq, ...)
         return None if x is None else x.reshape(*lead, hq, tq, *x.shape[len(grouped):])
 
-    values.check_thresholds(tau_k, tau_v)
     fast = fused and stored.witness.dtype == torch.float16
     qg = None if fast and truth is None else q.to(torch.float64).reshape(*grouped, d)  # (..., Hkv, G, Tq, d)
     keep = _mask(mask, (*lead, hq, tq, s), q.device).reshape(*grouped, s)
     if fast:  # inputs valid by construction: one pass, no re-checks
+        values.check_thresholds(tau_k, tau_v)  # (the eager branch's joint_pass checks them itself)
         folded = (*lead, hkv, groups * tq)  # the statistics as stored (views; the pass widens them)
         results = pick(stored_pass, stored_pass_probe)(
             q.reshape(*folded, d), stored.k_hat, layout, stored.witness, keep.reshape(*folded, s),

@@ -130,7 +130,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         output, fired, paged, moved = cells.gated_output(math, scope.gate, read[1], output, **source)
         extra["paged_fraction"] = paged.cpu()
         extra["bytes_paged"] = moved.to(torch.float64).cpu()
-    fields = {name: _reported(t, math) for name, t in math.cells.items()}
+    blank = math.blank.cpu() if math.any_blank else None
+    fields = {name: _reported(t, blank) for name, t in math.cells.items()}
     batch = cells.CellBatch(
         layer=layer.layer_idx, positions=torch.arange(s - tq, s), repaired=fired.cpu(), requests=scope.rows,
         tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
@@ -139,10 +140,11 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     return output, batch
 
 
-def _reported(cell: torch.Tensor, math) -> torch.Tensor:
-    """One field of the call's cells as recorded: on the CPU, fp64 (bool fields as they are), NaN on blank rows."""
+def _reported(cell: torch.Tensor, blank: torch.Tensor | None) -> torch.Tensor:
+    """One field of the call's cells as recorded: on the CPU, fp64 (bool fields as they are), NaN on the
+    ``blank`` rows (``None``: no row is blank)."""
     cell = cell.cpu()
     if cell.dtype == torch.bool:
         return cell
     cell = cell.to(torch.float64)
-    return torch.where(math.blank.cpu(), torch.nan, cell) if math.any_blank else cell
+    return cell if blank is None else torch.where(blank, torch.nan, cell)
