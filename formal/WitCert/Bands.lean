@@ -1,4 +1,7 @@
-import Mathlib
+import Mathlib.Analysis.Real.Sqrt
+import Mathlib.Analysis.SpecialFunctions.Trigonometric.Basic
+import Mathlib.Tactic.Linarith
+import Mathlib.Tactic.LinearCombination
 
 /-!
 # Tier A: band norms under RoPE (Lemma 1) and the band Cauchy–Schwarz witness (Theorem 2)

@@ -1,5 +1,6 @@
 import WitCert.Core.Budget
-import Mathlib
+import Mathlib.MeasureTheory.Measure.MeasureSpaceDef
+import Mathlib.MeasureTheory.OuterMeasure.Basic
 
 /-!
 # Lemma 3: the request-level failure budget

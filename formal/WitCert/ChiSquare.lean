@@ -1,4 +1,5 @@
 import WitCert.TwoSided
+import Mathlib.Analysis.Real.Sqrt
 
 /-!
 # The chi-square (variance) bound

@@ -1,4 +1,4 @@
-import Mathlib
+import Mathlib.Analysis.SpecialFunctions.Exp
 
 /-!
 # Definitions: total variation and the reweighted attention distribution

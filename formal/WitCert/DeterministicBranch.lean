@@ -1,4 +1,7 @@
-import Mathlib
+import Mathlib.Algebra.Order.BigOperators.Group.Finset
+import Mathlib.Algebra.Order.Ring.Abs
+import Mathlib.Data.Real.Basic
+import Mathlib.Tactic.Ring
 
 /-!
 # Tier B with the rounding of the keys attention reads

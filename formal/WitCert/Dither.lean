@@ -1,5 +1,11 @@
 import WitCert.Core.Factorial
-import Mathlib
+import Mathlib.Analysis.SpecialFunctions.Integrals.Basic
+import Mathlib.Analysis.SpecialFunctions.Trigonometric.Series
+import Mathlib.Data.Nat.Factorial.Basic
+import Mathlib.Tactic.Linarith
+import Mathlib.Tactic.NormNum
+import Mathlib.Tactic.Positivity
+import Mathlib.Tactic.Ring
 
 /-!
 # Lemma 2: the uniform sub-Gaussian proxy of subtractive dither
@@ -27,8 +33,12 @@ theorem core_fact_eq_factorial : ∀ n : ℕ, WitCert.Core.fact n = n.factorial
 
 /-- `6 ^ n * n ! ≤ (2 n + 1)!`, transported from the core-Lean proof. -/
 theorem six_pow_mul_factorial_le (n : ℕ) : 6 ^ n * n.factorial ≤ (2 * n + 1).factorial := by
-  have h := WitCert.Core.six_pow_mul_fact_le n
-  rwa [core_fact_eq_factorial, core_fact_eq_factorial] at h
+  -- stated here, so `6 ^ n` carries this file's `HPow ℕ ℕ ℕ` instance (the core lemma's is
+  -- `instPowNat`, definitionally equal), and the rewrites below match the goal syntactically
+  have h : 6 ^ n * WitCert.Core.fact n ≤ WitCert.Core.fact (2 * n + 1) :=
+    WitCert.Core.six_pow_mul_fact_le n
+  rw [core_fact_eq_factorial, core_fact_eq_factorial] at h
+  exact h
 
 /-- Termwise comparison of the two series: `x^(2n+1)/(2n+1)! ≤ x (x²/6)^n / n!` for `x ≥ 0`. -/
 theorem sinh_term_le {x : ℝ} (hx : 0 ≤ x) (n : ℕ) :
@@ -91,12 +101,17 @@ theorem uniform_mgf_le {a : ℝ} (ha : 0 < a) (l : ℝ) :
     exact Real.one_le_exp (by positivity)
   · have hla : l * a ≠ 0 := mul_ne_zero hl ha.ne'
     -- substitution `x ↦ l x`, then `∫ exp = exp b - exp a`, one named step each
+    have hsubst : ∫ x in (-a)..a, Real.exp (l * x) = l⁻¹ • ∫ x in l * -a..l * a, Real.exp x :=
+      intervalIntegral.integral_comp_mul_left (f := Real.exp) hl
+    have hexp : ∫ x in l * -a..l * a, Real.exp x = Real.exp (l * a) - Real.exp (l * -a) :=
+      integral_exp
     have hint : ∫ x in (-a)..a, Real.exp (l * x)
         = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) :=
+      -- `smul_eq_mul` as a term: its `•` and the integral's are compared by unification, not `rw`
       calc ∫ x in (-a)..a, Real.exp (l * x)
-          = l⁻¹ • ∫ x in l * -a..l * a, Real.exp x :=
-            intervalIntegral.integral_comp_mul_left (f := Real.exp) hl
-        _ = l⁻¹ * (Real.exp (l * a) - Real.exp (l * -a)) := by rw [integral_exp, smul_eq_mul]
+          = l⁻¹ • ∫ x in l * -a..l * a, Real.exp x := hsubst
+        _ = l⁻¹ * ∫ x in l * -a..l * a, Real.exp x := smul_eq_mul ..
+        _ = l⁻¹ * (Real.exp (l * a) - Real.exp (l * -a)) := by rw [hexp]
         _ = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) := by rw [mul_neg]
     have hsinh : 1 / (2 * a) * (l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))))
         = Real.sinh (l * a) / (l * a) := by
@@ -113,11 +128,11 @@ theorem uniform_mean_zero (s : ℝ) : ∫ x in (-(s / 2))..(s / 2), x = 0 := by
 /-- The second moment of `U[-s/2, s/2]` is `s² / 12`. -/
 theorem uniform_second_moment {s : ℝ} (hs : 0 < s) :
     1 / s * ∫ x in (-(s / 2))..(s / 2), x ^ 2 = s ^ 2 / 12 := by
-  -- `integral_pow` leaves the cast `((2 : ℕ) : ℝ) + 1`, definitionally the numeral `2 + 1`;
-  -- `show` states that form, so no `push_cast` (which could become a no-op) is needed
+  -- `integral_pow` leaves the cast `((2 : ℕ) : ℝ) + 1` in the denominator: it is rewritten to
+  -- `3` by a stated equation (no `show` up to definitional unfolding of the numeral cast)
+  have hthree : ((2 : ℕ) : ℝ) + 1 = 3 := by norm_num
   have hint : ∫ x in (-(s / 2))..(s / 2), x ^ 2 = s * (s ^ 2 / 12) := by
-    rw [integral_pow]
-    show ((s / 2) ^ (2 + 1) - (-(s / 2)) ^ (2 + 1)) / (2 + 1) = s * (s ^ 2 / 12)
+    rw [integral_pow, hthree]
     ring
   rw [hint, one_div, ← mul_assoc, inv_mul_cancel₀ hs.ne', one_mul]
 

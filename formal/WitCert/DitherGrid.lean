@@ -1,4 +1,6 @@
 import WitCert.Dither
+import Mathlib.Analysis.SpecialFunctions.Trigonometric.DerivHyp
+import Mathlib.Tactic.LinearCombination
 
 /-!
 # Lemma 2 on the dither grid: the discrete uniform MGF is below `exp (λ² / 24)`
@@ -110,8 +112,9 @@ theorem grid_mgf_le {N : ℕ} (hN : 0 < N) (l : ℝ) :
     subst hl
     have h1 : ∀ j ∈ Finset.range N, Real.exp (0 * gridPoint N j) = 1 := fun j _ => by
       rw [zero_mul, Real.exp_zero]
-    rw [Finset.sum_congr rfl h1, Finset.sum_const, Finset.card_range, nsmul_eq_mul, mul_one,
-      inv_mul_cancel₀ hN'.ne']
+    have hsum1 : ∑ j ∈ Finset.range N, Real.exp (0 * gridPoint N j) = (N : ℝ) := by
+      rw [Finset.sum_congr rfl h1, Finset.sum_const, Finset.card_range, nsmul_eq_mul, mul_one]
+    rw [hsum1, inv_mul_cancel₀ hN'.ne']
     exact Real.one_le_exp (by positivity)
   · -- `λ ≠ 0`: with `y = λ / (2N)` and `x = λ / 2 = N y`,
     -- `S y² ≤ S y sinh y = y sinh x` and `N y sinh x = x sinh x ≤ x² B = N² y² B`

@@ -1,4 +1,10 @@
 import WitCert.DitherGrid
+import Mathlib.MeasureTheory.Integral.Bochner.Basic
+import Mathlib.MeasureTheory.Integral.IntegrableOn
+import Mathlib.MeasureTheory.Measure.Dirac
+import Mathlib.Probability.Independence.Basic
+import Mathlib.Probability.Moments.SubGaussian
+import Mathlib.Tactic.FunProp
 
 /-!
 # The dither model as probability laws, and the sub-Gaussian channel sum
@@ -55,7 +61,11 @@ noncomputable def gridCell (N : ℕ) : Measure ℝ :=
 theorem unitCell_hasSubgaussianMGF : HasSubgaussianMGF id cellProxy unitCell := by
   refine ⟨fun t => ?_, fun t => ?_⟩
   · show Integrable (fun x : ℝ => Real.exp (t * x)) (volume.restrict (Set.Ioc (-(1 / 2)) (1 / 2)))
-    exact (by fun_prop : Continuous fun x : ℝ => Real.exp (t * x)).integrableOn_Ioc
+    have hcont : Continuous fun x : ℝ => Real.exp (t * x) := by fun_prop
+    -- `IntegrableOn f s μ` is by definition `Integrable f (μ.restrict s)`, the goal above
+    have hon : IntegrableOn (fun x : ℝ => Real.exp (t * x)) (Set.Ioc (-(1 / 2)) (1 / 2)) volume :=
+      hcont.integrableOn_Ioc
+    exact hon
   · show ∫ x in Set.Ioc (-(1 / 2) : ℝ) (1 / 2), Real.exp (t * x)
         ≤ Real.exp ((cellProxy : ℝ) * t ^ 2 / 2)
     rw [← intervalIntegral.integral_of_le (show (-(1 / 2) : ℝ) ≤ 1 / 2 by norm_num)]
@@ -80,8 +90,10 @@ theorem integral_range_sum_dirac (g : ℕ → ℝ) (f : ℝ → ℝ) : ∀ n : �
   | n + 1 => by
     obtain ⟨hint, heq⟩ := integral_range_sum_dirac g f n
     -- against one Dirac mass, `f` equals the constant `f (g n)` almost everywhere
-    have hd : Integrable f (Measure.dirac (g n)) :=
-      (integrable_const (f (g n))).congr (ae_eq_dirac f).symm
+    have hconst : Integrable (fun _ : ℝ => f (g n)) (Measure.dirac (g n)) :=
+      integrable_const (f (g n))
+    have hae : (fun _ : ℝ => f (g n)) =ᵐ[Measure.dirac (g n)] f := (ae_eq_dirac f).symm
+    have hd : Integrable f (Measure.dirac (g n)) := hconst.congr hae
     rw [Finset.sum_range_succ, Finset.sum_range_succ]
     exact ⟨hint.add_measure hd, by rw [integral_add_measure hint hd, heq, integral_dirac]⟩
 
@@ -97,11 +109,19 @@ theorem gridCell_hasSubgaussianMGF {N : ℕ} (hN : 0 < N) :
   · show ∫ x, Real.exp (t * x)
         ∂((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
         ≤ Real.exp ((cellProxy : ℝ) * t ^ 2 / 2)
-    rw [integral_smul_measure,
-      (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).2, smul_eq_mul,
-      ENNReal.toReal_inv, ENNReal.toReal_natCast]
-    calc (N : ℝ)⁻¹ * ∑ j ∈ Finset.range N, Real.exp (t * gridPoint N j)
-        ≤ Real.exp (t ^ 2 / 24) := grid_mgf_le hN t
+    have hsum := (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).2
+    -- `smul_eq_mul` as a term: the integral's `•` and `Mul.toSMul` are compared by unification
+    calc ∫ x, Real.exp (t * x)
+          ∂((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
+        = ((N : ℝ≥0∞)⁻¹).toReal
+            • ∫ x, Real.exp (t * x) ∂(∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j)) :=
+          integral_smul_measure (fun x => Real.exp (t * x)) _
+      _ = ((N : ℝ≥0∞)⁻¹).toReal
+            * ∫ x, Real.exp (t * x) ∂(∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j)) :=
+          smul_eq_mul ..
+      _ = (N : ℝ)⁻¹ * ∑ j ∈ Finset.range N, Real.exp (t * gridPoint N j) := by
+          rw [hsum, ENNReal.toReal_inv, ENNReal.toReal_natCast]
+      _ ≤ Real.exp (t ^ 2 / 24) := grid_mgf_le hN t
       _ = Real.exp ((cellProxy : ℝ) * t ^ 2 / 2) := by
         rw [coe_cellProxy]
         congr 1

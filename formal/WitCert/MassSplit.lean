@@ -128,6 +128,15 @@ theorem massExp_reweight_eq {e₁ c₂ : ι → ℝ} (hZ₁ : 0 < partition pt e
   rw [hterm, Finset.sum_add_distrib, ← Finset.sum_div, ← Finset.sum_div, hZdef,
     div_self hZ₁.ne']
 
+/-- `(1 + x)² ≤ (1 + y)²` for `0 ≤ x ≤ y`: the difference is `(y - x)(2 + y + x) ≥ 0`. -/
+theorem one_add_sq_le_one_add_sq {x y : ℝ} (hx : 0 ≤ x) (hxy : x ≤ y) :
+    (1 + x) ^ 2 ≤ (1 + y) ^ 2 := by
+  have hprod : 0 ≤ (y - x) * (2 + y + x) :=
+    mul_nonneg (sub_nonneg.mpr hxy) (add_nonneg (add_nonneg zero_le_two (hx.trans hxy)) hx)
+  have hdiff : (1 + y) ^ 2 - (1 + x) ^ 2 = (y - x) * (2 + y + x) := by ring
+  rw [← sub_nonneg, hdiff]
+  exact hprod
+
 /-- **Two-step bound.** Split the error as `eps = e₁ + e₂` with `|e₁| ≤ c₁`, `|e₂| ≤ c₂` and, on
 every token, `e₁ t = 0` or `c₂ t = 0`. If `B` bounds `TV(p', p̃)` for `p' = reweight p̃ e₁`, then
 `TV(p, p̃) ≤ B + 1/2 ((1 + δ)² - 1)` with `δ = ∑ p̃ (e^{c₂} - 1) / A⁻(c₁)`. -/
@@ -155,19 +164,21 @@ theorem tv_le_split (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {e₁ e₂
           mul_le_mul_of_nonneg_left hAZ hq
       _ = ∑ t, pt t * (Real.exp (c₂ t) - 1) := div_mul_cancel₀ _ hZ₁.ne'
   have hsq : (1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / partition pt e₁) ^ 2
-      ≤ (1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁) ^ 2 := by
-    have hprod : 0 ≤ ((∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁
-          - (∑ t, pt t * (Real.exp (c₂ t) - 1)) / partition pt e₁)
-        * (2 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁
-          + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / partition pt e₁) :=
-      mul_nonneg (by linarith [hδ]) (by linarith [hq, hδ])
-    linarith [hprod]
-  -- the `1/2` factor applied by a named lemma, so the last step is a sum of four inequalities
+      ≤ (1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁) ^ 2 :=
+    one_add_sq_le_one_add_sq hq hδ
+  -- the `1/2` factor applied by a named lemma, then a calc of named steps (no `linarith`)
   have hhalf : 1 / 2 * ((1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / partition pt e₁) ^ 2 - 1)
       ≤ 1 / 2 * ((1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁) ^ 2 - 1) :=
-    mul_le_mul_of_nonneg_left (by linarith only [hsq]) (by norm_num)
-  have htri := tv_le_tv_add_tv (reweight pt eps) (reweight pt e₁) pt
-  linarith only [htri, hT1, hB, hhalf]
+    mul_le_mul_of_nonneg_left (sub_le_sub_right hsq 1) (div_nonneg zero_le_one zero_le_two)
+  calc tv (reweight pt eps) pt
+      ≤ tv (reweight pt eps) (reweight pt e₁) + tv (reweight pt e₁) pt :=
+        tv_le_tv_add_tv (reweight pt eps) (reweight pt e₁) pt
+    _ ≤ 1 / 2 * ((1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / partition pt e₁) ^ 2 - 1) + B :=
+        add_le_add hT1 hB
+    _ ≤ 1 / 2 * ((1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁) ^ 2 - 1) + B :=
+        add_le_add hhalf le_rfl
+    _ = B + 1 / 2 * ((1 + (∑ t, pt t * (Real.exp (c₂ t) - 1)) / massExpNeg pt c₁) ^ 2 - 1) :=
+        add_comm _ _
 
 section Threshold
 

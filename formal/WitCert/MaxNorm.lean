@@ -1,4 +1,5 @@
 import WitCert.EForm
+import Mathlib.Analysis.SpecialFunctions.Trigonometric.Basic
 
 /-!
 # The max-norm bound `TV ≤ tanh (D / 2)` and the competitor's looser `tanh D`
@@ -47,7 +48,8 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
   have hZ : 0 < partition pt eps := partition_pos (c := fun _ => D) hp hsum heps
   have hD : 0 ≤ D := by
     rcases isEmpty_or_nonempty ι with hι | ⟨t⟩
-    · simp at hsum
+    · rw [Finset.univ_eq_empty, Finset.sum_empty] at hsum
+      exact absurd hsum zero_ne_one
     · exact (abs_nonneg (eps t)).trans (heps t)
   rcases hD.eq_or_lt with h0 | hDpos
   · -- `D = 0`: no error, the two distributions coincide.
@@ -78,7 +80,7 @@ theorem tv_le_tanh_half (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1) {D : �
       exact Real.exp_pos _
     have hba : b < a := by
       rw [ha, hb]
-      exact Real.exp_lt_exp.mpr (by linarith only [hDpos])
+      exact Real.exp_lt_exp.mpr (neg_lt_self (half_pos hDpos))
     have hT : Real.tanh (D / 2) * (a + b) = a - b := by
       rw [ha, hb]
       exact tanh_mul_exp_add_exp_neg (D / 2)
@@ -161,7 +163,7 @@ theorem tanh_half_le_tanh {D : ℝ} (hD : 0 ≤ D) : Real.tanh (D / 2) ≤ Real.
     exact Real.exp_pos _
   have hba : b ≤ a := by
     rw [ha, hb]
-    exact Real.exp_le_exp.mpr (by linarith [hD])
+    exact Real.exp_le_exp.mpr (neg_le_self (div_nonneg hD zero_le_two))
   have hT1 : Real.tanh (D / 2) * (a + b) = a - b := by
     rw [ha, hb]
     exact tanh_mul_exp_add_exp_neg (D / 2)
@@ -178,7 +180,13 @@ theorem tanh_half_le_tanh {D : ℝ} (hD : 0 ≤ D) : Real.tanh (D / 2) ≤ Real.
     rw [hab]
     linarith [hba]
   by_contra hnot
-  have hlt := mul_lt_mul_of_pos_right (not_le.mp hnot) hP
-  linarith [e, hQ, hlt]
+  have hlt : Real.tanh D * ((a + b) * (a * a + b * b))
+      < Real.tanh (D / 2) * ((a + b) * (a * a + b * b)) :=
+    mul_lt_mul_of_pos_right (not_le.mp hnot) hP
+  have hneg : (Real.tanh D - Real.tanh (D / 2)) * ((a + b) * (a * a + b * b)) < 0 := by
+    rw [sub_mul]
+    exact sub_neg.mpr hlt
+  rw [e] at hneg
+  exact absurd hQ (not_le.mpr hneg)
 
 end WitCert

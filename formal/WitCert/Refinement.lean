@@ -1,5 +1,6 @@
 import WitCert.Core.Refinement
-import Mathlib
+import Mathlib.Analysis.SpecialFunctions.Exp
+import Mathlib.Tactic.Ring
 
 /-!
 # Lemma 4: refinement
@@ -34,6 +35,13 @@ theorem block_sum_eq_token_sum {ι β : Type*} [Fintype ι] [Fintype β] [Decida
   refine Finset.sum_congr rfl fun t ht => ?_
   simp only [(Finset.mem_filter.mp ht).2]
 
+/-- One token's weight regrouped through its block: `a / W * g = (b / W) * (a / b * g)` for a
+block mass `b ≠ 0` (stated on plain reals, so no abbreviation of a sum is needed). -/
+theorem div_mul_eq_block_split {a b : ℝ} (W g : ℝ) (hb : b ≠ 0) :
+    a / W * g = b / W * (a / b * g) :=
+  calc a / W * g = b * (a / b) / W * g := by rw [mul_div_cancel₀ a hb]
+    _ = b / W * (a / b * g) := by ring
+
 /-- **Lemma 4 (split-KV merge).** For positive weights `w t = exp (l̃ t)` split into partitions
 `J_j = {t | part t = j}` with local masses `Z_j`, the softmax average of `g` (for `g = exp c` this
 is `A`) equals `∑ j, (Z_j / Z) * A_j` with the partition-local averages `A_j`. -/
@@ -49,9 +57,6 @@ theorem massExp_merge {ι κ : Type*} [Fintype ι] [Fintype κ] [DecidableEq κ]
   refine Finset.sum_congr rfl fun t ht => ?_
   have hWj : 0 < ∑ s ∈ Finset.univ.filter (fun s => part s = j), w s :=
     (hw t).trans_le (Finset.single_le_sum (fun i _ => (hw i).le) ht)
-  set Wj := ∑ s ∈ Finset.univ.filter (fun s => part s = j), w s
-  set W := ∑ s, w s
-  rw [show Wj / W * (w t / Wj * g t) = Wj * (w t / Wj) / W * g t by ring,
-    mul_div_cancel₀ (w t) hWj.ne']
+  exact div_mul_eq_block_split (∑ s, w s) (g t) hWj.ne'
 
 end WitCert

@@ -1,4 +1,7 @@
 import WitCert.Defs
+import Mathlib.Tactic.Linarith
+import Mathlib.Tactic.LinearCombination
+import Mathlib.Tactic.Ring
 
 /-!
 # General facts about the reweighted distribution
@@ -78,7 +81,10 @@ theorem tv_reweight_le_of_abs_sub_le (hp : ∀ t, 0 ≤ pt t) (hZ : 0 < partitio
       = (∑ t, pt t * g t) * partition pt eps := by
     rw [Finset.sum_mul]
     exact Finset.sum_congr rfl fun t _ => by ring
-  rw [tv_reweight_eq hp hZ, div_le_iff₀ (by linarith : (0 : ℝ) < 2 * partition pt eps)]
-  linarith [hS, hS']
+  rw [tv_reweight_eq hp hZ, div_le_iff₀ (mul_pos two_pos hZ)]
+  calc ∑ t, pt t * |Real.exp (-eps t) - partition pt eps|
+      ≤ ∑ t, pt t * (g t * partition pt eps) := hS
+    _ = (∑ t, pt t * g t) * partition pt eps := hS'
+    _ = 1 / 2 * (∑ t, pt t * g t) * (2 * partition pt eps) := by ring
 
 end WitCert

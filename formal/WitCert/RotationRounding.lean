@@ -1,4 +1,7 @@
-import Mathlib
+import Mathlib.Algebra.Module.LinearMap.Defs
+import Mathlib.Analysis.Real.Sqrt
+import Mathlib.Tactic.Linarith
+import Mathlib.Tactic.Ring
 import WitCert.Bands
 
 /-!

@@ -1,5 +1,8 @@
 import WitCert.DitherLaw
 import WitCert.Budget
+import Mathlib.Analysis.Real.Sqrt
+import Mathlib.Analysis.SpecialFunctions.Log.Basic
+import Mathlib.MeasureTheory.Measure.Real
 
 /-!
 # Theorem 3: the Tier B radius, from the dither model
@@ -71,9 +74,15 @@ theorem measure_lt_abs_le_of_subgaussian {Ω : Type*} [MeasurableSpace Ω] {μ :
   have hup : μ {ω | u ≤ X ω} ≤ ENNReal.ofReal (Real.exp (-u ^ 2 / (2 * (c : ℝ)))) :=
     (ofReal_measureReal (measure_ne_top μ _)).symm.le.trans
       (ENNReal.ofReal_le_ofReal (h.measure_ge_le hu))
+  -- Mathlib's bound for `-X` is about the set `{ω | u ≤ (-X) ω}`: equal by `Pi.neg_apply`
+  have hnegX : μ.real {ω | u ≤ (-X) ω} ≤ Real.exp (-u ^ 2 / (2 * (c : ℝ))) :=
+    h.neg.measure_ge_le hu
+  have hset : {ω | u ≤ (-X) ω} = {ω | u ≤ -X ω} := by
+    ext ω
+    rw [Set.mem_setOf_eq, Set.mem_setOf_eq, Pi.neg_apply]
+  rw [hset] at hnegX
   have hdown : μ {ω | u ≤ -X ω} ≤ ENNReal.ofReal (Real.exp (-u ^ 2 / (2 * (c : ℝ)))) :=
-    (ofReal_measureReal (measure_ne_top μ _)).symm.le.trans
-      (ENNReal.ofReal_le_ofReal (h.neg.measure_ge_le hu))
+    (ofReal_measureReal (measure_ne_top μ _)).symm.le.trans (ENNReal.ofReal_le_ofReal hnegX)
   have hsub : {ω | u < |X ω|} ⊆ {ω | u ≤ X ω} ∪ {ω | u ≤ -X ω} := by
     intro ω hω
     rw [Set.mem_setOf_eq] at hω
@@ -102,10 +111,11 @@ theorem measure_tierBRadius_lt_abs_le {Ω : Type*} [MeasurableSpace Ω] {μ : Me
     have hr : tierBRadius ((0 : ℝ≥0) : ℝ) S δ = 0 := by
       unfold tierBRadius
       rw [NNReal.coe_zero, mul_zero, zero_mul, Real.sqrt_zero]
-    have hnull : μ {ω | ¬ (|X ω| ≤ 0)} = 0 :=
-      ae_iff.mp (by
-        filter_upwards [h.ae_eq_zero_of_hasSubgaussianMGF_zero] with ω hω
-        exact abs_nonpos_iff.mpr hω)
+    have hzero : X =ᵐ[μ] 0 := h.ae_eq_zero_of_hasSubgaussianMGF_zero
+    have hae : ∀ᵐ ω ∂μ, |X ω| ≤ 0 := by
+      filter_upwards [hzero] with ω hω
+      exact abs_nonpos_iff.mpr hω
+    have hnull : μ {ω | ¬ (|X ω| ≤ 0)} = 0 := ae_iff.mp hae
     calc μ {ω | tierBRadius ((0 : ℝ≥0) : ℝ) S δ < |X ω|} ≤ μ {ω | ¬ (|X ω| ≤ 0)} := by
           refine measure_mono ?_
           intro ω hω

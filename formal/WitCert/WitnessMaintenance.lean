@@ -1,4 +1,4 @@
-import Mathlib
+import Mathlib.Tactic.Linarith
 import WitCert.Bands
 import WitCert.RotationRounding
 
