@@ -120,6 +120,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             extra[name] = swept.cells["meter"].cpu()
         math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
                                          scope.tau_k, scope.tau_v, slack=slack)
+    blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if scope.gate is not None:
         if scope.truth:
@@ -127,10 +128,12 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat), exact_v))
         else:
             source = dict(paging=(scope.repairer, layer.layer_idx, query, scale))
-        output, fired, paged, moved = cells.gated_output(math, scope.gate, read[1], output, **source)
-        extra["paged_fraction"] = paged.cpu()
-        extra["bytes_paged"] = moved.to(torch.float64).cpu()
-    blank = math.blank.cpu() if math.any_blank else None
+        repair = cells.gated_output(math, scope.gate, read[1], output, **source)
+        output, fired = repair.output, repair.fired
+        extra["paged_fraction"] = repair.paged.cpu()
+        extra["bytes_paged"] = repair.bytes.to(torch.float64).cpu()
+        extra["meter_after"] = _reported(repair.meter_after, blank)
+        extra["true_tv_after"] = _reported(repair.true_tv_after, blank)
     fields = {name: _reported(t, blank) for name, t in math.cells.items()}
     batch = cells.CellBatch(
         layer=layer.layer_idx, positions=torch.arange(s - tq, s), repaired=fired.cpu(), requests=scope.rows,

@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.core import rounding, values
+from witcert.core.metering import meter
 from witcert.fastpath.fused import lean_cells
 from witcert.fastpath.tier_b_radius import fast_tier_b_of_chunks
 from witcert.gate.policy import Gate
@@ -199,8 +200,26 @@ def _block_tokens(paged: torch.Tensor, block_size: int, n_tokens: int) -> torch.
     return paged.repeat_interleave(block_size, dim=-1)[..., :n_tokens]
 
 
+@dataclass(frozen=True)
+class Repair:
+    """What :func:`gated_output` did to the cells of one call; every field but ``output`` is (B, Hq, Tq).
+
+    ``meter_after`` bounds the TV between exact attention and attention over the repaired cache
+    (Theorem 1, ``T1``: recomputed on the repaired logits and bounds, never predicted; the cell's
+    own meter where the gate did not fire); ``true_tv_after`` is that TV measured against the
+    exact logits (NaN when they are not in memory).
+    """
+
+    output: torch.Tensor  # (B, Tq, Hq, d)
+    fired: torch.Tensor  # bool
+    paged: torch.Tensor  # fraction of visible tokens paged in
+    bytes: torch.Tensor  # bytes newly paged in
+    meter_after: torch.Tensor
+    true_tv_after: torch.Tensor
+
+
 def gated_output(math: CallMath, gate: Gate, v_hat, output, *, exact: tuple | None = None,
-                 paging: tuple | None = None):
+                 paging: tuple | None = None) -> Repair:
     """Gate every cell and recompute the output of fired cells over the repaired cache.
 
     The policy is :class:`witcert.Gate`'s own (one implementation). Its source of exact data is
@@ -208,10 +227,10 @@ def gated_output(math: CallMath, gate: Gate, v_hat, output, *, exact: tuple | No
     bytes move) or ``paging=(repairer, stream, query, scale)``: a
     :class:`witcert.gate.repair.LayerPager` over the verified backing store (content-checked
     page-ins, repair cache, telemetry), whose exact values are written into a copy of ``v_hat``.
-    A repaired token reads its exact key and exact value. Returns ``(output, fired, paged,
-    bytes)``: ``output`` (B, Tq, Hq, d) like transformers' attention output, ``fired`` (B, Hq, Tq)
-    bool, ``paged`` (B, Hq, Tq) the fraction of visible tokens paged in (masked tokens of a paged
-    block are not counted), ``bytes`` (B, Hq, Tq) bytes newly paged in.
+    A repaired token reads its exact key and exact value. Returns a :class:`Repair`: ``output``
+    (B, Tq, Hq, d) like transformers' attention output, ``fired`` (B, Hq, Tq) bool, ``paged``
+    the fraction of visible tokens paged in (masked tokens of a paged block are not counted),
+    ``bytes`` the bytes newly paged in, and each cell's meter and true TV after repair.
     """
     if (exact is None) == (paging is None):
         raise ValueError("give exactly one of exact=(logits, values) and paging=(repairer, stream, query, scale)")
@@ -228,12 +247,43 @@ def gated_output(math: CallMath, gate: Gate, v_hat, output, *, exact: tuple | No
     seen = ~torch.isneginf(math.scores_hat)  # (B, Hq, Tq, S)
     repaired = _block_tokens(result.paged, gate.block_size, seen.shape[-1]).to(seen.device) & seen
     paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
+    meter_after = _meter_after(math, gate, result)
+    true_tv_after = _true_tv_after(math, result, None if exact is None else exact[0])
     if not fired.any():
-        return output, fired, paged, result.bytes
+        return Repair(output, fired, paged, result.bytes, meter_after, true_tv_after)
     groups = math.c.shape[1] // v_hat.shape[1]
     v64 = exact_values.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
     vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
     p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
     y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
     y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
-    return torch.where(fired.transpose(1, 2)[..., None], y, output), fired, paged, result.bytes
+    output = torch.where(fired.transpose(1, 2)[..., None], y, output)
+    return Repair(output, fired, paged, result.bytes, meter_after, true_tv_after)
+
+
+def _meter_after(math: CallMath, gate: Gate, result) -> torch.Tensor:
+    """The meter of every cell after repair: the gate's recomputed meter where it fired (certified
+    regime), ``witcert.meter`` on the repaired logits and bounds for a risk-ranked gate, else the
+    cell's own meter (its attention did not change)."""
+    after = math.cells["meter"].clone()
+    fired = result.fired
+    if fired.any():
+        repaired = result.after[fired] if result.certified else meter(result.scores[fired], result.c[fired])
+        after[fired] = repaired.to(after.dtype)
+    return after
+
+
+def _true_tv_after(math: CallMath, result, exact_scores) -> torch.Tensor:
+    """TV between attention over the exact logits and over the repaired ones (NaN without the exact
+    logits in memory); the cell's own true TV where the gate did not fire."""
+    before = math.cells["true_tv"]
+    if exact_scores is None:
+        return torch.full_like(before, torch.nan)
+    if not result.fired.any():
+        return before.clone()
+    fired = result.fired
+    p = torch.softmax(exact_scores[fired], dim=-1)
+    p_after = torch.softmax(result.scores[fired].to(torch.float64), dim=-1)
+    after = before.clone()
+    after[fired] = (0.5 * (p - p_after).abs().sum(-1)).to(after.dtype)
+    return after

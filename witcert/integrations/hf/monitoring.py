@@ -4,7 +4,7 @@
 
     with witcert.monitor(model, "fp8-e4m3") as mon:
         model.generate(**inputs, max_new_tokens=16)
-    print(mon.summary())            # one row per layer: cells, meter, true TV, violations
+    print(mon.summary())            # per layer: meter, certified, true TV, violations; riskiest layers and heads
     mon.tensor("meter")             # (requests, layers, query heads, steps)
 
 While the block is active the model runs on a compressed cache, compressed by ``scheme`` (a
@@ -57,6 +57,7 @@ from witcert.integrations.hf.codecs import Dither, codec_for
 from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
 from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
+from witcert.integrations.hf.summary import LayerSummary
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 DITHERED = "dithered-int8"  # the Tier B cache (witcert.DitheredInt8), not a Tier A registry scheme
@@ -411,43 +412,4 @@ class MemoryReport:
                  if t.exact_cache else "saved                  n/a (nothing cached)"]
         if t.backing_host:
             lines.append(f"gate backing (host)    {t.backing_host:>12,d} B")
-        return "\n".join(lines)
-
-
-@dataclass(frozen=True)
-class LayerSummary:
-    """One row per layer: cells, meter (median, max), coverage at ``tau``, true TV (max) and violations.
-
-    *coverage*: fraction of cells with meter ``<= tau`` (certified at ``tau``); *violations*:
-    cells with true TV above the meter (must be 0; ``n/a`` without the exact cache).
-    """
-
-    rows: tuple  # of dicts
-    tau: float
-    tier: str
-
-    @classmethod
-    def of(cls, table, tau: float, tier: str) -> "LayerSummary":
-        rows = []
-        if len(table):
-            for layer in np.unique(table["layer"]):
-                cell = table.where(table["layer"] == layer)
-                meter, tv = cell["meter"], cell["true_tv"]
-                known = ~np.isnan(tv) & ~np.isnan(meter)
-                rows.append({"layer": int(layer), "cells": len(cell), "median_meter": float(np.nanmedian(meter)),
-                             "max_meter": float(np.nanmax(meter)), "coverage": float(np.mean(meter <= tau)),
-                             "max_true_tv": float(np.max(tv[known])) if known.any() else float("nan"),
-                             "violations": int(np.sum(tv[known] > meter[known])) if known.any() else None,
-                             "repaired": float(np.mean(cell["repaired"]))})
-        return cls(tuple(rows), tau, tier)
-
-    def __str__(self) -> str:
-        head = f"{'layer':>5} {'cells':>7} {'median meter':>13} {'max meter':>10} {f'cov@{self.tau:g}':>9} " \
-               f"{'max true TV':>12} {'violations':>10}"
-        lines = [f"WitCert tier {self.tier}: meter = proved bound on attention TV per (request, layer, head, step)", head]
-        for r in self.rows:
-            tv = "n/a" if r["violations"] is None else f"{r['max_true_tv']:.4f}"
-            bad = "n/a" if r["violations"] is None else str(r["violations"])
-            lines.append(f"{r['layer']:>5} {r['cells']:>7} {r['median_meter']:>13.4f} {r['max_meter']:>10.4f} "
-                         f"{r['coverage']:>9.3f} {tv:>12} {bad:>10}")
         return "\n".join(lines)

@@ -1,0 +1,79 @@
+"""Risk rankings of layers and heads: which statistic of a group's cells orders the groups like their true TV.
+
+The meter is a proved bound per cell, but a poor *ranking* statistic where it saturates: at 4
+bits and below most cells have meter 1, so the mean meter of a layer says little about how much
+its attention really moved. The raw risk score (the unclamped e-form ``1/2 (A^2 - 1)``, no
+guarantee above 1) keeps ordering cells past saturation; its logarithm (the log domain, where a
+few overflowing cells do not swamp the mean) is what :data:`RANK_BY` uses. The choice is measured,
+not assumed: ``benchmarks/ranking.py`` ranks the layers and heads of SmolLM2 by every statistic of
+:data:`STATISTICS` and by their mean true TV (Spearman correlation and top-6 overlap; README
+"Which layers are risky"). A ranking is a triage order, never a certificate: the per-cell meter
+is the bound.
+
+A spot-check estimate (``certificate="spot"``), once cells carry one as the column ``spot``,
+joins :data:`STATISTICS` as ``"mean spot estimate"`` (measured like the others).
+"""
+from __future__ import annotations
+
+import numpy as np
+
+SATURATED = 1.0 - 1e-9  # a meter at (or rounded to) 1 says nothing beyond "TV <= 1"
+_LOG_FLOOR, _LOG_CEIL = 1e-300, 1e300  # log risk of an exact cell (0) or an overflowed one (inf) stays finite
+
+
+def log_risk(risk: np.ndarray) -> np.ndarray:
+    """``log`` of the raw risk score, clipped to a finite range (0 and ``inf`` have finite logs)."""
+    return np.log(np.clip(np.nan_to_num(risk, nan=_LOG_FLOOR, posinf=_LOG_CEIL), _LOG_FLOOR, _LOG_CEIL))
+
+
+STATISTICS = {
+    "mean meter": lambda cells: np.nanmean(cells["meter"]),
+    "max meter": lambda cells: np.nanmax(cells["meter"]),
+    "median meter": lambda cells: np.nanmedian(cells["meter"]),
+    "fraction saturated": lambda cells: np.mean(cells["meter"] >= SATURATED),
+    "mean raw risk": lambda cells: np.nanmean(np.nan_to_num(cells["risk"], posinf=_LOG_CEIL)),
+    "mean log risk": lambda cells: np.mean(log_risk(cells["risk"])),
+    "median log risk": lambda cells: np.median(log_risk(cells["risk"])),
+    "mean log c_max": lambda cells: np.mean(np.log(np.clip(np.nan_to_num(cells["c_max"], nan=0.0), _LOG_FLOOR, None))),
+    # the hook for a spot-check estimate per cell (column SPOT_COLUMN), used only where a table has it
+    "mean spot estimate": lambda cells: np.nanmean(cells[SPOT_COLUMN]),
+}
+SPOT_COLUMN = "spot"
+
+RANK_BY = "mean log risk"  # the measured best (benchmarks/ranking.py); a key of STATISTICS
+
+
+def available(table) -> list[str]:
+    """The names of :data:`STATISTICS` that ``table``'s columns allow (the spot estimate only where recorded)."""
+    return [name for name in STATISTICS if name != "mean spot estimate" or SPOT_COLUMN in table.columns]
+
+
+def group_rows(table, by: tuple[str, ...]) -> list[dict]:
+    """One row per group of cells with equal ``by`` columns (``("layer",)`` or ``("layer", "head")``).
+
+    Each row: the ``by`` values, ``cells``, the ranking statistic ``score`` (:data:`RANK_BY`),
+    ``mean_meter``, ``max_meter``, ``saturated`` (fraction of cells with meter 1), and the true
+    TV's ``mean_true_tv`` and ``max_true_tv`` (NaN without the exact cache).
+    """
+    table = table.where(~np.isnan(table["meter"])) if len(table) else table  # blank rows see no token
+    if not len(table):
+        return []
+    keys = np.stack([table[name].astype(np.int64) for name in by], axis=1)
+    groups, inverse = np.unique(keys, axis=0, return_inverse=True)
+    rows = []
+    for index, values in enumerate(groups):
+        cells = table.where(inverse.reshape(-1) == index)
+        tv = cells["true_tv"][~np.isnan(cells["true_tv"])]
+        rows.append({**{name: int(v) for name, v in zip(by, values)}, "cells": len(cells),
+                     "score": float(STATISTICS[RANK_BY](cells)),
+                     "mean_meter": float(np.nanmean(cells["meter"])), "max_meter": float(np.nanmax(cells["meter"])),
+                     "saturated": float(np.mean(cells["meter"] >= SATURATED)),
+                     "mean_true_tv": float(tv.mean()) if tv.size else float("nan"),
+                     "max_true_tv": float(tv.max()) if tv.size else float("nan")})
+    return rows
+
+
+def riskiest(table, by: tuple[str, ...], top: int | None = None) -> list[dict]:
+    """The :func:`group_rows` of ``table`` in decreasing :data:`RANK_BY` order (the first ``top``)."""
+    rows = sorted(group_rows(table, by), key=lambda row: -row["score"])
+    return rows if top is None else rows[:top]
