@@ -6,7 +6,9 @@
 # - Always: the static audit (forbidden tokens, registry names declared in formal/, docstrings,
 #   scope: every formal/ name a file uses is declared in it or in a module it imports, no import
 #   cycle, every module reachable from formal/WitCert.lean; docs/theorem_map.md and
-#   formal/Export.lean in sync with spec/registry.py).
+#   formal/Export.lean in sync with spec/registry.py), and the build pins (scripts/lean_pins.py:
+#   no bare `import Mathlib`; lake-manifest.json pins Mathlib at the commit of the lakefile's tag
+#   and each dependency at the revision Mathlib's own manifest names).
 # Exit status: non-zero when the audit or (if run) the Lean build / axiom check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,4 +39,5 @@ else
   echo "Lean proofs were NOT checked: lake not found on PATH"
 fi
 
+"$PY" scripts/lean_pins.py
 "$PY" scripts/gen_theorem_map.py --check

@@ -7,12 +7,17 @@ hand-written Lean snippets with known declarations and import graphs (the scope 
 exactly the uses Lean could not resolve), and the real tree with its one historical scope bug
 re-introduced. Domain: every ``*.lean`` file under ``formal/``. Tolerance: exact.
 
+The build pins (``scripts/lean_pins.py``): no bare ``import Mathlib``, and ``lake-manifest.json``
+pinning Mathlib and its dependencies at the revisions of Mathlib's own manifest (oracle: the two
+JSON files read directly, and copies of the tree with one pin broken at a time).
+
 The import check of the dotted Python names (spec/torch/kernel) lives in
 ``tests/test_registry.py``; this file covers the Lean side and the generated map.
 """
 from __future__ import annotations
 
 import importlib.util
+import json
 import shutil
 import subprocess
 import sys
@@ -313,3 +318,100 @@ def test_lean_check_script_passes_without_lake():
     lines = result.stdout.splitlines()
     assert "Lean proofs were NOT checked: lake not found on PATH" in lines
     assert result.returncode == 0, result.stderr
+
+
+# --- the build pins: targeted imports and the committed manifest (scripts/lean_pins.py) ----------
+
+def _load_pins():
+    spec = importlib.util.spec_from_file_location("lean_pins", ROOT / "scripts" / "lean_pins.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+PINS = _load_pins()
+# Mathlib's tag v4.31.0 is commit fabf563a7c95a166b8d7b6efca11c8b4dc9d911f ("chore: bump toolchain
+# to v4.31.0 (#40633)", 2026-06-15), as recorded by independent downstream projects pinned to it;
+# formal/mathlib-manifest-v4.31.0.json says why it is a record and not a byte copy.
+MATHLIB_V4_31_0 = "fabf563a7c95a166b8d7b6efca11c8b4dc9d911f"
+
+
+def _json(path: Path) -> dict:
+    return json.loads(path.read_text(encoding="utf-8"))
+
+
+def test_no_file_imports_all_of_mathlib():
+    assert PINS.bare_mathlib_imports(ROOT / "formal") == []
+
+
+def test_bare_mathlib_import_is_flagged_and_targeted_imports_are_not(tmp_path):
+    formal = _project(tmp_path, {
+        "WitCert.A": "import Mathlib.Tactic.Ring\nimport Mathlib\n\n/-! # A -/\n",
+        "WitCert.B": "import Mathlib.Analysis.SpecialFunctions.Exp\n/-! # B, mentions import Mathlib -/\n",
+    })
+    hits = PINS.bare_mathlib_imports(formal)
+    assert len(hits) == 1 and hits[0].startswith("formal/WitCert/A.lean:2:")
+
+
+def test_manifest_pins_mathlib_and_its_dependencies_at_mathlibs_revisions():
+    # oracle: the two files read directly, independent of the checker
+    ours = {p["name"]: p for p in _json(ROOT / "lake-manifest.json")["packages"]}
+    record = _json(ROOT / "formal" / "mathlib-manifest-v4.31.0.json")
+    assert record["tag"] == "v4.31.0" and record["commit"] == MATHLIB_V4_31_0
+    assert ours["mathlib"]["rev"] == MATHLIB_V4_31_0
+    assert ours["mathlib"]["inputRev"] == "v4.31.0" and ours["mathlib"]["type"] == "git"
+    theirs = {p["name"]: p for p in record["packages"]}
+    assert set(ours) == set(theirs) | {"mathlib"}
+    for name, dep in theirs.items():
+        assert (ours[name]["url"], ours[name]["rev"]) == (dep["url"], dep["rev"]), name
+        assert ours[name]["inherited"] is True, name
+
+
+def test_manifest_check_passes_on_the_real_tree():
+    assert PINS.manifest_problems() == []
+
+
+def _pinned_tree(tmp_path: Path) -> Path:
+    """A throwaway root holding copies of the lakefile, toolchain, manifest and Mathlib record."""
+    for name in ("lakefile.lean", "lean-toolchain", "lake-manifest.json",
+                 "formal/mathlib-manifest-v4.31.0.json"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, tmp_path / name)
+    return tmp_path
+
+
+def _edit_manifest(root: Path, edit) -> None:
+    path = root / "lake-manifest.json"
+    manifest = _json(path)
+    edit({p["name"]: p for p in manifest["packages"]}, manifest)
+    path.write_text(json.dumps(manifest), encoding="utf-8")
+
+
+def test_missing_manifest_is_flagged(tmp_path):
+    root = _pinned_tree(tmp_path)
+    (root / "lake-manifest.json").unlink()
+    problems = PINS.manifest_problems(root)
+    assert len(problems) == 1 and problems[0].startswith("lake-manifest.json is missing")
+
+
+@pytest.mark.parametrize("edit, expected", [
+    (lambda by, m: by["mathlib"].update(rev="0" * 40), "mathlib rev is '" + "0" * 40),
+    (lambda by, m: by["mathlib"].update(inputRev="master"), "mathlib inputRev is 'master'"),
+    (lambda by, m: by["batteries"].update(rev="1" * 40), "batteries rev is '" + "1" * 40),
+    (lambda by, m: m["packages"].remove(by["aesop"]), "lacks Mathlib's dependency `aesop`"),
+    (lambda by, m: m["packages"].append(dict(by["Qq"], name="extra")), "pins `extra`"),
+])
+def test_mismatched_manifest_is_flagged(tmp_path, edit, expected):
+    root = _pinned_tree(tmp_path)
+    _edit_manifest(root, edit)
+    problems = PINS.manifest_problems(root)
+    assert len(problems) == 1 and expected in problems[0], problems
+
+
+def test_toolchain_other_than_the_mathlib_tag_is_flagged(tmp_path):
+    root = _pinned_tree(tmp_path)
+    (root / "lean-toolchain").write_text("leanprover/lean4:v4.30.0\n", encoding="utf-8")
+    problems = PINS.manifest_problems(root)
+    assert problems == ["lean-toolchain is 'leanprover/lean4:v4.30.0', but the lakefile requires "
+                        "Mathlib v4.31.0"]
