@@ -28,15 +28,16 @@ import pytest
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_generator():
-    spec = importlib.util.spec_from_file_location("gen_theorem_map", ROOT / "scripts" / "gen_theorem_map.py")
+def _load_script(name: str):
+    """The module ``scripts/<name>.py`` (the scripts directory is not a package)."""
+    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module
     spec.loader.exec_module(module)
     return module
 
 
-GEN = _load_generator()
+GEN = _load_script("gen_theorem_map")
 REGISTRY = GEN.load_registry()
 DECLS = GEN.declared_names()
 
@@ -322,15 +323,7 @@ def test_lean_check_script_passes_without_lake():
 
 # --- the build pins: targeted imports and the committed manifest (scripts/lean_pins.py) ----------
 
-def _load_pins():
-    spec = importlib.util.spec_from_file_location("lean_pins", ROOT / "scripts" / "lean_pins.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-PINS = _load_pins()
+PINS = _load_script("lean_pins")
 # Mathlib's tag v4.31.0 is commit fabf563a7c95a166b8d7b6efca11c8b4dc9d911f ("chore: bump toolchain
 # to v4.31.0 (#40633)", 2026-06-15), as recorded by independent downstream projects pinned to it;
 # formal/mathlib-manifest-v4.31.0.json says why it is a record and not a byte copy.
