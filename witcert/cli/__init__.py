@@ -2,28 +2,40 @@
 
 A subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 ``run(args) -> int``, and optionally ``check(args)``: the checks that need several arguments
-(or a file, a scheme, a model path), run before ``run`` and so before any model is loaded. A
-``ValueError`` from ``check`` is reported like an argparse error: ``witcert <command>: error: ...``
-and exit status 2. Help texts show every default (:class:`witcert.cli._args.HelpFormatter`).
+(or a file, a scheme, a model path, the model's tokenizer, the output directory), run before
+``run`` and so before any model is loaded. A ``ValueError`` from ``check`` is reported like an
+argparse error: ``witcert <command>: error: ...`` and exit status 2. Help texts show every
+default (:class:`witcert.cli._args.HelpFormatter`).
+
+Exit statuses: :mod:`witcert.cli._exit` (1 only for a soundness violation; also in the README).
 """
 import argparse
 import os
 import pkgutil
 import sys
+import traceback
 from importlib import import_module
 
-from witcert.cli._args import HelpFormatter
+from witcert.cli._args import HelpFormatter, RunFailure
+from witcert.cli._exit import EXIT_FAILURE, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_SIGPIPE
 
 DESCRIPTION = ("WitCert: sound runtime risk observability for KV-cache compression -- a proved upper bound on "
-               "attention total variation for every (layer, head, decode step).")
-EXIT_SIGPIPE = 128 + 13  # what a tool killed by SIGPIPE reports (e.g. `witcert schemes | head -1`)
+               "attention total variation for every (layer, head, decode step). Exit status: 0 done, 1 soundness "
+               "violation, 2 usage error, 3 run failed, 4 internal error.")
+# What a run can meet without a bug: a file that cannot be written, memory, a model that will not load.
+RUN_FAILURES = (RunFailure, OSError, MemoryError)
 
 
 def _subcommands():
-    """(name, module) of every public module of this package, sorted by name."""
+    """(name, module) of every public module of this package that defines ``HELP`` and ``run``, sorted by name.
+
+    A helper module a subcommand splits off (its printing, say) is not itself a subcommand.
+    """
     for info in sorted(pkgutil.iter_modules(__path__), key=lambda i: i.name):
         if not info.name.startswith("_"):
-            yield info.name, import_module(f"witcert.cli.{info.name}")
+            module = import_module(f"witcert.cli.{info.name}")
+            if hasattr(module, "HELP") and callable(getattr(module, "run", None)):
+                yield info.name, module
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -38,7 +50,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
-    """Parse, check (exit 2 on any bad argument), run; a closed output pipe ends quietly."""
+    """Parse, check (exit 2 on any bad argument), run; every failure is one line and its own exit status."""
     args = build_parser().parse_args(argv)
     try:
         if args.check is not None:
@@ -53,6 +65,26 @@ def main(argv=None) -> int:
         # The reader went away (`| head`): stop writing, and keep the interpreter's final flush quiet.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return EXIT_SIGPIPE
+    except KeyboardInterrupt:
+        _say(args, "interrupted")
+        return EXIT_INTERRUPTED
+    except RUN_FAILURES as err:
+        _say(args, f"error: {_describe(err)}")
+        return EXIT_FAILURE
+    except Exception:
+        traceback.print_exc()
+        _say(args, "internal error (a bug in WitCert: the traceback above says where)")
+        return EXIT_INTERNAL
+
+
+def _say(args, message: str) -> None:
+    print(f"witcert {args.command}: {message}", file=sys.stderr, flush=True)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, OSError) and err.filename is not None:
+        return f"{err.strerror or type(err).__name__}: {err.filename!r}"
+    return str(err) or type(err).__name__
 
 
 if __name__ == "__main__":

@@ -8,22 +8,57 @@ subcommand's ``check(args)`` (``witcert.cli.main`` turns its ``ValueError`` into
 import argparse
 import importlib.util
 import math
-import os
+import tempfile
+from datetime import datetime, timezone
 from pathlib import Path
 
-from witcert.integrations.hf.quantized_cache import HF_CACHE_SCHEMES  # no transformers import
+from witcert.core.thresholds import check_certified_tau
 
-# Names `witcert observe --scheme` accepts that are caches rather than tensor functions in the scheme
-# registry. DITHERED is witcert.integrations.hf.monitoring.DITHERED, kept here because importing that
-# module loads transformers, which the argument check must not.
-DITHERED = "dithered-int8"
-CACHE_SCHEMES = {
-    DITHERED: "the dithered INT8 cache (witcert.DitheredInt8) with its Tier B certificate "
-              "(--tier B; the probabilistic branch for non-adaptive queries only)",
-    **{name: f"transformers' own QuantizedCache, {spec.backend} {spec.nbits}-bit (axis 0, groups of "
-             f"{spec.q_group_size}, exact window of {spec.residual_length}; maintained witnesses; extra 'quant')"
-       for name, spec in HF_CACHE_SCHEMES.items()},
-}
+
+MAX_CONTEXT = 1 << 16  # the longest context the --context check searches
+
+
+class RunFailure(Exception):
+    """A run that could not be carried out once the arguments were accepted (the model would not load, an output
+    could not be written): reported in one line, exit status :data:`witcert.cli.EXIT_FAILURE`."""
+
+
+def default_out(command: str) -> Path:
+    """The default report directory of ``command``: ``reports/<command>-<UTC time>``."""
+    return Path("reports") / f"{command}-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+
+
+def load_checked_model(path: Path | None):
+    """``default_model.load_model(path)``; a failure (a broken checkpoint, a missing file) is a :class:`RunFailure`."""
+    from witcert.integrations.hf import default_model  # transformers loads only now
+
+    try:
+        return default_model.load_model(path)
+    except Exception as err:  # transformers raises many kinds; all of them mean the run cannot start
+        raise RunFailure(f"the model could not be loaded ({type(err).__name__}: {err})") from err
+
+
+def context_too_small(context: int, build, err: ValueError) -> ValueError:
+    """The ``--context`` error of a needle workload that ``build(context)`` rejected, with the least that fits.
+
+    ``build(tokens)`` builds the workload at ``tokens`` context tokens (``ValueError`` when they do
+    not hold the prompt); bisection finds the least accepted value (tokenizing is cheap).
+    """
+    def fits(tokens: int) -> bool:
+        try:
+            build(tokens)
+        except ValueError:
+            return False
+        return True
+
+    low, high = context, MAX_CONTEXT  # low fails
+    if not fits(high):
+        return ValueError(f"--context {context}: {err}")
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (low, middle) if fits(middle) else (middle, high)
+    return ValueError(f"--context {context} is too small for the needle prompt with this model's tokenizer: "
+                      f"give --context {high} or more")
 
 
 def require_installed(command: str, extra: str, *modules: str) -> None:
@@ -59,14 +94,26 @@ def non_negative_int(text: str) -> int:
     return value
 
 
-def open_unit_interval(text: str) -> float:
-    """A float strictly between 0 and 1 (a certified threshold)."""
+def certified_tau(text: str) -> float:
+    """A certified threshold: a number strictly between 0 and 1 (``check_certified_tau``, as ``witcert.monitor``)."""
     try:
         value = float(text)
     except ValueError:
         raise argparse.ArgumentTypeError(f"must be a number in (0, 1), got {text!r}") from None
-    if not (math.isfinite(value) and 0.0 < value < 1.0):
-        raise argparse.ArgumentTypeError(f"must lie strictly between 0 and 1 (certified regime), got {text!r}")
+    try:
+        return check_certified_tau(value)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def risk_threshold(text: str) -> float:
+    """A risk-ranked gate threshold: a finite number >= 1 (``witcert.Gate``'s risk regime)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number >= 1, got {text!r}") from None
+    if not (math.isfinite(value) and value >= 1.0):
+        raise argparse.ArgumentTypeError(f"must be a finite number >= 1 (the risk-ranked regime), got {text!r}")
     return value
 
 
@@ -87,24 +134,47 @@ def existing_path(text: str) -> Path:
 
 
 def output_file(text: str) -> Path:
-    """A file path that can be written: its directory exists and it is not itself a directory."""
+    """A file path that can be written: its directory exists and takes a new file, and it is not a directory."""
     path = Path(text).expanduser()
     if path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} is a directory; give a file path")
     parent = path.parent if str(path.parent) else Path(".")
     if not parent.is_dir():
         raise argparse.ArgumentTypeError(f"directory {str(parent)!r} of {text!r} does not exist")
-    if not os.access(parent, os.W_OK):
-        raise argparse.ArgumentTypeError(f"directory {str(parent)!r} of {text!r} is not writable")
+    try:
+        _probe_writable(parent)
+    except OSError as err:
+        raise argparse.ArgumentTypeError(f"directory {str(parent)!r} of {text!r} is not writable "
+                                         f"({err.strerror or err})") from None
     return path
 
 
 def output_dir(text: str) -> Path:
-    """A directory path to create or reuse: not an existing file."""
+    """A directory path to create or reuse: not an existing file (created by :func:`prepare_output_dir`)."""
     path = Path(text).expanduser()
     if path.exists() and not path.is_dir():
         raise argparse.ArgumentTypeError(f"{text!r} exists and is not a directory")
     return path
+
+
+def prepare_output_dir(path: Path, option: str = "--out") -> Path:
+    """Create ``path`` (and its parents) and check a file can be written in it: before any work starts.
+
+    Raises ``ValueError`` naming ``option`` when it cannot be created or written (a file in the
+    way, no permission, a read-only file system).
+    """
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        _probe_writable(path)
+    except OSError as err:
+        raise ValueError(f"{option} {str(path)!r}: cannot write a report there ({err.strerror or err})") from None
+    return path
+
+
+def _probe_writable(directory: Path) -> None:
+    # Create and delete a file: os.access answers yes for root on a read-only file system.
+    with tempfile.TemporaryFile(dir=directory):
+        pass
 
 
 def _int(text: str) -> int:

@@ -1,15 +1,17 @@
 """``witcert observe``: run a workload on a real model under compressed KV caches and measure the meter."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import sys
 import time
-from datetime import datetime, timezone
 from pathlib import Path
 
 from witcert.cli import _args
+from witcert.cli._exit import EXIT_USAGE, EXIT_VIOLATION
 from witcert.integrations.hf.quantized_cache import HF_CACHE_SCHEMES, require_backend
+from witcert.schemes.catalog import CACHE_SCHEMES, DITHERED
 from witcert.schemes.plugins import resolve_scheme
 
 HELP = "run a real model (default: embedded SmolLM2-135M-Instruct) under compressed KV caches; report meter vs true TV"
@@ -31,12 +33,13 @@ def add_arguments(parser) -> None:
                         help="A: band-norm witness (adaptive-safe), every scheme; B: the dithered-int8 cache's "
                              "probabilistic certificate (min with A; non-adaptive scope); auto: B for dithered-int8, else A")
     parser.add_argument("--task", default="needle", help="needle | text | code | PATH to a text file")
-    parser.add_argument("--tau", type=_args.open_unit_interval, default=0.2,
+    parser.add_argument("--tau", type=_args.certified_tau, default=0.2,
                         help="certified threshold for coverage and the gate (0 < tau < 1)")
     parser.add_argument("--gate", action="store_true", help="also run with the certified gate (block repair from the exact shadow)")
     parser.add_argument("--model", type=_args.existing_path, default=None, metavar="PATH",
                         help="local Hugging Face checkpoint (a directory with config.json, or a .gguf file) "
-                             "(default: the embedded SmolLM2-135M-Instruct)")
+                             "(default: the embedded SmolLM2-135M-Instruct, converted once to a 517 MB copy in "
+                             "$WITCERT_CACHE, else ~/.cache/witcert or a checkout's models/)")
     parser.add_argument("--context", type=_args.positive_int, default=512, help="context tokens per case")
     parser.add_argument("--cases", type=_args.positive_int, default=None,
                         help=f"cases per task (default {CASES}; with --demo {DEMO_CASES}: --demo --cases {CASES} is the full sweep)")
@@ -50,17 +53,19 @@ def add_arguments(parser) -> None:
     parser.add_argument("--threads", type=_args.positive_int, default=1,
                         help="torch CPU threads (1: on a small shared machine more threads oversubscribe)")
     parser.add_argument("--out", type=_args.output_dir, default=None, metavar="DIR",
-                        help="report directory (default: reports/observe-<UTC time>)")
+                        help="report directory, created before the run (default: reports/observe-<UTC time>)")
     parser.add_argument("--demo", action="store_true",
                         help=f"the demo: {', '.join(DEMO_SCHEMES)} on the needle task with the gate")
 
 
 def check(args) -> None:
-    """Every check that needs more than one argument, a file or a plugin: before the model loads.
+    """Every check that needs more than one argument, a file, a plugin or the tokenizer: before the model loads.
 
     Resolves each scheme (loading and probing ``module:function`` and entry-point plugins), the
     task, the tier, the model path (and, where its ``config.json`` is readable, ``--bands`` against
-    its head dim). Raises ``ValueError`` naming the argument.
+    its head dim), builds the workload with the model's tokenizer (``--context`` and ``--probe``
+    against the prompt and the text), and creates the ``--out`` directory. Raises ``ValueError``
+    naming the argument.
     """
     _args.require_installed("witcert observe", "observatory", "transformers", "matplotlib")
     args.schemes = _schemes(args)
@@ -70,10 +75,10 @@ def check(args) -> None:
                 require_backend(HF_CACHE_SCHEMES[name].backend)
             except ImportError as err:
                 raise ValueError(f"--scheme {name}: {err}") from None
-        elif name not in _args.CACHE_SCHEMES:
+        elif name not in CACHE_SCHEMES:
             resolve_scheme(name)  # SchemeLoadError is a ValueError with the known names
-    if args.tier == "B" and any(name != _args.DITHERED for name in args.schemes):
-        raise ValueError(f"--tier B certifies the {_args.DITHERED} cache only; got --scheme {','.join(args.schemes)}")
+    if args.tier == "B" and any(name != DITHERED for name in args.schemes):
+        raise ValueError(f"--tier B certifies the {DITHERED} cache only; got --scheme {','.join(args.schemes)}")
     if args.task not in TASKS:
         path = Path(args.task).expanduser()
         if not path.is_file() or not os.access(path, os.R_OK):
@@ -81,40 +86,30 @@ def check(args) -> None:
     head_dim = _check_model(args.model)
     if head_dim is not None and (head_dim // 2) % min(args.bands, head_dim // 2):
         raise ValueError(f"--bands {args.bands} must divide head_dim/2 = {head_dim // 2} of the model")
+    args.config = _config(args)
+    _check_workload(args)
+    args.out = _args.prepare_output_dir(args.out or _args.default_out("observe"))
 
 
 def run(args) -> int:
     from witcert.observatory import runner as observatory, report, telemetry
-    from witcert.integrations.hf.default_model import ModelUnavailable, load_model
 
     import torch
 
     torch.set_num_threads(args.threads)
-    try:
-        config = observatory.ObserveConfig(
-            schemes=args.schemes, task=args.task, tau=args.tau, gate=args.gate or args.demo, context_tokens=args.context,
-            probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases or (DEMO_CASES if args.demo else CASES), bands=args.bands, tier=args.tier,
-            seed=args.seed,
-        )
-    except ValueError as err:
-        print(f"witcert observe: error: {err}", file=sys.stderr)
-        return 2
+    config = args.config
     start = time.perf_counter()
-    try:
-        loaded = load_model(args.model)
-    except (ModelUnavailable, ValueError) as err:
-        print(f"witcert observe: error: {err}", file=sys.stderr)
-        return 2
+    loaded = _args.load_checked_model(args.model)
     print(f"model: {loaded.source}")
     try:
         with _Progress() as progress:
             on_result = progress.show(config) if len(config.schemes) > 1 else None
             results, baseline = observatory.run_observe(loaded, config, progress, on_result)
-    except ValueError as err:  # what only the loaded model can tell: a text too short, bands vs head_dim
+    except ValueError as err:  # what only the loaded model can tell: --bands against a GGUF model's head dim
         print(f"witcert observe: error: {err}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     wall = time.perf_counter() - start
-    out = args.out or Path("reports") / f"observe-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
+    out = args.out
     jsonl = out / "telemetry.jsonl"
     for r in results:
         run_tag = {"scheme": r.scheme, "tier": r.tier, "task": r.task, "gated": False}  # the tier used, not "auto"
@@ -127,8 +122,34 @@ def run(args) -> int:
     violations = sum(report.summarize(r.raw, config.tau).violations for r in results)
     if violations:
         print(f"SOUNDNESS VIOLATION: {violations} cells with true TV above the meter", file=sys.stderr)
-        return 1
+        return EXIT_VIOLATION
     return 0
+
+
+def _config(args):
+    """The run's ``ObserveConfig`` (each field already checked by its argument's type)."""
+    from witcert.observatory.runner import ObserveConfig
+
+    return ObserveConfig(
+        schemes=args.schemes, task=args.task, tau=args.tau, gate=args.gate or args.demo, context_tokens=args.context,
+        probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases or (DEMO_CASES if args.demo else CASES),
+        bands=args.bands, tier=args.tier, seed=args.seed,
+    )
+
+
+def _check_workload(args) -> None:
+    """Build the cases with the model's tokenizer: ``--context`` and ``--probe`` fit the prompt and the text."""
+    from witcert.integrations.hf.default_model import load_tokenizer
+    from witcert.observatory.runner import build_cases
+
+    tokenizer = load_tokenizer(args.model)
+    try:
+        build_cases(tokenizer, args.config)
+    except ValueError as err:
+        if args.task != "needle":
+            raise ValueError(f"--context {args.context} / --probe {args.probe} (--task {args.task}): {err}") from None
+        raise _args.context_too_small(args.context, lambda tokens: build_cases(
+            tokenizer, dataclasses.replace(args.config, context_tokens=tokens)), err) from None
 
 
 def _schemes(args) -> tuple[str, ...]:

@@ -1,5 +1,5 @@
 """``witcert schemes``: list the schemes ``witcert observe --scheme`` accepts, with one-line descriptions."""
-from witcert.cli import _args
+from witcert.schemes.catalog import CACHE_SCHEMES, plugin_names
 from witcert.schemes.plugins import entry_points
 from witcert.schemes.registry import get_scheme, list_schemes
 
@@ -11,10 +11,10 @@ def add_arguments(parser) -> None:
 
 
 def run(args) -> int:
-    plugins = {name: value for name, value in entry_points().items() if name not in list_schemes()}
+    plugins = entry_points()
     rows = [(name, _first_line(get_scheme(name).__doc__)) for name in list_schemes()]
-    rows += [(name, f"plugin {value} (loaded when used)") for name, value in sorted(plugins.items())]
-    rows += [(name, f"[cache] {about}") for name, about in _args.CACHE_SCHEMES.items()]
+    rows += [(name, f"plugin {plugins[name]} (loaded when used)") for name in plugin_names()]
+    rows += [(name, f"[cache] {about}") for name, about in CACHE_SCHEMES.items()]
     for name, about in rows:
         print(name if args.names else f"{name:<18} {about}")
     if not args.names:

@@ -3,10 +3,10 @@ from __future__ import annotations
 
 import sys
 import time
-from datetime import datetime, timezone
-from pathlib import Path
 
 from witcert.cli import _args
+from witcert.cli._exit import EXIT_VIOLATION
+from witcert.schemes.catalog import CACHE_SCHEMES
 from witcert.schemes.plugins import resolve_scheme
 
 HELP = ("reproduce the gated-repair and layer-sweep studies on a needle family (accuracy with exact binomial "
@@ -36,48 +36,88 @@ def add_arguments(parser) -> None:
                         help="those of --scheme also run behind the risk-ranked gate ('' for none)")
     parser.add_argument("--sweep-scheme", default=",".join(full.sweep_schemes), metavar="NAMES",
                         help="those of --scheme whose layers are swept ('' for none)")
-    parser.add_argument("--tau", type=_args.open_unit_interval, default=full.tau_certified, help="certified gate threshold")
-    parser.add_argument("--risk-tau", type=float, default=full.tau_risk, help="risk-ranked gate threshold (>= 1)")
+    parser.add_argument("--tau", type=_args.certified_tau, default=full.tau_certified,
+                        help="certified gate threshold (0 < tau < 1)")
+    parser.add_argument("--risk-tau", type=_args.risk_threshold, default=full.tau_risk,
+                        help="risk-ranked gate threshold (>= 1)")
     parser.add_argument("--model", type=_args.existing_path, default=None, metavar="PATH",
                         help="local Hugging Face checkpoint (default: the embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--threads", type=_args.positive_int, default=1, help="torch CPU threads")
     parser.add_argument("--out", type=_args.output_dir, default=None, metavar="DIR",
-                        help="report directory (default: reports/study-<UTC time>)")
+                        help="report directory, created before the run (default: reports/study-<UTC time>)")
 
 
 def check(args) -> None:
-    """Resolve the schemes and the study's shape before any model loads (``ValueError`` names the argument)."""
+    """Resolve the schemes, the study's shape and the ``--out`` directory before any model loads.
+
+    Raises ``ValueError`` naming the argument (``--sweep-cases``, ``--gate-scheme``, ...).
+    """
     from witcert.observatory.study_config import QUICK, StudyConfig
 
     _args.require_installed("witcert study", "observatory", "transformers", "scipy", "matplotlib")
     schemes = {}
     for option, text in (("--scheme", args.scheme), ("--gate-scheme", args.gate_scheme),
                          ("--risk-scheme", args.risk_scheme), ("--sweep-scheme", args.sweep_scheme)):
-        try:
-            schemes[option] = tuple(resolve_scheme(name) for name in _names(text))  # the registered names
-        except ValueError as err:
-            raise ValueError(f"{option}: {err}") from None
+        schemes[option] = _tensor_schemes(option, text)
+    args.out = args.out or _args.default_out("study")
     if args.quick:
         args.config = QUICK
+        _args.prepare_output_dir(args.out)
         return
+    _check_shape(args, schemes)
     args.config = StudyConfig(cases=args.cases, sweep_cases=args.sweep_cases, context_tokens=args.context,
                               batch=args.batch, probe_tokens=args.probe, schemes=schemes["--scheme"],
                               gated_schemes=schemes["--gate-scheme"], risk_schemes=schemes["--risk-scheme"],
                               sweep_schemes=schemes["--sweep-scheme"], tau_certified=args.tau, tau_risk=args.risk_tau)
+    _check_context(args)
+    _args.prepare_output_dir(args.out)
+
+
+def _check_context(args) -> None:
+    """The needle family at ``--context`` fits this model's tokenizer (built once here, before the model loads)."""
+    from witcert.integrations.hf.default_model import load_tokenizer
+    from witcert.observatory.study import needle_family
+
+    tokenizer, config = load_tokenizer(args.model), args.config
+    try:
+        needle_family(tokenizer, config.cases, config.context_tokens, config.seed)
+    except ValueError as err:
+        raise _args.context_too_small(config.context_tokens, lambda tokens: needle_family(
+            tokenizer, config.cases, tokens, config.seed), err) from None
+
+
+def _tensor_schemes(option: str, text: str) -> tuple[str, ...]:
+    """The registered names of ``text``'s schemes: the study runs tensor schemes, not the caches."""
+    names = _names(text)
+    caches = [name for name in names if name in CACHE_SCHEMES]
+    if caches:
+        raise ValueError(f"{option}: {', '.join(caches)} is a cache, which `witcert observe` meters; the study runs "
+                         "tensor schemes (registered, plugins or module:function)")
+    try:
+        return tuple(resolve_scheme(name) for name in names)
+    except ValueError as err:
+        raise ValueError(f"{option}: {err}") from None
+
+
+def _check_shape(args, schemes: dict) -> None:
+    """What ``StudyConfig`` checks across fields, in the command's own names."""
+    if args.sweep_cases > args.cases:
+        raise ValueError(f"--sweep-cases {args.sweep_cases} must not exceed --cases {args.cases}")
+    if not schemes["--scheme"] and not schemes["--sweep-scheme"]:
+        raise ValueError("--scheme: give at least one scheme")
+    for option in ("--gate-scheme", "--risk-scheme", "--sweep-scheme"):
+        extra = sorted(set(schemes[option]) - set(schemes["--scheme"]))
+        if extra:
+            raise ValueError(f"{option}: {', '.join(extra)} must also be in --scheme (its raw row is the comparison)")
 
 
 def run(args) -> int:
     import torch
 
-    from witcert.integrations.hf.default_model import ModelUnavailable, load_model
     from witcert.observatory import study, study_report
 
     torch.set_num_threads(args.threads)
-    try:
-        loaded = load_model(args.model)
-    except (ModelUnavailable, ValueError) as err:
-        print(f"witcert study: error: {err}", file=sys.stderr)
-        return 2
+    loaded = _args.load_checked_model(args.model)
     print(f"model: {loaded.source}", flush=True)
     start = time.perf_counter()
 
@@ -87,14 +127,13 @@ def run(args) -> int:
               "min left", flush=True)
 
     report = study.run_study(loaded, args.config, progress)
-    out = args.out or Path("reports") / f"study-{datetime.now(timezone.utc):%Y%m%d-%H%M%S}"
-    md = study_report.write(report, out)
+    md = study_report.write(report, args.out)
     print(study_report.markdown(report))
     print(f"report: {md}\nwall time: {report['wall_s'] / 60:.1f} min")
     if report["soundness"]["violations"] or report["soundness"]["unchecked"]:
         print(f"SOUNDNESS VIOLATION: {report['soundness']['violations']} cells with true TV above the meter "
               f"({report['soundness']['unchecked']} unchecked)", file=sys.stderr)
-        return 1
+        return EXIT_VIOLATION
     return 0
 
 

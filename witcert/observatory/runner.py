@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from witcert.core.thresholds import check_certified_tau
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import telemetry
 from witcert.integrations.hf.monitoring import DITHERED, Monitor
@@ -57,8 +58,7 @@ class ObserveConfig:
             raise ValueError(f"tier B certifies the {DITHERED!r} cache only; got schemes {', '.join(self.schemes)}")
         if not 0.0 < self.delta_req < 1.0:
             raise ValueError(f"delta_req must lie in (0, 1), got {self.delta_req}")
-        if not 0.0 < self.tau < 1.0:
-            raise ValueError(f"tau must lie in (0, 1) (certified regime), got {self.tau}")
+        check_certified_tau(self.tau)
         for name in ("context_tokens", "probe_tokens", "new_tokens", "cases", "bands"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")

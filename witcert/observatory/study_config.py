@@ -7,6 +7,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from witcert.core.thresholds import check_certified_tau
+
 REPAIR_SCHEMES = ("fp8-e4m3", "rtn-int4", "kivi-2bit", "kvquant-4bit")
 GATED_SCHEMES = ("kivi-2bit", "rtn-int4")
 RISK_SCHEMES = ("kivi-2bit",)
@@ -47,8 +49,7 @@ class StudyConfig:
             extra = set(getattr(self, name)) - set(self.schemes)
             if extra:
                 raise ValueError(f"{name}: {sorted(extra)} must also be among schemes (their raw row is the comparison)")
-        if not 0.0 < self.tau_certified < 1.0:
-            raise ValueError(f"tau_certified must lie in (0, 1) (certified gate), got {self.tau_certified}")
+        check_certified_tau(self.tau_certified, "tau_certified")
         if not self.tau_risk >= 1.0:
             raise ValueError(f"tau_risk must be >= 1 (risk-ranked gate), got {self.tau_risk}")
 

@@ -65,7 +65,9 @@ def resolve_scheme(name: str) -> str:
     else:
         plugins = entry_points()
         if name not in plugins:
-            raise SchemeLoadError(_unknown(name, plugins))
+            from witcert.schemes.catalog import unknown_scheme_message  # imports this module
+
+            raise SchemeLoadError(unknown_scheme_message(name))
         fn = _load_entry_point(name)
     probe(name, fn)
     register_scheme(name, replace=True)(fn)
@@ -132,10 +134,3 @@ def _load_entry_point(name: str) -> Callable:
         raise SchemeLoadError(f"scheme {name!r} (entry point {ep.value!r}) is a {type(obj).__name__}, "
                               "not a callable fn(x) -> x_hat")
     return obj
-
-
-def _unknown(name: str, plugins: dict[str, str]) -> str:
-    message = f"unknown scheme {name!r}; registered schemes: {', '.join(list_schemes())}"
-    if plugins:
-        message += f"; installed plugins: {', '.join(sorted(plugins))}"
-    return message + "; or give a custom scheme as module:function"

@@ -74,15 +74,46 @@ def default_gguf_path() -> Path:
 
 
 def _from_pretrained(path: Path, gguf_file: str | None, attn_implementation: str):
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+    from transformers import AutoModelForCausalLM
 
     extra = {"gguf_file": gguf_file} if gguf_file else {}
-    tokenizer = AutoTokenizer.from_pretrained(str(path), local_files_only=True, **extra)
+    tokenizer = _tokenizer(path, gguf_file)
     model = AutoModelForCausalLM.from_pretrained(
         str(path), local_files_only=True, dtype="float32", attn_implementation=attn_implementation, **extra
     )
     model.eval()
     return model, tokenizer
+
+
+def _tokenizer(path: Path, gguf_file: str | None):
+    from transformers import AutoTokenizer
+
+    extra = {"gguf_file": gguf_file} if gguf_file else {}
+    return AutoTokenizer.from_pretrained(str(path), local_files_only=True, **extra)
+
+
+def _files(path: str | os.PathLike | None) -> tuple[Path, str | None, Path | None]:
+    """What :func:`load_model` reads for ``path``: (directory, GGUF file name or None, copy to write or None)."""
+    if path is not None:
+        path = Path(path)
+        if not path.exists():
+            raise ValueError(f"model: no such path {str(path)!r}")
+        return (path.parent, path.name, None) if path.suffix == _GGUF_SUFFIX else (path, None, None)
+    copy = cache_dir() / _CACHE_SUBDIR
+    if (copy / "config.json").is_file():
+        return copy, None, None
+    gguf = default_gguf_path()
+    return gguf.parent, gguf.name, copy
+
+
+def load_tokenizer(path: str | os.PathLike | None = None):
+    """The tokenizer :func:`load_model` would load for ``path``, without the weights (seconds).
+
+    ``witcert observe`` builds its workload with it before the model loads, so a context too
+    short for the prompt is an argument error, not a failure after the load.
+    """
+    directory, gguf, _ = _files(path)
+    return _tokenizer(directory, gguf)
 
 
 def load_model(path: str | os.PathLike | None = None, attn_implementation: str = "sdpa") -> LoadedModel:
@@ -91,21 +122,14 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
     The default model is read from the safetensors copy in :func:`cache_dir` when present,
     else from the package's GGUF file, and the copy is then written for next time.
     """
+    directory, gguf, copy = _files(path)
+    model, tokenizer = _from_pretrained(directory, gguf, attn_implementation)
     if path is not None:
-        path = Path(path)
-        if not path.exists():
-            raise ValueError(f"model: no such path {str(path)!r}")
-        gguf = path.name if path.suffix == _GGUF_SUFFIX else None
-        model, tokenizer = _from_pretrained(path.parent if gguf else path, gguf, attn_implementation)
         return LoadedModel(model, tokenizer, str(path))
-    copy = cache_dir() / _CACHE_SUBDIR
-    if (copy / "config.json").is_file():
-        model, tokenizer = _from_pretrained(copy, None, attn_implementation)
-        return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; cached copy {copy}")
-    gguf = default_gguf_path()
-    model, tokenizer = _from_pretrained(gguf.parent, gguf.name, attn_implementation)
+    if copy is None:
+        return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; cached copy {directory}")
     _save_copy(model, tokenizer, copy)
-    return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; from {gguf}")
+    return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; from {directory / gguf}")
 
 
 def _save_copy(model, tokenizer, copy: Path) -> None:

@@ -90,8 +90,29 @@ def attention_modules(model) -> list:
             if isinstance(getattr(m, "layer_idx", None), int) and (hasattr(m, "q_proj") or hasattr(m, "qkv_proj"))]
 
 
+ROPE_CONFIG_FIELDS = ("rope_parameters", "rope_theta", "rope_scaling", "rotary_dim", "rotary_pct",
+                      "partial_rotary_factor")
+
+
+def has_rope(model) -> bool:
+    """Whether ``model`` rotates its keys: a RoPE field in its (text) config, or a module named ``*rotary*``."""
+    config = model.config
+    text = config.get_text_config(decoder=True) if hasattr(config, "get_text_config") else config
+    if any(getattr(text, name, None) is not None for name in ROPE_CONFIG_FIELDS):
+        return True
+    return any("rotary" in name for name, _ in model.named_modules())
+
+
 def rope_convention(model) -> str:
     """``"rotate_half"`` or ``"interleaved"``: what the attention module's ``rotate_half`` does to a probe."""
+    if not has_rope(model):
+        # Without RoPE there is no pair convention to probe; Tier A's band bound holds for any
+        # grouping of channels into bands, so either value is sound (the monitor witnesses the keys
+        # attention reads).
+        raise ValueError(f"{type(model).__name__} has no rotary position embedding (RoPE): its config sets no "
+                         f"rope parameters ({', '.join(ROPE_CONFIG_FIELDS[:3])}, ...) and it has no rotary module, "
+                         "so there is no RoPE pair convention to probe; its keys are read as written and any "
+                         "band grouping is sound: pass rope='rotate_half' to monitor it")
     modules = attention_modules(model)
     if not modules:
         raise ValueError(f"{type(model).__name__} has no attention module with a layer_idx; pass rope= explicitly")

@@ -49,6 +49,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from witcert.core.thresholds import check_certified_tau
 from witcert.gate.backing_store import BackingStore
 from witcert.gate.policy import Gate
 from witcert.gate.repair import Repairer
@@ -58,9 +59,9 @@ from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAcco
 from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
 from witcert.integrations.hf.summary import LayerSummary
+from witcert.schemes.catalog import DITHERED
 from witcert.tier_b.counters import check_seed, fresh_seed
 
-DITHERED = "dithered-int8"  # the Tier B cache (witcert.DitheredInt8), not a Tier A registry scheme
 TIERS = ("auto", "A", "B")
 
 
@@ -101,7 +102,8 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     backing_dir : str or Path, optional
         Production gate: keep the backing store in memory-mapped files under this directory.
     tau : float
-        Threshold of the summary's coverage column (and of ``pass_K``).
+        Threshold of the summary's coverage column (and of ``pass_K``), strictly between 0 and 1
+        (:func:`witcert.core.thresholds.check_certified_tau`; the gate's own threshold is ``gate.tau``).
     meter : {"fused", "full"}
         ``"fused"`` (default): each layer's cells from one fp32 pass under an a-priori rounding
         budget, ``min(1, T1, P1, MN, CS, MS)`` (:mod:`witcert.fastpath`; MS on four low sets; compiled with
@@ -174,8 +176,7 @@ class Monitor:
             check_seed(seed)
         if backing_dir is not None and (keep_exact or gate is None):
             raise ValueError("backing_dir is where the production gate pages from: it needs keep_exact=False and a gate")
-        if not 0.0 <= tau:
-            raise ValueError(f"tau must be >= 0, got {tau!r}")
+        tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
@@ -396,20 +397,34 @@ def _batch_size(args, kwargs) -> int:
     raise ValueError("a monitored forward call needs input_ids or inputs_embeds of shape (batch, tokens, ...)")
 
 
+def _saved_line(t: MemoryAccount) -> str:
+    if not t.exact_cache:
+        return "saved                  n/a (nothing cached)"
+    if t.exact_shadow:
+        return (f"saved                  n/a: validation mode (keep_exact=True) keeps the exact cache beside the "
+                f"compressed one ({t.held / t.exact_cache:.1%} of the exact cache held); keep_exact=False measures "
+                "the saving")
+    return f"saved                  {t.saved:>12,d} B  ({t.saved / t.exact_cache:.1%} of the exact cache)"
+
+
 @dataclass(frozen=True)
 class MemoryReport:
-    """:meth:`Monitor.memory`: the sum over requests and each request's :class:`MemoryAccount`."""
+    """:meth:`Monitor.memory`: the sum over requests and each request's :class:`MemoryAccount`.
+
+    It compares the bytes the monitored caches hold on the device with an uncompressed cache of
+    the same tokens. In validation mode (``keep_exact=True``) the exact cache is held too, so
+    nothing is saved by design: the report says so instead of printing a negative saving.
+    """
 
     total: MemoryAccount
     requests: tuple
 
     def __str__(self) -> str:
         t = self.total
-        lines = [f"exact cache            {t.exact_cache:>12,d} B",
+        lines = [f"exact cache            {t.exact_cache:>12,d} B  (an uncompressed cache of the same tokens)",
                  f"held on the device     {t.held:>12,d} B  (compressed {t.compressed:,d} + witness {t.witness:,d}"
                  f" + decoded copy {t.decoded:,d} + exact shadow {t.exact_shadow:,d})",
-                 f"saved                  {t.saved:>12,d} B  ({t.saved / t.exact_cache:.1%} of the exact cache)"
-                 if t.exact_cache else "saved                  n/a (nothing cached)"]
+                 _saved_line(t)]
         if t.backing_host:
             lines.append(f"gate backing (host)    {t.backing_host:>12,d} B")
         return "\n".join(lines)
