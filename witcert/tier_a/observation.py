@@ -29,11 +29,12 @@ from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
 from witcert.fastpath.compiled import pick
+from witcert.fastpath.fused import lean_cells
 from witcert.fastpath.stored_pass import probe as stored_pass_probe
 from witcert.fastpath.stored_pass import pass_constants, stored_pass
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.score_rounding import score_rounding_bound
+from witcert.tier_a.score_rounding import bias_rounding_bound, score_rounding_bound
 from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pairing, logit_bound, residual_witness
 
 
@@ -174,7 +175,8 @@ def observe(
 
 def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_scale: float | None = None,
                    mask: torch.Tensor | None = None, truth: tuple | None = None,
-                   tau_k: float = 0.2, tau_v: float = 0.05, fused: bool = False) -> Observation:
+                   tau_k: float = 0.2, tau_v: float = 0.05, fused: bool = False,
+                   bias: torch.Tensor | None = None) -> Observation:
     """Tier A observation from what a compressed cache holds (``T2``, ``T1``, value side).
 
     ``q`` (..., Hq, Tq, d) post-RoPE queries; ``stored`` the layer's :class:`StoredKeys`
@@ -187,7 +189,11 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     a-priori rounding budgets, instead of the eager reference's separate passes (an fp16 witness,
     as every built-in store holds; any other dtype takes the eager path). Its meter is
     ``min(1, T1, P1, MN, CS, MS)`` with MS on four low sets of its own, never below the exact value
-    and close to the eager meter (whose MS minimises over twelve thresholds).
+    and close to the eager meter (whose MS minimises over twelve thresholds). ``bias``: a finite fp64
+    additive term broadcastable to (..., Hq, Tq, S) that the model adds to both logits (a soft
+    attention mask, a ``position_bias``): it changes ``p~`` and no ``eps_t``, so it is added to the
+    compressed and the exact logits alike, and its fp64 addition's rounding to ``c``
+    (:func:`~witcert.tier_a.score_rounding.bias_rounding_bound`).
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]
@@ -211,6 +217,13 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
         scores, c, meter, risk, value_term, v_max, bound, pass_k, pass_v = (
             x.reshape(*grouped, *x.shape[len(folded):]) for x in results)
         passes = values.JointPass(pass_k, pass_v, pass_k & pass_v)
+        if bias is not None:  # the pass metered the unbiased logits: the cells again over the biased ones
+            scores, c = _biased(scores, c, bias, grouped)
+            lean = lean_cells(scores, c, stored.value_residual.double()[..., None, None, :],
+                              stored.value_norm.double()[..., None, None, :], checked=True)
+            meter, risk, value_term, v_max = lean.meter, lean.risk, lean.value_term, lean.v_norm_max
+            bound = values.output_bound(meter, value_term, v_max)
+            passes = values.joint_pass(meter, value_term, v_max, tau_k, tau_v)
     else:
         k_hat64 = stored.k_hat.to(torch.float64)
         rho = stored.value_residual.double()[..., None, None, :]  # (..., Hkv, 1, 1, S)
@@ -220,6 +233,8 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
                                                     accumulate_dtype=torch.float64))
         scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
         c = c.reshape(*grouped, s)
+        if bias is not None:
+            scores, c = _biased(scores, c, bias, grouped)
         meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (MS on the eager grid)
         risk = risk_score(scores, c)
         value_term = values.value_error_term(scores, rho)
@@ -229,7 +244,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
 
     true_tv = true_err = None
     if truth is not None:
-        true_tv, true_err = _truth(qg, *truth, scores, keep, scale)
+        true_tv, true_err = _truth(qg, *truth, scores, keep, scale, None if bias is None else _grouped(bias, grouped))
     return Observation(
         meter=per_query_head(meter), risk=per_query_head(risk), output_bound=per_query_head(bound),
         value_term=per_query_head(value_term), v_norm_max=per_query_head(v_max),
@@ -248,9 +263,33 @@ def _folded_matmul(grouped: torch.Tensor, per_kv_head: torch.Tensor) -> torch.Te
     return folded.reshape(*lead, groups, tq, per_kv_head.shape[-1])
 
 
-def _truth(qg, k, v, v_hat, scores, keep, scale):
-    """fp64 true TV and output error ``||p v - p~ v^||``: each (..., Hkv, G, Tq)."""
+def _grouped(bias: torch.Tensor, grouped: tuple) -> torch.Tensor:
+    """``bias`` broadcastable to (..., Hq, Tq, S) as (..., Hkv, G, Tq, S) fp64."""
+    s = bias.shape[-1]
+    try:
+        full = torch.broadcast_to(bias, (*grouped[:-3], grouped[-3] * grouped[-2], grouped[-1], s))
+    except RuntimeError:
+        raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to (..., Hq, Tq, S)") from None
+    return full.reshape(*grouped, s).to(torch.float64)
+
+
+def _biased(scores: torch.Tensor, c: torch.Tensor, bias: torch.Tensor, grouped: tuple) -> tuple:
+    """``scores + bias`` (fp64, ``-inf`` stays masked) and ``c`` plus that addition's rounding (``SR``)."""
+    bias = _grouped(bias, grouped)
+    if not torch.isfinite(bias).all():
+        raise ValueError("bias must be finite (mask a token with the mask, not with an infinite bias)")
+    total = scores + bias
+    if torch.isposinf(total).any() or (torch.isneginf(total) & ~torch.isneginf(scores)).any():
+        raise ValueError("the logits plus bias overflow fp64")
+    return total, rounding.add_up(c, bias_rounding_bound(total))
+
+
+def _truth(qg, k, v, v_hat, scores, keep, scale, bias=None):
+    """fp64 true TV and output error ``||p v - p~ v^||``: each (..., Hkv, G, Tq); ``bias`` (..., Hkv, G, Tq, S)
+    is added to the exact logits (``scores``, the compressed ones, already hold it)."""
     exact_scores = _folded_matmul(qg, k.to(torch.float64).transpose(-1, -2)) * scale
+    if bias is not None:
+        exact_scores = exact_scores + bias
     p = torch.softmax(exact_scores.masked_fill(~keep, float("-inf")), dim=-1)
     p_tilde = torch.softmax(scores, dim=-1)
     tv = 0.5 * (p - p_tilde).abs().sum(-1)

@@ -89,6 +89,19 @@ def score_rounding_bound(q: torch.Tensor, k_hat: torch.Tensor, sm_scale: float, 
     return bound.reshape(*lead, hkv * groups, tq, s)
 
 
+def bias_rounding_bound(biased: torch.Tensor) -> torch.Tensor:
+    """``>= |fl(s + b) - (s + b)|`` for fp64 logits ``biased = fl(s + b)``: an additive mask or bias ``b`` added in fp64.
+
+    An attention mask with soft values (or a ``position_bias``) enters both the exact and the compressed
+    logits (it changes ``p~``, never ``eps_t``); adding it to the fp64 scores rounds once more. One fp64
+    addition errs by at most ``u |s + b| <= 2^-52 |fl(s + b)|`` and is exact when its result is subnormal;
+    the product by ``2^-52`` is exact above ``2^-970`` and rounded up here (:func:`witcert.core.rounding.next_up`)
+    below. ``-inf`` (masked) entries get 0. Shape and dtype of ``biased`` (fp64).
+    """
+    slack = rounding.next_up(biased.abs() * 2.0**-52)
+    return torch.where(torch.isneginf(biased), torch.zeros_like(slack), slack)
+
+
 def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: float, coefficients: tuple) -> torch.Tensor:
     """:func:`score_rounding_bound`'s arithmetic on checked fp64 tensors: ``q64`` (..., Q, d) against ``k_hat64``
     (..., S, d) -> (..., Q, S), with :func:`score_rounding_coefficients`. No host synchronisation

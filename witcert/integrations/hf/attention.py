@@ -18,18 +18,21 @@ For every later query, per (row, layer, query head, query):
    output is recomputed over the repaired cache.
 
 The function finds the call's settings and cache in :data:`_ACTIVE` (pushed by
-:class:`witcert.integrations.hf.monitoring.Monitor` around each forward call). Without one it
+:class:`witcert.integrations.hf.monitoring.Monitor` around each forward call; per thread, so two
+threads each running their own monitored model never see each other's calls). Without one it
 *is* the stock sdpa path (same call, same mask), so a model switched to ``"witcert"`` with
 nothing active gives bit-identical logits. Works for any model whose attention modules use
 transformers' attention interface and cache layers (Llama, Qwen2, Mistral, Cohere, GLM, ...).
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 
 import torch
 from transformers import AttentionInterface
-from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.generation.continuous_batching.cache import PagedAttentionCache
+from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from witcert.gate.policy import Gate
@@ -38,7 +41,31 @@ from witcert.integrations.hf.cache_layer import MonitoredLayer
 from witcert.tier_a.bands import BandLayout
 
 ATTN_NAME = "witcert"
-_ACTIVE: list["CallScope"] = []  # one entry per forward call in progress (innermost last)
+# score terms a model may pass that sdpa (the "witcert" attention) would silently drop: refused, never ignored
+_DROPPED_SCORE_TERMS = ("s_aux", "sinks", "softcap")
+
+
+class _ActiveScopes(threading.local):
+    """The forward calls in progress on the current thread, innermost last (a list per thread: a
+    thread's attention calls read only the scopes its own monitored forward calls pushed)."""
+
+    def __init__(self):
+        self.stack: list[CallScope] = []
+
+    def append(self, scope: "CallScope") -> None:
+        self.stack.append(scope)
+
+    def pop(self) -> "CallScope":
+        return self.stack.pop()
+
+    def __getitem__(self, index: int) -> "CallScope":
+        return self.stack[index]
+
+    def __len__(self) -> int:
+        return len(self.stack)
+
+
+_ACTIVE = _ActiveScopes()
 
 
 @dataclass
@@ -96,20 +123,62 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
     if layer.last_read is None or key is not layer.last_read[0] or value is not layer.last_read[1]:
         raise RuntimeError(f"layer {module.layer_idx}: attention received keys that are not the monitored cache's "
                            "(the model did not write them through past_key_values.update)")
+    if torch.compiler.is_compiling():
+        raise RuntimeError("witcert.monitor: the monitored model is being compiled (torch.compile); run it eagerly "
+                           "(WITCERT_COMPILE=1 compiles the meter's own passes)")
+    if dropout:
+        raise ValueError(f"dropout={dropout!r}: attention with dropout (a model in training mode) is random, the meter "
+                         "covers eval-mode attention (call model.eval())")
+    scores_mask = _scores_mask(module, query, key, attention_mask, kwargs)
     output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
     scale = module.scaling if scaling is None else scaling
-    output, batch = attend(scope, layer, query, (key, value), attention_mask, float(scale), output)
+    output, batch = attend(scope, layer, query, (key, value), scores_mask, float(scale), output)
     scope.record(batch)
     return output, weights
 
 
+def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tensor:
+    """The mask ``sdpa_attention_forward`` applies to this call's scores, formed from the same inputs as it
+    forms it: a bool mask, or a float mask it adds (a ``position_bias`` folded in by transformers' own
+    ``create_position_bias_mask``, in the model's dtype, bit for bit). What it cannot express raises,
+    naming the argument."""
+    for name in _DROPPED_SCORE_TERMS:
+        if kwargs.get(name) is not None:
+            raise ValueError(f"the model passes {name!r} to its attention: sdpa, which the 'witcert' attention "
+                             "runs, does not apply it, so the monitored model would not compute what it was built to")
+    if isinstance(kwargs.get("cache"), PagedAttentionCache):
+        raise ValueError("cache: a paged attention cache (continuous batching) is not a cache witcert.monitor adopts")
+    q_len, kv_len = query.shape[-2], key.shape[-2]
+    causal = kwargs.get("is_causal")
+    causal = getattr(module, "is_causal", True) if causal is None else bool(causal)
+    causal = q_len > 1 and attention_mask is None and causal  # as sdpa decides it
+    if causal and kv_len > q_len:
+        raise ValueError(f"attention_mask=None with is_causal over {kv_len} cached keys and {q_len} queries: sdpa "
+                         "would attend the first keys only (its causal mask is upper-left); pass the model's mask")
+    position_bias = kwargs.get("position_bias")
+    if position_bias is not None:
+        return create_position_bias_mask(position_bias, attention_mask, causal, query, key)
+    if attention_mask is None:  # causal: one query per key (kv_len == q_len); otherwise every key is visible
+        every = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)
+        return (every.tril() if causal else every)[None, None]
+    return attention_mask
+
+
 def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output):
-    """Meter (and gate) every cell of one call; returns the (repaired) output and its :class:`CellBatch`."""
+    """Meter (and gate) every cell of one call; returns the (repaired) output and its :class:`CellBatch`.
+
+    ``attention_mask`` is what sdpa applies to the scores (:func:`_scores_mask`): keys it hides are
+    masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`)."""
     store = layer.store
     tq, s = query.shape[-2], read[0].shape[-2]
-    visible = cells.visible_mask(attention_mask, tq, s, query.device)
-    math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused)
+    visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
+    if bias is not None and scope.gate is not None and not scope.truth:
+        raise ValueError("attention_mask: an additive mask with soft values (or a position_bias) and a production "
+                         "gate (keep_exact=False): the backing store's page-ins do not carry the bias; use "
+                         "keep_exact=True or a bool / minimum-value mask")
+    math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused,
+                         bias=bias)
     extra = {}
     if scope.tier == "B":
         key_stores = [store.codec.packed_store(p) for p in store.key_chunks]
@@ -125,7 +194,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     if scope.gate is not None:
         if scope.truth:
             exact_k, exact_v = store.exact()
-            source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat), exact_v))
+            source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat, math.bias), exact_v))
         else:
             source = dict(paging=(scope.repairer, layer.layer_idx, query, scale))
         repair = cells.gated_output(math, scope.gate, read[1], output, **source)

@@ -30,7 +30,7 @@ from witcert.fastpath.tier_b_radius import fast_tier_b_of_chunks
 from witcert.gate.policy import Gate
 from witcert.gate.repair import LayerPager
 from witcert.tier_a.observation import observe_stored
-from witcert.tier_a.score_rounding import score_rounding_bound
+from witcert.tier_a.score_rounding import bias_rounding_bound, score_rounding_bound
 
 FIELDS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "joint", "c_max", "repaired")
 TIERS = ("A", "B")
@@ -90,34 +90,50 @@ class CallMath:
     value_term: torch.Tensor  # (B, Hq, Tq) bound on sum_t p~_t rho_t
     v_norm_max: torch.Tensor  # (B, Hq, Tq)
     c: torch.Tensor  # (B, Hq, Tq, S) per-token logit bounds (score rounding included), 0 where masked
-    scores_hat: torch.Tensor  # (B, Hq, Tq, S) compressed logits
+    scores_hat: torch.Tensor  # (B, Hq, Tq, S) compressed logits (the additive bias included)
     blank: torch.Tensor  # (B, Hq, Tq) bool: rows that see no token (reported as NaN)
     any_blank: bool = True  # whether ``blank`` has a True entry (read once, in :func:`measure`)
+    bias: torch.Tensor | None = None  # (B|1, Hq|1, Tq, S) fp64 additive term of both logits (None: none)
 
 
-def visible_mask(attention_mask, q_len: int, kv_len: int, device) -> torch.Tensor:
-    """Boolean (B|1, 1|Hq, Tq, S) mask of the keys each query may see.
+def mask_terms(attention_mask, q_len: int, kv_len: int, device) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """``(visible, bias)`` of the mask attention applies: bool (B|1, 1|Hq, Tq, S) keys each query may
+    see, and the fp64 additive term of its logits on them (``None``: none, the common case).
 
-    ``None`` means causal with the queries at the end of the cache (the stock sdpa path's
-    ``is_causal``; for one query every key is visible). Float masks are additive: entries at
-    or below half the dtype's minimum count as masked.
+    ``None`` means causal with the queries at the end of the cache (for one query every key is
+    visible). A bool mask hides keys. A float mask is added to the scores (sdpa's ``attn_mask``):
+    entries at or below half the dtype's minimum (or ``-inf``) count as masked, as transformers'
+    own masks use the minimum; every other value (``-1e9``, a soft bias) enters both the exact and
+    the compressed logits (:func:`measure`). NaN or ``+inf`` entries raise.
     """
     if attention_mask is None:
         rows = torch.arange(q_len, device=device)[:, None] + (kv_len - q_len)
-        return (torch.arange(kv_len, device=device)[None, :] <= rows)[None, None]
-    if attention_mask.dtype == torch.bool:
-        return attention_mask[..., :kv_len]
-    return attention_mask[..., :kv_len] > torch.finfo(attention_mask.dtype).min / 2
+        return (torch.arange(kv_len, device=device)[None, :] <= rows)[None, None], None
+    if attention_mask.dim() < 2 or attention_mask.shape[-2] not in (1, q_len) or attention_mask.shape[-1] < kv_len:
+        raise ValueError(f"attention_mask of shape {tuple(attention_mask.shape)} is not (..., {q_len}|1, >= {kv_len}): "
+                         f"the mask of {q_len} queries over {kv_len} keys")
+    mask = attention_mask[..., :kv_len]
+    if mask.dtype == torch.bool:
+        return mask, None
+    if not torch.is_floating_point(mask):
+        raise ValueError(f"attention_mask must be bool or floating, got {mask.dtype}")
+    if torch.isnan(mask).any() or torch.isposinf(mask).any():
+        raise ValueError("attention_mask contains NaN or +inf (an additive mask must be finite or -inf)")
+    visible = mask > torch.finfo(mask.dtype).min / 2
+    bias = torch.where(visible, mask, torch.zeros_like(mask))
+    return visible, (bias.to(torch.float64) if bias.any() else None)
 
 
-def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True, fused: bool = True) -> CallMath:
+def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True, fused: bool = True,
+            bias: torch.Tensor | None = None) -> CallMath:
     """Tier A observation of every (row, query head, query) of one call, in one batched pass.
 
     ``query`` (B, Hq, Tq, d) post-RoPE; ``store`` the layer's
     :class:`~witcert.integrations.hf.compressed_cache.LayerStore`; ``read`` the keys and values
     attention read (B, Hkv, S, d); ``visible`` bool, broadcastable to (B, Hq, Tq, S); ``truth``:
     also the true TV, when the store keeps the exact keys; ``fused``: the fast path's cells
-    (:func:`~witcert.tier_a.observation.observe_stored`), else the full eager meter.
+    (:func:`~witcert.tier_a.observation.observe_stored`), else the full eager meter; ``bias`` the fp64
+    additive term of both logits (:func:`mask_terms`), broadcastable to (B, Hq, Tq, S).
     """
     k_hat, v_hat = read
     b, hq, tq, _ = query.shape
@@ -128,7 +144,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         mask = mask | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
-                         truth=None if exact is None else (*exact, v_hat), fused=fused)
+                         truth=None if exact is None else (*exact, v_hat), fused=fused, bias=bias)
     c = torch.where(mask & ~blank[..., None], obs.c, torch.zeros_like(obs.c))
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {
@@ -138,7 +154,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         "joint": obs.joint, "c_max": c.amax(dim=-1),
     }
     return CallMath(cells=cells, value_term=obs.value_term, v_norm_max=obs.v_norm_max, c=c, scores_hat=obs.scores,
-                    blank=blank, any_blank=any_blank)
+                    blank=blank, any_blank=any_blank, bias=bias)
 
 
 def score_slack(query, k_hat, scale: float) -> torch.Tensor:
@@ -174,6 +190,8 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     mode = "delta" if adaptive else "min"
     c_b = fast_tier_b_of_chunks(query, key_stores, delta_loc, scale, mode, k_hat.shape[-2], k_hat.dtype).double()
     slack = score_slack(query, k_hat, scale) if slack is None else slack
+    if math.bias is not None:  # scores_hat holds the bias: its fp64 addition rounds once more
+        slack = rounding.add_up(slack, bias_rounding_bound(math.scores_hat))
     c = torch.minimum(math.c, rounding.add_up(c_b, slack))
     c = torch.where(torch.isneginf(math.scores_hat) | math.blank[..., None], torch.zeros_like(c), c)
     lean = lean_cells(math.scores_hat, c, checked=True)  # valid by construction: one fused pass, no re-checks
@@ -183,15 +201,18 @@ def tighten_with_tier_b(math: CallMath, query, key_stores: list, k_hat, delta_lo
     cells = dict(math.cells, meter=m, risk=lean.risk, output_bound=bound,
                  joint=passes.joint, c_max=c.amax(dim=-1))
     return CallMath(cells=cells, value_term=math.value_term, v_norm_max=math.v_norm_max, c=c,
-                    scores_hat=math.scores_hat, blank=math.blank, any_blank=math.any_blank)
+                    scores_hat=math.scores_hat, blank=math.blank, any_blank=math.any_blank, bias=math.bias)
 
 
-def exact_logits(query, keys, scale: float, scores_hat) -> torch.Tensor:
-    """fp64 logits (B, Hq, Tq, S) of ``query`` against ``keys`` (B, Hkv, S, d), ``-inf`` where ``scores_hat`` is."""
+def exact_logits(query, keys, scale: float, scores_hat, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """fp64 logits (B, Hq, Tq, S) of ``query`` against ``keys`` (B, Hkv, S, d), plus ``bias`` (the additive
+    term of :func:`mask_terms`, as ``scores_hat`` holds it), ``-inf`` where ``scores_hat`` is."""
     b, hq, tq, d = query.shape
     hkv = keys.shape[1]
     q64 = query.to(torch.float64).reshape(b, hkv, hq // hkv * tq, d)
     logits = ((q64 @ keys.to(torch.float64).transpose(-1, -2)) * scale).reshape(scores_hat.shape)
+    if bias is not None:
+        logits = logits + bias
     return logits.masked_fill(torch.isneginf(scores_hat), -torch.inf)
 
 

@@ -42,6 +42,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import tempfile
+import threading
 import weakref
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -136,6 +137,17 @@ class _Live:
     record: RequestRecord
     layers: list
     repairer: Repairer | None
+    adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
+
+
+class _ThreadState(threading.local):
+    """A monitor's state on one thread: its forward calls in progress and the ``generate`` and
+    :meth:`Monitor.non_adaptive` blocks open there (another thread's blocks say nothing about this one's calls)."""
+
+    def __init__(self):
+        self.scopes: list = []
+        self.generating = 0
+        self.non_adaptive = 0
 
 
 class Monitor:
@@ -152,6 +164,7 @@ class Monitor:
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
+        _check_eager(model)
         self.model = model
         self.geometry = geometry_of(model, rope)
         self.layout = self.geometry.layout(bands)
@@ -185,9 +198,8 @@ class Monitor:
         self.requests: list[RequestRecord] = []
         self._live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Live
         self._hooks: list = []
-        self._scopes: list = []  # this monitor's calls in progress
-        self._generating = 0
-        self._non_adaptive = 0
+        self._thread = _ThreadState()  # this monitor's calls in progress and open blocks, per thread
+        self._lock = threading.Lock()  # request ids and live caches, shared by the threads
         self._previous_attn = None
 
     # -- the context manager -------------------------------------------------------------------
@@ -208,11 +220,11 @@ class Monitor:
 
         @functools.wraps(bound)
         def generate(*args, **kwargs):  # queries inside generate depend on earlier (dithered) tokens: adaptive
-            self._generating += 1
+            self._thread.generating += 1
             try:
                 return bound(*args, **kwargs)
             finally:
-                self._generating -= 1
+                self._thread.generating -= 1
 
         self.model.generate = generate
         self._restore_generate = (lambda: setattr(self.model, "generate", original)) if had_own else (
@@ -232,13 +244,16 @@ class Monitor:
 
         Teacher-forced scoring of given text is; anything whose input tokens were chosen by the
         monitored model is not. Only here does Tier B use its probabilistic branch (never inside
-        ``generate``, which stays deterministic-only even within this block).
+        ``generate``, which stays deterministic-only even within this block), and only over a cache
+        that has served no adaptive call: once a cache was read inside ``generate`` or outside this
+        block, its tokens may have been chosen through the dither, and its later cells use the
+        deterministic branch too. The block is per thread.
         """
-        self._non_adaptive += 1
+        self._thread.non_adaptive += 1
         try:
             yield self
         finally:
-            self._non_adaptive -= 1
+            self._thread.non_adaptive -= 1
 
     # -- hooks -----------------------------------------------------------------------------------
     def _before_forward(self, module, args, kwargs):
@@ -255,9 +270,13 @@ class Monitor:
         if cache is None and use_cache:
             cache = DynamicCache(config=self.model.config)
             kwargs["past_key_values"] = cache
-        live = None if cache is None else self._live_of(cache, _batch_size(args, kwargs))
+        with self._lock:
+            live = None if cache is None else self._live_of(cache, _batch_size(args, kwargs))
+        adaptive = self._thread.generating > 0 or self._thread.non_adaptive == 0
+        if live is not None:  # once a cache served an adaptive call, its tokens may depend on the dither: adaptive since
+            adaptive = live.adaptive = live.adaptive or adaptive
         scope = attention.CallScope(
-            layout=self.layout, tier=self.tier, adaptive=self._generating > 0 or self._non_adaptive == 0,
+            layout=self.layout, tier=self.tier, adaptive=adaptive,
             truth=self.keep_exact, record=self.batches.append, gate=self.gate, delta_loc=self.delta_loc,
             delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused",
         )
@@ -265,15 +284,16 @@ class Monitor:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
             scope.seed = live.record.seed
         attention._ACTIVE.append(scope)
-        self._scopes.append(scope)
+        self._thread.scopes.append(scope)
         return args, kwargs
 
     def _after_forward(self, module, args, kwargs, output):
         from witcert.integrations.hf import attention
 
-        if not self._scopes or not attention._ACTIVE or attention._ACTIVE[-1] is not self._scopes[-1]:
+        scopes = self._thread.scopes
+        if not scopes or not attention._ACTIVE or attention._ACTIVE[-1] is not scopes[-1]:
             return output  # the pre-hook raised before pushing this call's scope
-        scope = self._scopes.pop()
+        scope = scopes.pop()
         attention._ACTIVE.pop()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
@@ -388,6 +408,16 @@ def _transformers_side():
     except ImportError as err:
         raise ImportError(f"witcert.monitor needs transformers (pip install 'witcert[hf]'): {err}") from None
     return attention
+
+
+def _check_eager(model) -> None:
+    """Refuse a ``torch.compile``d model: the monitor's hooks and attention run eagerly (its own passes compile
+    with ``WITCERT_COMPILE=1``)."""
+    from torch._dynamo.eval_frame import OptimizedModule
+
+    if isinstance(model, OptimizedModule) or getattr(model, "_compiled_call_impl", None) is not None:
+        raise ValueError("model: a torch.compile'd model cannot be monitored; pass the eager model "
+                         "(WITCERT_COMPILE=1 compiles the meter's own passes)")
 
 
 def _batch_size(args, kwargs) -> int:

@@ -1,0 +1,195 @@
+"""Attention inputs metered as the model uses them: additive float masks, soft biases, ``position_bias``.
+
+Implementation: :func:`witcert.integrations.hf.cells.mask_terms` (what a mask hides and what it adds),
+the ``bias`` of :func:`witcert.tier_a.observation.observe_stored` (added to both logits, its fp64
+rounding to ``c``: :func:`witcert.tier_a.score_rounding.bias_rounding_bound`) and the ``"witcert"``
+attention's reading of sdpa's inputs (:mod:`witcert.integrations.hf.attention`). Oracle: every
+cell's true TV recomputed here in fp64 from the query, the exact and the compressed keys and the
+mask sdpa applied, outside the monitor (per cell, never in aggregate); exact rationals for the
+rounding bound. Domain: tiny random Llama decoders (GQA) through ``witcert.monitor`` in both
+``keep_exact`` modes, masks with ``-1e9`` entries, soft biases up to 30, transformers' minimum;
+random fp64 logits and biases across 600 binades. Tolerance: none for bounds; ``1e-9`` relative
+for the monitor's own true TV against the one recomputed here.
+"""
+from fractions import Fraction
+
+import numpy as np
+import pytest
+import torch
+
+import witcert
+from witcert.integrations.hf import attention, cells
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.observation import observe_stored, stored_keys
+from witcert.tier_a.score_rounding import bias_rounding_bound
+from tests.tiny_models import VOCAB, tiny
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+
+PREFIX, LENGTH = 60, 66  # prefill tokens, then one decode step per token (many exact tokens: a diluting prefix)
+
+
+def damaging_decodes(x, role="key"):
+    """Exact on the prefill write, 3% off on every decode write: exact tokens a mask may hide dilute a
+    meter that does not see the mask."""
+    return x.clone() if x.shape[-2] > 1 else x * 1.03
+
+
+def float_masks(kind: str, rows: int = 2) -> torch.Tensor:
+    """(rows, 1, LENGTH, LENGTH) additive fp32 masks: causal by ``-1e9``, plus ``kind``'s hiding or bias."""
+    causal = torch.ones(LENGTH, LENGTH).tril().bool()
+    mask = torch.zeros(rows, 1, LENGTH, LENGTH).masked_fill(~causal, -1e9)
+    decode_keys = torch.arange(LENGTH) >= PREFIX
+    if kind == "hide-1e9":  # later queries see only the (damaged) decoded tokens and themselves
+        mask[:, :, PREFIX + 2:, :PREFIX] = -1e9
+    elif kind == "hide-min":
+        mask[:, :, PREFIX + 2:, :PREFIX] = torch.finfo(torch.float32).min
+    elif kind == "soft":  # decoded tokens favoured by a bias of 30, the rest by random soft values
+        soft = torch.randn(rows, 1, LENGTH, LENGTH, generator=torch.Generator().manual_seed(3))
+        mask = mask + torch.where(causal, soft + 30.0 * decode_keys, torch.zeros(()))
+    return mask
+
+
+def spy_on_attend(monkeypatch) -> list:
+    """Record, for every metered call, the query, the exact and read keys, the mask sdpa applied, the scale and
+    the cell batch (the exact keys only when the store keeps them)."""
+    calls, original = [], attention.attend
+
+    def spy(scope, layer, query, read, attention_mask, scale, output):
+        output, batch = original(scope, layer, query, read, attention_mask, scale, output)
+        exact = layer.store.exact()[0].clone() if scope.truth else None
+        calls.append(dict(query=query.clone(), exact=exact, read=read[0].clone(), mask=attention_mask.clone(),
+                          scale=scale, batch=batch))
+        return output, batch
+
+    monkeypatch.setattr(attention, "attend", spy)
+    return calls
+
+
+def oracle_tv(query, exact, read, mask, scale) -> torch.Tensor:
+    """fp64 TV (B, Hq, Tq) between attention over ``exact`` and over ``read`` keys under sdpa's ``mask``."""
+    groups = query.shape[1] // exact.shape[1]
+    q = query.double()
+    k, k_hat = (x.double().repeat_interleave(groups, dim=1) for x in (exact, read))
+    mask = mask[..., :k.shape[-2]]
+    hidden = ~mask if mask.dtype == torch.bool else mask <= torch.finfo(mask.dtype).min / 2
+    additive = torch.zeros(()) if mask.dtype == torch.bool else mask.double()
+    logits = [(q @ x.transpose(-1, -2) * scale + additive).masked_fill(hidden, -torch.inf) for x in (k, k_hat)]
+    return 0.5 * (torch.softmax(logits[0], -1) - torch.softmax(logits[1], -1)).abs().sum(-1)
+
+
+def run_with_mask(model, mask, keep_exact: bool, ids, **kwargs):
+    """Prefill then one forward call per token, each with its slice of the 4D mask, as a user writes it."""
+    with torch.no_grad(), witcert.monitor(model, damaging_decodes, keep_exact=keep_exact) as mon:
+        out = model(input_ids=ids[:, :PREFIX], attention_mask=mask[:, :, :PREFIX, :PREFIX], **kwargs)
+        for i in range(PREFIX, LENGTH):
+            out = model(input_ids=ids[:, i:i + 1], attention_mask=mask[:, :, i:i + 1, :i + 1],
+                        past_key_values=out.past_key_values, **kwargs)
+    return mon
+
+
+def tokens(rows: int = 2) -> torch.Tensor:
+    return torch.randint(3, VOCAB, (rows, LENGTH), generator=torch.Generator().manual_seed(11))
+
+
+@pytest.mark.parametrize("kind", ["hide-1e9", "hide-min", "soft"])
+def test_a_4d_float_mask_is_metered_as_the_model_applies_it_in_both_modes(monkeypatch, kind):
+    """Before the fix a ``-1e9`` mask hid tokens from the model but not from the meter, and a soft bias was
+    ignored: the meter (and the monitor's own true TV) described attention the model did not run (7 and
+    6 cells above their meter here in the -1e9 and soft cases). Now every
+    cell's meter bounds the TV recomputed here under the mask sdpa applied, in validation and production
+    mode, and the monitor's true TV is that TV."""
+    model, ids, mask = tiny("llama"), tokens(), float_masks(kind)
+    calls = spy_on_attend(monkeypatch)
+    run_with_mask(model, mask, True, ids)
+    validation, calls[:] = list(calls), []
+    run_with_mask(model, mask, False, ids)
+    assert len(validation) == len(calls) == 2 * (LENGTH - PREFIX)
+    worst = 0.0
+    for seen, production in zip(validation, calls):
+        truth = oracle_tv(seen["query"], seen["exact"], seen["read"], seen["mask"], seen["scale"])
+        torch.testing.assert_close(seen["batch"].true_tv, truth, rtol=1e-9, atol=1e-15)
+        assert torch.equal(production["read"], seen["read"]) and torch.equal(production["query"], seen["query"])
+        for batch in (seen["batch"], production["batch"]):
+            bad = truth > batch.meter
+            assert not bad.any(), f"{int(bad.sum())} cells above their meter: {truth[bad][:3]} > {batch.meter[bad][:3]}"
+        worst = max(worst, float((truth / seen["batch"].meter).max()))
+    assert worst > 0.05  # the masks matter: the truth is not trivially far below every meter
+
+
+def test_a_minimum_value_mask_meters_as_the_bool_mask_of_the_same_keys():
+    """transformers' minimum-value masks hide keys exactly as a bool mask does: the same cells, bit for bit
+    (no bias is formed from them)."""
+    model, ids = tiny("llama"), tokens()
+    causal = torch.ones(LENGTH, LENGTH).tril().bool()[None, None].expand(2, 1, LENGTH, LENGTH)
+    minimum = torch.zeros(2, 1, LENGTH, LENGTH).masked_fill(~causal, torch.finfo(torch.float32).min)
+    meters = [run_with_mask(model, m, True, ids).tensor("meter") for m in (causal, minimum)]
+    assert torch.equal(*meters)
+
+
+def test_mask_terms_read_what_sdpa_adds_and_refuse_what_it_cannot():
+    """Bool and minimum-value entries hide keys (no bias); ``-inf`` too; ``-1e9`` and soft values are a bias on
+    the visible keys; NaN, ``+inf`` and a mask of the wrong query length raise naming ``attention_mask``."""
+    low = torch.finfo(torch.float16).min
+    mask = torch.tensor([[[[0.0, low, -torch.inf, -1e4, 2.5]]]], dtype=torch.float16)
+    visible, bias = cells.mask_terms(mask, 1, 5, "cpu")
+    assert visible.tolist() == [[[[True, False, False, True, True]]]]
+    assert bias.dtype == torch.float64 and bias.tolist() == [[[[0.0, 0.0, 0.0, -10000.0, 2.5]]]]
+    assert cells.mask_terms(torch.zeros(1, 1, 1, 5, dtype=torch.float16).masked_fill(~visible, low), 1, 5, "cpu")[1] is None
+    same, none = cells.mask_terms(visible, 1, 5, "cpu")
+    assert torch.equal(same, visible) and none is None
+    for bad in (torch.tensor([[[[0.0, torch.nan]]]]), torch.tensor([[[[0.0, torch.inf]]]])):
+        with pytest.raises(ValueError, match="attention_mask"):
+            cells.mask_terms(bad, 1, 2, "cpu")
+    with pytest.raises(ValueError, match="attention_mask"):
+        cells.mask_terms(torch.zeros(1, 1, 3, 5), 2, 5, "cpu")
+
+
+def _exact_sum_error(s: float, b: float) -> Fraction:
+    return abs(Fraction(s + b) - (Fraction(s) + Fraction(b)))
+
+
+def test_bias_rounding_bound_covers_every_fp64_addition():
+    """``|fl(s + b) - (s + b)| <= bias_rounding_bound(fl(s + b))`` in exact rationals, per entry, over logits and
+    biases from ``2^-1074`` to ``2^600``, cancelling pairs and ties; ``-inf`` (masked) entries get 0."""
+    gen = torch.Generator().manual_seed(5)
+    exponent = torch.randint(-1074, 600, (4000,), generator=gen).double()
+    s = torch.randn(4000, generator=gen, dtype=torch.float64) * torch.exp2(exponent)
+    b = torch.where(torch.rand(4000, generator=gen) < 0.5, -s * (1 + torch.randn(4000, generator=gen,
+                    dtype=torch.float64) * 2.0**-30), torch.randn(4000, generator=gen, dtype=torch.float64) * 1e3)
+    s = torch.cat([s, torch.tensor([1.0, 2.0**-1074, 1e300, 3.0], dtype=torch.float64)])
+    b = torch.cat([b, torch.tensor([2.0**-53, 2.0**-1074, 1e300, 2.0**-52], dtype=torch.float64)])  # ties, subnormal
+    total = s + b
+    bound = bias_rounding_bound(total)
+    for si, bi, ti in zip(s.tolist(), b.tolist(), bound.tolist()):
+        assert _exact_sum_error(si, bi) <= Fraction(ti)
+    assert bias_rounding_bound(torch.tensor([-torch.inf])).item() == 0.0
+
+
+@pytest.mark.parametrize("fused", [True, False])
+def test_observe_stored_with_a_bias_bounds_every_query(fused):
+    """Per query, adversarially: keys damaged where a bias puts the mass, exact where the bias hides it; the
+    meter with the bias bounds the fp64 TV of the biased logits, and without it (the old reading) it does not."""
+    gen = torch.Generator().manual_seed(9)
+    d, s, layout = 16, 24, BandLayout(16, 4)
+    q = torch.randn(1, 4, 3, d, generator=gen, dtype=torch.float64) * 4
+    k = torch.randn(1, 2, s, d, generator=gen, dtype=torch.float64)
+    v = torch.randn(1, 2, s, d, generator=gen, dtype=torch.float64)
+    damaged = torch.arange(s) >= 20
+    k_hat = torch.where(damaged[:, None], k + 0.05 * torch.randn(k.shape, generator=gen, dtype=torch.float64), k)
+    bias = torch.where(damaged, 25.0, torch.randn(s, generator=gen, dtype=torch.float64))  # (S,), every query
+    stored = stored_keys(k, k_hat, v, v, layout)
+    with_bias = observe_stored(q, stored, layout, truth=(k, v, v), fused=fused, bias=bias)
+    truth = oracle_tv(q, k, k_hat, bias.expand(1, 1, 3, s), d**-0.5)
+    torch.testing.assert_close(with_bias.true_tv, truth, rtol=1e-9, atol=1e-15)
+    assert (truth <= with_bias.meter).all()
+    ignored = observe_stored(q, stored, layout, fused=fused)
+    assert (truth > ignored.meter).any()  # the old reading: the bias ignored, the meter below the truth
+
+
+def test_observe_stored_refuses_an_infinite_bias():
+    layout = BandLayout(8, 2)
+    k = torch.randn(1, 1, 4, 8, dtype=torch.float64)
+    stored = stored_keys(k, k, k, k, layout)
+    with pytest.raises(ValueError, match="bias"):
+        observe_stored(torch.ones(1, 1, 1, 8), stored, layout, bias=torch.tensor([0.0, 1.0, torch.inf, 0.0]))
