@@ -100,6 +100,42 @@ def test_query_beyond_fp32_gives_inf_never_nan():
     assert torch.isinf(c).all()  # token 0: exact value 0, trivial inf (sound); token 1: 1.4e300 overflows
 
 
+def _overflow_band_case():
+    """Issue 28: an fp64 query whose band-0 norm overflows fp32, over a witness infinite in band 0 for token 0
+    (zero elsewhere): the eager bound is ``[inf, 0, 0]``; a zeroed norm against the inf entry gave NaN."""
+    layout = witcert.BandLayout(8, 2)
+    q = torch.zeros(1, 2, 1, 8, dtype=torch.float64)
+    q[..., [0, 1, 4, 5]] = 1e300  # band 0 (rotate_half pairs (0, 4), (1, 5)): norm 2e300, beyond fp32
+    w = torch.zeros(1, 1, 3, 2, dtype=torch.float16)
+    w[0, 0, 0, 0] = math.inf
+    scores = torch.tensor([0.5, 0.0, -0.25], dtype=torch.float64).expand(1, 2, 1, 3).contiguous()
+    return layout, q, w, scores
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_query_beyond_fp32_over_an_infinite_witness_band_is_inf_meter_one_risk_inf(compiled, monkeypatch):
+    """The fast radius is ``inf`` (never NaN) on every token of such a row, at or above ``logit_bound``, and the
+    cell it feeds reports meter 1 and risk ``inf``, eager and compiled (``WITCERT_COMPILE=1``)."""
+    if compiled and compiled_mod.compiled_of(radius.tier_a_pass, radius.tier_a_probe) is None:
+        pytest.skip("torch.compile unavailable on this machine")
+    monkeypatch.setenv("WITCERT_COMPILE", "1" if compiled else "0")
+    layout, q, w, scores = _overflow_band_case()
+    c = fast_logit_bound(q, w, layout)
+    eager = witcert.logit_bound(q, w, layout)
+    assert eager[0, 0, 0].tolist() == [math.inf, 0.0, 0.0]
+    assert not torch.isnan(c).any() and torch.isinf(c).all()
+    cells = tier_a_cells(scores, q, w, layout)
+    assert torch.equal(cells.meter, torch.ones(1, 2, 1, dtype=cells.meter.dtype))
+    assert torch.isinf(cells.risk).all() and (cells.risk > 0).all()
+    assert not torch.isnan(lean_cells(scores, c).meter).any()
+
+
+def test_split_overflow_replaces_inf_by_the_floor_and_marks_the_row():
+    x = torch.tensor([[1.0, math.inf], [2.0, 3.0]])
+    finite, overflow = radius.split_overflow(x, 2.0**-100)
+    assert finite.tolist() == [[1.0, 2.0**-100], [2.0, 3.0]] and overflow.tolist() == [[math.inf], [0.0]]
+
+
 def test_other_witness_dtypes_take_logit_bound():
     layout = witcert.BandLayout(8, 2)
     q, w = torch.randn(1, 2, 1, 8), torch.rand(1, 1, 5, 2, dtype=torch.float32)

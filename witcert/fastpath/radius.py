@@ -14,16 +14,12 @@ which is what :func:`witcert.witness_of` stores, enclosed a priori:
   still sound);
 * the ``B``-term dot of non-negative terms: ``gamma_B`` relative (Higham Thm 3.1), and the lift,
   applied to the norms before the dot, one rounding each: ``1 + (B + 4) 2^-23`` covers
-  ``(1 - gamma_B)^-1 (1 - u)^-1`` with room;
-* an fp32 matmul that torch may run on TF32 or bf16 inputs (a setting
-  :func:`~witcert.core.matmul_precision.reduced_fp32_matmul` names) is lifted once more, by
-  ``REDUCED_PRECISION_LIFT`` (the input rounding, relative, of non-negative products).
+  ``(1 - gamma_B)^-1 (1 - u)^-1`` with room.
 
 Other witness dtypes (bf16, fp32: products could underflow) take :func:`witcert.logit_bound`.
 """
 import torch
 
-from witcert.core.matmul_precision import REDUCED_PRECISION_LIFT, reduced_fp32_matmul
 from witcert.core.norms import norms_upper_fp64
 from witcert.fastpath.budgeted_pass import fp32_up, lean_pass
 from witcert.fastpath.compiled import pick
@@ -51,7 +47,7 @@ def lifted_norms(q_norms: torch.Tensor, bands: int) -> tuple[torch.Tensor, torch
     """The (..., Q, B) half of :func:`radius_kernel`: ``inf`` entries split off (:func:`split_overflow`) and the
     lift applied. Formed before a compiled :func:`band_dot`, not in it: inlined into its token loop, this
     chain of scalar operations was recomputed per band and per 32 tokens (measured 2.5x the dot)."""
-    finite, overflow = split_overflow(q_norms)
+    finite, overflow = split_overflow(q_norms, _NORM_FLOOR)
     return finite * (1.0 + (bands + 4) * 2.0**-23), overflow
 
 
@@ -74,21 +70,24 @@ def _band_loop(norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _blas_dot(norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The same dot as one sgemm, rows padded with zeros to a multiple of 4 (each row's dot is its own); lifted by
-    ``REDUCED_PRECISION_LIFT`` when torch may round the sgemm's inputs to TF32 or bf16."""
+    """The same dot as one sgemm, rows padded with zeros to a multiple of 4 (each row's dot is its own)."""
     rows = norms.shape[-2]
     norms = torch.cat([norms, norms.new_zeros(*norms.shape[:-2], -rows % _ROW_BLOCK, norms.shape[-1])], dim=-2)
-    dot = (norms @ w.float().transpose(-1, -2))[..., :rows, :]
-    return dot * REDUCED_PRECISION_LIFT if reduced_fp32_matmul() else dot
+    return (norms @ w.float().transpose(-1, -2))[..., :rows, :]
 
 
-def split_overflow(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """``x`` (..., Q, B) with ``inf`` entries zeroed, and (..., Q, 1) ``inf`` on rows that had one, else 0: adding it
-    makes such a row ``inf`` (``x + 0 = x`` exactly) with no elementwise NaN test in the token loop (compiled,
-    ``isnan`` there measured 4x the cost of the pass it guarded)."""
+def split_overflow(x: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``x`` (..., Q, B) with ``inf`` entries replaced by ``floor``, and (..., Q, 1) ``inf`` on rows that had one, else
+    0: adding it makes such a row ``inf`` (``x + 0 = x`` exactly) with no elementwise NaN test in the token loop
+    (compiled, ``isnan`` there measured 4x the cost of the pass it guarded).
+
+    ``floor`` is the positive value the caller lifts every entry to: the replaced entry is never 0, so its
+    product with an infinite witness (or scale) entry is ``inf``, not the NaN of ``0 * inf``, and the row's sum
+    ``inf + inf`` stays ``inf`` (issue 28: a zeroed entry gave ``c = [nan, inf, inf]``, a NaN meter, risk 0).
+    """
     infinite = torch.isinf(x)
     overflow = torch.where(infinite.any(-1, keepdim=True), float("inf"), 0.0).to(x.dtype)
-    return torch.where(infinite, 0.0, x), overflow
+    return torch.where(infinite, floor, x), overflow
 
 
 def probe() -> tuple[torch.Tensor, ...]:

@@ -51,11 +51,11 @@ def tier_b_kernel(a: torch.Tensor, b: torch.Tensor, scales_t: torch.Tensor, dete
     """fp32 ``c`` (..., Q, S) from fp32 group sums ``a``, ``b`` (..., Q, n_g) (lifted, see the module doc) and the
     fp16 scales transposed, (..., n_g, S) contiguous; every result above the exact bound. No host synchronisation."""
     s = scales_t.float()
-    a, a_overflow = split_overflow(a)
+    a, a_overflow = split_overflow(a, _L1_FLOOR)
     l1 = group_dot(a, s)
     core = 0.5 * l1
     if not deterministic:
-        b, b_overflow = split_overflow(b)
+        b, b_overflow = split_overflow(b, _SQ_FLOOR)
         square = group_dot(b, s * s) + b_overflow  # u = inf on such a row: Delta holds
         core = torch.minimum(torch.sqrt(square) + GRID_STEP / 2 * l1, core)
     c = core + DEQUANT_FACTOR * l1
