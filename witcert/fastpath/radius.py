@@ -14,12 +14,16 @@ which is what :func:`witcert.witness_of` stores, enclosed a priori:
   still sound);
 * the ``B``-term dot of non-negative terms: ``gamma_B`` relative (Higham Thm 3.1), and the lift,
   applied to the norms before the dot, one rounding each: ``1 + (B + 4) 2^-23`` covers
-  ``(1 - gamma_B)^-1 (1 - u)^-1`` with room.
+  ``(1 - gamma_B)^-1 (1 - u)^-1`` with room;
+* an fp32 matmul that torch may run on TF32 or bf16 inputs (a setting
+  :func:`~witcert.core.matmul_precision.reduced_fp32_matmul` names) is lifted once more, by
+  ``REDUCED_PRECISION_LIFT`` (the input rounding, relative, of non-negative products).
 
 Other witness dtypes (bf16, fp32: products could underflow) take :func:`witcert.logit_bound`.
 """
 import torch
 
+from witcert.core.matmul_precision import REDUCED_PRECISION_LIFT, reduced_fp32_matmul
 from witcert.core.norms import norms_upper_fp64
 from witcert.fastpath.budgeted_pass import fp32_up, lean_pass
 from witcert.fastpath.compiled import pick
@@ -70,10 +74,12 @@ def _band_loop(norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
 
 
 def _blas_dot(norms: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """The same dot as one sgemm, rows padded with zeros to a multiple of 4 (each row's dot is its own)."""
+    """The same dot as one sgemm, rows padded with zeros to a multiple of 4 (each row's dot is its own); lifted by
+    ``REDUCED_PRECISION_LIFT`` when torch may round the sgemm's inputs to TF32 or bf16."""
     rows = norms.shape[-2]
     norms = torch.cat([norms, norms.new_zeros(*norms.shape[:-2], -rows % _ROW_BLOCK, norms.shape[-1])], dim=-2)
-    return (norms @ w.float().transpose(-1, -2))[..., :rows, :]
+    dot = (norms @ w.float().transpose(-1, -2))[..., :rows, :]
+    return dot * REDUCED_PRECISION_LIFT if reduced_fp32_matmul() else dot
 
 
 def split_overflow(x: torch.Tensor, floor: float) -> tuple[torch.Tensor, torch.Tensor]:
