@@ -1,6 +1,5 @@
 """``witcert schemes``: list the schemes ``witcert observe --scheme`` accepts, with one-line descriptions."""
-from witcert.schemes.catalog import CACHE_SCHEMES, plugin_names
-from witcert.schemes.plugins import entry_points
+from witcert.schemes.catalog import CACHE_SCHEMES, entry_points, plugin_names
 from witcert.schemes.registry import get_scheme, list_schemes
 
 HELP = "list the registered KV-cache compression schemes (Tier A: any cache-preserving quantizer) and installed plugins"

@@ -6,9 +6,12 @@ them), and caches that are not tensor functions: the dithered INT8 cache with it
 certificate, and transformers' own ``QuantizedCache`` configurations. Importing this module
 loads neither transformers nor any plugin.
 """
+import importlib.metadata
+
 from witcert.integrations.hf.quantized_cache import HF_CACHE_SCHEMES  # no transformers import
-from witcert.schemes.plugins import entry_points
 from witcert.schemes.registry import list_schemes
+
+ENTRY_POINT_GROUP = "witcert.schemes"
 
 DITHERED = "dithered-int8"  # the Tier B cache (witcert.DitheredInt8), not a registry scheme
 CACHE_SCHEMES = {
@@ -21,6 +24,11 @@ CACHE_SCHEMES = {
              "extra 'quant')"
        for name, spec in HF_CACHE_SCHEMES.items()},
 }
+
+
+def entry_points() -> dict[str, str]:
+    """The installed ``witcert.schemes`` entry points: name -> ``module:attribute`` (nothing imported)."""
+    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def plugin_names() -> list[str]:

@@ -28,19 +28,14 @@ from collections.abc import Callable
 
 import torch
 
+from witcert.schemes.catalog import ENTRY_POINT_GROUP, entry_points, unknown_scheme_message
 from witcert.schemes.registry import ROLES, apply_scheme, list_schemes, register_scheme
 
-ENTRY_POINT_GROUP = "witcert.schemes"
 PROBE_SHAPE = (1, 2, 32, 128)  # (batch, kv heads, tokens, head_dim): 32 tokens, channel groups up to 128 divide
 
 
 class SchemeLoadError(ValueError):
     """A scheme spec that names nothing loadable, or a loaded scheme that fails the probe."""
-
-
-def entry_points() -> dict[str, str]:
-    """The installed ``witcert.schemes`` entry points: name -> ``module:attribute`` (nothing imported)."""
-    return {ep.name: ep.value for ep in importlib.metadata.entry_points(group=ENTRY_POINT_GROUP)}
 
 
 def is_spec(name: str) -> bool:
@@ -65,8 +60,6 @@ def resolve_scheme(name: str) -> str:
     else:
         plugins = entry_points()
         if name not in plugins:
-            from witcert.schemes.catalog import unknown_scheme_message  # imports this module
-
             raise SchemeLoadError(unknown_scheme_message(name))
         fn = _load_entry_point(name)
     probe(name, fn)

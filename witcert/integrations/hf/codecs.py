@@ -31,7 +31,6 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.schemes import builtin
-from witcert.schemes.plugins import resolve_scheme
 from witcert.schemes.registry import apply_scheme, get_scheme
 
 NARROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16)  # narrowest first
@@ -165,7 +164,7 @@ class Dither:
 
 
 def codec_for(scheme, packed: bool):
-    """The codec of ``scheme`` (a registered name, a plugin or ``module:function`` spec, a callable, or a codec object).
+    """The codec of ``scheme`` (a registered name, a callable, or a codec object).
 
     ``packed=False`` (the exact cache is kept, memory is not the point): the reconstruction as the
     scheme returns it. ``packed=True``: the packed codec of a built-in scheme when ``scheme`` names
@@ -175,8 +174,7 @@ def codec_for(scheme, packed: bool):
     if all(callable(getattr(scheme, name, None)) for name in ("encode", "decode", "nbytes")):
         return scheme
     if isinstance(scheme, str):
-        scheme = resolve_scheme(scheme)  # a plugin or module:function loads here; unknown: every known name
-        registered = getattr(get_scheme(scheme), "__wrapped__", None)
+        registered = getattr(get_scheme(scheme), "__wrapped__", None)  # raises on an unknown name
         for fn, codec in _PACKED_BUILTINS.items():
             if packed and registered is fn:
                 return codec

@@ -61,6 +61,7 @@ from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
 from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
+from witcert.schemes.plugins import resolve_scheme
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 TIERS = ("auto", "A", "B")
@@ -178,7 +179,9 @@ class Monitor:
         if self.hf_cache is not None:
             self.hf_cache.layer()  # ImportError naming the extra, now rather than at the first forward call
         elif not self.dithered:
-            self._codec = codec_for(scheme, packed=not keep_exact)  # validates the name or object
+            # a plugin or module:function name loads here; an unknown name lists every known one
+            named = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
+            self._codec = codec_for(named, packed=not keep_exact)  # validates the object
         if gate is not None and not isinstance(gate, Gate):
             raise ValueError(f"gate must be a witcert.Gate or None, got {type(gate).__name__}")
         if not isinstance(keep_exact, bool):
@@ -385,7 +388,8 @@ class Monitor:
         try:
             import pandas
         except ImportError:
-            raise ImportError("Monitor.to_pandas needs pandas (pip install pandas); Monitor.table() needs nothing") from None
+            raise ImportError("Monitor.to_pandas needs pandas (pip install 'witcert[observatory]', or pip install "
+                              "pandas); Monitor.table() needs nothing") from None
         return pandas.DataFrame(self.table().columns)
 
     def write_jsonl(self, path: str | Path, run: dict | None = None) -> int:
