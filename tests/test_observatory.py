@@ -282,3 +282,92 @@ def test_hf_rope_families_off_path_identity_and_sound_cells(family):
     table = mon.table()
     assert len(table) == 2 * 4 * 8  # layers x query heads x probe queries
     assert_sound_per_cell(table)
+
+
+# ---------------------------------------------------------------- what a run prints and writes
+
+
+def _result(scheme="rtn-int4", gated=True, seed=0):
+    """A synthetic SchemeResult: 3 layers x 4 heads x 5 queries, the truth below the meter, layer 2 the worst."""
+    g = np.random.default_rng(seed)
+    layer, head = np.repeat(np.arange(3), 20), np.tile(np.repeat(np.arange(4), 5), 3)
+    tv = g.uniform(0, 0.05, 60) * (1 + 4 * (layer == 2))
+    meter = np.minimum(1.0, tv * 3 + 0.05)
+    cols = {"layer": layer, "head": head, "meter": meter, "true_tv": tv, "risk": meter * 2, "c_max": meter,
+            "output_bound": np.ones(60), "true_output_error": np.zeros(60), "joint": meter <= 0.2,
+            "repaired": np.zeros(60, bool)}
+    table = telemetry.CellTable(cols)
+    gated_table = None
+    if gated:
+        fired = meter > 0.2
+        gated_table = telemetry.CellTable({**cols, "repaired": fired, "paged_fraction": np.where(fired, 0.5, 0.0),
+                                           "meter_after": np.where(fired, 0.15, meter),
+                                           "true_tv_after": np.where(fired, tv / 10, tv)})
+    return observatory.SchemeResult(scheme=scheme, task="needle", raw=table, gated=gated_table,
+                                    quality={"kl": 0.12, "top1": 0.9, "needle_acc": 0.75},
+                                    extra={"gated_quality": {"kl": 0.01, "needle_acc": 1.0}} if gated else {})
+
+
+def test_printed_table_fits_100_columns_and_explains_itself():
+    """Implementation: the printed table (report.terminal_rows through rich); oracle: no line over 100
+    columns, no value cut off, the after-repair figures of the gated table, and a legend naming every column."""
+    import io
+
+    from witcert.cli.observe_output import print_table
+
+    results = [_result(name) for name in ("fp8-e4m3", "rtn-int4", "kivi-2bit", "dithered-int8")]
+    out = io.StringIO()
+    print_table(results, observatory.ObserveConfig(schemes=("rtn-int4",), gate=True), {"needle_acc": 0.75}, out)
+    text = out.getvalue()
+    assert max(len(line) for line in text.splitlines()) <= 100 and "…" not in text
+    header, rows = report.terminal_rows(results, 0.2)
+    gated = report.summarize(results[0].gated, 0.2)
+    assert rows[0][header.index("after")] == f"1.00/{gated.max_true_tv_after:.3f}"
+    assert rows[0][header.index("fired/paged")] == f"{gated.repaired:.2f}/{gated.paged:.2f}"
+    assert rows[0][header.index("risky")] == "L2"  # the layer whose true TV is largest
+    assert "proved upper bound" in text
+    for name in header[1:]:
+        assert name.split("/")[0] in report.TERMINAL_LEGEND
+
+
+def test_report_documents_every_column_and_shows_true_tv_in_the_risk_lists(tmp_path):
+    results = [_result()]
+    config = observatory.ObserveConfig(schemes=("rtn-int4",), gate=True)
+    text = report.write_report(tmp_path, results, config, {"needle_acc": 0.75}, "synthetic", 1.0).read_text()
+    header, _ = report.table_rows(results, 0.2, {"needle_acc": 0.75})
+    docs = "\n".join(report.COLUMN_DOCS)
+    for name in header:  # every column is explained under its own name
+        assert name.replace("@0.2", "@tau").replace(" (mean TV)", "") in docs, name
+    assert "proved upper bound" in text and "## How to read it" in text
+    assert "rtn-int4, riskiest layers: L2 (meter" in text and "TV " in text.split("riskiest heads")[1]
+
+
+def test_gated_summary_reports_after_repair_figures():
+    s = report.summarize(_result().gated, 0.2)
+    assert s.coverage_after == 1.0 and s.violations_after == 0 and 0 < s.paged < 1
+    raw = report.summarize(_result().raw, 0.2)
+    assert np.isnan(raw.coverage_after) and np.isnan(raw.paged)
+
+
+def test_log_progress_prints_a_line_per_case_with_rate_and_time_left():
+    """Piped to a log, ``witcert observe`` prints one flushed line per finished case (not a silent bar)."""
+    import io
+
+    from witcert.cli.observe_output import BarProgress, LogProgress, progress_for
+
+    out = io.StringIO()
+    progress = progress_for(out)  # a StringIO is not a terminal
+    assert isinstance(progress, LogProgress)
+    with progress:
+        tick = progress.start(4)
+        tick("uncompressed reference")
+        tick("rtn-int4")
+    lines = out.getvalue().splitlines()
+    assert len(lines) == 2 and lines[0].startswith("[1/4] uncompressed reference:") and lines[1].startswith("[2/4]")
+    assert all("s per case" in line and "s left" in line for line in lines)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    assert isinstance(progress_for(Terminal()), BarProgress)

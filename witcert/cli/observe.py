@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 from witcert.cli import _args
+from witcert.cli.observe_output import print_table as _print_table, progress_for
 from witcert.cli._exit import EXIT_USAGE, EXIT_VIOLATION
 from witcert.integrations.hf.quantized_cache import HF_CACHE_SCHEMES, require_backend
 from witcert.schemes.catalog import CACHE_SCHEMES, DITHERED
@@ -102,7 +103,7 @@ def run(args) -> int:
     loaded = _args.load_checked_model(args.model)
     print(f"model: {loaded.source}")
     try:
-        with _Progress() as progress:
+        with progress_for(sys.stdout) as progress:
             on_result = progress.show(config) if len(config.schemes) > 1 else None
             results, baseline = observatory.run_observe(loaded, config, progress, on_result)
     except ValueError as err:  # what only the loaded model can tell: --bands against a GGUF model's head dim
@@ -195,60 +196,3 @@ def _head_dim(config_path: Path) -> int | None:
     except (OSError, ValueError, KeyError, TypeError, ZeroDivisionError):
         return None
     return head_dim if isinstance(head_dim, int) and head_dim >= 2 else None
-
-
-def _print_table(results, config, baseline) -> None:
-    from rich.console import Console
-
-    Console(width=200).print(_table(results, config, baseline))
-
-
-def _table(results, config, baseline, title: str | None = None):
-    from rich.table import Table
-
-    from witcert.observatory import report
-
-    header, rows = report.table_rows(results, config.tau, baseline)
-    title = title or f"WitCert observatory - task {config.task}, tier {config.tier}, tau {config.tau:g}"
-    if "needle_acc" in baseline:
-        title += f" (needle accuracy uncompressed: {baseline['needle_acc']:.2f})"
-    table = Table(title=title)
-    for name in header:
-        table.add_column(name, overflow="fold")
-    for row in rows:
-        table.add_row(*row)
-    return table
-
-
-class _Progress:
-    """A rich progress bar; ``start(total)`` returns ``tick(label)`` (what ``run_observe`` expects)."""
-
-    def __enter__(self):
-        from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
-
-        self._bar = Progress(TextColumn("{task.description:<28}"), BarColumn(), TextColumn("{task.completed}/{task.total}"),
-                             TimeElapsedColumn(), TimeRemainingColumn(), transient=False,
-                             console=Console(width=200))  # as the final table
-        self._bar.__enter__()
-        return self
-
-    def start(self, total: int):
-        task = self._bar.add_task("starting", total=total)
-
-        def tick(label: str) -> None:
-            self._bar.update(task, advance=1, description=label)
-
-        return tick
-
-    def show(self, config):
-        """``on_result`` for ``run_observe``: each scheme's row, printed above the bar as it finishes."""
-
-        def on_result(result, baseline) -> None:
-            title = f"{result.scheme}: done in {result.wall_s:.0f} s (task {config.task}, tau {config.tau:g})"
-            self._bar.console.print(_table([result], config, baseline, title))
-
-        return on_result
-
-    def __exit__(self, *exc):
-        return self._bar.__exit__(*exc)

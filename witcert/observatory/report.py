@@ -1,13 +1,22 @@
 """Summaries and the report directory (markdown + PNG plots, matplotlib Agg) of an observatory run.
 
-Definitions, per cell (layer, query head, query position), at threshold ``tau``:
+The meter of a cell (layer, query head, query position) is a proved upper bound on how much
+attention moved: the total variation (TV) between attention over the exact keys and over the
+compressed keys. Definitions, per cell, at threshold ``tau``:
 
 - *violation*: true TV > meter (must never happen: the meter is a proved upper bound);
 - *coverage*: fraction of cells with meter <= tau (certified safe at tau);
 - *danger*: true TV > tau; *danger recall*: fraction of dangerous cells with meter > tau
   (1 whenever there is no violation; reported to show it measured, not assumed);
 - *joint coverage*: fraction with pass_K and pass_V (:mod:`witcert.core.values`), measured;
-- *output-bound violations*: true ||y - y^|| > output bound.
+- *output-bound violations*: true ||y - y^|| > output bound;
+- with a gate: *fired* (cells repaired), *paged* (fraction of a cell's visible tokens paged in),
+  and the meter and true TV of every cell after repair.
+
+Two tables: :func:`terminal_rows` (what ``witcert observe`` prints: ten columns, fits a 100-column
+terminal, :data:`TERMINAL_LEGEND` under it) and :func:`table_rows` (every column, in ``report.md``
+with :data:`COLUMN_DOCS`). Rankings of layers and heads use
+:func:`witcert.integrations.hf.ranking.riskiest` (the statistic measured to follow the true TV).
 """
 from __future__ import annotations
 
@@ -15,6 +24,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from witcert.integrations.hf import ranking
 
 _TAUS = np.logspace(-4, 0, 41)
 
@@ -34,6 +45,10 @@ class Summary:
     median_true_tv: float
     max_true_tv: float
     repaired: float  # fraction of cells the gate fired on
+    paged: float = float("nan")  # mean fraction of a cell's visible tokens paged in (gated tables)
+    coverage_after: float = float("nan")  # meter after repair <= tau (gated tables)
+    max_true_tv_after: float = float("nan")
+    violations_after: int = 0  # true TV after repair > meter after repair (must be 0)
 
     def __post_init__(self):
         if self.cells < 0 or self.violations < 0:
@@ -60,21 +75,29 @@ def summarize(table, tau: float) -> Summary:
         median_true_tv=float(np.nanmedian(tv)) if known.any() else float("nan"),
         max_true_tv=float(np.nanmax(tv)) if known.any() else float("nan"),
         repaired=float(np.mean(table["repaired"])),
+        **_after_repair(table, tau),
     )
 
 
-def worst_cells(table, top: int = 3) -> list[tuple[int, int, float, float]]:
-    """The ``top`` (layer, head) pairs by mean meter: (layer, head, mean meter, mean true TV)."""
-    if len(table) == 0:
-        return []
-    keys = table["layer"].astype(np.int64) * 10_000 + table["head"].astype(np.int64)
-    rows = []
-    for key in np.unique(keys):
-        sel = keys == key
-        rows.append((int(key // 10_000), int(key % 10_000), float(table["meter"][sel].mean()),
-                     float(np.nanmean(table["true_tv"][sel])) if (~np.isnan(table["true_tv"][sel])).any() else float("nan")))
-    rows.sort(key=lambda r: -r[2])
-    return rows[:top]
+def _after_repair(table, tau: float) -> dict:
+    """The :class:`Summary` fields of a gated table's after-repair columns (none for an ungated one)."""
+    if "meter_after" not in table.columns:
+        return {}
+    after, tv = table["meter_after"], table["true_tv_after"]
+    known = ~np.isnan(tv)
+    return dict(paged=float(np.mean(table["paged_fraction"])), coverage_after=float(np.mean(after <= tau)),
+                max_true_tv_after=float(np.max(tv[known])) if known.any() else float("nan"),
+                violations_after=int(np.sum(known & (tv > after))))
+
+
+def riskiest(table, by=("layer", "head"), top: int = 3) -> list[dict]:
+    """The ``top`` riskiest groups ``by`` (layer, head) by the ranking statistic, with meter and true TV
+    (:func:`witcert.integrations.hf.ranking.riskiest`)."""
+    return ranking.riskiest(table, tuple(by), top)
+
+
+def _named(row: dict) -> str:
+    return f"L{row['layer']}" + (f" H{row['head']}" if "head" in row else "")
 
 
 def fmt(x: float, digits: int = 3) -> str:
@@ -84,37 +107,106 @@ def fmt(x: float, digits: int = 3) -> str:
 
 
 def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the comparison table (one row per scheme)."""
-    header = ["scheme [tier]", "task", "cells", "violations", f"coverage@{tau:g}", "joint cov", "danger recall",
-              "median meter", "median TV", "worst (layer,head)", "KL", "top-1"]
+    """Header and rows of the full comparison table of ``report.md`` (one row per scheme; :data:`COLUMN_DOCS`)."""
+    header = ["scheme [tier]", "task", "cells", "violations", f"certified@{tau:g}", "joint cov", "danger recall",
+              "median meter", "median TV", "riskiest layer (mean TV)", "riskiest head (mean TV)", "KL", "top-1"]
     needle = any("needle_acc" in r.quality for r in results)
     gated = any(r.gated is not None for r in results)
     if needle:
         header += ["needle raw"] + (["needle gated"] if gated else [])
     if gated:
-        header += ["gated KL", "fired / paged"]
+        header += ["gated KL", "fired", "paged", f"certified@{tau:g} after", "max TV after", "violations after"]
     rows = []
     for r in results:
         s = summarize(r.raw, tau)
-        worst = worst_cells(r.raw, 1)
         row = [f"{r.scheme} [{r.tier}]", r.task, str(s.cells), str(s.violations), fmt(s.coverage), fmt(s.joint_coverage),
                fmt(s.danger_recall) + f" ({s.danger})", fmt(s.median_meter, 4), fmt(s.median_true_tv, 4),
-               f"L{worst[0][0]} H{worst[0][1]}" if worst else "-", fmt(r.quality["kl"], 4), fmt(r.quality["top1"])]
+               _top(r.raw, ("layer",)), _top(r.raw, ("layer", "head")), fmt(r.quality["kl"], 4), fmt(r.quality["top1"])]
         if needle:
             row.append(fmt(r.quality.get("needle_acc", float("nan")), 2))
             if gated:
                 row.append(fmt(r.extra.get("gated_quality", {}).get("needle_acc", float("nan")), 2))
         if gated:
-            gq = r.extra.get("gated_quality", {})
-            row += [fmt(gq.get("kl", float("nan")), 4), _fired_paged(r.gated, tau) if r.gated is not None else "-"]
+            g = summarize(r.gated, tau) if r.gated is not None else None
+            row += [fmt(r.extra.get("gated_quality", {}).get("kl", float("nan")), 4)]
+            row += ["-"] * 5 if g is None else [fmt(g.repaired), fmt(g.paged), fmt(g.coverage_after),
+                                                fmt(g.max_true_tv_after, 4), str(g.violations_after)]
         rows.append(row)
     return header, rows
 
 
-def _fired_paged(gated, tau: float) -> str:
-    """Fraction of cells the gate fired on / mean fraction of visible tokens paged in per cell."""
-    paged = float(np.mean(gated["paged_fraction"])) if "paged_fraction" in gated.columns else float("nan")
-    return f"{fmt(summarize(gated, tau).repaired, 2)} / {fmt(paged, 2)}"
+def _top(table, by) -> str:
+    best = ranking.riskiest(table, by, 1)
+    return f"{_named(best[0])} ({fmt(best[0]['mean_true_tv'], 4)})" if best else "-"
+
+
+TERMINAL_LEGEND = (
+    "meter: a proved upper bound on how much attention moved (the total variation between attention\n"
+    "over exact and over compressed keys), per (layer, head, query). cert.: fraction of cells with\n"
+    "meter <= tau (certified). viol.: cells whose measured TV exceeds the meter (must be 0).\n"
+    "meter/TV: medians of the meter and of the true TV. risky: the layer ranked riskiest. KL:\n"
+    "teacher-forced KL(exact || compressed) per probe token. needle: accuracy raw > gated.\n"
+    "fired/paged: fraction of cells the gate repaired / of their visible tokens paged in.\n"
+    "after: certified fraction / max true TV after repair. Every column: report.md."
+)
+
+
+def terminal_rows(results, tau: float) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the printed table: ten columns at most (fits 100 columns; :data:`TERMINAL_LEGEND`)."""
+    needle = any("needle_acc" in r.quality for r in results)
+    gated = any(r.gated is not None for r in results)
+    header = ["scheme [tier]", "cells", "viol.", "cert.", "meter/TV", "risky", "KL"]
+    header += ["needle"] if needle else []
+    header += ["fired/paged", "after"] if gated else []
+    rows = []
+    for r in results:
+        s = summarize(r.raw, tau)
+        risky = ranking.riskiest(r.raw, ("layer",), 1)
+        row = [f"{r.scheme} [{r.tier}]", str(s.cells), str(s.violations), fmt(s.coverage),
+               f"{fmt(s.median_meter, 2)}/{fmt(s.median_true_tv, 3)}", _named(risky[0]) if risky else "-",
+               fmt(r.quality["kl"], 4)]
+        if needle:
+            raw = fmt(r.quality.get("needle_acc", float("nan")), 2)
+            after = r.extra.get("gated_quality", {}).get("needle_acc")
+            row.append(raw if after is None else f"{raw}>{fmt(after, 2)}")
+        if gated:
+            g = summarize(r.gated, tau) if r.gated is not None else None
+            row += ["-", "-"] if g is None else [f"{fmt(g.repaired, 2)}/{fmt(g.paged, 2)}",
+                                                 f"{fmt(g.coverage_after, 2)}/{fmt(g.max_true_tv_after, 3)}"]
+        rows.append(row)
+    return header, rows
+
+
+COLUMN_DOCS = [
+    "The meter of a cell (layer, query head, query) is a proved upper bound on how much attention moved: the "
+    "total variation (TV) between attention over the exact keys and over the compressed keys (0: unchanged; 1: "
+    "the bound says nothing, *saturated*). The true TV is measured against the exact cache the run keeps.",
+    "",
+    "- **scheme [tier]**: the compressed cache and its certificate: [A] the Tier A band-norm witness (any "
+    "scheme, every query), [B] the dithered-int8 cache's Tier B bound (its minimum with Tier A). **task**: the "
+    "workload (needle, text, code or a file).",
+    "- **cells**: measured (layer, query head, query) cells over the probe chunk and the decode steps.",
+    "- **violations**: cells whose true TV exceeds the meter. Must be 0 (the meter is proved); "
+    "`witcert observe` exits 1 otherwise.",
+    "- **certified@tau**: fraction of cells with meter <= tau: their TV is proved to be at most tau.",
+    "- **joint cov**: fraction of cells that pass both the key test (meter <= tau) and the value test "
+    "(`witcert.core.values`).",
+    "- **danger recall**: of the cells with true TV > tau (count in brackets), the fraction whose meter "
+    "exceeds tau. 1 whenever there is no violation; n/a when no cell is dangerous.",
+    "- **median meter / median TV**: medians over the cells.",
+    "- **riskiest layer / riskiest head (mean TV)**: the group ranked first by the risk ranking "
+    f"(`{ranking.RANK_BY}` score: the raw e-form behind the meter, not clamped at 1, measured to rank layers "
+    "and heads like their true TV; README \"Which layers are risky\"), with its mean true TV.",
+    "- **KL**: teacher-forced KL(p_exact || p_compressed) per probe token; **top-1**: agreement of the argmax "
+    "tokens with the uncompressed model.",
+    "- **needle raw / needle gated**: needle exact-match accuracy without and with the gate.",
+    "- **gated KL**: KL with the gate.",
+    "- **fired**: fraction of cells over tau that the gate repaired, by paging exact 16-token blocks in "
+    "(largest contribution first) until the meter, recomputed on the repaired cache, is <= tau.",
+    "- **paged**: mean fraction of a cell's visible tokens paged in (over every cell).",
+    "- **certified@tau after / max TV after / violations after**: the same figures after repair "
+    "(meter and true TV of the repaired attention).",
+]
 
 
 def markdown_table(header, rows) -> str:
@@ -144,16 +236,15 @@ def write_report(directory: Path, results, config, baseline: dict, model_source:
     ]
     if "needle_acc" in baseline:
         lines.append(f"- needle accuracy without compression: {baseline['needle_acc']:.2f}")
-    lines += ["", markdown_table(header, rows), "",
-              "Violations count cells with true TV > meter (must be 0). Danger recall: fraction of cells with "
-              "true TV > tau whose meter exceeds tau (count of such cells in brackets). KL is teacher-forced "
-              "KL(p_exact || p_compressed) per probe token, top-1 the agreement of argmax tokens. "
-              "Gated: fired = fraction of cells over tau, repaired by paging exact 16-token blocks in until the "
-              "recomputed meter is <= tau; paged = mean fraction of a cell's visible tokens paged in.", ""]
+    lines += ["", markdown_table(header, rows), "", "## How to read it", "", *COLUMN_DOCS, "",
+              "## Riskiest layers and heads", "",
+              f"Ranked by the `{ranking.RANK_BY}` score of their cells; an order for triage, not a bound (the "
+              "per-cell meter is the bound). Mean meter, fraction saturated and mean / max true TV beside it.", ""]
     for r in results:
-        worst = worst_cells(r.raw, 3)
-        lines.append(f"- {r.scheme}: worst (layer, head) by mean meter: "
-                     + ", ".join(f"L{l} H{h} (meter {m:.3f}, TV {t:.3f})" for l, h, m, t in worst))
+        for label, by in (("layers", ("layer",)), ("heads", ("layer", "head"))):
+            lines.append(f"- {r.scheme}, riskiest {label}: " + ", ".join(
+                f"{_named(g)} (meter {g['mean_meter']:.3f}, saturated {g['saturated']:.2f}, "
+                f"TV {fmt(g['mean_true_tv'], 4)} / max {fmt(g['max_true_tv'], 4)})" for g in riskiest(r.raw, by, 6)))
     lines.append("")
     lines += [f"![{p.stem}]({p.name})" for p in plots if p is not None]
     path = directory / "report.md"
