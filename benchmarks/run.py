@@ -3,7 +3,8 @@
 Sections: cost (meter / decode attention), fastpath (the fused meter, eager and compiled, vs
 attention), generation (tokens/s stock vs monitored vs observed), kernel (Triton cert on/off, GPU only), memory
 (bytes per token per head), quality (SmolLM2, three domains), looseness (meter / sup-box TV /
-true TV), throughput (adversarial trials per second). Writes ``results.json``, ``results.md``,
+true TV), throughput (adversarial trials per second), ranking (which statistic ranks layers and heads like their
+true TV; also ``results/ranking.json``, ``python -m benchmarks.ranking``). Writes ``results.json``, ``results.md``,
 ``machine.md`` and PNGs under ``benchmarks/results/`` (``--out``).
 """
 import argparse
@@ -17,7 +18,8 @@ import torch
 
 from benchmarks import machine, report
 
-SECTIONS = ("cost", "fastpath", "generation", "proposals", "kernel", "memory", "quality", "looseness", "throughput")
+SECTIONS = ("cost", "fastpath", "generation", "proposals", "kernel", "memory", "quality", "looseness", "throughput",
+            "ranking")
 RESULTS = Path(__file__).with_name("results")
 
 
@@ -66,6 +68,19 @@ def _quality(args, results: dict) -> None:
         started = time.perf_counter()
         results["looseness"] = looseness.split(sampled)
         print(f"  looseness: {time.perf_counter() - started:.0f} s", flush=True)
+
+
+def _ranking(args, results: dict) -> None:
+    """Spearman / top-6 overlap of layer and head rankings against the true TV (SmolLM2; about 8 min on 1 thread)."""
+    from benchmarks import ranking
+
+    if args.quick:  # one scheme, one short case per task; ranking.json keeps the full measurement
+        measured = ranking.run(("rtn-int4",), cases_per_task=1, context=256)
+    else:  # its defaults: 4 schemes, 2 cases per task, 512 tokens (the README table)
+        measured = ranking.run()
+        (args.out / "ranking.json").write_text(json.dumps(measured, indent=1) + "\n")
+    results["ranking"] = {"best": measured["best"], "rank_by": measured["rank_by"],
+                          "mean_spearman": measured["mean_spearman"]}
 
 
 def main(argv=None) -> None:
@@ -136,6 +151,7 @@ def main(argv=None) -> None:
     section("memory", memory)
     section("quality", lambda: _quality(args, results))
     section("throughput", throughput)
+    section("ranking", lambda: _ranking(args, results))
     results["seconds"]["total" if not args.merge else "total (merge)"] = time.perf_counter() - started
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
