@@ -193,3 +193,128 @@ def test_observe_stored_refuses_an_infinite_bias():
     stored = stored_keys(k, k, k, k, layout)
     with pytest.raises(ValueError, match="bias"):
         observe_stored(torch.ones(1, 1, 1, 8), stored, layout, bias=torch.tensor([0.0, 1.0, torch.inf, 0.0]))
+
+
+# ---------------------------------------------------------------- other score terms a model passes
+
+
+def test_a_position_bias_is_metered_like_an_additive_mask(monkeypatch):
+    """A ``position_bias`` a model passes to its attention is added to the scores by sdpa: it enters both logits
+    of every cell, as the oracle here adds it (independently of the mask the attention formed)."""
+    model, ids = tiny("llama"), tokens(1)
+    gen = torch.Generator().manual_seed(4)
+    calls = spy_on_attend(monkeypatch)
+    biases = []
+    with torch.no_grad(), witcert.monitor(model, damaging_decodes) as mon:
+        out = model(input_ids=ids[:, :PREFIX])
+        for i in range(PREFIX, LENGTH):
+            bias = torch.where(torch.arange(i + 1) >= PREFIX, 30.0, 0.0) + torch.randn(1, 4, 1, i + 1, generator=gen)
+            biases.append(bias)
+            out = model(input_ids=ids[:, i:i + 1], past_key_values=out.past_key_values, position_bias=bias)
+    assert len(calls) == 2 * len(biases)
+    for call, bias in zip(calls, [b for b in biases for _ in range(2)]):
+        truth = oracle_tv(call["query"], call["exact"], call["read"], bias, call["scale"])
+        torch.testing.assert_close(call["batch"].true_tv, truth, rtol=1e-9, atol=1e-15)
+        assert (truth <= call["batch"].meter).all()
+    assert mon.summary().rows[0]["violations"] == 0
+
+
+@pytest.mark.parametrize("name", ["s_aux", "sinks", "softcap"])
+def test_a_score_term_sdpa_would_drop_raises_naming_it(name):
+    model, ids = tiny("llama"), tokens(1)
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4"):
+        out = model(input_ids=ids[:, :4])
+        with pytest.raises(ValueError, match=name):
+            model(input_ids=ids[:, 4:5], past_key_values=out.past_key_values, **{name: torch.ones(4)})
+
+
+def test_attention_dropout_raises():
+    """A model in training mode with attention dropout attends at random: refused, naming ``dropout``."""
+    model, ids = tiny("llama", attention_dropout=0.5), tokens(1)
+    try:
+        model.train()
+        with torch.no_grad(), witcert.monitor(model, "rtn-int4"):
+            out = model(input_ids=ids[:, :4])
+            with pytest.raises(ValueError, match="dropout"):
+                model(input_ids=ids[:, 4:5], past_key_values=out.past_key_values)
+    finally:
+        model.eval()
+
+
+# ---------------------------------------------------------------- fp32 matmul precision, compilation
+
+
+@pytest.fixture
+def restore_matmul_precision():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        saved = (torch.backends.cuda.matmul.allow_tf32, torch.backends.mkldnn.matmul.fp32_precision)
+        yield
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.backends.mkldnn.matmul.fp32_precision = "ieee"
+        torch.backends.mkldnn.matmul.fp32_precision = saved[1]
+        torch.set_float32_matmul_precision("highest")
+
+
+@pytest.mark.parametrize("setting", ["allow_tf32", "high", "medium", "mkldnn-bf16"])
+def test_tf32_or_bf16_matmul_settings_lift_the_fast_radius(restore_matmul_precision, setting):
+    """Under a reduced fp32-matmul setting the fast radius's sgemm may round its inputs to TF32 / bf16 (``2^-11``
+    to ``2^-8`` relative each): the setting is detected and the radius lifted by ``REDUCED_PRECISION_LIFT``,
+    which covers bf16 inputs (emulated here: both inputs rounded toward zero to 8 significant bits, the dot
+    exact, the lift applied to it and the fp32 summation's error taken off)."""
+    from witcert.core.matmul_precision import REDUCED_PRECISION_LIFT, reduced_fp32_matmul
+    from witcert.fastpath.radius import radius_kernel
+    from witcert.tier_a.witness import band_major
+
+    gen = torch.Generator().manual_seed(2)
+    norms = torch.rand(1, 4, 8, generator=gen) * 3 + 2.0**-100
+    witness = band_major((torch.rand(1, 64, 8, generator=gen) * 2).half())
+    plain = radius_kernel(norms, witness)
+    assert reduced_fp32_matmul() is None
+    if setting == "allow_tf32":
+        torch.backends.cuda.matmul.allow_tf32 = True
+    elif setting == "mkldnn-bf16":
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    else:
+        torch.set_float32_matmul_precision(setting)
+    assert reduced_fp32_matmul() is not None
+    lifted = radius_kernel(norms, witness)
+    assert torch.equal(lifted, plain * REDUCED_PRECISION_LIFT)
+    def to_bf16_down(x):  # an input rounded toward zero to bf16 (8 significant bits): the worst rounding
+        return x.float().view(torch.int32).bitwise_and(~0xFFFF).view(torch.float32).double()
+
+    w = witness.float()  # (1, S, B)
+    exact = norms.double() @ w.double().transpose(-1, -2)
+    rounded = to_bf16_down(norms) @ to_bf16_down(w).transpose(-1, -2)  # what such a GEMM multiplies, exactly
+    assert (rounded * REDUCED_PRECISION_LIFT * (1 - 2.0**-20) >= exact).all()  # fp32 sums of 8 terms: < 2^-20
+    assert (lifted.double() >= exact).all()
+
+
+def test_a_monitored_run_under_tf32_settings_stays_sound(restore_matmul_precision):
+    model, ids = tiny("llama"), tokens(1)
+    torch.set_float32_matmul_precision("high")
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4") as mon:
+        model.generate(input_ids=ids[:, :8], max_new_tokens=3, do_sample=False, pad_token_id=0)
+    table = mon.table()
+    assert len(table) > 0 and (table["true_tv"] <= table["meter"]).all()
+
+
+def test_a_compiled_model_is_refused(monkeypatch):
+    """``torch.compile(model)`` or ``model.compile()``: refused by ``witcert.monitor`` naming ``model``; a compiled
+    trace reaching the attention of a monitored call raises too."""
+    model, ids = tiny("llama"), tokens(1)
+    with pytest.raises(ValueError, match="model"):
+        witcert.monitor(model=torch.compile(model), scheme="rtn-int4")
+    try:
+        model.compile()
+        with pytest.raises(ValueError, match="model"):
+            witcert.monitor(model, "rtn-int4")
+    finally:
+        model._compiled_call_impl = None
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4"):
+        out = model(input_ids=ids[:, :4])
+        monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+        with pytest.raises(RuntimeError, match="compiled"):
+            model(input_ids=ids[:, 4:5], past_key_values=out.past_key_values)
