@@ -93,7 +93,6 @@ def test_fuzz_json_into_a_directory_that_is_a_file(capsys, tmp_path):
     assert status == _exit.EXIT_USAGE and "argument --json: directory" in err and "does not exist" in err
 
 
-@pytest.mark.model
 def test_study_out_that_cannot_be_created_is_refused_before_the_model(capsys, no_model_load, tmp_path):
     target = _unwritable(tmp_path)
     status, err = _rejected(["study", "--quick", "--out", target], capsys)
@@ -101,12 +100,17 @@ def test_study_out_that_cannot_be_created_is_refused_before_the_model(capsys, no
     assert f"--out {target!r}: cannot write a report there" in err
 
 
-@pytest.mark.model
 def test_observe_out_that_cannot_be_created_is_refused_before_the_model(capsys, no_model_load, tmp_path):
     target = _unwritable(tmp_path)
     status, err = _rejected(["observe", "--cases", "1", "--out", target], capsys)
     assert status == _exit.EXIT_USAGE
     assert f"--out {target!r}: cannot write a report there" in err
+
+
+def test_a_later_argument_error_leaves_no_out_directory(capsys, no_model_load, tmp_path):
+    target = tmp_path / "report"
+    status, err = _rejected(["observe", "--scheme", "rtn-int9", "--out", str(target)], capsys)
+    assert status == _exit.EXIT_USAGE and not target.exists()
 
 
 @pytest.mark.model

@@ -171,6 +171,23 @@ def prepare_output_dir(path: Path, option: str = "--out") -> Path:
     return path
 
 
+def check_output_dir(path: Path, option: str = "--out") -> Path:
+    """The cheap half of :func:`prepare_output_dir`, run first: ``path``'s nearest existing ancestor takes files.
+
+    Nothing is created, so a later argument error leaves no empty directory behind.
+    """
+    ancestor = path.absolute()
+    while not ancestor.exists():
+        ancestor = ancestor.parent
+    try:
+        if not ancestor.is_dir():
+            raise NotADirectoryError(20, "Not a directory", str(ancestor))
+        _probe_writable(ancestor)
+    except OSError as err:
+        raise ValueError(f"{option} {str(path)!r}: cannot write a report there ({err.strerror or err})") from None
+    return path
+
+
 def _probe_writable(directory: Path) -> None:
     # Create and delete a file: os.access answers yes for root on a read-only file system.
     with tempfile.TemporaryFile(dir=directory):

@@ -69,6 +69,7 @@ def check(args) -> None:
     naming the argument.
     """
     _args.require_installed("witcert observe", "observatory", "transformers", "matplotlib")
+    args.out = _args.check_output_dir(args.out or _args.default_out("observe"))
     args.schemes = _schemes(args)
     for name in args.schemes:
         if name in HF_CACHE_SCHEMES:
@@ -89,7 +90,7 @@ def check(args) -> None:
         raise ValueError(f"--bands {args.bands} must divide head_dim/2 = {head_dim // 2} of the model")
     args.config = _config(args)
     _check_workload(args)
-    args.out = _args.prepare_output_dir(args.out or _args.default_out("observe"))
+    _args.prepare_output_dir(args.out)
 
 
 def run(args) -> int:

@@ -59,7 +59,7 @@ def check(args) -> None:
     for option, text in (("--scheme", args.scheme), ("--gate-scheme", args.gate_scheme),
                          ("--risk-scheme", args.risk_scheme), ("--sweep-scheme", args.sweep_scheme)):
         schemes[option] = _tensor_schemes(option, text)
-    args.out = args.out or _args.default_out("study")
+    args.out = _args.check_output_dir(args.out or _args.default_out("study"))
     if args.quick:
         args.config = QUICK
         _args.prepare_output_dir(args.out)
