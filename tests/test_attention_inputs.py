@@ -78,13 +78,13 @@ def oracle_tv(query, exact, read, mask, scale) -> torch.Tensor:
     return 0.5 * (torch.softmax(logits[0], -1) - torch.softmax(logits[1], -1)).abs().sum(-1)
 
 
-def run_with_mask(model, mask, keep_exact: bool, ids, **kwargs):
+def run_with_mask(model, mask, keep_exact: bool, ids, **monitor_kwargs):
     """Prefill then one forward call per token, each with its slice of the 4D mask, as a user writes it."""
-    with torch.no_grad(), witcert.monitor(model, damaging_decodes, keep_exact=keep_exact) as mon:
-        out = model(input_ids=ids[:, :PREFIX], attention_mask=mask[:, :, :PREFIX, :PREFIX], **kwargs)
+    with torch.no_grad(), witcert.monitor(model, damaging_decodes, keep_exact=keep_exact, **monitor_kwargs) as mon:
+        out = model(input_ids=ids[:, :PREFIX], attention_mask=mask[:, :, :PREFIX, :PREFIX])
         for i in range(PREFIX, LENGTH):
             out = model(input_ids=ids[:, i:i + 1], attention_mask=mask[:, :, i:i + 1, :i + 1],
-                        past_key_values=out.past_key_values, **kwargs)
+                        past_key_values=out.past_key_values)
     return mon
 
 
@@ -115,6 +115,44 @@ def test_a_4d_float_mask_is_metered_as_the_model_applies_it_in_both_modes(monkey
             assert not bad.any(), f"{int(bad.sum())} cells above their meter: {truth[bad][:3]} > {batch.meter[bad][:3]}"
         worst = max(worst, float((truth / seen["batch"].meter).max()))
     assert worst > 0.05  # the masks matter: the truth is not trivially far below every meter
+
+
+def test_a_soft_mask_under_tier_b_both_branches_bounds_every_cell(monkeypatch):
+    """The dithered cache with a soft mask: the Tier B tightening adds the bias addition's rounding too; the
+    deterministic branch (undeclared) and the probabilistic one (``non_adaptive``) bound every cell's oracle TV
+    (the dither seed fixed: a replay, so the probabilistic branch is judged on this one draw)."""
+    model, ids, mask = tiny("llama"), tokens(), float_masks("soft")
+    calls = spy_on_attend(monkeypatch)
+    for declared in (False, True):
+        with torch.no_grad(), witcert.monitor(model, "dithered-int8", seed=7) as mon:
+            with mon.non_adaptive() if declared else torch.no_grad():
+                out = model(input_ids=ids[:, :PREFIX], attention_mask=mask[:, :, :PREFIX, :PREFIX])
+                for i in range(PREFIX, LENGTH):
+                    out = model(input_ids=ids[:, i:i + 1], attention_mask=mask[:, :, i:i + 1, :i + 1],
+                                past_key_values=out.past_key_values)
+    assert len(calls) == 4 * (LENGTH - PREFIX)
+    assert [bool(c["batch"].adaptive) for c in calls] == [True] * (len(calls) // 2) + [False] * (len(calls) // 2)
+    for call in calls:
+        truth = oracle_tv(call["query"], call["exact"], call["read"], call["mask"], call["scale"])
+        assert (truth <= call["batch"].meter).all()
+
+
+def test_a_soft_mask_with_a_gate_repairs_over_the_biased_logits(monkeypatch):
+    """With the exact cache kept the gate's exact logits carry the bias (its true TV after repair is measured
+    under the mask); a production gate cannot add it to its page-ins and is refused, naming the mask."""
+    model, ids, mask = tiny("llama"), tokens(), float_masks("soft")
+    calls = spy_on_attend(monkeypatch)
+    run_with_mask(model, mask, True, ids, gate=witcert.Gate(tau=1e-4))
+    fired = 0
+    for call in calls:
+        batch = call["batch"]
+        truth = oracle_tv(call["query"], call["exact"], call["read"], call["mask"], call["scale"])
+        assert (truth <= batch.meter).all()
+        assert (batch.extra["true_tv_after"] <= batch.extra["meter_after"]).all()
+        fired += int(batch.repaired.sum())
+    assert fired > 0
+    with pytest.raises(ValueError, match="attention_mask"):
+        run_with_mask(model, mask, False, ids, gate=witcert.Gate(tau=1e-4))
 
 
 def test_a_minimum_value_mask_meters_as_the_bool_mask_of_the_same_keys():
