@@ -11,8 +11,14 @@ A scheme never sees the caller's tensor: :func:`apply_scheme` hands it a private
 scheme that quantizes in place (``x.div_(s).round_().mul_(s); return x``, a common
 memory-saving idiom) or returns a view of its input reconstructs that copy and cannot touch
 the exact keys (the witness is a function of the exact and the reconstructed keys; a scheme
-that overwrote the exact ones would make it 0 and destroy the gate's backing data). An output
-that still shares memory with the exact tensor (a scheme reaching it some other way) is copied.
+that overwrote the exact ones would make it 0 and destroy the gate's backing data).
+
+The caller owns what :func:`apply_scheme` returns: the output is always copied once the scheme
+has returned. A scheme may write its result into a workspace it reuses for the next call (what
+a fused or CUDA-graph-captured quantize kernel does: one instance serves every layer), keep its
+input and write it later, or return a tensor that shares memory with the exact one; a store that
+held the scheme's own tensor would see it change under its witness (issue 28: 2,291 of 2,430
+SmolLM2 cells above their meter).
 
 A scheme may optionally take a keyword ``role`` (``"key"`` or ``"value"``) when it treats the
 two differently (e.g. KIVI: keys per-channel, values per-token); it is passed only to schemes
@@ -81,8 +87,9 @@ def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> 
     """Run a scheme (name or callable) on a private copy of ``x`` (..., S, d); check the output.
 
     ``x`` is never handed to the scheme and never changed: the scheme gets ``x.clone()`` (it
-    may mutate or return it), and an output sharing memory with ``x`` is copied, so the
-    reconstruction never aliases the exact tensor. Raises ``ValueError`` unless the output is a
+    may mutate or return it), and the returned reconstruction is a copy of the scheme's output
+    that nothing else references (never the exact tensor, never a workspace the scheme writes
+    again, never the input copy the scheme may have kept). Raises ``ValueError`` unless the output is a
     plain dense ``torch.Tensor`` (not a subclass such as a quantized-tensor wrapper, whose values
     the witness could not read) of ``x``'s shape, dtype and device (Tier A needs one
     reconstructed vector per cached token), with no NaN/Inf.
@@ -95,7 +102,8 @@ def apply_scheme(scheme: str | Callable, x: torch.Tensor, role: str = "key") -> 
     private = x.clone()  # the scheme may quantize in place or return a view: never of x
     x_hat = fn(private, role=role) if takes_role else fn(private)
     _check_output(name, x, x_hat)
-    return x_hat.clone() if shares_memory(x_hat, x) else x_hat
+    # owned: whatever the scheme returned (its workspace, the input copy it may keep) it may write again
+    return x_hat.clone(memory_format=torch.contiguous_format)
 
 
 def _check_output(name: str, x: torch.Tensor, x_hat) -> None:

@@ -176,7 +176,8 @@ def _check_plain(x, name: str, head_dim: int) -> None:
 
 
 def _cat(held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    return new if held is None else torch.cat([held, new], dim=-2)
+    # the first write is copied too: the caller (a model's in-flight keys) may write its tensor again
+    return new.clone() if held is None else torch.cat([held, new], dim=-2)
 
 
 def _splice(held: torch.Tensor, part: torch.Tensor, start: int, cat=lambda *xs: torch.cat(xs, dim=-2)) -> torch.Tensor:

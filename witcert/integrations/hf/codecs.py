@@ -23,9 +23,19 @@ What saves memory, honestly:
   codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods (and,
   optionally, ``join(first, second)``: one packed chunk of both, which the cache then holds instead of
   one chunk per step, as :class:`IntCodes` does) and passes it as the scheme.
+
+A user codec is held through :class:`OwnedCodec` (:func:`owned_codec`): the store owns what it holds.
+``encode`` gets a private copy of the exact tokens, and every tensor ``encode``, ``decode`` and
+``join`` return is copied (a codec may write into a workspace it reuses for the next layer);
+``decode`` must be deterministic (checked at its first call) and ``join`` must not re-quantize:
+``decode(join(a, b))`` must equal ``decode(a)`` then ``decode(b)`` bit for bit, checked at every
+join (the witnesses describe each chunk as written, and a production cache reads the joined
+chunk). The built-in codecs allocate every output afresh and join by concatenation, so they are
+held as they are.
 """
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 
 import torch
@@ -163,6 +173,84 @@ class Dither:
         return packed[0]
 
 
+class OwnedCodec:
+    """A user codec as a store holds it: private inputs, copied outputs, checked ``decode`` and ``join``.
+
+    Parameters
+    ----------
+    inner : object
+        The user's codec (``encode(x, role, start)``, ``decode(packed, dtype)``, ``nbytes(packed)``,
+        optionally ``join(first, second)``).
+
+    ``encode`` gets ``x.clone()`` (it may quantize in place) and its packed output is copied
+    (tensors cloned, containers rebuilt, anything else deep-copied); ``decode`` returns a copy.
+    The first ``decode`` runs twice and must give the same bits: the witness is formed on one
+    decode and a production cache reads another. ``join`` exists when the inner codec has one;
+    it raises ``ValueError`` unless the joined chunk decodes bit-identically to the two chunks
+    decoded one after the other (a join that re-quantizes, e.g. per-channel scales over every held
+    token, would make the cache read keys no witness describes).
+    """
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.name = type(inner).__name__
+        self._dtype: torch.dtype | None = None  # of the tokens encoded (what join decodes to)
+        self._decode_checked = False
+        if callable(getattr(inner, "join", None)):
+            self.join = self._join
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0):
+        self._dtype = x.dtype
+        return _copied(self.inner.encode(x.clone(), role, start))
+
+    def decode(self, packed, dtype: torch.dtype) -> torch.Tensor:
+        decoded = self._decoded(packed, dtype)
+        if not self._decode_checked:
+            if not torch.equal(decoded, self._decoded(packed, dtype)):
+                raise ValueError(f"codec {self.name}: decode(packed) gave different values on two calls; decode "
+                                 "must be a deterministic function of the packed chunk (the witness is formed on "
+                                 "one decode, attention reads another)")
+            self._decode_checked = True
+        return decoded
+
+    def nbytes(self, packed) -> int:
+        return self.inner.nbytes(packed)
+
+    def _decoded(self, packed, dtype: torch.dtype) -> torch.Tensor:
+        decoded = self.inner.decode(packed, dtype)
+        if type(decoded) is not torch.Tensor or decoded.dtype != dtype:
+            raise ValueError(f"codec {self.name}: decode must return a plain torch.Tensor of dtype {dtype}, got "
+                             f"{type(decoded).__name__} {getattr(decoded, 'dtype', '')}")
+        return decoded.clone()
+
+    def _join(self, first, second):
+        joined = _copied(self.inner.join(first, second))
+        parts = torch.cat([self.decode(first, self._dtype), self.decode(second, self._dtype)], dim=-2)
+        if not torch.equal(self.decode(joined, self._dtype), parts):
+            raise ValueError(
+                f"codec {self.name}: decode(join(first, second)) differs from decode(first) then decode(second); "
+                "join must only concatenate (a join that re-quantizes the held tokens moves keys after their "
+                "witness was formed). Drop join (one chunk per write) or make it lossless")
+        return joined
+
+
+def owned_codec(codec):
+    """``codec`` as a store holds it: a built-in codec as it is (fresh outputs, concatenating join), any
+    other wrapped in :class:`OwnedCodec`."""
+    return codec if type(codec) in _BUILTIN_CODECS or isinstance(codec, OwnedCodec) else OwnedCodec(codec)
+
+
+def _copied(packed):
+    """A copy of a packed chunk that shares no tensor memory with it (the store owns what it holds)."""
+    if isinstance(packed, torch.Tensor):
+        return packed.clone()
+    if isinstance(packed, (tuple, list)):
+        return type(packed)(_copied(p) for p in packed)
+    if isinstance(packed, dict):
+        return {name: _copied(p) for name, p in packed.items()}
+    return copy.deepcopy(packed)
+
+
 def codec_for(scheme, packed: bool):
     """The codec of ``scheme`` (a registered name, a callable, or a codec object).
 
@@ -183,6 +271,8 @@ def codec_for(scheme, packed: bool):
                          f"{type(scheme).__name__}")
     return Reconstruction(scheme, narrow=packed)
 
+
+_BUILTIN_CODECS = (Reconstruction, IntCodes, ScaledFloat8, Dither)  # every output fresh; a join concatenates
 
 _PACKED_BUILTINS = {
     builtin.rtn_int8: IntCodes(8),

@@ -33,7 +33,7 @@ import torch
 
 from witcert.core.rounding import round_up_to
 from witcert.gate.backing_store import BackingStore
-from witcert.integrations.hf.codecs import nbytes
+from witcert.integrations.hf.codecs import nbytes, owned_codec
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
 from witcert.tier_a.witness import cat_tokens
@@ -127,6 +127,7 @@ class CompressedLayer:
             raise ValueError(f"layout must be a BandLayout, got {type(self.layout).__name__}")
         if self.backing is not None and not isinstance(self.backing, BackingStore):
             raise ValueError(f"backing must be a BackingStore or None, got {type(self.backing).__name__}")
+        self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
 
     @property
     def length(self) -> int:
@@ -136,8 +137,9 @@ class CompressedLayer:
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """Compress the exact new tokens ``key``/``value`` (B, Hkv, T, d) once and store them with their witness.
 
-        The codec gets private copies (:func:`witcert.schemes.registry.apply_scheme` for schemes):
-        it can never write into the model's tensors.
+        The codec gets private copies (:func:`witcert.schemes.registry.apply_scheme` for schemes,
+        :class:`witcert.integrations.hf.codecs.OwnedCodec` for user codecs): it can never write into the
+        model's tensors, and what it returns is owned by this store before the witness is formed.
         """
         if not isinstance(key, torch.Tensor) or key.shape != getattr(value, "shape", None) or key.dim() != 4:
             raise ValueError(f"key/value must both be (B, Hkv, T, d), got {getattr(key, 'shape', key)} and "

@@ -50,6 +50,7 @@ import torch
 from witcert.core.rounding import round_up_to
 from witcert.core.values import value_norms
 from witcert.integrations.hf.compressed_cache import MemoryAccount
+from witcert.schemes.registry import shares_memory
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.maintenance import WitnessedTensor
 from witcert.tier_a.observation import StoredKeys
@@ -173,6 +174,8 @@ class QuantizedCacheWitness:
         self._keys.append_exact(key_states)
         self._values.append_exact(value_states)
         keys, values = self._wrapped["update"](key_states, value_states, *args, **kwargs)
+        held = (key_states, value_states, *vars(self.layer).values())
+        keys, values = _owned(keys, held), _owned(values, held)
         self._read(self._keys, keys, "keys")
         self._read(self._values, values, "values")
         return keys, values
@@ -375,6 +378,20 @@ class QuantizedLayerStore:
             exact_cache=2 * keys.numel() * keys.element_size(),
             backing_host=backing,
         )
+
+
+def _owned(read, held: tuple):
+    """``read`` (what the layer's ``update`` returned), or a copy when it shares memory with a tensor someone
+    else may write again: the model's in-flight keys or values (transformers returns them themselves on
+    a layer's first write) or a tensor the layer holds (its exact window). Otherwise it is a fresh
+    ``torch.cat`` result nothing else references, and the witness may hold it as it is."""
+    if type(read) is not torch.Tensor:
+        return read  # _read raises with the type
+    tensors = [t for part in held for t in (part if isinstance(part, (tuple, list)) else (part,))
+               if isinstance(t, torch.Tensor) and t.numel()]
+    if any(shares_memory(read, t) for t in tensors if type(t) is torch.Tensor):
+        return read.clone()
+    return read
 
 
 def _cat(held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
