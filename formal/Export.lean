@@ -182,3 +182,15 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.Core.SumRing.block_sum_eq_token_sum
 #print axioms WitCert.Core.SumRing.block_sum_eq_token_sum
+
+#check @WitCert.tv_le_spot_identity
+#print axioms WitCert.tv_le_spot_identity
+
+#check @WitCert.mul_abs_sub_le_spot
+#print axioms WitCert.mul_abs_sub_le_spot
+
+#check @WitCert.sum_step_allocation_le
+#print axioms WitCert.sum_step_allocation_le
+
+#check @WitCert.sum_range_one_div_sq_le
+#print axioms WitCert.sum_range_one_div_sq_le

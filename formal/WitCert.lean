@@ -16,6 +16,7 @@ import WitCert.DeterministicBranch
 import WitCert.ChiSquare
 import WitCert.MassSplit
 import WitCert.WitnessMaintenance
+import WitCert.SpotCheck
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -42,4 +43,6 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
 * `WitCert.block_sum_eq_token_sum`, `WitCert.massExp_merge` (Lemma 4).
 * `WitCert.abs_logit_error_le_deterministic`, `WitCert.abs_logit_error_le_probabilistic` (Tier B
   with the rounding of the keys attention reads).
+* `WitCert.tv_le_spot_identity` (the spot check's deterministic inequality, any `z > 0`),
+  `WitCert.sum_step_allocation_le` (its per-step budget for open-ended generation).
 -/

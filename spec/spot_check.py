@@ -1,0 +1,218 @@
+"""Executable statement of the spot-check certificate (docs/design.md "Spot-check certificate"; registry keys SC, SCB, SCD).
+
+Pure Python + mpmath at the caller's working precision; no torch, no randomness. The sampled
+token indices are inputs, so the library (``witcert.spot``) and this mirror can be compared on
+the same draws.
+
+Notation (docs/design.md "Notation"): ``p_t = p~_t W_t / Z`` with ``W_t = e^{-eps_t}`` and
+``Z = E_p~ W``. For any constant ``Z' > 0`` (registry SC, ``WitCert.tv_le_spot_identity``)::
+
+    TV(p, p~) <= (1/2 E_p~|W - Z'| + 1/2 |Z' - Z|) / Z'
+
+Both unknowns are means under ``p~``. A deterministic exact set ``E`` (the tokens of largest
+witness contribution ``p~_t u_t``, ``u_t = e^{c_t} - 1``) is read exactly; the rest ``R`` is
+sampled with replacement from ``q_t = p~_t g_t / G``, ``g_t = u_t + |1 - Z'|``,
+``G = sum_R p~_t g_t``. Because ``|W_t - 1| <= u_t`` whenever ``|eps_t| <= c_t``, the ratios
+``X_t = |W_t - Z'| / g_t`` lie in ``[0, 1]`` and ``Y_t = (W_t - 1) / g_t`` in ``[-1, 1]``, and
+``sum_R p~ |W - Z'| = G E_q X``, ``sum_R p~ (W - 1) = G E_q Y``. Three one-sided confidence
+statements (upper on ``E_q X``, upper and lower on ``E_q Y``) at ``delta / 3`` each, each the
+minimum of a betting bound and an empirical Bernstein bound at ``delta / 6`` (registry SCB),
+give a bound that holds with probability ``>= 1 - delta`` (a union over six events).
+"""
+from collections.abc import Sequence
+
+import mpmath
+from mpmath import mpf
+
+from .bounds import Real, _reals
+
+BETTING_CAP = mpf(1) / 2
+"""Largest bet ``lambda_i``: every capital factor ``1 + lambda (m - X)`` stays >= 1/2 for X, m in [0, 1]."""
+STATEMENTS = 3
+"""Confidence statements per cell (upper on E X, upper and lower on E Y): ``delta / 3`` each."""
+
+
+# ----------------------------------------------------------------------------- the identity
+
+
+def bound_spot_identity(p_tilde: Sequence[Real], eps: Sequence[Real], z_prime: Real) -> mpf:
+    """``(1/2 E_p~|W - Z'| + 1/2 |Z' - Z|) / Z'``, an upper bound on ``TV(p, p~)`` for every ``Z' > 0``.
+
+    Lean: ``WitCert.tv_le_spot_identity``. ``W_t = e^{-eps_t}``, ``Z = E_p~ W``; ``p~`` is
+    normalised here. Proof: ``W/Z - 1 = (W - Z')/Z' + W (1/Z - 1/Z')`` and
+    ``E_p~ W |1/Z - 1/Z'| = |Z' - Z| / Z'``.
+    """
+    p, e = _reals("p_tilde", p_tilde), _reals("eps", eps)
+    if len(p) != len(e):
+        raise ValueError(f"eps: has {len(e)} entries, p_tilde has {len(p)}")
+    zp = mpf(z_prime)
+    if not zp > 0:
+        raise ValueError(f"z_prime: must be > 0, got {z_prime!r}")
+    total = mpmath.fsum(p)
+    w = [mpmath.exp(-et) for et in e]
+    z = mpmath.fsum(pt * wt for pt, wt in zip(p, w)) / total
+    spread = mpmath.fsum(pt * abs(wt - zp) for pt, wt in zip(p, w)) / total
+    return (spread / 2 + abs(zp - z) / 2) / zp
+
+
+# ----------------------------------------------------------------------------- exact set and proposal
+
+
+def witness_contributions(p_tilde: Sequence[Real], c: Sequence[Real]) -> list[mpf]:
+    """``p~_t (e^{c_t} - 1)``: token ``t``'s share of ``A - 1`` (the T1 witness)."""
+    p, r = _reals("p_tilde", p_tilde), _reals("c", c)
+    return [pt * mpmath.expm1(ct) for pt, ct in zip(p, r)]
+
+
+def exact_set(p_tilde: Sequence[Real], c: Sequence[Real], k: int) -> list[int]:
+    """The ``k`` tokens of largest witness contribution, ties to the lower index, in that order."""
+    contrib = witness_contributions(p_tilde, c)
+    order = sorted(range(len(contrib)), key=lambda t: (-contrib[t], t))
+    return order[:max(0, k)]
+
+
+def proposal_weights(p_tilde: Sequence[Real], c: Sequence[Real], exact: Sequence[int], z_prime: Real) -> list[mpf]:
+    """``p~_t g_t`` on the rest ``R`` (0 on the exact set), ``g_t = e^{c_t} - 1 + |1 - Z'|``."""
+    p, r = _reals("p_tilde", p_tilde), _reals("c", c)
+    offset = abs(1 - mpf(z_prime))
+    known = set(exact)
+    return [mpf(0) if t in known else pt * (mpmath.expm1(ct) + offset) for t, (pt, ct) in enumerate(zip(p, r))]
+
+
+# ----------------------------------------------------------------------------- confidence bounds (SCB)
+
+
+def empirical_bernstein_upper(xs: Sequence[Real], delta: Real) -> mpf:
+    """Maurer & Pontil (2009), Theorem 4: an upper confidence bound on the mean of ``[0, 1]`` samples.
+
+    ``X_1..X_n`` i.i.d. in ``[0, 1]``, ``n >= 2``: with probability ``>= 1 - delta``,
+    ``E X <= mean + sqrt(2 V ln(2/delta) / n) + 7 ln(2/delta) / (3 (n - 1))``, ``V`` the unbiased
+    sample variance. Returns 1 (the trivial bound) for ``n < 2``; never above 1.
+    """
+    x = _reals("xs", xs) if len(xs) else []
+    n = len(x)
+    if n < 2:
+        return mpf(1)
+    mean = mpmath.fsum(x) / n
+    var = mpmath.fsum((v - mean) ** 2 for v in x) / (n - 1)
+    log_term = mpmath.log(2 / mpf(delta))
+    return min(mpf(1), mean + mpmath.sqrt(2 * var * log_term / n) + 7 * log_term / (3 * (n - 1)))
+
+
+def betting_lambdas(xs: Sequence[Real], delta: Real) -> list[mpf]:
+    """Predictable plug-in bets of Waudby-Smith & Ramdas (2023, JRSS-B), Section 5, one-sided.
+
+    ``lambda_i = min(sqrt(2 ln(1/delta) / (n sigma^2_{i-1})), BETTING_CAP)`` with the running
+    estimates ``mu_i = (1/2 + sum_{j<=i} X_j) / (i + 1)`` and
+    ``sigma^2_i = (1/4 + sum_{j<=i} (X_j - mu_j)^2) / (i + 1)``: each bet uses only earlier samples.
+    """
+    x = _reals("xs", xs)
+    n, log_term = len(x), mpmath.log(1 / mpf(delta))
+    lambdas, total, squares = [], mpf(0), mpf(1) / 4
+    for i, v in enumerate(x):  # sigma^2_{i-1} = squares / i  (i samples seen, prior counts as one)
+        sigma2 = squares / (i + 1)
+        lambdas.append(min(mpmath.sqrt(2 * log_term / (n * sigma2)), BETTING_CAP))
+        total += v
+        mu = (mpf(1) / 2 + total) / (i + 2)
+        squares += (v - mu) ** 2
+    return lambdas
+
+
+def betting_log_capital(xs: Sequence[Real], lambdas: Sequence[Real], m: Real) -> mpf:
+    """``log K(m) = sum_i log(1 + lambda_i (m - X_i))``: the bettor's wealth against ``E X >= m``.
+
+    If ``E X >= m`` the capital is a nonnegative supermartingale of mean <= 1, so
+    ``P(K(m) >= 1/delta) <= delta`` (Markov/Ville); ``K`` increases in ``m``.
+    """
+    return mpmath.fsum(mpmath.log1p(lam * (mpf(m) - v)) for lam, v in zip(lambdas, _reals("xs", xs)))
+
+
+def betting_upper(xs: Sequence[Real], delta: Real, iterations: int = 60) -> mpf:
+    """The smallest ``m`` in ``[0, 1]`` (to ``2^-iterations``) with ``K(m) >= 1/delta``; 1 if none.
+
+    Waudby-Smith & Ramdas (2023): on the event ``K(mu) < 1/delta`` (probability ``>= 1 - delta``),
+    every ``m`` with ``K(m) >= 1/delta`` is above ``mu`` because ``K`` increases in ``m``.
+    """
+    if len(xs) == 0:
+        return mpf(1)
+    lambdas = betting_lambdas(xs, delta)
+    threshold = mpmath.log(1 / mpf(delta))
+    lo, hi = mpf(0), mpf(1)
+    if betting_log_capital(xs, lambdas, hi) < threshold:
+        return mpf(1)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        if betting_log_capital(xs, lambdas, mid) >= threshold:
+            hi = mid
+        else:
+            lo = mid
+    return hi
+
+
+def mean_upper(xs: Sequence[Real], delta: Real) -> mpf:
+    """Upper bound on the mean of ``[0, 1]`` samples at level ``delta``: min(betting, EB) at ``delta/2`` each."""
+    half = mpf(delta) / 2
+    return min(betting_upper(xs, half), empirical_bernstein_upper(xs, half))
+
+
+def signed_mean_interval(ys: Sequence[Real], delta: Real) -> tuple[mpf, mpf]:
+    """``(lo, hi)`` for the mean of ``[-1, 1]`` samples; each side holds with probability ``>= 1 - delta``."""
+    y = _reals("ys", ys) if len(ys) else []
+    hi = 2 * mean_upper([(1 + v) / 2 for v in y], delta) - 1
+    lo = 1 - 2 * mean_upper([(1 - v) / 2 for v in y], delta)
+    return lo, hi
+
+
+# ----------------------------------------------------------------------------- the certificate
+
+
+def bound_spot_check(p_tilde: Sequence[Real], c: Sequence[Real], eps: Sequence[Real], exact: Sequence[int],
+                     z_prime: Real, draws: Sequence[int], delta: Real) -> mpf:
+    """The spot-check bound on ``TV(p, p~)`` from an exact set, a proposal and its draws.
+
+    Registry SC (``WitCert.tv_le_spot_identity``) with the confidence bounds of SCB. Holds with
+    probability ``>= 1 - delta`` over ``draws`` when they are i.i.d. from
+    ``q = proposal_weights / G`` and independent of ``eps`` (drawn after the query is fixed), and
+    ``|eps_t| <= c_t`` on the rest. Only ``eps`` on ``exact`` and on ``draws`` is used. ``p~`` is
+    normalised here; the result is capped at 1.
+    """
+    p = _reals("p_tilde", p_tilde)
+    total = mpmath.fsum(p)
+    p = [pt / total for pt in p]
+    r, e, zp = _reals("c", c), _reals("eps", eps), mpf(z_prime)
+    weights = proposal_weights(p, r, exact, zp)
+    g_total = mpmath.fsum(weights)
+    known = set(exact)
+    w = {t: mpmath.exp(-e[t]) for t in known | set(draws)}
+    spread_known = mpmath.fsum(p[t] * abs(w[t] - zp) for t in known)
+    z_known = mpmath.fsum(p[t] * w[t] for t in known) + mpmath.fsum(p[t] for t in range(len(p)) if t not in known)
+    spread_upper, z_lo, z_hi = spread_known, z_known, z_known
+    if g_total > 0:
+        g = {t: mpmath.expm1(r[t]) + abs(1 - zp) for t in draws}
+        per = mpf(delta) / STATEMENTS
+        spread_upper += g_total * mean_upper([abs(w[t] - zp) / g[t] for t in draws], per)
+        y_lo, y_hi = signed_mean_interval([(w[t] - 1) / g[t] for t in draws], per)
+        z_lo, z_hi = z_known + g_total * y_lo, z_known + g_total * y_hi
+    z_lo = max(z_lo, mpmath.fsum(pt * mpmath.exp(-ct) for pt, ct in zip(p, r)))  # Z >= A-
+    z_hi = min(z_hi, mpmath.fsum(pt * mpmath.exp(ct) for pt, ct in zip(p, r)))  # Z <= A
+    deviation = max(z_hi - zp, zp - z_lo, mpf(0))
+    return min(mpf(1), (spread_upper / 2 + deviation / 2) / zp)
+
+
+# ----------------------------------------------------------------------------- request budget (SCD)
+
+
+def delta_per_cell(delta_req: Real, n_cells: int) -> mpf:
+    """``delta_req / n_cells``: cells known in advance (Lemma 3's union over them)."""
+    return mpf(delta_req) / n_cells
+
+
+def delta_at_step(delta_req: Real, step: int, cells_per_step: int) -> mpf:
+    """``delta_req 6 / (pi^2 k^2) / cells_per_step`` at decode step ``k >= 1`` (open-ended generation).
+
+    ``sum_k 6 / (pi^2 k^2) = 1`` (``WitCert.sum_inv_sq_le_zeta_two``), so the union over every
+    step of an unbounded generation stays within ``delta_req``.
+    """
+    if step < 1:
+        raise ValueError(f"step: must be >= 1, got {step!r}")
+    return mpf(delta_req) * 6 / (mpmath.pi ** 2 * step ** 2) / cells_per_step

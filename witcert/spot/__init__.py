@@ -1,0 +1,10 @@
+"""Spot-check certificate: a few exact keys drawn with the meter's own randomness (registry SC, SCB, SCD).
+
+Valid with probability ``1 - delta`` per cell for adaptive queries and any black-box scheme; see
+:mod:`witcert.spot.certificate`.
+"""
+from witcert.spot.budget import delta_at_step, delta_per_cell
+from witcert.spot.certificate import SpotCheck, spot_check
+from witcert.spot.randomness import SpotRandomness, spot_randomness
+
+__all__ = ["SpotCheck", "SpotRandomness", "delta_at_step", "delta_per_cell", "spot_check", "spot_randomness"]
