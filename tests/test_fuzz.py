@@ -87,5 +87,5 @@ def test_cli_writes_json_report(tmp_path):
     data = json.loads(out.read_text())
     assert data["trials"] == 3000
     assert all(data["bounds"][name]["violations"] == 0 for name in fuzz.CHECKED)
-    for name in ("underflow", "gate-tau", "fast-path", "fast radii"):  # issues 16, 14: each class reported, no violation
+    for name in ("underflow", "gate-tau", "fast-path", "fast radii", "user components"):  # issues 16, 14, 28: each class reported, no violation
         assert data["attacks"][name]["cells"] > 0 and data["attacks"][name]["violations"] == 0

@@ -38,7 +38,7 @@ import torch
 from witcert.verification.attacks import AttackTally
 from witcert.verification.attacks.model_dtypes import VOCAB, Call, oracle_tv, tiny_llama
 
-NAME = "user components (schemes, codecs)"
+NAME = "user components"
 SHARE = 0.0001  # one trial: a prefill and three decode calls on a tiny model (~0.3 s on one core)
 RECORDER = "witcert-user-components-recorder"
 ROWS, DECODE_CALLS = 2, 3
