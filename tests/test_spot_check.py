@@ -274,3 +274,48 @@ def test_budget_matches_spec_and_sums_within_request():
         args = dict(delta_req=1e-2, step=1, cells_per_step=3) | bad
         with pytest.raises(ValueError, match=next(iter(bad))):
             delta_at_step(**args)
+
+
+# ----------------------------------------------------------------------------- the monitor option
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_monitor_spot_certificate_on_a_tiny_model():
+    """certificate='spot': cells above tau are checked, meter = min(deterministic, spot bound) >= true TV,
+    keys and bytes reported per cell, delta reported where a check ran."""
+    import numpy as np
+
+    import witcert
+    from tests.tiny_models import prompts, tiny
+
+    model = tiny("llama")
+    ids, mask = prompts(2, length=40)
+    with torch.no_grad(), witcert.monitor(model, "kivi-2bit", certificate="spot", spot_keys=16,
+                                          spot_delta=1e-6, tau=0.04) as mon:
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    table = mon.table()
+    meter, det, spot = table["meter"], table["meter_deterministic"], table["spot_bound"]
+    live = ~np.isnan(meter)
+    checked = live & (det > mon.tau)
+    assert checked.any() and not checked.all(), np.quantile(det[live], [0, 0.5, 1])
+    assert np.array_equal(~np.isnan(spot) & live, checked)
+    assert np.all(meter[live] <= det[live]) and np.all(meter[checked] == np.minimum(det, spot)[checked])
+    assert np.all(table["true_tv"][live] <= meter[live])
+    assert np.all(table["spot_keys"][checked] >= 1) and np.all(table["spot_keys"][checked] <= 16)
+    assert np.all(table["spot_bytes"][checked] == table["spot_keys"][checked] * model.config.head_dim * 4)
+    assert np.allclose(table["spot_delta"][checked], 1e-6, rtol=1e-6) and np.all(table["spot_delta"][live & ~checked] == 0)
+
+
+def test_monitor_spot_options_are_checked():
+    import witcert
+    from tests.tiny_models import tiny
+
+    model = tiny("llama")
+    with pytest.raises(ValueError, match="keep_exact"):
+        witcert.monitor(model, "rtn-int4", certificate="spot", keep_exact=False)
+    with pytest.raises(ValueError, match="certificate"):
+        witcert.monitor(model, "rtn-int4", certificate="sampled")
+    with pytest.raises(ValueError, match="spot_keys"):
+        witcert.monitor(model, "rtn-int4", certificate="spot", spot_keys=0)
+    with pytest.raises(ValueError, match="spot_delta"):
+        witcert.monitor(model, "rtn-int4", certificate="spot", spot_delta=2.0)

@@ -94,6 +94,7 @@ class CallScope:
     tau_k: float = 0.2
     tau_v: float = 0.05
     fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS, MS)); False: the full eager meter
+    spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau (exact cache kept)
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -189,6 +190,9 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             extra[name] = swept.cells["meter"].cpu()
         math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
                                          scope.tau_k, scope.tau_v, slack=slack)
+    if scope.spot is not None:  # witcert.spot.cells: reported meter = min(deterministic, spot bound)
+        math, spot_extra = scope.spot.apply(math, query, store.exact()[0], scale, scope.tau_k, scope.tau_v)
+        extra.update(spot_extra)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if scope.gate is not None:

@@ -62,6 +62,7 @@ from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_s
 from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
+from witcert.spot.cells import spot_settings
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 TIERS = ("auto", "A", "B")
@@ -69,7 +70,8 @@ TIERS = ("auto", "A", "B")
 
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
-            backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused") -> "Monitor":
+            backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
+            certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -112,9 +114,19 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         ``WITCERT_COMPILE=1``). ``"full"``: the eager reference's meter, per-operation directed
         rounding and MS over twelve thresholds (as tight or a little tighter, several times slower
         per cell). Both are sound.
+    certificate : {"deterministic", "spot"}
+        ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked with ``spot_keys`` exact
+        keys drawn with the monitor's own randomness (OS-seeded), and its reported meter is
+        ``min(meter, spot bound)``, valid with probability ``1 - spot_delta`` per checked cell for
+        adaptive queries and any scheme (:mod:`witcert.spot`; needs ``keep_exact=True``). Extra
+        columns: ``meter_deterministic``, ``spot_bound``, ``spot_keys``, ``spot_bytes``, ``spot_delta``.
+    spot_keys, spot_delta : int, float
+        Exact keys per checked cell and its failure probability (:func:`witcert.spot.delta_per_cell`
+        and :func:`witcert.spot.delta_at_step` turn a request budget into one).
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
-                   delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter)
+                   delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
+                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta)
 
 
 @dataclass
@@ -161,7 +173,8 @@ class Monitor:
 
     def __init__(self, model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
-                 backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused"):
+                 backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
+                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6):
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
@@ -195,6 +208,7 @@ class Monitor:
         tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
+        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau, keep_exact)  # None: deterministic only
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
         self.batches: list = []
@@ -281,7 +295,7 @@ class Monitor:
         scope = attention.CallScope(
             layout=self.layout, tier=self.tier, adaptive=adaptive,
             truth=self.keep_exact, record=self.batches.append, gate=self.gate, delta_loc=self.delta_loc,
-            delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused",
+            delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused", spot=self.spot,
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer

@@ -1,0 +1,89 @@
+"""The spot check inside the monitor: every cell whose deterministic meter exceeds ``tau``.
+
+``witcert.monitor(..., certificate="spot", spot_keys=m, spot_delta=delta)`` builds a
+:class:`SpotSettings`; the ``"witcert"`` attention calls :meth:`SpotSettings.apply` on each
+call's fp64 cells. The reported meter becomes ``min(deterministic meter, spot bound)`` (valid
+with probability ``1 - spot_delta`` per checked cell: a union of two events, the deterministic one
+certain), and the output bound and the joint pass are recomputed from it. Extra columns:
+``meter_deterministic``, ``spot_bound`` (NaN where no check ran), ``spot_keys`` and ``spot_bytes``
+(exact keys read and their bytes), ``spot_delta`` (the failure probability of each checked cell; 0
+where the meter is deterministic).
+
+Exact keys come from the exact cache the store keeps (validation, ``keep_exact=True``); reading
+them from the production backing store (``keep_exact=False``) is not implemented yet, and the
+monitor refuses that combination.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+
+import torch
+
+from witcert.core import values
+from witcert.spot.certificate import spot_check
+from witcert.spot.randomness import SpotRandomness, spot_randomness
+
+CERTIFICATES = ("deterministic", "spot")
+
+
+@dataclass
+class SpotSettings:
+    """Key budget, per-cell failure probability and threshold of the monitor's spot checks."""
+
+    keys: int = 256
+    delta: float = 1e-6  # per checked cell (witcert.spot.budget turns a request budget into this)
+    tau: float = 0.2  # cells with a deterministic meter above tau are checked
+    seed: int | None = None  # replay opt-in; None: the OS's cryptographic source
+    randomness: SpotRandomness = field(init=False)
+
+    def __post_init__(self):
+        if not isinstance(self.keys, int) or isinstance(self.keys, bool) or self.keys < 1:
+            raise ValueError(f"spot_keys must be a positive int, got {self.keys!r}")
+        if not 0 < self.delta < 1:
+            raise ValueError(f"spot_delta must lie in (0, 1), got {self.delta!r}")
+        self.randomness = spot_randomness(self.seed)
+
+    def apply(self, math, query, exact_keys, scale: float, tau_k: float, tau_v: float):
+        """``(math with the spot meter, extra columns)`` for one call (see the module docstring).
+
+        ``math`` a :class:`~witcert.integrations.hf.cells.CallMath`; ``query`` (B, Hq, Tq, d)
+        post-RoPE; ``exact_keys`` (B, Hkv, S, d) the exact cache.
+        """
+        deterministic = math.cells["meter"]
+        checked = (deterministic > self.tau) & ~math.blank  # (B, Hq, Tq)
+        bound = torch.full(deterministic.shape, torch.nan, dtype=torch.float64)
+        keys_read = torch.zeros(deterministic.shape, dtype=torch.float64)
+        q64, k64 = query.detach().to(torch.float64).cpu(), exact_keys.detach().to(torch.float64).cpu()
+        groups = q64.shape[1] // k64.shape[1]
+        scores, radii = math.scores_hat.detach().cpu(), math.c.detach().cpu()
+        for b, h, t in checked.nonzero().tolist():
+            def read(index, b=b, h=h, t=t):  # fp64 logits of the exact keys, as cells.exact_logits forms them
+                return (k64[b, h // groups, index] @ q64[b, h, t]) * scale
+            result = spot_check(scores[b, h, t], radii[b, h, t], read, keys=self.keys, delta=self.delta,
+                                generator=self.randomness.generator)
+            bound[b, h, t], keys_read[b, h, t] = result.bound, result.keys_read
+        bound = bound.to(deterministic.device)
+        meter = torch.where(torch.isnan(bound), deterministic, torch.minimum(deterministic, bound))
+        passes = values.joint_pass(meter, math.value_term, math.v_norm_max, tau_k, tau_v)
+        cells = dict(math.cells, meter=meter, joint=passes.joint,
+                     output_bound=values.output_bound(meter, math.value_term, math.v_norm_max))
+        extra = {
+            "meter_deterministic": torch.where(math.blank.cpu(), torch.nan, deterministic.cpu().to(torch.float64)),
+            "spot_bound": bound.cpu(),
+            "spot_keys": keys_read, "spot_bytes": keys_read * exact_keys.shape[-1] * exact_keys.element_size(),
+            "spot_delta": torch.where(checked.cpu(), self.delta, 0.0).to(torch.float64),
+        }
+        return replace(math, cells=cells), extra
+
+
+def spot_settings(certificate: str, keys: int, delta: float, tau: float, keep_exact: bool,
+                  seed: int | None = None) -> SpotSettings | None:
+    """The monitor's spot settings (``None`` for the deterministic certificate), checked."""
+    if certificate not in CERTIFICATES:
+        raise ValueError(f"certificate must be one of {CERTIFICATES}, got {certificate!r}")
+    if certificate == "deterministic":
+        return None
+    if not keep_exact:
+        raise ValueError("certificate='spot' reads exact keys from the exact cache: it needs keep_exact=True "
+                         "(reading them from the production backing store is not implemented yet)")
+    return SpotSettings(keys=keys, delta=delta, tau=tau, seed=seed)
