@@ -19,26 +19,10 @@ import torch
 import witcert
 from witcert.cli import _exit, main, schemes as schemes_command
 from witcert.core.thresholds import check_certified_tau
-from witcert.integrations.hf import default_model
 from witcert.schemes.catalog import CACHE_SCHEMES, unknown_scheme_message
 from witcert.schemes.registry import list_schemes
+from tests.test_cli import _exit_status as _rejected, no_model_load  # noqa: F401  (a fixture)
 from tests.tiny_models import prompts, tiny
-
-
-@pytest.fixture
-def no_model_load(monkeypatch):
-    """Fail the test if any path reaches the model loader."""
-    def refuse(*args, **kwargs):
-        raise AssertionError("the model loader ran before the arguments were rejected")
-
-    monkeypatch.setattr(default_model, "load_model", refuse)
-
-
-def _rejected(argv, capsys) -> tuple[int, str]:
-    """The exit status and stderr of an argument error (argparse exits through SystemExit)."""
-    with pytest.raises(SystemExit) as exc:
-        main(argv)
-    return exc.value.code, capsys.readouterr().err
 
 
 def _unwritable(tmp_path):
