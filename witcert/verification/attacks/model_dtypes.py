@@ -118,16 +118,22 @@ def recorded_run(model, monitor, ids: torch.Tensor, prefill: int, adaptive_probe
     return calls
 
 
-def oracle_tv(call: Call) -> torch.Tensor:
-    """fp64 TV (B, Hq, Tq) between attention over the exact keys and over the keys read, causal."""
+def oracle_tv(call: Call, additive: torch.Tensor | None = None) -> torch.Tensor:
+    """fp64 TV (B, Hq, Tq) between attention over the exact keys and over the keys read, causal; ``additive``
+    (B|1, Hq|1, Tq, S), a float mask the model added to its scores: entries at or below half its dtype's
+    minimum hide a key, the others are added to both logits."""
     q = call.query.to(torch.float64)
     groups = q.shape[1] // call.key.shape[1]
     k = call.key.to(torch.float64).repeat_interleave(groups, dim=1)
     k_hat = call.k_hat.to(torch.float64).repeat_interleave(groups, dim=1)
     tq, s = q.shape[-2], k.shape[-2]
     visible = torch.arange(s)[None, :] <= torch.arange(s - tq, s)[:, None]  # (Tq, S)
-    p = torch.softmax((call.scale * q @ k.transpose(-1, -2)).masked_fill(~visible, -torch.inf), dim=-1)
-    p_hat = torch.softmax((call.scale * q @ k_hat.transpose(-1, -2)).masked_fill(~visible, -torch.inf), dim=-1)
+    bias = torch.zeros(())
+    if additive is not None:
+        shown = additive > torch.finfo(additive.dtype).min / 2
+        visible, bias = visible & shown, torch.where(shown, additive.to(torch.float64), 0.0)
+    p = torch.softmax((call.scale * q @ k.transpose(-1, -2) + bias).masked_fill(~visible, -torch.inf), dim=-1)
+    p_hat = torch.softmax((call.scale * q @ k_hat.transpose(-1, -2) + bias).masked_fill(~visible, -torch.inf), dim=-1)
     return 0.5 * (p - p_hat).abs().sum(-1)
 
 
