@@ -72,6 +72,13 @@ def test_the_library_names_the_same_schemes():
         witcert.monitor(tiny("llama"), "nope")
 
 
+def test_observe_refuses_a_checkpoint_without_rope_before_the_model(capsys, no_model_load, tmp_path):
+    (tmp_path / "config.json").write_text('{"model_type": "gpt2", "n_embd": 64, "n_head": 4, "n_layer": 2}')
+    status, err = _rejected(["observe", "--model", str(tmp_path)], capsys)
+    assert status == _exit.EXIT_USAGE
+    assert "has no rotary position embedding (RoPE)" in " ".join(err.split())
+
+
 def test_fuzz_json_into_a_directory_that_is_a_file(capsys, tmp_path):
     status, err = _rejected(["fuzz", "--json", _unwritable(tmp_path) + ".json"], capsys)
     assert status == _exit.EXIT_USAGE and "argument --json: directory" in err and "does not exist" in err

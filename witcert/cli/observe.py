@@ -88,6 +88,10 @@ def check(args) -> None:
     head_dim = _check_model(args.model)
     if head_dim is not None and (head_dim // 2) % min(args.bands, head_dim // 2):
         raise ValueError(f"--bands {args.bands} must divide head_dim/2 = {head_dim // 2} of the model")
+    if args.model is not None and args.model.is_dir() and not _has_rope(args.model / "config.json"):
+        raise ValueError(f"--model {str(args.model)!r} has no rotary position embedding (RoPE): its config.json names "
+                         "no rope or rotary setting. witcert observe runs RoPE decoders (Llama, Qwen2, Mistral, ...); "
+                         "for a model without RoPE use witcert.monitor(model, scheme, rope='rotate_half')")
     args.config = _config(args)
     _check_workload(args)
     _args.prepare_output_dir(args.out)
@@ -187,6 +191,22 @@ def _check_model(model: Path | None) -> int | None:
     else:
         raise ValueError(f"--model {str(model)!r} is neither a checkpoint directory nor a .gguf file")
     return _head_dim(config)
+
+
+def _has_rope(config_path: Path) -> bool:
+    """Whether a config.json names a RoPE setting (a key with "rope" or "rotary", its text config's too).
+
+    Deliberately broad: it only refuses a config that names none at all (GPT-2, BERT), so an
+    unreadable config or an unknown spelling lets the model load and ``witcert.monitor`` decide.
+    """
+    try:
+        config = json.loads(config_path.read_text())
+    except (OSError, ValueError):
+        return True
+    if not isinstance(config, dict):
+        return True
+    sections = [config] + [value for value in config.values() if isinstance(value, dict)]
+    return any("rope" in key or "rotary" in key for section in sections for key in section)
 
 
 def _head_dim(config_path: Path) -> int | None:
