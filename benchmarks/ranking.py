@@ -65,9 +65,7 @@ def top_overlap(score: np.ndarray, truth: np.ndarray, top: int = TOP) -> int:
 def compare(table, by: tuple[str, ...]) -> dict:
     """Spearman and top-6 overlap against the mean true TV, per statistic, over the groups ``by``."""
     table = table.where(~np.isnan(table["meter"]) & ~np.isnan(table["true_tv"]))
-    keys = np.stack([table[name].astype(np.int64) for name in by], axis=1)
-    groups, inverse = np.unique(keys, axis=0, return_inverse=True)
-    members = [table.where(inverse.reshape(-1) == g) for g in range(len(groups))]
+    groups, members = ranking.groups(table, by)
     truth = np.array([m["true_tv"].mean() for m in members])
     result = {"groups": len(groups), "truth_top": [list(map(int, groups[i])) for i in np.argsort(-truth)[:TOP]]}
     for name in ranking.available(table):

@@ -371,3 +371,16 @@ def test_log_progress_prints_a_line_per_case_with_rate_and_time_left():
             return True
 
     assert isinstance(progress_for(Terminal()), BarProgress)
+
+
+def test_ranking_benchmark_scores_a_statistic_against_the_true_tv():
+    """benchmarks/ranking.compare on a table whose meter is increasing in the true TV per cell: the
+    per-head mean meter ranks like the mean true TV (Spearman 1, full top-6 overlap); a constant
+    statistic is reported as no ranking."""
+    from benchmarks import ranking as bench
+
+    table = _result(gated=False).raw
+    measured = bench.compare(table, ("layer", "head"))
+    assert measured["groups"] == 12 and measured["mean meter"]["spearman"] == pytest.approx(1.0)
+    assert measured["mean meter"]["top6"] == 6 and measured["fraction saturated"]["top6"] is None
+    assert bench.top_overlap(np.arange(12.0), -np.arange(12.0)) == 0

@@ -43,6 +43,11 @@ def table(results, config, baseline, title: str | None = None):
     return grid
 
 
+def _done(result, config) -> str:
+    """The title of one scheme's table, printed as it finishes."""
+    return f"{result.scheme}: done in {result.wall_s:.0f} s (task {config.task}, tau {config.tau:g})"
+
+
 def progress_for(stream=None):
     """A rich progress bar on a terminal, else one log line per finished case (:class:`LogProgress`)."""
     stream = stream or sys.stdout
@@ -74,8 +79,7 @@ class BarProgress:
         """``on_result`` for ``run_observe``: each scheme's row, printed above the bar as it finishes."""
 
         def on_result(result, baseline) -> None:
-            title = f"{result.scheme}: done in {result.wall_s:.0f} s (task {config.task}, tau {config.tau:g})"
-            self._bar.console.print(table([result], config, baseline, title))
+            self._bar.console.print(table([result], config, baseline, _done(result, config)))
 
         return on_result
 
@@ -110,8 +114,7 @@ class LogProgress:
         from rich.console import Console
 
         def on_result(result, baseline) -> None:
-            title = f"{result.scheme}: done in {result.wall_s:.0f} s (task {config.task}, tau {config.tau:g})"
-            Console(file=self.stream, width=WIDTH).print(table([result], config, baseline, title))
+            Console(file=self.stream, width=WIDTH).print(table([result], config, baseline, _done(result, config)))
             self.stream.flush()
 
         return on_result

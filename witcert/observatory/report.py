@@ -179,8 +179,9 @@ def terminal_rows(results, tau: float) -> tuple[list[str], list[list[str]]]:
 
 COLUMN_DOCS = [
     "The meter of a cell (layer, query head, query) is a proved upper bound on how much attention moved: the "
-    "total variation (TV) between attention over the exact keys and over the compressed keys (0: unchanged; 1: "
-    "the bound says nothing, *saturated*). The true TV is measured against the exact cache the run keeps.",
+    "total variation (TV) between attention over the exact keys and over the compressed keys (0: unchanged; "
+    f"1: the bound says nothing; *saturated*: meter >= {ranking.SATURATED:g}). The true TV is measured against "
+    "the exact cache the run keeps.",
     "",
     "- **scheme [tier]**: the compressed cache and its certificate: [A] the Tier A band-norm witness (any "
     "scheme, every query), [B] the dithered-int8 cache's Tier B bound (its minimum with Tier A). **task**: the "

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
-SATURATED = 1.0 - 1e-9  # a meter at (or rounded to) 1 says nothing beyond "TV <= 1"
+SATURATED = 0.99  # a meter this close to 1 says almost nothing (the sub-1 terms keep it from reaching 1 exactly)
 _LOG_FLOOR, _LOG_CEIL = 1e-300, 1e300  # log risk of an exact cell (0) or an overflowed one (inf) stays finite
 
 
@@ -48,21 +48,25 @@ def available(table) -> list[str]:
     return [name for name in STATISTICS if name != "mean spot estimate" or SPOT_COLUMN in table.columns]
 
 
+def groups(table, by: tuple[str, ...]) -> tuple[np.ndarray, list]:
+    """The distinct values of the ``by`` columns, (groups, len(by)) ints, and each group's cells (a table each)."""
+    keys = np.stack([table[name].astype(np.int64) for name in by], axis=1)
+    values, inverse = np.unique(keys, axis=0, return_inverse=True)
+    return values, [table.where(inverse.reshape(-1) == index) for index in range(len(values))]
+
+
 def group_rows(table, by: tuple[str, ...]) -> list[dict]:
     """One row per group of cells with equal ``by`` columns (``("layer",)`` or ``("layer", "head")``).
 
     Each row: the ``by`` values, ``cells``, the ranking statistic ``score`` (:data:`RANK_BY`),
-    ``mean_meter``, ``max_meter``, ``saturated`` (fraction of cells with meter 1), and the true
-    TV's ``mean_true_tv`` and ``max_true_tv`` (NaN without the exact cache).
+    ``mean_meter``, ``max_meter``, ``saturated`` (fraction of cells with meter >= :data:`SATURATED`),
+    and the true TV's ``mean_true_tv`` and ``max_true_tv`` (NaN without the exact cache).
     """
     table = table.where(~np.isnan(table["meter"])) if len(table) else table  # blank rows see no token
     if not len(table):
         return []
-    keys = np.stack([table[name].astype(np.int64) for name in by], axis=1)
-    groups, inverse = np.unique(keys, axis=0, return_inverse=True)
     rows = []
-    for index, values in enumerate(groups):
-        cells = table.where(inverse.reshape(-1) == index)
+    for values, cells in zip(*groups(table, by)):
         tv = cells["true_tv"][~np.isnan(cells["true_tv"])]
         rows.append({**{name: int(v) for name, v in zip(by, values)}, "cells": len(cells),
                      "score": float(STATISTICS[RANK_BY](cells)),

@@ -2,7 +2,7 @@
 
 Every figure is explained where it is printed: the meter (a proved upper bound on the total
 variation between attention over exact and over compressed keys), *certified* (meter <= tau),
-*saturated* (meter 1: the bound says nothing), the true TV (measured against the exact cache
+*saturated* (meter >= 0.99: the bound says almost nothing), the true TV (measured against the exact cache
 while it is kept), *violations* (true TV above the meter: must be 0). With a gate, each cell's
 meter and true TV after repair, the fraction of cells the gate fired on and of visible tokens it
 paged in. The riskiest layers and heads are ranked by :data:`witcert.integrations.hf.ranking.RANK_BY`,
@@ -21,7 +21,7 @@ MEANING = ("The meter is a proved upper bound on how much attention moved: the t
            "between attention over the exact keys and over the compressed keys, for one cell\n"
            "(request, layer, query head, step). 0: attention unchanged; 1: the bound says nothing.")
 COLUMNS = ("certified: fraction of cells with meter <= tau (their TV is proved <= tau). saturated:\n"
-           "fraction with meter 1. max true TV: the largest TV measured against the exact cache (n/a\n"
+           f"fraction with meter >= {ranking.SATURATED:g}. max true TV: the largest TV measured against the exact cache (n/a\n"
            "with keep_exact=False). violations: cells whose true TV exceeds their meter (must be 0).")
 GATE_COLUMNS = ("fired: fraction of cells the gate repaired (meter over tau). paged: mean fraction of a\n"
                 "cell's visible tokens paged in exactly. cert. after / max TV after: the same figures after\n"
