@@ -8,7 +8,11 @@ or ``"B"``, never ``"auto"``), ``adaptive`` (Tier B used only its deterministic 
 ``repaired``. ``risk`` is the raw e-form score (``inf`` on overflow, written as the string
 ``"inf"``): above 1 it carries no guarantee. ``true_tv`` is ``null`` when the exact keys were not
 kept. Cells of a dithered cache also carry ``seed`` (the secret Philox seed drawn for the
-request): with it and ``request`` a run can be replayed.
+request): with it and ``request`` a run can be replayed. Cells of a gated monitor also carry
+``paged_fraction`` (fraction of the cell's visible tokens paged in), ``bytes_paged``,
+``meter_after`` (the meter of the repaired attention: recomputed where the gate fired, the cell's
+own meter elsewhere) and ``true_tv_after`` (its TV against the exact logits; ``null`` when the
+exact keys were not kept).
 """
 from __future__ import annotations
 
