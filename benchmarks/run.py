@@ -4,7 +4,8 @@ Sections: cost (meter / decode attention), fastpath (the fused meter, eager and 
 attention), generation (tokens/s stock vs monitored vs observed), kernel (Triton cert on/off, GPU only), memory
 (bytes per token per head), quality (SmolLM2, three domains), looseness (meter / sup-box TV /
 true TV), throughput (adversarial trials per second), ranking (which statistic ranks layers and heads like their
-true TV; also ``results/ranking.json``, ``python -m benchmarks.ranking``). Writes ``results.json``, ``results.md``,
+true TV; also ``results/ranking.json``, ``python -m benchmarks.ranking``), spot (spot-check coverage on SmolLM2 at
+64-512 exact keys; also ``results/spot_check.json``, ``python -m benchmarks.spot_check``). Writes ``results.json``, ``results.md``,
 ``machine.md`` and PNGs under ``benchmarks/results/`` (``--out``).
 """
 import argparse
@@ -19,7 +20,7 @@ import torch
 from benchmarks import machine, report
 
 SECTIONS = ("cost", "fastpath", "generation", "proposals", "kernel", "memory", "quality", "looseness", "throughput",
-            "ranking")
+            "ranking", "spot")
 RESULTS = Path(__file__).with_name("results")
 
 
@@ -81,6 +82,18 @@ def _ranking(args, results: dict) -> None:
         (args.out / "ranking.json").write_text(json.dumps(measured, indent=1) + "\n")
     results["ranking"] = {"best": measured["best"], "rank_by": measured["rank_by"],
                           "mean_spearman": measured["mean_spearman"]}
+
+
+def _spot(args, results: dict) -> None:
+    """Spot-check coverage, bound / true TV and violations per scheme and key budget (SmolLM2; about 10 min on 1 thread)."""
+    from benchmarks import spot_check
+
+    if args.quick:  # one scheme, short contexts; spot_check.json keeps the full measurement
+        measured = spot_check.run(("rtn-int4",), spot_check.parse(["--context", "512", "--per-call", "1"]))
+    else:
+        measured = spot_check.run()
+        (args.out / "spot_check.json").write_text(json.dumps(measured, indent=1) + "\n")
+    results["spot"] = {name: entry.get("all", entry) for name, entry in measured["schemes"].items()}
 
 
 def main(argv=None) -> None:
@@ -152,6 +165,7 @@ def main(argv=None) -> None:
     section("quality", lambda: _quality(args, results))
     section("throughput", throughput)
     section("ranking", lambda: _ranking(args, results))
+    section("spot", lambda: _spot(args, results))
     results["seconds"]["total" if not args.merge else "total (merge)"] = time.perf_counter() - started
     results["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     (args.out / "results.json").write_text(json.dumps(results, indent=1, default=float) + "\n")
