@@ -1,4 +1,4 @@
-"""Which statistic ranks layers and heads like their true TV: ``python -m benchmarks.ranking`` (``make bench``: section ranking).
+"""Which statistic ranks layers and heads like their true TV: ``python -m benchmarks.ranking`` (``make bench``).
 
 For each scheme, SmolLM2 (the embedded model) runs a few observatory workload cases under
 ``witcert.monitor`` (the default fused meter, the exact cache kept so that every cell has its

@@ -21,7 +21,8 @@ MEANING = ("The meter is a proved upper bound on how much attention moved: the t
            "between attention over the exact keys and over the compressed keys, for one cell\n"
            "(request, layer, query head, step). 0: attention unchanged; 1: the bound says nothing.")
 COLUMNS = ("certified: fraction of cells with meter <= tau (their TV is proved <= tau). saturated:\n"
-           f"fraction with meter >= {ranking.SATURATED:g}. max true TV: the largest TV measured against the exact cache (n/a\n"
+           f"fraction with meter >= {ranking.SATURATED:g}. max true TV: the largest TV measured against the exact "
+           "cache (n/a\n"
            "with keep_exact=False). violations: cells whose true TV exceeds their meter (must be 0).")
 GATE_COLUMNS = ("fired: fraction of cells the gate repaired (meter over tau). paged: mean fraction of a\n"
                 "cell's visible tokens paged in exactly. cert. after / max TV after: the same figures after\n"
@@ -111,7 +112,8 @@ class LayerSummary:
         lines += self._table() + [COLUMNS] + ([GATE_COLUMNS] if self.gated else [])
         if self.gated:
             t = self.total
-            lines += ["", f"gate: fired on {t['repaired']:.1%} of cells, paged {t['paged']:.1%} of their visible tokens",
+            lines += ["", f"gate: fired on {t['repaired']:.1%} of cells, paged {t['paged']:.1%} of their "
+                          "visible tokens",
                       f"  before repair: {t['coverage']:.1%} certified at tau, max true TV {_fmt(t['max_true_tv'])}",
                       f"  after repair:  {t['coverage_after']:.1%} certified at tau, max true TV "
                       f"{_fmt(t['max_true_tv_after'])}, max meter {_fmt(t['max_meter_after'])}"]
@@ -150,7 +152,8 @@ class LayerSummary:
         for label, rows in (("layer", self.layers), ("head", self.heads)):
             for r in rows:
                 name = f"L{r['layer']}" + (f" H{r['head']}" if "head" in r else "")
-                lines.append(f"  {label:<5} {name:<8} {ranking.RANK_BY} {r['score']:>8.2f}  mean meter {r['mean_meter']:.3f}  "
+                lines.append(f"  {label:<5} {name:<8} {ranking.RANK_BY} {r['score']:>8.2f}  "
+                             f"mean meter {r['mean_meter']:.3f}  "
                              f"mean true TV {_fmt(r['mean_true_tv'])}  "
                              f"max true TV {_fmt(r['max_true_tv'])}")
         return lines
