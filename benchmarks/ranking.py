@@ -4,7 +4,7 @@ For each scheme, SmolLM2 (the embedded model) runs a few observatory workload ca
 ``witcert.monitor`` (the default fused meter, the exact cache kept so that every cell has its
 true TV). Cells are grouped per layer and per (layer, head); each group is scored by every
 statistic of :data:`witcert.integrations.hf.ranking.STATISTICS` (mean / max meter, fraction
-saturated, mean raw and log risk score, ..., and the spot-check estimate where cells carry one)
+saturated, mean raw and log risk score, ..., and the spot bound with ``--certificate spot``)
 and by its mean true TV. Per statistic: the Spearman correlation of the two rankings and the
 overlap of their top-6 groups (of 6). The statistic with the highest mean Spearman over schemes
 and levels is the one the summary and the report rank by (``ranking.RANK_BY``; the run says
@@ -41,14 +41,16 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--cases", type=int, default=2, help="cases per task (text, code, needle)")
     p.add_argument("--context", type=int, default=512, help="context tokens per case")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--certificate", choices=("deterministic", "spot"), default="deterministic",
+                   help="spot: the monitor spot-checks cells above tau, and their spot bound joins the candidates")
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args(argv)
 
 
-def scheme_cells(loaded, scheme: str, cases_per_task: int, context: int):
+def scheme_cells(loaded, scheme: str, cases_per_task: int, context: int, certificate: str = "deterministic"):
     """Every cell of ``scheme`` over the workload cases (one request per case), as one cell table."""
     model, tokenizer = loaded.model, loaded.tokenizer
-    monitor = Monitor(model, scheme, tau=0.2)
+    monitor = Monitor(model, scheme, tau=0.2, certificate=certificate)
     with monitor:
         for task in TASKS:
             config = ObserveConfig(schemes=(scheme,), task=task, context_tokens=context, cases=cases_per_task)
@@ -89,7 +91,7 @@ def best_statistic(per_scheme: dict) -> tuple[str, dict]:
     return best, means
 
 
-def run(schemes=SCHEMES, cases_per_task: int = 2, context: int = 512) -> dict:
+def run(schemes=SCHEMES, cases_per_task: int = 2, context: int = 512, certificate: str = "deterministic") -> dict:
     """Measure every scheme; the dict written to ``ranking.json``."""
     from witcert.integrations.hf.default_model import load_model
 
@@ -97,20 +99,21 @@ def run(schemes=SCHEMES, cases_per_task: int = 2, context: int = 512) -> dict:
     per_scheme = {}
     for scheme in schemes:
         started = time.perf_counter()
-        table = scheme_cells(loaded, scheme, cases_per_task, context)
+        table = scheme_cells(loaded, scheme, cases_per_task, context, certificate)
         per_scheme[scheme] = {"cells": len(table), "seconds": time.perf_counter() - started,
                               "levels": {level: compare(table, by) for level, by in LEVELS.items()}}
         print(f"  {scheme}: {len(table)} cells, {per_scheme[scheme]['seconds']:.0f} s", flush=True)
     best, means = best_statistic(per_scheme)
     return {"setup": {"model": loaded.source, "tasks": list(TASKS), "cases_per_task": cases_per_task,
-                      "context_tokens": context, "meter": "fused", "truth": "mean true TV per group", "top": TOP},
+                      "context_tokens": context, "meter": "fused",
+                      "certificate": certificate, "truth": "mean true TV per group", "top": TOP},
             "schemes": per_scheme, "mean_spearman": means, "best": best, "rank_by": ranking.RANK_BY}
 
 
 def markdown(result: dict) -> str:
     """The README table: per scheme and level, Spearman / top-6 overlap of the meter, the raw risk and the choice."""
     shown = list(dict.fromkeys(["mean meter", "max meter", "fraction saturated", "mean raw risk", ranking.RANK_BY,
-                                *(["mean spot estimate"] if "mean spot estimate" in result["mean_spearman"] else [])]))
+                                *(["mean spot bound"] if "mean spot bound" in result["mean_spearman"] else [])]))
     header = "| scheme | level | " + " | ".join(shown) + " |\n|---|---|" + "---|" * len(shown)
     lines = [header]
     for scheme, s in result["schemes"].items():
@@ -131,7 +134,8 @@ def main(argv=None) -> None:
     args = parse(argv)
     torch.set_num_threads(args.threads)
     started = time.perf_counter()
-    result = run(tuple(s.strip() for s in args.schemes.split(",") if s.strip()), args.cases, args.context)
+    result = run(tuple(s.strip() for s in args.schemes.split(",") if s.strip()), args.cases, args.context,
+                 args.certificate)
     result["command"] = "python -m benchmarks.ranking " + " ".join(sys.argv[1:] if argv is None else argv)
     result["seconds"] = time.perf_counter() - started
     result["finished"] = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

@@ -10,8 +10,9 @@ not assumed: ``benchmarks/ranking.py`` ranks the layers and heads of SmolLM2 by 
 "Which layers are risky"). A ranking is a triage order, never a certificate: the per-cell meter
 is the bound.
 
-A spot-check estimate (``certificate="spot"``), once cells carry one as the column ``spot``,
-joins :data:`STATISTICS` as ``"mean spot estimate"`` (measured like the others).
+The spot check (``witcert.monitor(..., certificate="spot")``) records ``spot_bound`` on the cells
+it checks; where a table has that column, :data:`STATISTICS` includes ``"mean spot bound"`` (its
+mean over the checked cells), measured like the others by ``benchmarks/ranking.py --certificate spot``.
 """
 from __future__ import annotations
 
@@ -26,6 +27,12 @@ def log_risk(risk: np.ndarray) -> np.ndarray:
     return np.log(np.clip(np.nan_to_num(risk, nan=_LOG_FLOOR, posinf=_LOG_CEIL), _LOG_FLOOR, _LOG_CEIL))
 
 
+def _mean_checked(x: np.ndarray) -> float:
+    """Mean over the entries that are not NaN (the checked cells); 1 (no information) when none is."""
+    x = x[~np.isnan(x)]
+    return float(x.mean()) if x.size else 1.0
+
+
 STATISTICS = {
     "mean meter": lambda cells: np.nanmean(cells["meter"]),
     "max meter": lambda cells: np.nanmax(cells["meter"]),
@@ -35,17 +42,17 @@ STATISTICS = {
     "mean log risk": lambda cells: np.mean(log_risk(cells["risk"])),
     "median log risk": lambda cells: np.median(log_risk(cells["risk"])),
     "mean log c_max": lambda cells: np.mean(np.log(np.clip(np.nan_to_num(cells["c_max"], nan=0.0), _LOG_FLOOR, None))),
-    # the hook for a spot-check estimate per cell (column SPOT_COLUMN), used only where a table has it
-    "mean spot estimate": lambda cells: np.nanmean(cells[SPOT_COLUMN]),
+    # the spot check's bound (column SPOT_COLUMN, NaN on unchecked cells), used only where a table has it
+    "mean spot bound": lambda cells: _mean_checked(cells[SPOT_COLUMN]),
 }
-SPOT_COLUMN = "spot"
+SPOT_COLUMN = "spot_bound"
 
 RANK_BY = "mean log risk"  # the measured best (benchmarks/ranking.py); a key of STATISTICS
 
 
 def available(table) -> list[str]:
     """The names of :data:`STATISTICS` that ``table``'s columns allow (the spot estimate only where recorded)."""
-    return [name for name in STATISTICS if name != "mean spot estimate" or SPOT_COLUMN in table.columns]
+    return [name for name in STATISTICS if name != "mean spot bound" or SPOT_COLUMN in table.columns]
 
 
 def groups(table, by: tuple[str, ...]) -> tuple[np.ndarray, list]:
