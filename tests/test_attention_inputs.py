@@ -225,6 +225,26 @@ def test_observe_stored_with_a_bias_bounds_every_query(fused):
     assert (truth > ignored.meter).any()  # the old reading: the bias ignored, the meter below the truth
 
 
+@pytest.mark.parametrize("far", [-1e9, -1e30, -1.6e38, -1e300])
+@pytest.mark.parametrize("fused", [True, False])
+def test_a_far_negative_soft_value_is_sound_never_nan(far, fused):
+    """A soft value far below the logits (``-1e30``: the fp64 sum keeps nothing of the logit, its rounding is
+    about ``2e14``) is visible, not hidden: every meter bounds the truth and is finite; the fused pass, whose
+    ``e^c`` overflows fp32 beyond about ``-4e17``, gives the trivial bound 1 with risk ``inf`` there, the
+    eager meter stays informative."""
+    gen, layout = torch.Generator().manual_seed(0), BandLayout(16, 4)
+    q = torch.randn(1, 2, 1, 16, generator=gen, dtype=torch.float64) * 3
+    k = torch.randn(1, 2, 6, 16, generator=gen, dtype=torch.float64)
+    k_hat = k + 0.2 * torch.randn(k.shape, generator=gen, dtype=torch.float64)
+    bias = torch.tensor([0.0, far, 0.0, far, 5.0, far], dtype=torch.float64)
+    obs = observe_stored(q, stored_keys(k, k_hat, k, k, layout), layout, truth=(k, k, k), fused=fused, bias=bias)
+    assert not obs.meter.isnan().any() and (obs.true_tv <= obs.meter).all()
+    if not fused or far > -4e17:
+        assert (obs.meter < 1).all()
+    else:
+        assert (obs.meter == 1).all() and torch.isinf(obs.risk).all()
+
+
 def test_observe_stored_refuses_an_infinite_bias():
     layout = BandLayout(8, 2)
     k = torch.randn(1, 1, 4, 8, dtype=torch.float64)
