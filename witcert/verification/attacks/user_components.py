@@ -178,7 +178,8 @@ def _running_amax_scheme(g):
 
 
 def _stochastic_scheme(g):
-    return Trial(StochasticScheme(_levels(g), torch.Generator().manual_seed(int(torch.randint(2**31, (1,), generator=g)))))
+    seed = int(torch.randint(2**31, (1,), generator=g))
+    return Trial(StochasticScheme(_levels(g), torch.Generator().manual_seed(seed)))
 
 
 def _lossless_join_codec(g):
