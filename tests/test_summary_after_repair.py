@@ -92,3 +92,26 @@ def test_production_gate_has_a_meter_after_repair_but_no_true_tv():
     assert table["repaired"].any() and np.all(table["meter_after"][table["repaired"]] <= TAU)
     assert np.isnan(table["true_tv_after"]).all()
     assert "max true TV n/a" in str(mon.summary())
+
+
+@pytest.mark.parametrize("scheme, gate", [("rtn-int2", witcert.Gate(tau=0.05, repair="whole")),
+                                          ("sign-1bit", witcert.Gate(tau=1.0)),
+                                          ("rtn-int2", witcert.Gate(tau=0.2, granularity="request"))],
+                         ids=["whole-blocks", "risk-ranked", "per-request"])
+def test_after_repair_meter_is_sound_for_every_gate_policy(scheme, gate):
+    """Oracle: per cell, true TV after repair <= meter after repair (no tolerance), for whole-head
+    repair, a risk-ranked gate (tau >= 1: the meter after repair is recomputed by ``witcert.meter``,
+    not the gated risk score) and request granularity. Larger weights (initializer_range 0.1) give
+    logits large enough for raw risk scores above 1."""
+    model = tiny("llama", hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
+                 initializer_range=0.1)
+    ids, mask = prompts(2, length=40)
+    with torch.no_grad(), witcert.monitor(model, scheme, gate=gate) as mon:
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+    table = mon.table()
+    fired = table["repaired"]
+    assert fired.any()
+    after, tv_after = table["meter_after"], table["true_tv_after"]
+    assert np.all((after >= 0) & (after <= 1)) and np.all((tv_after >= 0) & (tv_after <= after))
+    if gate.tau < 1 and gate.granularity == "head":
+        assert np.all(after[fired] <= gate.tau)
