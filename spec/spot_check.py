@@ -26,8 +26,10 @@ from mpmath import mpf
 
 from .bounds import Real, _reals
 
-BETTING_CAP = mpf(1) / 2
-"""Largest bet ``lambda_i``: every capital factor ``1 + lambda (m - X)`` stays >= 1/2 for X, m in [0, 1]."""
+BETTING_CAP = mpf(9) / 10
+"""Largest ``lambda (1 - m)`` in a cell: every capital factor ``1 + lambda (m - X)`` stays >= 1/10."""
+GRID_CELLS = 256
+"""Cells of ``[0, 1]`` in the betting bound's search: its resolution."""
 STATEMENTS = 3
 """Confidence statements per cell (upper on E X, upper and lower on E Y): ``delta / 3`` each."""
 
@@ -100,10 +102,10 @@ def empirical_bernstein_upper(xs: Sequence[Real], delta: Real) -> mpf:
 
 
 def betting_lambdas(xs: Sequence[Real], delta: Real) -> list[mpf]:
-    """Predictable plug-in bets of Waudby-Smith & Ramdas (2023, JRSS-B), Section 5, one-sided.
+    """Predictable plug-in bets of Waudby-Smith & Ramdas (2023, JRSS-B), Section 5, one-sided, before the cap.
 
-    ``lambda_i = min(sqrt(2 ln(1/delta) / (n sigma^2_{i-1})), BETTING_CAP)`` with the running
-    estimates ``mu_i = (1/2 + sum_{j<=i} X_j) / (i + 1)`` and
+    ``lambda_i = sqrt(2 ln(1/delta) / (n sigma^2_{i-1}))`` with the running estimates
+    ``mu_i = (1/2 + sum_{j<=i} X_j) / (i + 1)`` and
     ``sigma^2_i = (1/4 + sum_{j<=i} (X_j - mu_j)^2) / (i + 1)``: each bet uses only earlier samples.
     """
     x = _reals("xs", xs)
@@ -111,7 +113,7 @@ def betting_lambdas(xs: Sequence[Real], delta: Real) -> list[mpf]:
     lambdas, total, squares = [], mpf(0), mpf(1) / 4
     for i, v in enumerate(x):  # sigma^2_{i-1} = squares / i  (i samples seen, prior counts as one)
         sigma2 = squares / (i + 1)
-        lambdas.append(min(mpmath.sqrt(2 * log_term / (n * sigma2)), BETTING_CAP))
+        lambdas.append(mpmath.sqrt(2 * log_term / (n * sigma2)))
         total += v
         mu = (mpf(1) / 2 + total) / (i + 2)
         squares += (v - mu) ** 2
@@ -121,32 +123,31 @@ def betting_lambdas(xs: Sequence[Real], delta: Real) -> list[mpf]:
 def betting_log_capital(xs: Sequence[Real], lambdas: Sequence[Real], m: Real) -> mpf:
     """``log K(m) = sum_i log(1 + lambda_i (m - X_i))``: the bettor's wealth against ``E X >= m``.
 
-    If ``E X >= m`` the capital is a nonnegative supermartingale of mean <= 1, so
-    ``P(K(m) >= 1/delta) <= delta`` (Markov/Ville); ``K`` increases in ``m``.
+    If ``E X = m`` and every factor is positive the capital is a nonnegative martingale of mean 1,
+    so ``P(K(m) >= 1/delta) <= delta`` (Markov/Ville); for fixed bets ``K`` increases in ``m``.
     """
     return mpmath.fsum(mpmath.log1p(lam * (mpf(m) - v)) for lam, v in zip(lambdas, _reals("xs", xs)))
 
 
-def betting_upper(xs: Sequence[Real], delta: Real, iterations: int = 60) -> mpf:
-    """The smallest ``m`` in ``[0, 1]`` (to ``2^-iterations``) with ``K(m) >= 1/delta``; 1 if none.
+def betting_upper(xs: Sequence[Real], delta: Real, cells: int = GRID_CELLS) -> mpf:
+    """Waudby-Smith & Ramdas (2023) upper bound, with bets fixed per grid cell ``(m_{j-1}, m_j]``.
 
-    Waudby-Smith & Ramdas (2023): on the event ``K(mu) < 1/delta`` (probability ``>= 1 - delta``),
-    every ``m`` with ``K(m) >= 1/delta`` is above ``mu`` because ``K`` increases in ``m``.
+    In cell ``j`` the bets are ``min(plug-in, BETTING_CAP / (1 - m_{j-1}))``, so every factor is
+    ``>= 1 - BETTING_CAP`` on the cell and ``K_j`` increases in ``m``: ``K_j(m_{j-1})`` is its minimum
+    there. The bound is ``m_{j*-1}`` for the first cell ``j*`` from which every cell has
+    ``K_j(m_{j-1}) >= 1/delta`` (1 if the last cell does not). If the mean lies in a cell
+    ``j >= j*``, the capital of that cell's bets at the mean is ``>= 1/delta``: probability ``<= delta``.
     """
     if len(xs) == 0:
         return mpf(1)
-    lambdas = betting_lambdas(xs, delta)
+    plug_in = betting_lambdas(xs, delta)
     threshold = mpmath.log(1 / mpf(delta))
-    lo, hi = mpf(0), mpf(1)
-    if betting_log_capital(xs, lambdas, hi) < threshold:
-        return mpf(1)
-    for _ in range(iterations):
-        mid = (lo + hi) / 2
-        if betting_log_capital(xs, lambdas, mid) >= threshold:
-            hi = mid
-        else:
-            lo = mid
-    return hi
+    for j in range(cells - 1, -1, -1):  # from the top cell down to the last one not rejected
+        left = mpf(j) / cells
+        bets = [min(lam, BETTING_CAP / (1 - left)) for lam in plug_in]
+        if betting_log_capital(xs, bets, left) < threshold:
+            return mpf(1) if j == cells - 1 else mpf(j + 1) / cells
+    return mpf(0)
 
 
 def mean_upper(xs: Sequence[Real], delta: Real) -> mpf:

@@ -16,10 +16,10 @@ import math
 
 import torch
 
-BETTING_CAP = 0.5
-"""Largest bet: every capital factor ``1 + lambda (m - X)`` stays >= 1/2 for X, m in [0, 1]."""
-GRID_POINTS = 257
-"""Values of ``m`` per round of the betting bound's search (two rounds: resolution ``256^-2``)."""
+BETTING_CAP = 0.9
+"""Largest ``lambda (1 - m)``: every capital factor ``1 + lambda (m - X)`` stays >= 0.1 for X in [0, 1]."""
+GRID_CELLS = 256
+"""Cells of ``[0, 1]`` in the betting bound's search: its resolution."""
 LOG_MARGIN = 1e-9
 """Required excess of the fp64 ``log K(m)`` over ``log(1/delta)``: far above the rounding of a
 sum of a few hundred ``log1p`` terms of magnitude <= 1."""
@@ -47,40 +47,39 @@ def empirical_bernstein_upper(xs: torch.Tensor, delta: float) -> float:
 
 
 def betting_lambdas(x: torch.Tensor, delta: float) -> torch.Tensor:
-    """Predictable bets ``min(sqrt(2 ln(1/delta) / (n sigma^2_{i-1})), BETTING_CAP)`` (spec ``betting_lambdas``)."""
+    """Predictable plug-in bets ``sqrt(2 ln(1/delta) / (n sigma^2_{i-1}))`` before the cell's cap (spec ``betting_lambdas``)."""
     n = x.numel()
     seen = torch.arange(1, n + 1, dtype=torch.float64)  # (n,) samples seen after draw i
     mu = (0.5 + torch.cumsum(x, 0)) / (seen + 1)  # running means mu_i
     squares = 0.25 + torch.cumsum((x - mu) ** 2, 0)  # 1/4 + sum_{j<=i} (X_j - mu_j)^2
     before = torch.cat([torch.tensor([0.25], dtype=torch.float64), squares[:-1]])  # uses draws < i only
     sigma2 = before / seen
-    return torch.clamp(torch.sqrt(2 * math.log(1 / delta) / (n * sigma2)), max=BETTING_CAP)
+    return torch.sqrt(2 * math.log(1 / delta) / (n * sigma2))
 
 
 def betting_upper(xs: torch.Tensor, delta: float) -> float:
-    """Smallest grid ``m`` with ``log K(m) >= log(1/delta) + LOG_MARGIN``; 1 if none (spec ``betting_upper``).
+    """Upper confidence bound from cell-wise bets on a grid of ``m`` (spec ``betting_upper``).
 
-    Two vectorized rounds over ``GRID_POINTS`` values of ``m`` (the second inside the first's
-    bracket) instead of a bisection; the answer is an accepted ``m``, within ``GRID_POINTS^-2`` of
-    the smallest one.
+    The grid ``m_j = j / GRID_CELLS`` splits ``[0, 1]`` into cells ``(m_{j-1}, m_j]``. In cell ``j``
+    the bets are ``min(plug-in, BETTING_CAP / (1 - m_{j-1}))``: fixed across the cell, so every
+    factor ``1 + lambda (m - X) >= 1 - BETTING_CAP > 0`` and ``K_j(m)`` increases in ``m``; its
+    value at ``m_{j-1}`` is its minimum over the cell. The bound is ``m_{j*-1}`` for the first cell
+    ``j*`` from which every cell has ``log K_j(m_{j-1}) >= log(1/delta) + LOG_MARGIN`` (1 if the last
+    cell does not). If the mean lies in a cell ``j >= j*``, the capital of that cell's bets at the
+    mean is ``>= 1/delta``, an event of probability ``<= delta``.
     """
     x = _check(xs, delta)
     if x.numel() == 0:
         return 1.0
-    lambdas = betting_lambdas(x, delta)[:, None]  # (n, 1)
-    threshold = math.log(1 / delta) + LOG_MARGIN
-    lo, hi = 0.0, 1.0
-    for _ in range(2):
-        grid = torch.linspace(lo, hi, GRID_POINTS, dtype=torch.float64)  # (G,)
-        accepted = torch.log1p(lambdas * (grid[None, :] - x[:, None])).sum(0) >= threshold  # K increases in m
-        if not bool(accepted.any()):
-            return hi  # 1 in the first round; the previous round accepted hi
-        first = int(accepted.to(torch.int8).argmax())
-        hi = float(grid[first])
-        if first == 0:
-            return hi
-        lo = float(grid[first - 1])
-    return hi
+    plug_in = betting_lambdas(x, delta)[:, None]  # (n, 1)
+    left = torch.arange(GRID_CELLS, dtype=torch.float64) / GRID_CELLS  # (G,) m_{j-1}
+    bets = torch.minimum(plug_in, (BETTING_CAP / (1 - left))[None, :])  # (n, G)
+    log_capital = torch.log1p(bets * (left[None, :] - x[:, None])).sum(0)  # (G,) at each cell's left end
+    kept = (log_capital < math.log(1 / delta) + LOG_MARGIN).nonzero()
+    if kept.numel() == 0:
+        return 0.0
+    last = int(kept[-1, 0])  # the last cell not rejected: the mean may lie in it
+    return 1.0 if last == GRID_CELLS - 1 else float(left[last + 1])
 
 
 def mean_upper(xs: torch.Tensor, delta: float) -> float:
