@@ -78,8 +78,10 @@ theorem tv_le_spot_identity (hp : ∀ t, 0 ≤ pt t) (hZ : 0 < partition pt eps)
 
 /-- Partial sums of `1 / k²` (with `1 / 0² = 0`) stay below `π² / 6` (Mathlib's `hasSum_zeta_two`). -/
 theorem sum_range_one_div_sq_le (n : ℕ) :
-    ∑ k ∈ Finset.range n, (1 : ℝ) / (k : ℝ) ^ 2 ≤ Real.pi ^ 2 / 6 :=
-  sum_le_hasSum (Finset.range n) (fun _ _ => div_nonneg zero_le_one (sq_nonneg _)) hasSum_zeta_two
+    ∑ k ∈ Finset.range n, (1 : ℝ) / (k : ℝ) ^ 2 ≤ Real.pi ^ 2 / 6 := by
+  have hnonneg : ∀ i : ℕ, i ∉ Finset.range n → (0 : ℝ) ≤ 1 / (i : ℝ) ^ 2 :=
+    fun _ _ => div_nonneg zero_le_one (sq_nonneg _)
+  exact sum_le_hasSum (Finset.range n) hnonneg hasSum_zeta_two
 
 /-- **Step allocation.** The per-step shares `6 / π² * (1 / k²)` of a request budget sum to at
 most `1` over any number of decode steps, so `δ_k = δ_req * 6 / (π² k²)` (steps `k ≥ 1`) keeps an
@@ -90,6 +92,8 @@ theorem sum_step_allocation_le (n : ℕ) :
   calc 6 / Real.pi ^ 2 * ∑ k ∈ Finset.range n, (1 : ℝ) / (k : ℝ) ^ 2
       ≤ 6 / Real.pi ^ 2 * (Real.pi ^ 2 / 6) :=
         mul_le_mul_of_nonneg_left (sum_range_one_div_sq_le n) (by positivity)
-    _ = 1 := by rw [div_mul_div_comm, mul_comm (6 : ℝ), div_self (by positivity)]
+    _ = 1 := by
+      rw [div_mul_div_comm, mul_comm (6 : ℝ), div_self]
+      positivity
 
 end WitCert
