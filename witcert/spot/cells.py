@@ -53,14 +53,11 @@ class SpotSettings:
         checked = (deterministic > self.tau) & ~math.blank  # (B, Hq, Tq)
         bound = torch.full(deterministic.shape, torch.nan, dtype=torch.float64)
         keys_read = torch.zeros(deterministic.shape, dtype=torch.float64)
-        q64, k64 = query.detach().to(torch.float64).cpu(), exact_keys.detach().to(torch.float64).cpu()
-        groups = q64.shape[1] // k64.shape[1]
+        readers = ExactReaders(query, exact_keys, scale)
         scores, radii = math.scores_hat.detach().cpu(), math.c.detach().cpu()
         for b, h, t in checked.nonzero().tolist():
-            def read(index, b=b, h=h, t=t):  # fp64 logits of the exact keys, as cells.exact_logits forms them
-                return (k64[b, h // groups, index] @ q64[b, h, t]) * scale
-            result = spot_check(scores[b, h, t], radii[b, h, t], read, keys=self.keys, delta=self.delta,
-                                generator=self.randomness.generator)
+            result = spot_check(scores[b, h, t], radii[b, h, t], readers.cell(b, h, t), keys=self.keys,
+                                delta=self.delta, generator=self.randomness.generator)
             bound[b, h, t], keys_read[b, h, t] = result.bound, result.keys_read
         bound = bound.to(deterministic.device)
         meter = torch.where(torch.isnan(bound), deterministic, torch.minimum(deterministic, bound))
@@ -74,6 +71,20 @@ class SpotSettings:
             "spot_delta": torch.where(checked.cpu(), self.delta, 0.0).to(torch.float64),
         }
         return replace(math, cells=cells), extra
+
+
+class ExactReaders:
+    """Exact-key readers of one call's cells: fp64 logits ``(q . k_t) * scale`` as ``cells.exact_logits`` forms them."""
+
+    def __init__(self, query, exact_keys, scale: float):
+        self.q64 = query.detach().to(torch.float64).cpu()  # (B, Hq, Tq, d)
+        self.k64 = exact_keys.detach().to(torch.float64).cpu()  # (B, Hkv, S, d)
+        self.groups, self.scale = self.q64.shape[1] // self.k64.shape[1], scale
+
+    def cell(self, b: int, h: int, t: int):
+        """``read(index (k,)) -> (k,)`` exact logits of cell (row ``b``, query head ``h``, query ``t``)."""
+        keys, q = self.k64[b, h // self.groups], self.q64[b, h, t]
+        return lambda index: (keys[index] @ q) * self.scale
 
 
 def spot_settings(certificate: str, keys: int, delta: float, tau: float, keep_exact: bool,
