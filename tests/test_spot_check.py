@@ -212,6 +212,9 @@ def test_infinite_radius_outside_exact_set_is_trivial_inside_is_fine():
     c_many = c.clone()
     c_many[:200] = torch.inf  # more infinite radii than exact slots
     assert run(scores, c_many, eps, keys=64, delta=1e-6, seed=0).bound == 1.0
+    c_huge = c.clone()
+    c_huge[:200] = 709.7  # finite radii whose e^c sum overflows fp64: trivial bound, never NaN
+    assert run(scores, c_huge, eps, keys=64, delta=1e-6, seed=0).bound == 1.0
 
 
 def test_meter_is_min_of_both_and_delta_is_reported():

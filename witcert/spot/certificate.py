@@ -194,6 +194,8 @@ def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float, ge
     g = u + abs(1 - z_prime)
     weights = torch.where(rest, p * g, torch.zeros_like(p))
     g_total = float(weights.sum())
+    if not g_total < float("inf"):  # radii near the fp64 exponent limit: no sampling distribution, trivial bound
+        return _result(1.0, meter, reader, delta, z_prime, exact, pilot, empty)
     spread = float((p[exact] * (w_exact - z_prime).abs()).sum())
     z_lo = z_hi = z_known
     draws = empty
