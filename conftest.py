@@ -9,6 +9,7 @@
   explicit setting in the environment wins; with CUDA the kernels compile for the GPU.
 """
 import os
+import sys
 
 import pytest
 import torch
@@ -31,3 +32,15 @@ def one_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture(autouse=True)
+def no_monitor_scope_leaks():
+    """State never leaks between tests: after each one, no monitored forward call is left open on this thread
+    (a leaked scope would make the next model's attention read another call's cache)."""
+    yield
+    attention = sys.modules.get("witcert.integrations.hf.attention")
+    if attention is not None and len(attention._ACTIVE):
+        open_scopes = len(attention._ACTIVE)
+        attention._ACTIVE.stack.clear()
+        pytest.fail(f"{open_scopes} monitored forward call(s) left open by this test")

@@ -252,6 +252,7 @@ class Monitor:
         for handle in self._hooks:
             handle.remove()
         self._hooks = []
+        self._drop_open_scopes()
         self._restore_generate()
         self.model.set_attn_implementation(self._previous_attn)
 
@@ -317,6 +318,15 @@ class Monitor:
             if live is not None:
                 live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
         return output
+
+    def _drop_open_scopes(self) -> None:
+        """Remove this thread's scopes of this monitor that no after-hook popped (torch skips ``always_call``
+        hooks when a compiled trace raises): after the block, no attention call may find them."""
+        from witcert.integrations.hf import attention
+
+        stale = {id(scope) for scope in self._thread.scopes}
+        attention._ACTIVE.stack[:] = [scope for scope in attention._ACTIVE.stack if id(scope) not in stale]
+        self._thread.scopes.clear()
 
     def _live_of(self, cache, batch: int) -> _Live:
         from witcert.integrations.hf.cache_layer import adopt
