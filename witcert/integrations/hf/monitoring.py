@@ -407,6 +407,14 @@ class Monitor:
         """Per-layer summary of every cell (see :class:`LayerSummary`)."""
         return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier)
 
+    def plot(self, path: str | Path | None = None, tau: float | None = None):
+        """A picture of the run: meter and true TV per (layer, step), saturated and repaired cells marked, and
+        every cell's meter against its true TV (:func:`witcert.observatory.run_plot.plot_run`; needs matplotlib).
+        Returns the ``Figure``; saved as PNG to ``path`` when given."""
+        from witcert.observatory.run_plot import plot_run
+
+        return plot_run(self.table(), self.tau if tau is None else tau, path)
+
     def to_pandas(self):
         """The cell table as a ``pandas.DataFrame`` (needs pandas)."""
         try:
