@@ -293,7 +293,8 @@ def _result(scheme="rtn-int4", gated=True, seed=0):
     layer, head = np.repeat(np.arange(3), 20), np.tile(np.repeat(np.arange(4), 5), 3)
     tv = g.uniform(0, 0.05, 60) * (1 + 4 * (layer == 2))
     meter = np.minimum(1.0, tv * 3 + 0.05)
-    cols = {"layer": layer, "head": head, "meter": meter, "true_tv": tv, "risk": meter * 2, "c_max": meter,
+    pos = np.tile(np.arange(100, 105), 12)
+    cols = {"layer": layer, "head": head, "pos": pos, "meter": meter, "true_tv": tv, "risk": meter * 2, "c_max": meter,
             "output_bound": np.ones(60), "true_output_error": np.zeros(60), "joint": meter <= 0.2,
             "repaired": np.zeros(60, bool)}
     table = telemetry.CellTable(cols)
@@ -340,6 +341,7 @@ def test_report_documents_every_column_and_shows_true_tv_in_the_risk_lists(tmp_p
         assert name.replace("@0.2", "@tau").replace(" (mean TV)", "") in docs, name
     assert "proved upper bound" in text and "## How to read it" in text
     assert "rtn-int4, riskiest layers: L2 (meter" in text and "TV " in text.split("riskiest heads")[1]
+    assert "![run-rtn-int4](run-rtn-int4.png)" in text and (tmp_path / "run-rtn-int4.png").stat().st_size > 10_000
 
 
 def test_gated_summary_reports_after_repair_figures():

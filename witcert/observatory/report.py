@@ -26,6 +26,7 @@ from pathlib import Path
 import numpy as np
 
 from witcert.integrations.hf import ranking
+from witcert.observatory.run_plot import plot_run
 
 _TAUS = np.logspace(-4, 0, 41)
 
@@ -221,7 +222,8 @@ def write_report(directory: Path, results, config, baseline: dict, model_source:
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
     header, rows = table_rows(results, config.tau, baseline)
-    plots = [_scatter(directory, results), _heatmaps(directory, results), _risk_coverage(directory, results, config.tau)]
+    plots = [_scatter(directory, results), _heatmaps(directory, results), _risk_coverage(directory, results, config.tau),
+             *_run_pictures(directory, results, config.tau)]
     lines = [
         f"# WitCert observatory: {config.task}",
         "",
@@ -338,6 +340,23 @@ def _risk_coverage(directory: Path, results, tau: float) -> Path:
     fig.savefig(path, dpi=110)
     plt.close(fig)
     return path
+
+
+def _run_pictures(directory: Path, results, tau: float) -> list[Path]:
+    """One ``run-<scheme>.png`` per scheme (:func:`witcert.observatory.run_plot.plot_run`): meter and true TV per
+    (layer, position), saturated and repaired cells marked (the gated run's cells when the gate ran)."""
+    paths = []
+    for r in results:
+        table = r.gated if r.gated is not None else r.raw  # the gated run marks the cells it repaired
+        if len(table):
+            path = directory / f"run-{_file_name(r.scheme)}.png"
+            plot_run(table, tau, path, title=f"{r.scheme} [{r.tier}]" + (", gated" if r.gated is not None else ""))
+            paths.append(path)
+    return paths
+
+
+def _file_name(scheme: str) -> str:
+    return "".join(ch if ch.isalnum() or ch in "-_." else "_" for ch in scheme)
 
 
 def _delta_points(result, config_delta: float) -> list[tuple[str, np.ndarray]]:

@@ -1,0 +1,175 @@
+"""A picture of one monitored run: the meter per (layer, step), the true TV beside it, and every cell's pair.
+
+``run_grid`` reduces a cell table (:meth:`witcert.Monitor.table`, one row per request, layer, query
+head and step) to a (layer x step) grid: a step is a query position, and each grid entry holds the
+*largest* meter over the heads and requests at that layer and position, the largest true TV (where
+the exact cache was kept), and whether any of those cells was saturated (meter >= 0.99) or repaired
+by the gate. ``plot_run`` draws three panels from it (a matplotlib ``Figure``; pyplot is not used):
+
+1. the meter heatmap, saturated entries marked ``x`` and repaired ones ``o``;
+2. the true TV heatmap on the same colour scale (blank without the exact cache);
+3. every cell's true TV against its meter on log axes: each point must lie on or above the
+   diagonal (the meter is an upper bound); after a gate, the repaired cells' meters after repair.
+
+The figure shows the data the table holds, nothing computed anew: ``tests/test_run_plot.py`` checks
+the grid against the table cell by cell.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from witcert.integrations.hf.ranking import SATURATED
+
+_FLOOR = 1e-8  # log axes: a meter or TV of 0 is drawn at this floor
+_COLOUR_FLOOR = 1e-4  # heatmaps: the colour scale spans [1e-4, 1] (a lossless cache's ~1e-13 meters would flatten it)
+
+
+@dataclass(frozen=True)
+class RunGrid:
+    """A cell table reduced to (layer x step): each entry the worst cell over heads and requests."""
+
+    layers: np.ndarray  # (L,) layer indices present in the table
+    steps: np.ndarray  # (T,) query positions present in the table, ascending
+    meter: np.ndarray  # (L, T) largest meter; NaN where no cell was measured
+    true_tv: np.ndarray  # (L, T) largest true TV; NaN where unknown (keep_exact=False) or no cell
+    saturated: np.ndarray  # (L, T) bool: some cell there has meter >= SATURATED
+    repaired: np.ndarray  # (L, T) bool: the gate repaired some cell there
+
+
+def run_grid(table) -> RunGrid:
+    """Reduce ``table`` (a :class:`~witcert.integrations.hf.telemetry.CellTable`) to a :class:`RunGrid`."""
+    if not len(table):
+        raise ValueError("table: the run measured no cell (nothing to draw); run the model inside the monitor first")
+    layers, layer_of = np.unique(table["layer"].astype(np.int64), return_inverse=True)
+    steps, step_of = np.unique(table["pos"].astype(np.int64), return_inverse=True)
+    shape = (len(layers), len(steps))
+    meter, tv = table["meter"].astype(np.float64), table["true_tv"].astype(np.float64)
+    repaired = table["repaired"].astype(bool) if "repaired" in table.columns else np.zeros(len(table), bool)
+    return RunGrid(layers=layers, steps=steps,
+                   meter=_largest(shape, layer_of, step_of, meter),
+                   true_tv=_largest(shape, layer_of, step_of, tv),
+                   saturated=_any(shape, layer_of, step_of, meter >= SATURATED),
+                   repaired=_any(shape, layer_of, step_of, repaired))
+
+
+def _largest(shape, rows, cols, values) -> np.ndarray:
+    """Largest non-NaN value per (row, col); NaN where there is none."""
+    out = np.full(shape, -np.inf)
+    known = ~np.isnan(values)
+    np.maximum.at(out, (rows[known], cols[known]), values[known])
+    out[np.isneginf(out)] = np.nan
+    return out
+
+
+def _any(shape, rows, cols, flags) -> np.ndarray:
+    out = np.zeros(shape, dtype=bool)
+    out[rows[flags], cols[flags]] = True
+    return out
+
+
+def plot_run(table, tau: float = 0.2, path: str | Path | None = None, title: str | None = None):
+    """Draw a run (see the module docstring); returns the matplotlib ``Figure``, saved to ``path`` if given.
+
+    Parameters
+    ----------
+    table : CellTable
+        The run's cells (:meth:`witcert.Monitor.table`).
+    tau : float
+        The certification threshold drawn as a contour level and a guide line in the scatter.
+    path : str or Path, optional
+        Where to save a PNG (its folder is created).
+    title : str, optional
+        Shown before the headline (cells, certified fraction, violations), e.g. the scheme's name.
+    """
+    grid = run_grid(table)
+    fig = _figure(figsize=(15, 4.6), layout="constrained")
+    ax_m, ax_tv, ax_s = fig.subplots(1, 3, gridspec_kw={"width_ratios": [1, 1, 0.9]})
+    image = _heatmap(ax_m, grid, grid.meter)
+    _mark(ax_m, grid, grid.saturated, "x", "saturated (meter >= %g)" % SATURATED)
+    _mark(ax_m, grid, grid.repaired, "o", "repaired by the gate")
+    ax_m.set(title="meter (proved bound), worst head", ylabel="layer")
+    if grid.saturated.any() or grid.repaired.any():
+        ax_m.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    _heatmap(ax_tv, grid, grid.true_tv)
+    known = ~np.isnan(grid.true_tv)
+    ax_tv.set(title="true TV (exact cache), worst head" if known.any() else "true TV: not kept (keep_exact=False)")
+    fig.colorbar(image, ax=[ax_m, ax_tv], fraction=0.03, pad=0.01, label=f"total variation (log; below {_COLOUR_FLOOR:g} "
+                 "drawn at the floor)")
+    _scatter(ax_s, table, tau)
+    headline = _headline(table, tau)
+    fig.suptitle(f"{title}: {headline}" if title else headline, fontsize=10)
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _heatmap(ax, grid: RunGrid, values: np.ndarray):
+    from matplotlib.colors import LogNorm
+    from matplotlib.ticker import MaxNLocator
+
+    image = ax.imshow(np.maximum(values, _COLOUR_FLOOR), aspect="auto", origin="lower", cmap="magma",
+                      norm=LogNorm(_COLOUR_FLOOR, 1.0), extent=_extent(grid), interpolation="nearest")
+    ax.set_xlabel("query position")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    return image
+
+
+def _extent(grid: RunGrid) -> tuple[float, float, float, float]:
+    """Image extent so that each entry is centred on its position and layer (positions may have gaps)."""
+    lo, hi = float(grid.steps[0]), float(grid.steps[-1])
+    half = 0.5 * max((hi - lo) / max(len(grid.steps) - 1, 1), 1.0)
+    return lo - half, hi + half, float(grid.layers[0]) - 0.5, float(grid.layers[-1]) + 0.5
+
+
+_MARKS = {"x": {"marker": "x", "c": "cyan"}, "o": {"marker": "o", "facecolors": "none", "edgecolors": "white"}}
+
+
+def _mark(ax, grid: RunGrid, flags: np.ndarray, marker: str, label: str) -> None:
+    rows, cols = np.nonzero(flags)
+    if rows.size:
+        ax.scatter(grid.steps[cols], grid.layers[rows], s=10, linewidths=0.6, label=label, **_MARKS[marker])
+
+
+def _scatter(ax, table, tau: float, max_points: int = 20_000) -> None:
+    meter, tv = table["meter"].astype(np.float64), table["true_tv"].astype(np.float64)
+    known = np.flatnonzero(~np.isnan(tv) & ~np.isnan(meter))
+    if known.size > max_points:  # a fixed subsample: the picture, not the data, is thinned
+        known = np.random.default_rng(0).choice(known, max_points, replace=False)
+    if not known.size:
+        ax.text(0.5, 0.5, "no true TV (keep_exact=False)", ha="center", va="center", transform=ax.transAxes)
+        ax.set_axis_off()
+        return
+    ax.scatter(np.maximum(tv[known], _FLOOR), np.maximum(meter[known], _FLOOR), s=2, alpha=0.35, label="cell")
+    if "meter_after" in table.columns and "repaired" in table.columns:
+        fixed = known[table["repaired"][known].astype(bool)]
+        after = table["true_tv_after"][fixed].astype(np.float64)
+        ax.scatter(np.maximum(after, _FLOOR), np.maximum(table["meter_after"][fixed].astype(np.float64), _FLOOR),
+                   s=3, alpha=0.5, label="repaired cell, after repair")
+    ax.plot([_FLOOR, 1], [_FLOOR, 1], "k--", lw=1, label="meter = true TV")
+    ax.axhline(tau, color="grey", lw=0.8, ls=":", label=f"tau = {tau:g}")
+    ax.set(xscale="log", yscale="log", xlabel="true TV", ylabel="meter",
+           title="every cell on or above the diagonal")
+    ax.legend(fontsize=7, markerscale=3)
+
+
+def _headline(table, tau: float) -> str:
+    meter, tv = table["meter"].astype(np.float64), table["true_tv"].astype(np.float64)
+    seen = ~np.isnan(meter)
+    known = seen & ~np.isnan(tv)
+    violations = f", violations {int(np.sum(tv[known] > meter[known]))}" if known.any() else ""
+    return f"{int(seen.sum())} cells, certified at tau = {tau:g}: {np.mean(meter[seen] <= tau):.3f}{violations}"
+
+
+def _figure(**kwargs):
+    """A ``Figure`` outside pyplot: no backend is switched and no figure stays registered (a notebook shows it)."""
+    try:
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("plotting a run needs matplotlib: pip install 'witcert[observatory]'") from None
+    return Figure(**kwargs)
