@@ -127,13 +127,14 @@ def _extent(grid: RunGrid) -> tuple[float, float, float, float]:
     return lo - half, hi + half, float(grid.layers[0]) - 0.5, float(grid.layers[-1]) + 0.5
 
 
-_MARKS = {"x": {"marker": "x", "c": "cyan"}, "o": {"marker": "o", "facecolors": "none", "edgecolors": "white"}}
+# saturated entries are drawn near the top of the colour scale (pale): a black x; repaired ones are above tau: cyan
+_MARKS = {"x": {"marker": "x", "c": "black"}, "o": {"marker": "o", "facecolors": "none", "edgecolors": "cyan"}}
 
 
 def _mark(ax, grid: RunGrid, flags: np.ndarray, marker: str, label: str) -> None:
     rows, cols = np.nonzero(flags)
     if rows.size:
-        ax.scatter(grid.steps[cols], grid.layers[rows], s=10, linewidths=0.6, label=label, **_MARKS[marker])
+        ax.scatter(grid.steps[cols], grid.layers[rows], s=14, linewidths=0.8, label=label, **_MARKS[marker])
 
 
 def _scatter(ax, table, tau: float, max_points: int = 20_000) -> None:
