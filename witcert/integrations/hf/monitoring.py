@@ -83,7 +83,8 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         A registered scheme name (``witcert.list_schemes()``), ``"dithered-int8"`` (the Tier B
         cache), any callable ``fn(x) -> x_hat`` (a cache tensor (..., S, d) to its
         reconstruction, same shape and dtype; it may take ``role="key"/"value"``), or a codec
-        object with ``encode``/``decode``/``nbytes`` (:mod:`witcert.integrations.hf.codecs`), or
+        object with ``encode(x, role, start)``/``decode(packed, dtype)``/``nbytes(packed)`` (optionally
+        ``join(first, second)``; :mod:`witcert.integrations.hf.codecs`), or
         transformers' own ``QuantizedCache`` layers: a name of
         :data:`~witcert.integrations.hf.quantized_cache.HF_CACHE_SCHEMES` (``"hf-quanto-int4"``,
         ``"hf-hqq-int8"``, ...) or a :class:`~witcert.integrations.hf.quantized_cache.QuantizedCacheSpec`
