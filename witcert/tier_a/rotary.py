@@ -154,8 +154,11 @@ def apply_rope(
         ``compute_dtype=x.dtype`` is HF Llama's ``x * cos + rotate_half(x) * sin`` in the model
         dtype (``cos``/``sin`` computed in fp32 and cast to it).
 
-    Returns the same shape and dtype as ``x``. Under either arithmetic the rotated keys of a
-    witness stored before RoPE are covered by ``witcert.witness_of(..., rope_dtype=x.dtype)``.
+    Returns
+    -------
+    Tensor
+        The same shape and dtype as ``x``. Under either arithmetic the rotated keys of a witness
+        stored before RoPE are covered by ``witcert.witness_of(..., rope_dtype=x.dtype)``.
     """
     if rope not in ROPE_CONVENTIONS:
         raise ValueError(f"rope must be one of {ROPE_CONVENTIONS}, got {rope!r}")

@@ -45,6 +45,8 @@ def score_rounding_bound(q: torch.Tensor, k_hat: torch.Tensor, sm_scale: float, 
     -------
     Tensor (..., Hq, Tq, S), fp64, rounded up.
 
+    Notes
+    -----
     Arithmetic covered (both ways kernels apply the scale): either (a) ``q`` and ``k^`` are each
     multiplied by ``fl(sqrt(sm_scale))`` and rounded to ``input_dtype`` (PyTorch's SDPA math
     path), or (b) the scale multiplies the accumulated dot; products and sums in
