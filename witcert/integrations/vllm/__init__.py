@@ -5,13 +5,18 @@ Off (the default), :func:`register` returns at once: nothing is imported, patche
 and vLLM runs unchanged. On, vLLM's CPU attention backend is replaced by a subclass
 (:mod:`.backend`) that, without touching vLLM's kernels,
 
-- on write, reads each key back from the cache and stores the fp16 rounded-up band witness of
-  ``exact post-RoPE key - stored key`` in a side tensor indexed like the cache blocks;
+- on write, stores ``scheme(exact key)`` and ``scheme(exact value)`` through vLLM's own writer
+  when a scheme is named (``WITCERT_VLLM_SCHEME``, or per request), reads each key back from the
+  cache and stores the fp16 rounded-up band witness of ``exact post-RoPE key - stored key`` in a
+  side tensor indexed like the cache blocks;
 - on each decode step, meters every (request, layer, query head): a proved upper bound on the TV
   between attention over the exact keys and attention over the stored keys;
 - publishes Prometheus series on vLLM's ``/metrics`` (:mod:`.prometheus`), and JSON lines per
   cell with ``WITCERT_VLLM_JSONL``; ``WITCERT_VLLM_SHADOW=1`` keeps the exact keys and checks
-  every cell against the true TV (test and audit mode).
+  every cell against the true TV (test and audit mode);
+- with ``WITCERT_VLLM_GATE=1``, repairs every decode cell whose meter exceeds ``tau``: its
+  flagged blocks' exact keys and values, paged in from a content-checked host store, are written
+  back into vLLM's cache (persistent) and the step's attention is recomputed.
 
 Switches: :mod:`.config`. Only vLLM's CPU backend (``CPU_ATTN``) is supported; on other platforms
 the plugin logs a warning and stays off.
@@ -40,10 +45,14 @@ def register() -> None:
     from prometheus_client import REGISTRY
     from vllm.v1.attention.backends.registry import AttentionBackendEnum, register_backend
 
+    from . import schemes
     from .prometheus import WitCertCollector
-    from .runtime import ensure_metrics_dir
+    from .runtime import ensure_metrics_dir, validate_request_args
 
+    schemes.load(cfg)  # a scheme that cannot load stops the start-up here, naming the variable
     register_backend(AttentionBackendEnum.CPU_ATTN, "witcert.integrations.vllm.backend.WitCertCPUAttentionBackend")
+    validate_request_args()
     REGISTRY.register(WitCertCollector(ensure_metrics_dir()))
     _REGISTERED = True
-    logger.info("WitCert: metering vLLM's KV cache (bands=%d, tau=%g, shadow=%s)", cfg.bands, cfg.tau, cfg.shadow)
+    logger.info("WitCert: metering vLLM's KV cache (bands=%d, tau=%g, shadow=%s, scheme=%s, schemes=%s, gate=%s)",
+                cfg.bands, cfg.tau, cfg.shadow, cfg.scheme, ",".join(cfg.schemes) or "-", cfg.gate)

@@ -1,16 +1,23 @@
-"""vLLM's CPU attention backend with the Tier A meter attached (write: witness; decode: meter).
+"""vLLM's CPU attention backend with WitCert attached (write: scheme and witness; decode: meter, gate).
 
-The subclass calls vLLM's own cache writer and fused attention kernel unchanged (outputs are
-bit-identical to the stock backend) and only *reads* the cache around them:
+The subclass calls vLLM's own cache writer and fused attention kernel unchanged and only *reads*
+the cache around them, except where a scheme or the gate writes into it, again through vLLM's
+writer:
 
-- ``do_kv_cache_update``: after vLLM wrote the new keys, read them back at ``slot_mapping`` and
-  store ``witness_of(exact key, stored key)`` (fp16, rounded up) at the same slots of a
-  side tensor ``[blocks, Hkv, block_size, B]``; block reuse overwrites it with the cache entry,
-  and prefix-shared blocks carry their witness with them.
-- ``forward``: for every decode row (one query token), gather its stored keys and witnesses
-  through ``block_table`` and meter each query head (:mod:`.metering`).
+- ``do_kv_cache_update``: vLLM writes the step's exact keys and values (the step attends them
+  exactly, in flight); the plugin reads them back at ``slot_mapping`` and stores
+  ``witness_of(exact key, stored key)`` (fp16, rounded up) at the same slots of a side tensor
+  ``[blocks, Hkv, block_size, B]``, plus the exact shadow (audit) and the exact store (gate).
+- ``forward``: vLLM's kernel runs; every decode row (one query token) is metered per query head
+  over its stored keys and witnesses (:mod:`.metering`); gated rows whose cells exceed ``tau``
+  get their flagged blocks' exact keys and values written back (:mod:`.gate`) and the step's
+  attention is recomputed over the repaired cache and metered again. Then each request's new
+  tokens are stored as its scheme reconstructs them (:mod:`.schemes`), through vLLM's writer,
+  read back, and their witnesses replaced: from the next step on, vLLM's kernel attends the
+  compressed keys, and the witness describes exactly what it reads.
 
-The start-up self-test (:mod:`.selftest`) runs at the first write of each configuration.
+With no scheme and no repair the outputs are bit-identical to the stock backend. The start-up
+self-test (:mod:`.selftest`) runs at the first write of each configuration.
 """
 import contextlib
 import math
@@ -20,11 +27,16 @@ from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
+from witcert.core.metering import meter, risk_score
+from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import witness_of
 
-from . import config, layout, runtime, selftest
-from .metering import meter_decode
+from . import config, gate, layout, runtime, schemes, selftest
+from .exact_store import ExactStore
+from .metering import TierBKeys, decode_terms, true_tv_of
+
+MAX_REPAIR_ROUNDS = 4  # write back, recompute, re-meter; ends earlier when nothing is left to repair
 
 
 class WitCertCPUAttentionBackend(CPUAttentionBackend):
@@ -36,7 +48,7 @@ class WitCertCPUAttentionBackend(CPUAttentionBackend):
 
 
 class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
-    """:class:`CPUAttentionBackendImpl` plus the band witness on write and the meter on decode."""
+    """:class:`CPUAttentionBackendImpl` plus schemes and the band witness on write, the meter and gate on decode."""
 
     def __init__(self, *args, **kwargs):
         super().__init__(*args, **kwargs)
@@ -45,7 +57,12 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.layer_index = None
         self.witness = None  # (blocks, Hkv, block_size, B) fp16, allocated with the cache
         self.shadow = None  # (blocks, Hkv, block_size, d) exact keys, shadow mode only
+        self.store = None  # ExactStore of keys and values, gate only
+        self.tier_b = None  # dithered cache: codes, scales, valid per slot
+        self.repaired = None  # (slots,) bool: made exact by the gate since the slot was written
         self.k_scale = None  # the key scale the stored witnesses were formed under
+        self._pending = None  # the step's (key, value, slot_mapping), compressed after its attention
+        self.head_offset, self.kv_head_offset = _tensor_parallel_offsets(self.num_heads, self.num_kv_heads)
         if self.metered:
             _refuse_unsupported(self)
             try:
@@ -54,6 +71,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 raise ValueError(f"{config.BANDS}: {e}") from None
             runtime.track_request_ids()
 
+    # -- write ---------------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         if not self.metered:
@@ -64,20 +82,42 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         keep = slot_mapping >= 0  # -1 marks padding
         slots = slot_mapping[keep].long()
         exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[keep]  # (N, Hkv, d)
-        key_cache, _ = layout.split_cache(kv_cache)
         with _one_thread():
-            stored = layout.decode(layout.keys_at_slots(key_cache, slots), self.kv_cache_dtype, layer._k_scale_float)
-            layout.scatter_rows(self.witness, slots, _witness(exact, stored, self.layout))
+            self._witness_written(layer, kv_cache, slots, exact)
             if self.shadow is not None:
                 layout.scatter_rows(self.shadow, slots, exact)
+            if self.store is not None:
+                exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[keep]
+                self.store.write(slots, exact, exact_v)
+            self.repaired[slots] = False
+            if self.tier_b is not None:
+                self.tier_b["valid"][slots] = False
+        self._pending = (key[:n], value[:n], slot_mapping)
 
+    def _witness_written(self, layer, kv_cache, slots, exact) -> torch.Tensor:
+        """Read the keys at ``slots`` back and store the witness of ``exact - stored``; return them."""
+        key_cache, _ = layout.split_cache(kv_cache)
+        stored = layout.decode(layout.keys_at_slots(key_cache, slots), self.kv_cache_dtype, layer._k_scale_float)
+        layout.scatter_rows(self.witness, slots, _witness(exact, stored, self.layout))
+        return stored
+
+    def _write(self, layer, kv_cache, slots, k, v) -> None:
+        """Write rows ``k``, ``v`` (N, Hkv, d) at ``slots`` through vLLM's own writer."""
+        CPUAttentionBackendImpl.do_kv_cache_update(self, layer, k.contiguous(), v.contiguous(), kv_cache,
+                                                   slots.to(torch.int64))
+
+    # -- forward -------------------------------------------------------------------------------
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output, output_scale=None,
                 output_block_scale=None):
         result = super().forward(layer, query, key, value, kv_cache, attn_metadata, output, output_scale,
                                  output_block_scale)
         if self.metered and attn_metadata is not None and self.witness is not None:
             self._follow_scale(layer)
-            self._meter(layer, query, kv_cache, attn_metadata, output)
+            with _one_thread():
+                self._meter(layer, query, key, value, kv_cache, attn_metadata, output)
+                self._compress_pending(layer, kv_cache, attn_metadata)
+            self.runtime.end_layer(self.layer_index)
+        self._pending = None
         return result
 
     def _prepare(self, layer, kv_cache: torch.Tensor, model_dtype: torch.dtype) -> None:
@@ -91,10 +131,20 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             head_size=self.head_size, block_size=block_size, k_scale=layer._k_scale_float,
             v_scale=layer._v_scale_float, scale=self.scale)
         self.runtime.telemetry.selftest = result
+        cfg = self.runtime.config
         self.witness = torch.zeros(blocks, heads, block_size, self.layout.bands, dtype=torch.float16)
         self.k_scale = layer._k_scale_float
-        if self.runtime.config.shadow:
+        self.model_dtype = model_dtype
+        self.repaired = torch.zeros(blocks * block_size, dtype=torch.bool)
+        if cfg.shadow:
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
+        if cfg.gate:
+            self.store = ExactStore(blocks * block_size, heads, self.head_size, model_dtype)
+        if DITHERED in self.runtime.schemes and self.kv_cache_dtype in layout.LOSSLESS:
+            groups = self.head_size // schemes.TIER_B_GROUP
+            self.tier_b = {"codes": torch.zeros(blocks * block_size, heads, self.head_size, dtype=torch.int8),
+                           "scales": torch.zeros(blocks * block_size, heads, groups, dtype=torch.float16),
+                           "valid": torch.zeros(blocks * block_size, dtype=torch.bool)}
         self.layer_index = extract_layer_index(layer.layer_name)
 
     def _follow_scale(self, layer) -> None:
@@ -106,44 +156,188 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self.witness.fill_(math.inf)
             self.k_scale = layer._k_scale_float
 
-    def _meter(self, layer, query, kv_cache, md, output) -> None:
-        """Meter every decode row (one query token) of this step for this layer."""
+    # -- meter and gate ------------------------------------------------------------------------
+    def _meter(self, layer, query, key, value, kv_cache, md, output) -> None:
+        """Meter every decode row (one query token) of this step; repair gated cells above tau."""
         starts, lengths = md.query_start_loc.tolist(), md.seq_lens.tolist()
-        rows = [r for r in range(len(lengths)) if starts[r + 1] - starts[r] == 1]  # prefill chunks: not metered
+        rt = self.runtime
+        rows = []
+        for r in range(len(lengths)):
+            q_len = starts[r + 1] - starts[r]
+            if q_len == 1:
+                rows.append(r)
+            elif q_len > 1:  # a prefill chunk: not metered; count it, and whether it read lossy keys
+                self._count_prefill(md, r, q_len, lengths[r])
         if not rows:
             return
-        key_cache, value_cache = layout.split_cache(kv_cache)
-        block_size = key_cache.shape[2]
+        block_size = kv_cache.shape[2]
         lens = [lengths[r] for r in rows]
-        shape = (len(rows), self.num_kv_heads, max(lens))
+        blocks_of = [md.block_table[r, : math.ceil(n / block_size)].long() for r, n in zip(rows, lens)]
+        q = query[torch.tensor([starts[r] for r in rows])].reshape(len(rows), self.num_heads, self.head_size)
+        view = self._read(layer, kv_cache, blocks_of, lens)
+        scores, c = decode_terms(q, view["k_hat"], view["w"], torch.tensor(lens), self.layout, self.scale,
+                                 view["tier_b"])
+        raw = meter(scores, c)  # (R, Hq)
+        raw_tv = None if view["exact"] is None else true_tv_of(q, view["exact"], scores, torch.tensor(lens),
+                                                               self.scale)
+        settings = [rt.settings(r) for r in rows]
+        final, final_tv, final_scores, final_c = raw, raw_tv, scores, c
+        gated = [i for i, s in enumerate(settings) if s.gate]
+        if gated and bool((raw[gated] > rt.config.tau).any()):
+            final, final_tv, final_scores, final_c, view = self._repair(
+                layer, query, key, value, kv_cache, md, output, q, rows, lens, blocks_of, gated, scores, c, raw,
+                raw_tv)
+        cell_log, telemetry = rt.cell_log, rt.telemetry
+        risk = risk_score(final_scores, final_c) if cell_log is not None else None
+        for i, (r, n) in enumerate(zip(rows, lens)):
+            request, scheme, repaired = rt.request_id(r), settings[i].scheme, final is not raw and i in gated
+            tv = None if final_tv is None else final_tv[i]
+            raw_args = {"raw_meter": raw[i], "raw_true_tv": None if raw_tv is None else raw_tv[i]} if repaired else {}
+            telemetry.add(request, self.layer_index, final[i], tv, scheme=scheme, gated=settings[i].gate, **raw_args)
+            if cell_log is not None:
+                cell_log.add(request, self.layer_index, n - 1, n, final[i], risk[i], tv, scheme=scheme,
+                             head_offset=self.head_offset, **raw_args)
+            if view["exact"] is not None:
+                _, value_cache = layout.split_cache(kv_cache)
+                v_hat = layout.decode(layout.values_of_blocks(value_cache, blocks_of[i], n), self.kv_cache_dtype,
+                                      layer._v_scale_float)
+                telemetry.add_output_gap(_output_gap(q[i], view["k_hat"][i, :, :n], v_hat, self.scale,
+                                                     output[starts[r]]))
+
+    def _read(self, layer, kv_cache, blocks_of, lens) -> dict:
+        """What the kernel reads for each decode row, padded to the longest: keys, witnesses, Tier B, shadow."""
+        key_cache, _ = layout.split_cache(kv_cache)
+        block_size = key_cache.shape[2]
+        shape = (len(lens), self.num_kv_heads, max(lens))
         k_hat = torch.zeros(*shape, self.head_size, dtype=torch.float64)
         w = torch.zeros(*shape, self.layout.bands, dtype=torch.float16)
         exact = None if self.shadow is None else torch.zeros(*shape, self.head_size, dtype=self.shadow.dtype)
-        blocks_of = [md.block_table[r, : math.ceil(n / block_size)].long() for r, n in zip(rows, lens)]
-        with _one_thread():
-            for i, (blocks, n) in enumerate(zip(blocks_of, lens)):
-                k_hat[i, :, :n] = layout.decode(layout.keys_of_blocks(key_cache, blocks, n), self.kv_cache_dtype,
-                                                layer._k_scale_float)
-                w[i, :, :n] = layout.rows_of_blocks(self.witness, blocks, n)
-                if exact is not None:
-                    exact[i, :, :n] = layout.rows_of_blocks(self.shadow, blocks, n)
-            tokens = torch.tensor([starts[r] for r in rows])
-            q = query[tokens].reshape(len(rows), self.num_heads, self.head_size)
-            cell_log = self.runtime.cell_log
-            cells = meter_decode(q, k_hat, w, torch.tensor(lens), self.layout, self.scale, exact,
-                                 with_risk=cell_log is not None)
-            telemetry = self.runtime.telemetry
-            for i, (r, n) in enumerate(zip(rows, lens)):
-                request = self.runtime.request_id(r)
-                true_tv = None if cells.true_tv is None else cells.true_tv[i]
-                telemetry.add(request, self.layer_index, cells.meter[i], true_tv)
-                if cell_log is not None:
-                    cell_log.add(request, self.layer_index, n - 1, n, cells.meter[i], cells.risk[i], true_tv)
-                if exact is not None:
-                    v_hat = layout.decode(layout.values_of_blocks(value_cache, blocks_of[i], n), self.kv_cache_dtype,
-                                          layer._v_scale_float)
-                    telemetry.add_output_gap(_output_gap(q[i], k_hat[i, :, :n], v_hat, self.scale, output[starts[r]]))
-        self.runtime.end_layer(self.layer_index)
+        tier_b = None
+        if self.tier_b is not None:
+            groups = self.tier_b["scales"].shape[-1]
+            tier_b = TierBKeys(codes=torch.zeros(*shape, self.head_size, dtype=torch.int8),
+                               scales=torch.zeros(*shape, groups, dtype=torch.float16),
+                               valid=torch.zeros(shape, dtype=torch.bool), key_dtype=self.model_dtype,
+                               group=schemes.TIER_B_GROUP)
+        for i, (blocks, n) in enumerate(zip(blocks_of, lens)):
+            k_hat[i, :, :n] = layout.decode(layout.keys_of_blocks(key_cache, blocks, n), self.kv_cache_dtype,
+                                            layer._k_scale_float)
+            w[i, :, :n] = layout.rows_of_blocks(self.witness, blocks, n)
+            if exact is not None:
+                exact[i, :, :n] = layout.rows_of_blocks(self.shadow, blocks, n)
+            if tier_b is not None:
+                slots = gate.slots_of(blocks, n, block_size)
+                tier_b.codes[i, :, :n] = self.tier_b["codes"][slots].transpose(0, 1)
+                tier_b.scales[i, :, :n] = self.tier_b["scales"][slots].transpose(0, 1)
+                tier_b.valid[i, :, :n] = self.tier_b["valid"][slots].unsqueeze(0)
+        return {"k_hat": k_hat, "w": w, "exact": exact, "tier_b": tier_b}
+
+    def _repair(self, layer, query, key, value, kv_cache, md, output, q, rows, lens, blocks_of, gated, scores, c,
+                raw, raw_tv):
+        """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter."""
+        rt = self.runtime
+        tau, telemetry = rt.config.tau, rt.telemetry
+        block_size = kv_cache.shape[2]
+        idx = torch.tensor(gated)
+        lens_t = torch.tensor(lens)
+        meter_now, scores_now, c_now, view = raw, scores, c, None
+        for _ in range(MAX_REPAIR_ROUNDS):
+            over = meter_now[idx] > tau  # (Rg, Hq)
+            if not bool(over.any()):
+                break
+            pager = gate.Pager(self.store, q[idx], [blocks_of[i] for i in gated], [lens[i] for i in gated],
+                               block_size, rt.config.gate_block, self.scale)
+            plan = gate.plan(scores_now[idx], c_now[idx], tau, rt.config.gate_block, pager)
+            if not plan.slots.numel():
+                break  # nothing left to repair: the cells stay above tau (counted unreachable)
+            self._write(layer, kv_cache, plan.slots, plan.k, plan.v)
+            stored = self._witness_written(layer, kv_cache, plan.slots, plan.k)
+            if self.tier_b is not None:
+                self.tier_b["valid"][plan.slots] = False
+            new = ~self.repaired[plan.slots]
+            self.repaired[plan.slots] = True
+            telemetry.count("repair_rounds")
+            telemetry.count("blocks_repaired", plan.blocks)
+            telemetry.count("slots_repaired", int(new.sum()))
+            telemetry.count("bytes_paged", pager.bytes)
+            if self.shadow is not None:
+                self._check_repair(plan.slots, stored)
+            # the step's attention, recomputed over the repaired cache (vLLM's kernel, all rows)
+            with _vllm_threads():
+                CPUAttentionBackendImpl.forward(self, layer, query, key, value, kv_cache, md, output)
+            view = self._read(layer, kv_cache, blocks_of, lens)
+            scores_now, c_now = decode_terms(q, view["k_hat"], view["w"], lens_t, self.layout, self.scale,
+                                             view["tier_b"])
+            meter_now = meter(scores_now, c_now)
+        if view is None:
+            return raw, raw_tv, scores, c, self._read(layer, kv_cache, blocks_of, lens)
+        tv_now = None if view["exact"] is None else true_tv_of(q, view["exact"], scores_now, lens_t, self.scale)
+        return meter_now, tv_now, scores_now, c_now, view
+
+    def _check_repair(self, slots, stored) -> None:
+        """Shadow: a repaired slot must read back as the exact key (up to the cache dtype's cast)."""
+        block_size = self.shadow.shape[2]
+        exact = self.shadow[slots // block_size, :, slots % block_size].to(torch.float64)  # (N, Hkv, d)
+        if self.kv_cache_dtype in layout.LOSSLESS:
+            bad = (stored != exact).flatten(1).any(-1)
+        else:  # an fp8 cache holds the exact key cast to fp8: within the format's relative step
+            rel, absolute = selftest._CAST_TOLERANCE[self.kv_cache_dtype]
+            bad = ((stored - exact).abs() > rel * exact.abs() + absolute * self.k_scale).flatten(1).any(-1)
+        self.runtime.telemetry.count("shadow_repair_checked", slots.numel())
+        self.runtime.telemetry.count("shadow_repair_mismatches", int(bad.sum()))
+
+    def _count_prefill(self, md, row: int, q_len: int, seq_len: int) -> None:
+        """Count a prefill chunk's query tokens, and whether they read keys stored lossy earlier."""
+        telemetry = self.runtime.telemetry
+        telemetry.prefill_tokens += q_len
+        context = seq_len - q_len
+        if context > 0:
+            block_size = self.witness.shape[2]
+            blocks = md.block_table[row, : math.ceil(context / block_size)].long()
+            if bool((layout.rows_of_blocks(self.witness, blocks, context) != 0).any()):
+                telemetry.prefill_tokens_lossy += q_len
+
+    # -- store compressed ----------------------------------------------------------------------
+    def _compress_pending(self, layer, kv_cache, md) -> None:
+        """Store each request's new tokens as its scheme reconstructs them (after the step's attention)."""
+        if self._pending is None:
+            return
+        key, value, slot_mapping = self._pending
+        rt = self.runtime
+        starts = md.query_start_loc.tolist()
+        for r in range(len(starts) - 1):
+            name = rt.settings(r).scheme
+            if name == config.NONE:
+                continue
+            span = slice(starts[r], starts[r + 1])
+            keep = slot_mapping[span] >= 0
+            if not bool(keep.any()):
+                continue
+            slots = slot_mapping[span][keep].long()
+            k = key[span].reshape(-1, self.num_kv_heads, self.head_size)[keep]  # (n, Hkv, d) exact
+            v = value[span].reshape(-1, self.num_kv_heads, self.head_size)[keep]
+            out = schemes.compress(rt.schemes[name], k.transpose(0, 1), v.transpose(0, 1), layer=self.layer_index,
+                                   slots=slots, kv_head_offset=self.kv_head_offset, seed=rt.dither_seed)
+            k_hat, v_hat = out.k.transpose(0, 1), out.v.transpose(0, 1)  # (n, Hkv, d)
+            self._write(layer, kv_cache, slots, k_hat, v_hat)
+            stored = self._witness_written(layer, kv_cache, slots, k)
+            if out.codes is not None and self.tier_b is not None:
+                # the deterministic branch holds for the dequantized value; only where it was read back unchanged
+                unchanged = (stored == k_hat.to(torch.float64)).flatten(1).all(-1)
+                self.tier_b["codes"][slots] = out.codes.transpose(0, 1)
+                self.tier_b["scales"][slots] = out.scales.transpose(0, 1)
+                self.tier_b["valid"][slots] = unchanged
+
+
+def _tensor_parallel_offsets(num_heads: int, num_kv_heads: int) -> tuple[int, int]:
+    """This worker's first query head and kv head counter offset (tensor parallelism; 0 and 0 alone)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_rank
+
+        rank = get_tensor_model_parallel_rank()
+    except (AssertionError, RuntimeError, ImportError):
+        rank = 0  # no distributed state (a unit test building the impl)
+    return rank * num_heads, rank * num_kv_heads
 
 
 @contextlib.contextmanager
@@ -157,8 +351,26 @@ def _one_thread():
     pooled (pinned) threads while a region asks for fewer, and vLLM's count is restored on exit;
     ``tests/vllm/test_engine.py`` checks the outputs stay bit-identical to the plugin off.
     """
+    global _VLLM_THREADS
     threads = torch.get_num_threads()
+    if threads != 1 or _VLLM_THREADS is None:
+        _VLLM_THREADS = threads
     torch._C.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch._C.set_num_threads(threads)
+
+
+_VLLM_THREADS = None  # vLLM's thread count outside the meter (its scheduler metadata is built for it)
+
+
+@contextlib.contextmanager
+def _vllm_threads():
+    """Inside :func:`_one_thread`: vLLM's own thread count back, for a call of its kernel (whose
+    scheduler metadata checks the thread count it was built for)."""
+    threads = torch.get_num_threads()
+    torch._C.set_num_threads(_VLLM_THREADS or threads)
     try:
         yield
     finally:

@@ -1,6 +1,12 @@
 """Environment switches of the vLLM plugin (read once per process, validated with clear errors).
 
 ``WITCERT_VLLM=1`` turns the plugin on; anything else (or unset) leaves vLLM untouched.
+
+Two settings can also be chosen per request, in vLLM's ``SamplingParams.extra_args`` (over the
+OpenAI-compatible API: ``extra_body={"vllm_xargs": {...}}``): ``witcert_scheme`` (one of the
+schemes the operator loaded: ``WITCERT_VLLM_SCHEME`` or ``WITCERT_VLLM_SCHEMES``) and
+``witcert_gate`` (``true``/``false``; turning it on needs ``WITCERT_VLLM_GATE=1``). A request
+never loads code: only the operator's names can be chosen.
 """
 import os
 from dataclasses import dataclass
@@ -12,6 +18,16 @@ JSONL = "WITCERT_VLLM_JSONL"
 SHADOW = "WITCERT_VLLM_SHADOW"
 METRICS_DIR = "WITCERT_VLLM_METRICS_DIR"
 MAX_REQUESTS = "WITCERT_VLLM_MAX_REQUESTS"
+SCHEME = "WITCERT_VLLM_SCHEME"
+SCHEMES = "WITCERT_VLLM_SCHEMES"
+GATE = "WITCERT_VLLM_GATE"
+GATE_BLOCK = "WITCERT_VLLM_GATE_BLOCK"
+
+# per-request keys of SamplingParams.extra_args
+XARG_SCHEME = "witcert_scheme"
+XARG_GATE = "witcert_gate"
+
+NONE = "none"  # no scheme: the cache holds what vLLM's writer stores from the exact keys
 
 _TRUE = ("1", "true", "yes", "on")
 _FALSE = ("", "0", "false", "no", "off")
@@ -40,6 +56,20 @@ class PluginConfig:
         server's ``/metrics`` (created when unset).
     max_requests : int
         ``WITCERT_VLLM_MAX_REQUESTS``: how many recent requests keep a per-request series.
+    scheme : str
+        ``WITCERT_VLLM_SCHEME``: the scheme every request's keys and values are stored with
+        unless the request names another (``witcert_scheme``). ``"none"`` (default) stores what
+        vLLM's writer makes of the exact keys; otherwise any name ``witcert schemes`` lists (a
+        registered scheme, ``module:function``, an installed ``witcert.schemes`` entry point) or
+        ``dithered-int8`` (Tier B's cache, deterministic branch).
+    schemes : tuple of str
+        ``WITCERT_VLLM_SCHEMES``: comma-separated further schemes a request may choose.
+    gate : bool
+        ``WITCERT_VLLM_GATE``: keep a content-checked exact copy of every key and value on the
+        host and repair, inside the engine, every decode cell whose meter exceeds ``tau``
+        (requests may opt out with ``witcert_gate: false``).
+    gate_block : int
+        ``WITCERT_VLLM_GATE_BLOCK``: tokens per repair block (default 16).
     """
 
     enabled: bool = False
@@ -49,6 +79,10 @@ class PluginConfig:
     shadow: bool = False
     metrics_dir: str | None = None
     max_requests: int = 64
+    scheme: str = NONE
+    schemes: tuple = ()
+    gate: bool = False
+    gate_block: int = 16
 
     def __post_init__(self):
         if isinstance(self.bands, bool) or not isinstance(self.bands, int) or self.bands <= 0:
@@ -57,6 +91,18 @@ class PluginConfig:
             raise ValueError(f"{TAU} must be in (0, 1] (a certified threshold), got {self.tau!r}")
         if self.max_requests <= 0:
             raise ValueError(f"{MAX_REQUESTS} must be a positive integer, got {self.max_requests!r}")
+        if not isinstance(self.scheme, str) or not self.scheme.strip():
+            raise ValueError(f"{SCHEME} must name a scheme (or 'none'), got {self.scheme!r}")
+        if any(not isinstance(s, str) or not s.strip() for s in self.schemes):
+            raise ValueError(f"{SCHEMES} must be a comma-separated list of scheme names, got {self.schemes!r}")
+        if isinstance(self.gate_block, bool) or not isinstance(self.gate_block, int) or self.gate_block <= 0:
+            raise ValueError(f"{GATE_BLOCK} must be a positive integer, got {self.gate_block!r}")
+
+    @property
+    def allowed_schemes(self) -> tuple:
+        """Every scheme a request may choose: the default first, then ``schemes``, ``none`` always."""
+        names = [self.scheme, *self.schemes, NONE]
+        return tuple(dict.fromkeys(names))
 
     @classmethod
     def from_env(cls, env=None) -> "PluginConfig":
@@ -70,6 +116,10 @@ class PluginConfig:
             shadow=_flag(env, SHADOW),
             metrics_dir=env.get(METRICS_DIR) or None,
             max_requests=_int(env, MAX_REQUESTS, 64),
+            scheme=(env.get(SCHEME) or NONE).strip(),
+            schemes=tuple(s.strip() for s in (env.get(SCHEMES) or "").split(",") if s.strip()),
+            gate=_flag(env, GATE),
+            gate_block=_int(env, GATE_BLOCK, 16),
         )
 
 
@@ -99,3 +149,37 @@ def _parsed(env, name: str, default, kind, what: str):
         return kind(raw)
     except ValueError:
         raise ValueError(f"{name} must be {what}, got {raw!r}") from None
+
+
+@dataclass(frozen=True)
+class RequestSettings:
+    """What the plugin does for one request: its scheme and whether the gate repairs its cells."""
+
+    scheme: str
+    gate: bool
+
+
+def request_settings(cfg: PluginConfig, extra_args) -> RequestSettings:
+    """A request's settings from its ``SamplingParams.extra_args`` (engine defaults where unset).
+
+    Raises ``ValueError`` naming the key for a scheme the operator did not load, a non-boolean
+    ``witcert_gate``, or a gate asked for on an engine started without ``WITCERT_VLLM_GATE=1``.
+    """
+    extra = extra_args or {}
+    if not isinstance(extra, dict):
+        raise ValueError(f"extra_args must be a dict, got {type(extra).__name__}")
+    scheme = extra.get(XARG_SCHEME, cfg.scheme)
+    if not isinstance(scheme, str) or scheme not in cfg.allowed_schemes:
+        raise ValueError(f"{XARG_SCHEME}={scheme!r} is not a scheme this engine loaded; choose one of "
+                         f"{', '.join(cfg.allowed_schemes)} (the operator loads schemes with {SCHEME} and {SCHEMES})")
+    gate = extra.get(XARG_GATE, cfg.gate)
+    if isinstance(gate, str) and gate.strip().lower() in _TRUE + _FALSE:
+        gate = gate.strip().lower() in _TRUE
+    elif type(gate) is int and gate in (0, 1):  # JSON true may arrive as 1 (vllm_xargs holds str/int/float)
+        gate = bool(gate)
+    if not isinstance(gate, bool):
+        raise ValueError(f"{XARG_GATE} must be true or false, got {gate!r}")
+    if gate and not cfg.gate:
+        raise ValueError(f"{XARG_GATE}=true needs an engine started with {GATE}=1 (it keeps the exact store "
+                         "the gate repairs from)")
+    return RequestSettings(scheme=scheme, gate=gate)

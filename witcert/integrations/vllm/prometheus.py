@@ -41,6 +41,21 @@ class WitCertCollector:
         yield _labelled("witcert_request_max_meter", "Worst meter of each recent request.", "request",
                         merged["request_max"])
         yield GaugeMetricFamily("witcert_engines", "Engine processes publishing WitCert meters.", value=len(snaps))
+        yield from _scheme_series(merged)
+        if merged["gate"]:
+            counts = merged["gate_counts"]
+            yield _counter("witcert_gate_blocks_repaired",
+                           "Blocks (request, layer, token block) whose exact keys and values the gate wrote back.",
+                           counts["blocks_repaired"])
+            yield _counter("witcert_gate_slots_repaired", "Cache slots made exact by the gate.", counts["slots_repaired"])
+            yield _counter("witcert_gate_bytes_paged",
+                           "Bytes paged in from the content-checked exact store (keys and values).", counts["bytes_paged"])
+            yield _counter("witcert_gate_rounds", "Repair rounds (write back, recompute attention, re-meter).",
+                           counts["repair_rounds"])
+        yield _counter("witcert_prefill_tokens", "Prefill query tokens (not metered).", merged["prefill_tokens"])
+        yield _counter("witcert_prefill_tokens_lossy",
+                       "Prefill query tokens that attended keys stored lossy in an earlier step (not metered).",
+                       merged["prefill_tokens_lossy"])
         if merged["shadow"]:
             yield _counter("witcert_shadow_cells", "Cells checked against the exact shadow keys.", merged["shadow_cells"])
             yield _counter("witcert_shadow_violations",
@@ -50,6 +65,52 @@ class WitCertCollector:
             yield GaugeMetricFamily("witcert_shadow_max_output_gap",
                                     "Largest |kernel output - attention recomputed from the read-back cache|.",
                                     value=merged["shadow_max_output_gap"])
+            if merged["gate"]:
+                yield _counter("witcert_shadow_repair_checked",
+                               "Repaired slots whose read-back was compared with the exact shadow key.",
+                               merged["gate_counts"]["shadow_repair_checked"])
+                yield _counter("witcert_shadow_repair_mismatches",
+                               "Repaired slots whose read-back differs from the exact shadow key (must stay 0).",
+                               merged["gate_counts"]["shadow_repair_mismatches"])
+
+
+def _scheme_series(merged: dict):
+    """Per-scheme series (label ``scheme``): cells, coverage before and after the gate, shadow checks."""
+    tau = str(merged["tau"])
+    per = merged["schemes"]
+    cells = CounterMetricFamily("witcert_scheme_cells", "Metered cells per scheme.", labels=["scheme"])
+    served = GaugeMetricFamily("witcert_scheme_certified_fraction",
+                               "Fraction of a scheme's cells whose served meter is <= tau (after repair).",
+                               labels=["scheme", "tau"])
+    raw = GaugeMetricFamily("witcert_scheme_raw_certified_fraction",
+                            "Fraction of a scheme's cells whose meter before the gate is <= tau.", labels=["scheme", "tau"])
+    mean = GaugeMetricFamily("witcert_scheme_mean_meter", "Mean served meter of a scheme's cells.", labels=["scheme"])
+    fired = CounterMetricFamily("witcert_scheme_gate_fired_cells", "Gated cells whose meter before repair was > tau.",
+                                labels=["scheme"])
+    unreachable = CounterMetricFamily("witcert_scheme_gate_unreachable_cells",
+                                      "Gated cells still > tau after repair.", labels=["scheme"])
+    violations = CounterMetricFamily("witcert_scheme_shadow_violations",
+                                     "Shadow checks of a scheme's cells with true TV > meter (must stay 0).",
+                                     labels=["scheme"])
+    top = GaugeMetricFamily("witcert_scheme_shadow_max_true_tv", "Largest true TV of a scheme's cells (shadow).",
+                            labels=["scheme"])
+    for name in sorted(per):
+        s = per[name]
+        n = s["cells"]
+        cells.add_metric([name], n)
+        served.add_metric([name, tau], s["certified"] / n if n else 1.0)
+        raw.add_metric([name, tau], s["raw_certified"] / n if n else 1.0)
+        mean.add_metric([name], s["meter_sum"] / n if n else 0.0)
+        fired.add_metric([name], s["fired"])
+        unreachable.add_metric([name], s["unreachable"])
+        if merged["shadow"]:
+            violations.add_metric([name], s["shadow_violations"])
+            top.add_metric([name], s["max_true_tv"])
+    yield from (cells, served, raw, mean)
+    if merged["gate"]:
+        yield from (fired, unreachable)
+    if merged["shadow"]:
+        yield from (violations, top)
 
 
 def read_snapshots(directory: str) -> list[dict]:
@@ -67,14 +128,24 @@ def read_snapshots(directory: str) -> list[dict]:
 
 
 def merge(snaps: list[dict]) -> dict:
-    """Sum the counts and take the max of the worst meters over engine processes."""
-    from .telemetry import METER_BUCKETS
+    """Sum the counts and take the max of the worst meters over engine processes (tensor
+    parallel workers each meter their own query heads, so their cells add up)."""
+    from .telemetry import GATE_COUNTS, METER_BUCKETS, SCHEME_MAXIMA, _scheme_stats
 
     out = {"tau": snaps[0]["tau"] if snaps else None, "shadow": any(s["shadow"] for s in snaps),
+           "gate": any(s.get("gate", False) for s in snaps),
            "buckets": list(METER_BUCKETS), "bucket_counts": [0] * len(METER_BUCKETS), "layer_max": {},
-           "request_max": {}}
-    for key in ("cells", "certified", "saturated", "meter_sum", "shadow_cells", "shadow_violations"):
-        out[key] = sum(s[key] for s in snaps)
+           "request_max": {}, "schemes": {}, "gate_counts": {k: 0 for k in GATE_COUNTS}}
+    for key in ("cells", "certified", "saturated", "meter_sum", "shadow_cells", "shadow_violations",
+                "prefill_tokens", "prefill_tokens_lossy"):
+        out[key] = sum(s.get(key, 0) for s in snaps)
+    for s in snaps:
+        for name, stats in s.get("schemes", {}).items():
+            into = out["schemes"].setdefault(name, _scheme_stats())
+            for key, value in stats.items():
+                into[key] = max(into[key], value) if key in SCHEME_MAXIMA else into[key] + value
+        for key, value in s.get("gate_counts", {}).items():
+            out["gate_counts"][key] += value
     for key in ("shadow_max_true_tv", "shadow_max_output_gap"):
         out[key] = max((s[key] for s in snaps), default=0.0)
     for s in snaps:

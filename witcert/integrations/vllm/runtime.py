@@ -4,6 +4,9 @@ import functools
 import os
 import shutil
 import tempfile
+from collections import OrderedDict
+
+from witcert.schemes.catalog import DITHERED
 
 from . import config
 from .telemetry import CellLog, Telemetry
@@ -13,15 +16,29 @@ class Runtime:
     """Everything one process shares between its attention layers."""
 
     def __init__(self, cfg: config.PluginConfig):
+        from . import schemes
+
         self.config = cfg
-        self.telemetry = Telemetry(tau=cfg.tau, max_requests=cfg.max_requests, shadow=cfg.shadow)
+        self.schemes = schemes.load(cfg)  # every scheme a request may choose, loaded and probed once
+        self.dither_seed = None
+        if DITHERED in self.schemes:
+            from witcert.tier_b.counters import fresh_seed
+
+            self.dither_seed = fresh_seed()  # secret, per process (the deterministic branch needs no secrecy)
+        self.telemetry = Telemetry(tau=cfg.tau, max_requests=cfg.max_requests, shadow=cfg.shadow, gate=cfg.gate)
         self.cell_log = CellLog(cfg.jsonl) if cfg.jsonl else None
         self.request_ids: list[str] = []
+        self.row_settings: list[config.RequestSettings] = []
         self.last_layer = -1
+        self._default = config.RequestSettings(scheme=cfg.scheme, gate=cfg.gate)
 
     def request_id(self, row: int) -> str:
         """The request in batch row ``row`` of the running step (``row<i>`` if unknown)."""
         return self.request_ids[row] if row < len(self.request_ids) else f"row{row}"
+
+    def settings(self, row: int) -> config.RequestSettings:
+        """Scheme and gate of the request in batch row ``row`` (the engine defaults if unknown)."""
+        return self.row_settings[row] if row < len(self.row_settings) else self._default
 
     def end_layer(self, layer: int) -> None:
         """After each metered layer: publish once the last layer of the step is done."""
@@ -67,8 +84,49 @@ def track_request_ids() -> None:
 
     @functools.wraps(original)
     def _prepare_inputs(self, *args, **kwargs):
-        get().request_ids = list(self.input_batch.req_ids)
+        rt = get()
+        rt.request_ids = list(self.input_batch.req_ids)
+        rt.row_settings = [_settings_of(rt, rid, self.requests.get(rid)) for rid in rt.request_ids]
         return original(self, *args, **kwargs)
 
     _prepare_inputs._witcert = True
     GPUModelRunner._prepare_inputs = _prepare_inputs
+
+
+_SETTINGS: OrderedDict = OrderedDict()  # request id -> RequestSettings (bounded: requests come and go)
+
+
+def _settings_of(rt: Runtime, request_id: str, state) -> config.RequestSettings:
+    """A request's settings, read once from its ``SamplingParams.extra_args``."""
+    settings = _SETTINGS.get(request_id)
+    if settings is None:
+        params = getattr(state, "sampling_params", None)
+        settings = config.request_settings(rt.config, getattr(params, "extra_args", None))
+        _SETTINGS[request_id] = settings
+        while len(_SETTINGS) > 4096:
+            _SETTINGS.popitem(last=False)
+    return settings
+
+
+def validate_request_args() -> None:
+    """Check the per-request keys where vLLM checks a request (``SamplingParams``), so a bad
+    ``witcert_scheme`` or ``witcert_gate`` is a client error (HTTP 400) naming the key, not a
+    failure inside the engine. Idempotent."""
+    from vllm.exceptions import VLLMValidationError
+    from vllm.sampling_params import SamplingParams
+
+    original = SamplingParams._verify_args
+    if getattr(original, "_witcert", False):
+        return
+    cfg = config.PluginConfig.from_env()
+
+    @functools.wraps(original)
+    def _verify_args(self):
+        original(self)
+        try:
+            config.request_settings(cfg, self.extra_args)
+        except ValueError as err:
+            raise VLLMValidationError(str(err), parameter="extra_args") from None
+
+    _verify_args._witcert = True
+    SamplingParams._verify_args = _verify_args

@@ -17,13 +17,30 @@ import torch
 METER_BUCKETS = (0.0, 1e-6, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.5, 0.999999, 1.0)
 
 
+SCHEME_COUNTS = ("cells", "certified", "raw_certified", "saturated", "shadow_cells", "shadow_violations",
+                 "gated_cells", "fired", "unreachable")
+SCHEME_SUMS = ("meter_sum", "raw_meter_sum")
+SCHEME_MAXIMA = ("max_true_tv", "max_meter")
+GATE_COUNTS = ("blocks_repaired", "slots_repaired", "bytes_paged", "repair_rounds", "shadow_repair_checked",
+               "shadow_repair_mismatches")
+
+
+def _scheme_stats() -> dict:
+    return {**{k: 0 for k in SCHEME_COUNTS}, **{k: 0.0 for k in SCHEME_SUMS + SCHEME_MAXIMA}}
+
+
 @dataclass
 class Telemetry:
-    """Running aggregate of one engine process (cells = (request, layer, query head, step))."""
+    """Running aggregate of one engine process (cells = (request, layer, query head, step)).
+
+    A cell's *meter* is the bound on the attention the engine served: after repair when the
+    gate acted on it, else as metered. ``raw`` figures are before the gate.
+    """
 
     tau: float
     max_requests: int = 64
     shadow: bool = False
+    gate: bool = False
     cells: int = 0
     certified: int = 0
     saturated: int = 0
@@ -36,10 +53,22 @@ class Telemetry:
     shadow_max_true_tv: float = 0.0
     shadow_max_output_gap: float = 0.0
     selftest: dict = field(default_factory=dict)
+    schemes: dict = field(default_factory=dict)  # scheme -> counts of its cells (see SCHEME_COUNTS)
+    gate_counts: dict = field(default_factory=lambda: {k: 0 for k in GATE_COUNTS})
+    prefill_tokens: int = 0  # prefill query tokens (not metered)
+    prefill_tokens_lossy: int = 0  # ... of them, attending keys stored lossy in an earlier step
 
-    def add(self, request: str, layer: int, meter: torch.Tensor, true_tv: torch.Tensor | None = None) -> None:
-        """Fold one (request, layer, step)'s per-head meters (and shadow true TVs) in."""
+    def add(self, request: str, layer: int, meter: torch.Tensor, true_tv: torch.Tensor | None = None, *,
+            scheme: str = "none", raw_meter: torch.Tensor | None = None, raw_true_tv: torch.Tensor | None = None,
+            gated: bool = False) -> None:
+        """Fold one (request, layer, step)'s per-head meters (and shadow true TVs) in.
+
+        ``meter``/``true_tv`` describe the attention served; ``raw_meter``/``raw_true_tv`` the
+        cache before the gate repaired it (default: the same); ``gated`` whether the gate
+        watched this request.
+        """
         values = meter.tolist()
+        raw = values if raw_meter is None else raw_meter.tolist()
         self.cells += len(values)
         self.certified += sum(v <= self.tau for v in values)
         self.saturated += sum(v >= 1.0 for v in values)
@@ -51,19 +80,42 @@ class Telemetry:
         self.request_max[request] = max(self.request_max.pop(request, 0.0), worst)
         while len(self.request_max) > self.max_requests:
             self.request_max.popitem(last=False)
+        stats = self.schemes.setdefault(scheme, _scheme_stats())
+        stats["cells"] += len(values)
+        stats["certified"] += sum(v <= self.tau for v in values)
+        stats["raw_certified"] += sum(v <= self.tau for v in raw)
+        stats["saturated"] += sum(v >= 1.0 for v in values)
+        stats["meter_sum"] += sum(values)
+        stats["raw_meter_sum"] += sum(raw)
+        stats["max_meter"] = max(stats["max_meter"], worst)
+        if gated:
+            stats["gated_cells"] += len(values)
+            stats["fired"] += sum(v > self.tau for v in raw)
+            stats["unreachable"] += sum(r > self.tau and v > self.tau for r, v in zip(raw, values))
         if true_tv is not None:
+            violations = int((true_tv > meter).sum())
+            if raw_true_tv is not None and raw_meter is not None:
+                violations += int((raw_true_tv > raw_meter).sum())
             self.shadow_cells += len(values)
-            self.shadow_violations += int((true_tv > meter).sum())
-            self.shadow_max_true_tv = max(self.shadow_max_true_tv, float(true_tv.max()))
+            self.shadow_violations += violations
+            top = float(true_tv.max()) if raw_true_tv is None else max(float(true_tv.max()), float(raw_true_tv.max()))
+            self.shadow_max_true_tv = max(self.shadow_max_true_tv, top)
+            stats["shadow_cells"] += len(values)
+            stats["shadow_violations"] += violations
+            stats["max_true_tv"] = max(stats["max_true_tv"], top)
 
     def add_output_gap(self, gap: float) -> None:
         """Largest |kernel output - attention recomputed from the read-back cache| (shadow)."""
         self.shadow_max_output_gap = max(self.shadow_max_output_gap, gap)
 
+    def count(self, name: str, value: int = 1) -> None:
+        """Add to a gate counter (:data:`GATE_COUNTS`)."""
+        self.gate_counts[name] += int(value)
+
     def snapshot(self) -> dict:
         """A JSON-ready copy of the aggregate."""
         return {
-            "pid": os.getpid(), "tau": self.tau, "shadow": self.shadow, "cells": self.cells,
+            "pid": os.getpid(), "tau": self.tau, "shadow": self.shadow, "gate": self.gate, "cells": self.cells,
             "certified": self.certified, "saturated": self.saturated, "meter_sum": self.meter_sum,
             "buckets": list(METER_BUCKETS), "bucket_counts": list(self.bucket_counts),
             "layer_max": {str(k): v for k, v in self.layer_max.items()},
@@ -71,6 +123,8 @@ class Telemetry:
             "shadow_cells": self.shadow_cells, "shadow_violations": self.shadow_violations,
             "shadow_max_true_tv": self.shadow_max_true_tv,
             "shadow_max_output_gap": self.shadow_max_output_gap, "selftest": dict(self.selftest),
+            "schemes": {k: dict(v) for k, v in self.schemes.items()}, "gate_counts": dict(self.gate_counts),
+            "prefill_tokens": self.prefill_tokens, "prefill_tokens_lossy": self.prefill_tokens_lossy,
         }
 
     def publish(self, directory: str | None) -> None:
@@ -92,14 +146,27 @@ class CellLog:
         self.path = f"{path}.{os.getpid()}"
         self._lines = []
 
-    def add(self, request: str, layer: int, step: int, tokens: int, meter, risk, true_tv=None) -> None:
-        """Queue one line per query head of a (request, layer, step): meter, risk (and true TV)."""
-        tv = [None] * len(meter) if true_tv is None else true_tv.tolist()
-        for head, (m, r, t) in enumerate(zip(meter.tolist(), risk.tolist(), tv)):
-            row = {"request": request, "layer": layer, "head": head, "step": step, "tokens": tokens,
-                   "meter": m, "risk": r if math.isfinite(r) else "inf"}
+    def add(self, request: str, layer: int, step: int, tokens: int, meter, risk, true_tv=None, *,
+            scheme: str = "none", head_offset: int = 0, raw_meter=None, raw_true_tv=None) -> None:
+        """Queue one line per query head of a (request, layer, step): meter, risk (and true TV).
+
+        Heads are numbered model-wide (``head_offset``: this worker's first query head under
+        tensor parallelism). With the gate, ``meter``/``true_tv`` are after repair and
+        ``meter_raw``/``true_tv_raw`` before it (written only where the gate repaired).
+        """
+        n = len(meter)
+        tv = [None] * n if true_tv is None else true_tv.tolist()
+        raw = [None] * n if raw_meter is None else raw_meter.tolist()
+        raw_tv = [None] * n if raw_true_tv is None else raw_true_tv.tolist()
+        for head, (m, r, t, rm, rt) in enumerate(zip(meter.tolist(), risk.tolist(), tv, raw, raw_tv)):
+            row = {"request": request, "layer": layer, "head": head_offset + head, "step": step, "tokens": tokens,
+                   "scheme": scheme, "meter": m, "risk": r if math.isfinite(r) else "inf"}
             if t is not None:
                 row["true_tv"] = t
+            if rm is not None:
+                row["meter_raw"] = rm
+                if rt is not None:
+                    row["true_tv_raw"] = rt
             self._lines.append(json.dumps(row))
 
     def flush(self) -> None:

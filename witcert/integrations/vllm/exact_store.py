@@ -1,0 +1,73 @@
+"""The gate's exact store: a host copy of every exact key and value, indexed like vLLM's cache.
+
+vLLM's cache is paged: a *slot* (``block * block_size + offset``) holds one token of one layer
+for every kv head, blocks are freed and reused by other requests, and prefix-shared blocks are
+read by several. The store is indexed the same way (one row per slot: ``(Hkv, d)`` keys and
+values), so it always holds the exact tensors of what the slot's cache entry was written from,
+and block reuse overwrites both together.
+
+Content is checked, not bytes counted (the paper's system once paged in zeros from a store it
+allocated and never wrote): every write folds the *source* bytes of each slot's key and value
+rows into a CRC-32 (from the incoming tensors, before the copy), and every page-in recomputes
+the CRC over the store's rows and raises :class:`~witcert.gate.backing_store.NeverWrittenError`
+for a slot never written and :class:`~witcert.gate.backing_store.ChecksumMismatchError` for one
+whose bytes differ.
+"""
+import zlib
+
+import numpy as np
+import torch
+
+from witcert.gate.backing_store import ChecksumMismatchError, NeverWrittenError
+
+
+class ExactStore:
+    """Exact keys and values of one layer's cache, ``(slots, Hkv, d)``, on the host."""
+
+    def __init__(self, num_slots: int, num_kv_heads: int, head_size: int, dtype: torch.dtype):
+        self.k = torch.zeros(num_slots, num_kv_heads, head_size, dtype=dtype)
+        self.v = torch.zeros(num_slots, num_kv_heads, head_size, dtype=dtype)
+        self.crc = np.zeros(num_slots, dtype=np.uint32)
+        self.written = np.zeros(num_slots, dtype=bool)
+        self.bytes_paged = 0
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one slot's key and value rows."""
+        return 2 * self.k[0].numel() * self.k.element_size()
+
+    def write(self, slots: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> None:
+        """Store exact rows ``k``, ``v`` (N, Hkv, d) at ``slots`` (N,); the CRC is of the source bytes."""
+        if k.shape != v.shape or k.shape[0] != slots.shape[0] or k.shape[1:] != self.k.shape[1:]:
+            raise ValueError(f"exact store rows: k {tuple(k.shape)}, v {tuple(v.shape)} for {slots.shape[0]} slots "
+                             f"of shape {tuple(self.k.shape[1:])}")
+        k_src = k.detach().to(self.k.dtype).contiguous()
+        v_src = v.detach().to(self.v.dtype).contiguous()
+        index = slots.long()
+        ids = index.tolist()
+        self.crc[ids] = _row_crcs(k_src, v_src)
+        self.written[ids] = True
+        self.k[index] = k_src
+        self.v[index] = v_src
+
+    def page_in(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Verified copies of the rows at ``slots`` (N,): ``(k, v)`` each (N, Hkv, d)."""
+        ids = slots.long().tolist()
+        missing = [s for s in ids if not self.written[s]]
+        if missing:
+            raise NeverWrittenError(f"exact store: slot(s) {missing[:8]} were never written; refusing to page in "
+                                    "unwritten data")
+        index = slots.long()
+        k, v = self.k[index].clone(), self.v[index].clone()
+        bad = [s for s, crc in zip(ids, _row_crcs(k, v)) if crc != self.crc[s]]
+        if bad:
+            raise ChecksumMismatchError(f"exact store: the bytes of slot(s) {bad[:8]} differ from the bytes written")
+        self.bytes_paged += len(ids) * self.row_bytes
+        return k, v
+
+
+def _row_crcs(k: torch.Tensor, v: torch.Tensor) -> list[int]:
+    """CRC-32 of each slot's key bytes followed by its value bytes."""
+    kb = k.reshape(k.shape[0], -1).view(torch.uint8).numpy()
+    vb = v.reshape(v.shape[0], -1).view(torch.uint8).numpy()
+    return [zlib.crc32(vb[i].tobytes(), zlib.crc32(kb[i].tobytes())) for i in range(kb.shape[0])]
