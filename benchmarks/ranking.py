@@ -111,7 +111,7 @@ def run(schemes=SCHEMES, cases_per_task: int = 2, context: int = 512, certificat
 
 
 def markdown(result: dict) -> str:
-    """The README table: per scheme and level, Spearman / top-6 overlap of the meter, the raw risk and the choice."""
+    """The results page table: per scheme and level, Spearman / top-6 overlap of the meter, the raw risk and the choice."""
     shown = list(dict.fromkeys(["mean meter", "max meter", "fraction saturated", "mean raw risk", ranking.RANK_BY,
                                 *(["mean spot bound"] if "mean spot bound" in result["mean_spearman"] else [])]))
     header = "| scheme | level | " + " | ".join(shown) + " |\n|---|---|" + "---|" * len(shown)

@@ -77,7 +77,7 @@ def _ranking(args, results: dict) -> None:
 
     if args.quick:  # one scheme, one short case per task; ranking.json keeps the full measurement
         measured = ranking.run(("rtn-int4",), cases_per_task=1, context=256)
-    else:  # its defaults: 4 schemes, 2 cases per task, 512 tokens (the README table)
+    else:  # its defaults: 4 schemes, 2 cases per task, 512 tokens (the results page table)
         measured = ranking.run()
         (args.out / "ranking.json").write_text(json.dumps(measured, indent=1) + "\n")
     results["ranking"] = {"best": measured["best"], "rank_by": measured["rank_by"],

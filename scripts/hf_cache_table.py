@@ -1,4 +1,4 @@
-"""The README's observatory rows for transformers' own QuantizedCache (quanto, HQQ) on the default model.
+"""The results page's rows for transformers' own QuantizedCache (quanto, HQQ) on the default model.
 
 Runs ``witcert observe``'s runner (:func:`witcert.observatory.runner.run_observe`: ``witcert.monitor``,
 the one attention path, with ``--scheme hf-...``; transformers' defaults: axis 0, groups of 64, an

@@ -7,7 +7,7 @@ A subcommand module defines ``HELP`` (one line), ``add_arguments(parser)`` and
 argparse error: ``witcert <command>: error: ...`` and exit status 2. Help texts show every
 default (:class:`witcert.cli._args.HelpFormatter`).
 
-Exit statuses: :mod:`witcert.cli._exit` (1 only for a soundness violation; also in the README).
+Exit statuses: :mod:`witcert.cli._exit` (1 only for a soundness violation; also in docs/reference/cli.md).
 """
 import argparse
 import os

@@ -1,6 +1,11 @@
 """``witcert fuzz``: the adversarial regression of every bound, per query."""
 import json
 import os
+import platform
+import shlex
+import sys
+import time
+from pathlib import Path
 
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeElapsedColumn, TimeRemainingColumn
@@ -34,8 +39,27 @@ def _table(report) -> Table:
     return table
 
 
-def _summary(report, attacks) -> dict:
+def _run_record(args) -> dict:
+    """When, where and how the run was made: the results page prints these beside the figures."""
+    import torch  # the command line's help must not pay for torch
+
+    cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
+               platform.processor() or "unknown")
+    return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
+            "command": shlex.join(["witcert", *sys.argv[1:]]),
+            "machine": f"{cpu}, {os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads"}
+
+
+def _cpuinfo() -> list[str]:
+    try:
+        return Path("/proc/cpuinfo").read_text(encoding="utf-8").splitlines()
+    except OSError:
+        return []
+
+
+def _summary(report, attacks, args) -> dict:
     return {
+        **_run_record(args),
         "trials": report.trials,
         "seconds": report.seconds,
         "trials_per_second": report.trials / max(report.seconds, 1e-9),
@@ -71,8 +95,6 @@ def _choose_kernel_backend() -> None:
     Triton reads ``TRITON_INTERPRET`` when a kernel module is first imported, so this command (an
     entry point, like the test run's conftest) sets it before any attack class imports one.
     """
-    import torch
-
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
@@ -104,7 +126,7 @@ def run(args) -> int:
     console.print(f"known-false dispersion form violated on {dispersion} cells (expected > 0: the adversary bites)")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump(_summary(report, attacks), f, indent=2)
+            json.dump(_summary(report, attacks, args), f, indent=2)
     ok = (report.sound_violations == 0 and report.nonfinite_outputs == 0 and report.adversary_below_interior == 0
           and all(a.violations == 0 for a in attacks))
     console.print("[bold green]0 violations of any sound bound[/]" if ok else "[bold red]SOUNDNESS FAILURE[/]")

@@ -198,7 +198,7 @@ COLUMN_DOCS = [
     "- **median meter / median TV**: medians over the cells.",
     "- **riskiest layer / riskiest head (mean TV)**: the group ranked first by the risk ranking "
     f"(`{ranking.RANK_BY}` score: the raw e-form behind the meter, not clamped at 1, measured to rank layers "
-    "and heads like their true TV; README \"Which layers are risky\"), with its mean true TV.",
+    "and heads like their true TV; results page, \"Which layers are risky\"), with its mean true TV.",
     "- **KL**: teacher-forced KL(p_exact || p_compressed) per probe token; **top-1**: agreement of the argmax "
     "tokens with the uncompressed model.",
     "- **needle raw / needle gated**: needle exact-match accuracy without and with the gate.",

@@ -6,7 +6,7 @@ its attention really moved. The raw risk score (the unclamped e-form ``1/2 (A^2 
 guarantee above 1) keeps ordering cells past saturation; its logarithm (the log domain, where a
 few overflowing cells do not swamp the mean) is what :data:`RANK_BY` uses. The choice is measured,
 not assumed: ``benchmarks/ranking.py`` ranks the layers and heads of SmolLM2 by every statistic of
-:data:`STATISTICS` and by their mean true TV (Spearman correlation and top-6 overlap; README
+:data:`STATISTICS` and by their mean true TV (Spearman correlation and top-6 overlap; docs/results.md,
 "Which layers are risky"). A ranking is a triage order, never a certificate: the per-cell meter
 is the bound.
 

@@ -29,7 +29,7 @@ GATE_COLUMNS = ("fired: fraction of cells the gate repaired (meter over tau). pa
                 "repair (meter recomputed on the repaired cache). violations count before and after repair.")
 RANKING = (f"Riskiest layers and heads, by {ranking.RANK_BY} score. The risk score is the raw e-form\n"
            "behind the meter, not clamped at 1; of the statistics measured against the true TV it ranks\n"
-           "layers and heads best (README 'Which layers are risky'). An order for triage, not a bound.")
+           "layers and heads best (docs/results.md, 'Which layers are risky'). An order for triage, not a bound.")
 
 
 def _fraction(mask: np.ndarray) -> float:

@@ -1,0 +1,239 @@
+"""Generate the documentation's results page (and the README's results table) from ``benchmarks/results/``.
+
+Every measurement the project publishes is a record under ``benchmarks/results/`` (JSON written by the
+command that measured it, or a Markdown record with its date, machine and command); this script renders
+them into ``docs/results.md``, one section per record, each headed by when, where and how it was
+measured. The README's small table between the ``results-table`` markers is rendered from the same
+spot-check record. Generated, never edited by hand: ``tests/test_docs_site.py`` checks both are in step.
+
+Usage::
+
+    python scripts/gen_results_page.py --write   # regenerate docs/results.md and the README table
+    python scripts/gen_results_page.py --check   # exit status 1 when a committed page differs
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "benchmarks" / "results"
+PAGE = ROOT / "docs" / "results.md"
+README = ROOT / "README.md"
+README_MARKERS = ("<!-- results-table:begin (scripts/gen_results_page.py) -->", "<!-- results-table:end -->")
+SPOT_KEYS = "256"  # the spot check's default budget (witcert.monitor's spot_keys)
+
+
+def _load(name: str) -> dict | None:
+    path = RESULTS / name
+    return json.loads(path.read_text(encoding="utf-8")) if path.exists() else None
+
+
+def _committed_date(path: Path) -> str:
+    """The date a record was last committed (for records that carry none of their own)."""
+    done = subprocess.run(["git", "log", "-1", "--format=%cs", "--", str(path)], cwd=ROOT,
+                          capture_output=True, text=True)
+    return done.stdout.strip() or "not committed"
+
+
+def _provenance(date: str, machine: str, command: str) -> str:
+    return f"*Measured {date} on {machine}. Command: `{command}`.*"
+
+
+def _fraction(x: float) -> str:
+    return f"{x:.3f}"
+
+
+# -- the README's table ---------------------------------------------------------------------------
+
+def results_table() -> str:
+    """Per scheme: the deterministic meter's coverage, the spot check's, and the violations (spot-check record)."""
+    spot = _load("spot_check.json")
+    setup = spot["setup"]
+    lines = [f"| scheme | cells | certified at tau = {setup['tau']}: meter | with the spot check ({SPOT_KEYS} keys) "
+             "| true TV above the reported bound |", "|---|---|---|---|---|"]
+    for scheme, s in spot["schemes"].items():
+        every = s["all"]
+        spot_row = every["by_keys"][SPOT_KEYS]
+        violations = every["violations_deterministic"] + spot_row["violations"]
+        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} "
+                     f"| {_fraction(spot_row['coverage'])} | {violations} |")
+    where = (f"SmolLM2-135M-Instruct, {setup['context_tokens']}-token contexts of text, code and a needle task, "
+             f"spot-check failure probability {setup['delta_per_cell']:g} per cell; measured {setup['date']} "
+             f"(`python -m benchmarks.spot_check`).")
+    return "\n".join(lines) + "\n\n" + where
+
+
+# -- the page's sections --------------------------------------------------------------------------
+
+def fuzz_section() -> str:
+    fuzz = _load("fuzz-500k.json")
+    date = fuzz.get("date", _committed_date(RESULTS / "fuzz-500k.json"))
+    lines = ["## The fuzz", "",
+             _provenance(date, fuzz.get("machine", "a 2-core x86-64 VM (AVX2), 1 torch thread"),
+                         fuzz.get("command", "witcert fuzz --trials 500000 --seed 28 --json benchmarks/results/fuzz-500k.json")),
+             "", f"{fuzz['trials']:,} trials in {fuzz['seconds']:.0f} s for the bound table; every bound per query "
+             "against the sup-box adversary (exhaustive for S <= 12), near-misses re-decided at 50 digits "
+             f"({fuzz['golden_rechecks']:,} re-checks); NaN or out-of-range outputs: {fuzz['nonfinite_outputs']}. "
+             "The dispersion form is known to be false and is a control: the adversary must break it.", "",
+             "| bound | cells | true TV above the bound | worst TV / bound | median TV / bound |", "|---|---|---|---|---|"]
+    for name, b in fuzz["bounds"].items():
+        lines.append(f"| {name} | {b['cells']:,} | {b['violations']:,} | {b['worst_tv_over_bound']:.4g} "
+                     f"| {b['median_tv_over_bound']:.3f} |")
+    lines += ["", "Attack classes (public entry points, each cell against an exact oracle; *refused*: inputs outside "
+              "the contract, rejected with a clear error):", "",
+              "| class | cells | violations | refused | worst exact / bound | seconds |", "|---|---|---|---|---|---|"]
+    for name, a in fuzz["attacks"].items():
+        lines.append(f"| {name} | {a['cells']:,} | {a['violations']} | {a['rejected']} "
+                     f"| {a['worst_exact_over_bound']:.4g} | {a['seconds']:.0f} |")
+    return "\n".join(lines)
+
+
+def ranking_section() -> str:
+    sys.path.insert(0, str(ROOT))
+    from benchmarks.ranking import markdown
+
+    ranking = _load("ranking.json")
+    setup = ranking["setup"]
+    lines = ["## Which layers are risky", "",
+             _provenance(ranking.get("finished", _committed_date(RESULTS / "ranking.json")),
+                         "a 2-core AMD EPYC VM (AVX2, loaded), 1 torch thread", ranking["command"]), "",
+             f"SmolLM2 runs {setup['cases_per_task']} cases each of {', '.join(setup['tasks'])} "
+             f"({setup['context_tokens']}-token context, the {setup['meter']} meter, the exact cache kept); layers and "
+             "heads are ranked by each statistic and by their mean true TV. Each entry: the Spearman correlation of "
+             f"the two rankings / how many of the top {setup['top']} by the statistic are in the top {setup['top']} "
+             "by true TV (*constant*: the statistic is equal on every group).", "", markdown(ranking), "",
+             "Mean Spearman over the rows: " + ", ".join(
+                 f"{name} {value:.2f}" for name, value in sorted(ranking["mean_spearman"].items(), key=lambda kv: -kv[1])),
+             "", f"The summary and the observatory's report rank by **{ranking['rank_by']}**."]
+    return "\n".join(lines)
+
+
+def spot_section() -> str:
+    spot = _load("spot_check.json")
+    setup = spot["setup"]
+    budgets = [str(b) for b in setup["budgets"]]
+    lines = ["## The spot check", "",
+             _provenance(setup["date"], setup.get("machine", "a 2-core AMD EPYC VM (AVX2, loaded), "
+                                                  f"{setup['threads']} torch thread"),
+                         setup.get("command", "python -m benchmarks.spot_check")), "",
+             f"{setup['model']}: one {setup['context_tokens']}-token case per task ({', '.join(setup['tasks'])}), "
+             f"{setup['cells_per_call']} cells sampled per attention call, tau = {setup['tau']}, failure probability "
+             f"{setup['delta_per_cell']:g} per checked cell, every cell against its true TV. Key budget split: "
+             f"{setup['split']}.", "",
+             "| scheme | cells | meter coverage | " + " | ".join(f"spot: {b} keys" for b in budgets)
+             + f" | median reported / true TV ({SPOT_KEYS}) | ms per check ({SPOT_KEYS}) | violations |",
+             "|---|---|---|" + "---|" * len(budgets) + "---|---|---|"]
+    for scheme, s in spot["schemes"].items():
+        every = s["all"]
+        by_keys = every["by_keys"]
+        violations = every["violations_deterministic"] + sum(by_keys[b]["violations"] for b in budgets)
+        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} | "
+                     + " | ".join(_fraction(by_keys[b]["coverage"]) for b in budgets)
+                     + f" | {by_keys[SPOT_KEYS]['median_bound_over_true_tv']:.2f} "
+                       f"| {by_keys[SPOT_KEYS]['ms_per_check']:.1f} | {violations} |")
+    lines += ["", f"Coverage per task at {SPOT_KEYS} keys:", "", "| scheme | " + " | ".join(setup["tasks"]) + " |",
+              "|---|" + "---|" * len(setup["tasks"])]
+    for scheme, s in spot["schemes"].items():
+        lines.append(f"| {scheme} | " + " | ".join(
+            _fraction(s["by_task"][t]["by_keys"][SPOT_KEYS]["coverage"]) for t in setup["tasks"]) + " |")
+    return "\n".join(lines)
+
+
+def study_section() -> str:
+    from witcert.observatory.study_report import repair_table
+
+    path = ROOT / "docs" / "study" / "report.json"
+    study = json.loads(path.read_text(encoding="utf-8"))
+    sound = study["soundness"]
+    lines = ["## The study", "",
+             _provenance(_committed_date(path), "a 2-core x86-64 VM (AVX2, loaded), 1 torch thread",
+                         "make study"), "",
+             f"{study['config']['cases']} needle cases per configuration ({study['config']['context_tokens']}-token "
+             f"context); {sound['cells']:,} metered cells, {sound['violations']} with true TV above the meter. "
+             "The layer sweep, the plots and the protocol are in [the study's report](study/report.md).", "",
+             *repair_table(study)]
+    return "\n".join(lines)
+
+
+def generation_section() -> str:
+    """Monitored ``generate`` against stock, per context length (``generation.json``, else ``make bench``'s run)."""
+    record = _load("generation.json")
+    if record is None:
+        bench = _load("results.json")
+        record = {"date": bench["finished"], "machine": f"{bench['machine']['cpu']} ({bench['machine']['logical_cpus']} "
+                  "logical CPUs, shared)", "command": "python -m benchmarks.run --sections generation",
+                  "runs": [bench["generation"]]}
+    lines = ["## Monitored generation", "", _provenance(record["date"], record["machine"], record["command"]), "",
+             "SmolLM2-135M-Instruct `generate` (prefill included), rtn-int8; *monitored*: production mode "
+             "(`keep_exact=False`, the meter only); *observed*: the default (`keep_exact=True`, every cell's true TV "
+             "too); *compiled*: `WITCERT_COMPILE=1`. Ratios are tokens/s against stock in the same run, interleaved.",
+             "", "| context | new tokens | runs | stock tokens/s | " + " | ".join(GENERATION_CONFIGS) + " |",
+             "|---|---|---|---|" + "---|" * len(GENERATION_CONFIGS)]
+    for run in record["runs"]:
+        ratios = run["ratio_to_stock"]
+        lines.append(f"| {run['context']} | {run['new_tokens']} | {run['reps']} | {run['tokens_per_s']['stock']:.2f} | "
+                     + " | ".join(f"{ratios[c]:.2f}x" if c in ratios else "-" for c in GENERATION_CONFIGS) + " |")
+    return "\n".join(lines)
+
+
+GENERATION_CONFIGS = ("monitored", "monitored, compiled", "observed", "observed, compiled")
+
+
+def bench_section() -> str:
+    """``make bench``'s report, its headings one level down and its file links as paths."""
+    text = (RESULTS / "results.md").read_text(encoding="utf-8")
+    body = text.split("\n", 1)[1]
+    body = re.sub(r"^(#+) ", lambda m: "#" + m.group(1) + " ", body, flags=re.M)
+    body = re.sub(r"!\[([^\]]*)\]\(([^)]+)\)", r"(plot: `benchmarks/results/\2`)", body)
+    body = re.sub(r"\[([^\]]+)\]\(((?!https?:)[^)]+)\)", r"`benchmarks/results/\2`", body)
+    return "## Cost, memory and certificate quality: `make bench`\n" + body.rstrip()
+
+
+def records_section(name: str) -> str:
+    """A Markdown record as written (its own headings carry date, machine and command), comments dropped."""
+    text = (RESULTS / name).read_text(encoding="utf-8")
+    return re.sub(r"<!--.*?-->\n*", "", text, flags=re.S).strip()
+
+
+def page() -> str:
+    head = ["# Benchmarks and results", "",
+            "<!-- generated by scripts/gen_results_page.py from benchmarks/results/; do not edit -->", "",
+            "Every figure on this page is a record under `benchmarks/results/`, shown with the date, the machine "
+            "and the command that measured it; rerun the command to reproduce it. The machines are shared "
+            "2-core VMs without a GPU: read a timing as the ratio measured in the same run, not as an absolute.",
+            "", "## At a glance", "", results_table()]
+    sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
+                study_section(), generation_section(), bench_section()]
+    return "\n".join(head) + "\n\n" + "\n\n".join(sections) + "\n"
+
+
+def readme_with_table(readme: str) -> str:
+    begin, end = README_MARKERS
+    start, stop = readme.index(begin) + len(begin), readme.index(end)
+    return readme[:start] + "\n" + results_table() + "\n" + readme[stop:]
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    mode = parser.add_mutually_exclusive_group(required=True)
+    mode.add_argument("--write", action="store_true", help="regenerate docs/results.md and the README table")
+    mode.add_argument("--check", action="store_true", help="exit status 1 when a committed page differs")
+    args = parser.parse_args(argv)
+    wanted = {PAGE: page(), README: readme_with_table(README.read_text(encoding="utf-8"))}
+    if args.write:
+        for path, text in wanted.items():
+            path.write_text(text, encoding="utf-8")
+        return 0
+    stale = [str(p.relative_to(ROOT)) for p, text in wanted.items() if p.read_text(encoding="utf-8") != text]
+    for name in stale:
+        print(f"{name} is out of date: run python scripts/gen_results_page.py --write", file=sys.stderr)
+    return 1 if stale else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
