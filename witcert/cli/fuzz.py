@@ -3,7 +3,6 @@ import json
 import os
 import platform
 import shlex
-import sys
 import time
 from pathlib import Path
 
@@ -46,7 +45,8 @@ def _run_record(args) -> dict:
     cpu = next((line.split(":", 1)[1].strip() for line in _cpuinfo() if line.startswith("model name")),
                platform.processor() or "unknown")
     return {"date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()), "seed": args.seed,
-            "command": shlex.join(["witcert", *sys.argv[1:]]),
+            "command": shlex.join(["witcert", "fuzz", "--trials", str(args.trials), "--seed", str(args.seed),
+                                   *(["--json", str(args.json)] if args.json else [])]),
             "machine": f"{cpu}, {os.cpu_count()} logical CPUs, {torch.get_num_threads()} torch threads"}
 
 
