@@ -95,6 +95,8 @@ def _choose_kernel_backend() -> None:
     Triton reads ``TRITON_INTERPRET`` when a kernel module is first imported, so this command (an
     entry point, like the test run's conftest) sets it before any attack class imports one.
     """
+    import torch  # here, not at the top: the command line's help must not pay for torch
+
     if "TRITON_INTERPRET" not in os.environ and not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
