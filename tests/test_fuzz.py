@@ -6,7 +6,11 @@ near-misses re-decided at 50 digits. Domain: ``witcert.verification.fuzz.FAMILIE
 derandomized (seed 0). Tolerance: zero violations.
 """
 import json
+import os
 import re
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -92,3 +96,12 @@ def test_cli_writes_json_report(tmp_path):
     assert all(data["bounds"][name]["violations"] == 0 for name in fuzz.CHECKED)
     for name in ("underflow", "gate-tau", "fast-path", "fast radii", "user components"):  # issues 16, 14, 28: each class reported, no violation
         assert data["attacks"][name]["cells"] > 0 and data["attacks"][name]["violations"] == 0
+
+
+def test_the_command_runs_where_the_environment_names_no_kernel_backend(tmp_path):
+    """As a user's shell runs it: no ``TRITON_INTERPRET`` set (the test run's conftest sets one)."""
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
+    done = subprocess.run([str(Path(sys.executable).parent / "witcert"), "fuzz", "--trials", "200", "--seed", "3"],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert "0 violations of any sound bound" in done.stdout
