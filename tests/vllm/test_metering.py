@@ -113,3 +113,65 @@ def test_score_slack_covers_fp64_rounding():
         err = abs(Fraction(scores.flatten()[t].item()) - exact)
         assert err <= Fraction(slack.flatten()[t].item())
     assert math.isfinite(float(slack.max()))
+
+
+def _dithered_rows(rows, s, dtype, g):
+    """Keys (R, 3, S, 64) with a massive channel, stored by the plugin's dithered-int8 path."""
+    from witcert.integrations.vllm import schemes
+    from witcert.integrations.vllm.metering import TierBKeys
+
+    k = torch.randn(rows, 3, s, 64, generator=g) * 2
+    k[..., 5] *= 20
+    k = k.to(dtype)
+    k_hat, codes, scales = torch.empty_like(k), [], []
+    for r in range(rows):
+        out = schemes.compress("dithered-int8", k[r], k[r], layer=3, slots=torch.arange(s) + 1000 * r,
+                               kv_head_offset=0, seed=12345)
+        k_hat[r] = out.k
+        codes.append(out.codes)
+        scales.append(out.scales)
+    tier_b = TierBKeys(codes=torch.stack(codes), scales=torch.stack(scales),
+                       valid=torch.ones(rows, 3, s, dtype=torch.bool), key_dtype=dtype)
+    return k, k_hat, tier_b
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("query", ["dense", "one-channel"])
+def test_tier_b_deterministic_branch_lowers_c_and_stays_sound(dtype, query):
+    # DB (valid for every query) enters the per-token minimum; oracle: fp64 true TV per cell
+    from witcert.integrations.vllm.metering import decode_terms
+
+    g = torch.Generator().manual_seed(11)
+    k, k_hat, tier_b = _dithered_rows(3, 40, dtype, g)
+    q = torch.randn(3, 9, 64, generator=g) * 4
+    if query == "one-channel":  # aligned with a single channel: where Delta beats the band norm
+        q = torch.zeros(3, 9, 64)
+        q[..., 7] = 30.0
+    lengths = torch.tensor([40, 23, 1])
+    w = witcert.witness_of(k, k_hat, LAYOUT)
+    _, c_a = decode_terms(q, k_hat.double(), w, lengths, LAYOUT, SCALE)
+    _, c_ab = decode_terms(q, k_hat.double(), w, lengths, LAYOUT, SCALE, tier_b)
+    assert (c_ab <= c_a).all()
+    if query == "one-channel":
+        assert (c_ab < c_a).any()  # not vacuous: the minimum takes DB on some tokens (measured: 16%)
+    cells = meter_decode(q, k_hat.double(), w, lengths, LAYOUT, SCALE, k_exact=k, tier_b=tier_b)
+    assert (cells.meter >= cells.true_tv).all()
+    assert (cells.true_tv > 0).any()
+    if dtype == torch.float32:  # the elementwise premise of DB: |k^ - k| <= s/2 (+ the fp32 chain's rounding)
+        s = tier_b.scales.double().repeat_interleave(32, dim=-1)
+        assert ((k_hat.double() - k.double()).abs() <= s / 2 + 2**-23 * k_hat.double().abs()).all()
+
+
+def test_tier_b_is_ignored_where_not_valid():
+    from witcert.integrations.vllm.metering import decode_terms
+
+    g = torch.Generator().manual_seed(12)
+    k, k_hat, tier_b = _dithered_rows(1, 16, torch.float32, g)
+    q = torch.zeros(1, 9, 64)
+    q[..., 7] = 30.0
+    w = witcert.witness_of(k, k_hat, LAYOUT)
+    invalid = type(tier_b)(codes=tier_b.codes, scales=tier_b.scales, valid=torch.zeros_like(tier_b.valid),
+                           key_dtype=tier_b.key_dtype)
+    _, c_a = decode_terms(q, k_hat.double(), w, torch.tensor([16]), LAYOUT, SCALE)
+    _, c_invalid = decode_terms(q, k_hat.double(), w, torch.tensor([16]), LAYOUT, SCALE, invalid)
+    assert torch.equal(c_a, c_invalid)

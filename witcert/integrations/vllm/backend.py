@@ -248,20 +248,25 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             pager = gate.Pager(self.store, q[idx], [blocks_of[i] for i in gated], [lens[i] for i in gated],
                                block_size, rt.config.gate_block, self.scale)
             plan = gate.plan(scores_now[idx], c_now[idx], tau, rt.config.gate_block, pager)
-            if not plan.slots.numel():
+            telemetry.count("bytes_paged", pager.bytes)
+            # a gate block may hold slots with nothing to repair: this step's own exact token, or a slot
+            # already repaired (in an fp8 cache its exact key, cast to fp8, keeps a nonzero witness)
+            lossy = (self.witness[plan.slots // block_size, :, plan.slots % block_size] != 0).flatten(1).any(-1)
+            lossy &= ~self.repaired[plan.slots]
+            slots, k_ex, v_ex = plan.slots[lossy], plan.k[lossy], plan.v[lossy]
+            if not slots.numel():
                 break  # nothing left to repair: the cells stay above tau (counted unreachable)
-            self._write(layer, kv_cache, plan.slots, plan.k, plan.v)
-            stored = self._witness_written(layer, kv_cache, plan.slots, plan.k)
+            self._write(layer, kv_cache, slots, k_ex, v_ex)
+            stored = self._witness_written(layer, kv_cache, slots, k_ex)
             if self.tier_b is not None:
-                self.tier_b["valid"][plan.slots] = False
-            new = ~self.repaired[plan.slots]
-            self.repaired[plan.slots] = True
+                self.tier_b["valid"][slots] = False
+            new = ~self.repaired[slots]
+            self.repaired[slots] = True
             telemetry.count("repair_rounds")
             telemetry.count("blocks_repaired", plan.blocks)
             telemetry.count("slots_repaired", int(new.sum()))
-            telemetry.count("bytes_paged", pager.bytes)
             if self.shadow is not None:
-                self._check_repair(plan.slots, stored)
+                self._check_repair(slots, stored)
             # the step's attention, recomputed over the repaired cache (vLLM's kernel, all rows)
             with _vllm_threads():
                 CPUAttentionBackendImpl.forward(self, layer, query, key, value, kv_cache, md, output)
@@ -321,6 +326,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             k_hat, v_hat = out.k.transpose(0, 1), out.v.transpose(0, 1)  # (n, Hkv, d)
             self._write(layer, kv_cache, slots, k_hat, v_hat)
             stored = self._witness_written(layer, kv_cache, slots, k)
+            self.repaired[slots] = False  # a gate block may have covered this step's own (exact) token
             if out.codes is not None and self.tier_b is not None:
                 # the deterministic branch holds for the dequantized value; only where it was read back unchanged
                 unchanged = (stored == k_hat.to(torch.float64)).flatten(1).all(-1)

@@ -1,23 +1,31 @@
-"""Measure the plugin in a real vLLM engine: one run, or the README's tables.
+"""Measure the plugin in a real vLLM engine: one run, the lossy-scheme table, the speed table.
 
     python -m witcert.integrations.vllm.bench run MODEL [--dtype float32] [--kv-cache-dtype auto]
-                                                  [--plugin] [--shadow] [--jsonl PATH] [--workload W]
-    python -m witcert.integrations.vllm.bench table MODEL [--repeats 3]
+        [--plugin] [--shadow] [--scheme S] [--schemes A,B] [--gate] [--tp N] [--jsonl PATH]
+        [--workload W] [--prompts ...] [--xargs JSON]
+    python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12] [--repeats 3]
+        [--out benchmarks/results/vllm.json]
 
-``run`` starts one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), switches the plugin
-by the environment it sets before vLLM starts, generates greedily and prints one line
-``WITCERT-SUMMARY {json}``: token ids and logprobs (for bit-identity checks), decode tokens/s,
-engine start time and the plugin's snapshot (``null`` when off). ``table`` runs ``run`` in fresh
-processes over the observatory's workloads (needle, text, code; ``witcert.workloads``) for every
-(model dtype, cache dtype) this CPU can run, and prints the coverage / meter / true-TV table and
-the tokens/s table (plugin off, metering, metering + shadow) in Markdown.
+``run`` starts one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with ``--tp 2`` its
+two workers are processes of their own), switches the plugin by the environment it sets before
+vLLM starts, generates greedily and prints one line ``WITCERT-SUMMARY {json}``: token ids and
+logprobs (for bit-identity checks), decode tokens/s, engine start time and the plugin's
+snapshot (``null`` when off; merged over the workers under tensor parallelism).
+
+``table`` measures, in one engine (plugin on, exact shadow, gate store, prefix caching off),
+every scheme on the observatory's workloads (needle, text, code; ``witcert.observatory.workloads``)
+without and with the gate (per-request ``witcert_gate``), plus the uncompressed baseline
+(``witcert_scheme: none``), and prints the Markdown table of the README; then the decode speed
+with the plugin off, metering, metering + scheme and + gate, interleaved in fresh processes.
 """
 import argparse
 import json
+import math
 import os
 import statistics
 import subprocess
 import sys
+import tempfile
 import time
 
 PROMPTS = (
@@ -27,55 +35,105 @@ PROMPTS = (
 )
 CONTEXT_TOKENS = 700  # workloads fit max_model_len=1024 with the generated tokens
 SUMMARY = "WITCERT-SUMMARY "
+LOSSY = ("rtn-int8", "fp8-e4m3", "rtn-int4", "kivi-2bit", "dithered-int8")
+SPEED_SCHEME = "rtn-int4"
 
 
 def workload_prompts(model: str, name: str) -> list[str]:
     """Prompts of the observatory's workloads, cut with the model's own tokenizer."""
+    return [getattr(case, "prompt", None) or case.context for case in workload_cases(model, name)]
+
+
+def workload_cases(model: str, name: str, needle_cases: int = 6, text_cases: int = 3) -> list:
+    """The observatory's cases: needles (three quarters one key, the rest four keys, spread depths), text, code."""
     from transformers import AutoTokenizer
 
     from witcert.observatory import workloads
 
     tok = AutoTokenizer.from_pretrained(model, local_files_only=True)
     if name == "needle":
-        return [case.prompt for case in workloads.needle_cases(tok, CONTEXT_TOKENS)]
-    return [case.context for case in workloads.text_cases(tok, name, CONTEXT_TOKENS, 32, count=3)]
+        multi = needle_cases // 4
+        cases = workloads.needle_cases(tok, CONTEXT_TOKENS, depths=_depths(needle_cases - multi), keys=(1,))
+        if multi:
+            cases += workloads.needle_cases(tok, CONTEXT_TOKENS, depths=_depths(multi), keys=(4,), seed=1)
+        return cases
+    return workloads.text_cases(tok, name, CONTEXT_TOKENS, 32, count=text_cases)
+
+
+def _depths(n: int) -> tuple:
+    return (0.5,) if n == 1 else tuple(0.1 + 0.8 * i / (n - 1) for i in range(n))
+
+
+def _environment(args) -> None:
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    os.environ["WITCERT_VLLM"] = "1" if args.plugin else "0"
+    os.environ["WITCERT_VLLM_SHADOW"] = "1" if args.shadow else "0"
+    os.environ["WITCERT_VLLM_GATE"] = "1" if args.gate else "0"
+    os.environ["WITCERT_VLLM_SCHEME"] = args.scheme
+    os.environ["WITCERT_VLLM_SCHEMES"] = args.schemes
+    if args.jsonl:
+        os.environ["WITCERT_VLLM_JSONL"] = args.jsonl
+    if args.tp > 1 and not os.environ.get("VLLM_CPU_OMP_THREADS_BIND"):
+        # one core per worker: vLLM's automatic binding wants one NUMA node per worker
+        os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "|".join(str(i) for i in range(args.tp))
+    if args.plugin:
+        from .runtime import ensure_metrics_dir
+
+        ensure_metrics_dir()
+
+
+def engine(args):
+    """The engine ``args`` describe (the plugin's switches already in the environment)."""
+    from vllm import LLM
+
+    return LLM(args.model, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=True,
+               max_model_len=args.max_model_len, seed=0, kv_cache_memory_bytes=128 << 20,
+               tensor_parallel_size=args.tp, enable_prefix_caching=args.prefix_caching,
+               disable_log_stats=False)  # keeps per-request timestamps (decode_rate)
+
+
+def snapshot(args) -> dict | None:
+    """The plugin's aggregate: this process's, or merged over the worker processes (``--tp``)."""
+    if not args.plugin:
+        return None
+    if args.tp > 1:
+        from .config import METRICS_DIR
+        from .prometheus import merge, read_snapshots
+
+        snaps = read_snapshots(os.environ[METRICS_DIR])
+        return dict(merge(snaps), engines=len(snaps), selftest=snaps[0]["selftest"] if snaps else {})
+    from . import runtime
+
+    return runtime.get().telemetry.snapshot()
 
 
 def run(args) -> dict:
     """One engine, one batch of prompts: the summary dict."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
-    os.environ["WITCERT_VLLM"] = "1" if args.plugin else "0"
-    os.environ["WITCERT_VLLM_SHADOW"] = "1" if args.shadow else "0"
-    if args.jsonl:
-        os.environ["WITCERT_VLLM_JSONL"] = args.jsonl
+    _environment(args)
     prompts = list(args.prompts or (workload_prompts(args.model, args.workload) if args.workload else PROMPTS))
-    from vllm import LLM, SamplingParams
+    from vllm import SamplingParams
 
     started = time.perf_counter()
-    llm = LLM(args.model, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=True,
-              max_model_len=1024, seed=0, kv_cache_memory_bytes=128 << 20,
-              disable_log_stats=False)  # keeps per-request timestamps (decode_rate)
+    llm = engine(args)
     ready = time.perf_counter()
     llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # warm-up
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, ignore_eos=True)
+    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, ignore_eos=True,
+                            extra_args=json.loads(args.xargs) if args.xargs else None)
     t0 = time.perf_counter()
     outs = llm.generate(prompts, params, use_tqdm=False)
     elapsed = time.perf_counter() - t0
-    summary = {
+    return {
         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "plugin": args.plugin, "shadow": args.shadow,
-        "workload": args.workload, "prompts": len(prompts), "engine_start_s": ready - started,
+        "scheme": args.scheme, "gate": args.gate, "tp": args.tp, "workload": args.workload, "prompts": len(prompts),
+        "engine_start_s": ready - started,
         "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / elapsed,
         "decode_tokens_per_s": decode_rate(outs),
-        "outputs": [{"token_ids": list(o.outputs[0].token_ids),
+        "request_ids": [o.request_id for o in outs],
+        "outputs": [{"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
                      "logprobs": [{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs]}
                     for o in outs],
-        "witcert": None,
+        "witcert": snapshot(args),
     }
-    if args.plugin:
-        from witcert.integrations.vllm import runtime
-
-        summary["witcert"] = runtime.get().telemetry.snapshot()
-    return summary
 
 
 def decode_rate(outs) -> float | None:
@@ -91,15 +149,16 @@ def decode_rate(outs) -> float | None:
     return sum(len(o.outputs[0].token_ids) - 1 for o in outs) / span if span > 0 else None
 
 
-def run_in_subprocess(model: str, *flags: str, timeout: int = 1800) -> dict:
-    """``run`` in a fresh process (each engine in its own): the summary dict."""
+def run_in_subprocess(model: str, *flags: str, timeout: int = 1800, command: str = "run") -> dict:
+    """``run`` (or ``measure``) in a fresh process (each engine in its own): the summary dict."""
     env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0")
-    done = subprocess.run([sys.executable, "-m", "witcert.integrations.vllm.bench", "run", model, *flags],
+    env.pop("WITCERT_VLLM_METRICS_DIR", None)  # each run its own snapshot directory
+    done = subprocess.run([sys.executable, "-m", "witcert.integrations.vllm.bench", command, model, *flags],
                           capture_output=True, text=True, timeout=timeout, env=env)
     for line in done.stdout.splitlines():
         if line.startswith(SUMMARY):
             return json.loads(line[len(SUMMARY):])
-    raise RuntimeError(f"bench run failed (rc={done.returncode}):\n{done.stderr[-4000:]}")
+    raise RuntimeError(f"bench {command} failed (rc={done.returncode}):\n{done.stderr[-4000:]}")
 
 
 def runnable_cache_dtypes() -> list[str]:
@@ -110,36 +169,194 @@ def runnable_cache_dtypes() -> list[str]:
     return ["auto", "fp8_e4m3", "fp8_e5m2"] if fp8 else ["auto"]
 
 
-def table(args) -> None:
-    """Print the README's two tables, measured now on this machine."""
-    import tempfile
+# -- the lossy-scheme table ------------------------------------------------------------------------
+def measure(args) -> dict:
+    """Every scheme x workload x gate in one engine: per-batch cells, coverage, meter, true TV, needle accuracy."""
+    args.plugin, args.shadow, args.gate, args.prefix_caching = True, True, True, False
+    tmp = tempfile.mkdtemp(prefix="witcert-bench-")
+    args.jsonl = os.path.join(tmp, "cells.jsonl")
+    args.scheme, args.schemes = "none", ",".join(args.lossy)
+    _environment(args)
+    from vllm import SamplingParams
 
-    print(f"| model dtype | cache | workload | cells | coverage (true TV <= meter) | median meter "
-          f"| median true TV | max true TV |\n|---|---|---|---|---|---|---|---|")
-    for dtype in ("float32", "bfloat16"):
-        for kv in runnable_cache_dtypes():
-            for workload in ("needle", "text", "code"):
-                with tempfile.TemporaryDirectory() as tmp:
-                    jsonl = os.path.join(tmp, "cells.jsonl")
-                    run_in_subprocess(args.model, "--dtype", dtype, "--kv-cache-dtype", kv, "--plugin", "--shadow",
-                                      "--workload", workload, "--max-tokens", "32", "--jsonl", jsonl)
-                    rows = [json.loads(line) for name in os.listdir(tmp) if name.startswith("cells.jsonl")
-                            for line in open(os.path.join(tmp, name))]
-                meters = [r["meter"] for r in rows]
-                tvs = [r["true_tv"] for r in rows]
-                covered = sum(t <= m for t, m in zip(tvs, meters)) / len(rows)
-                print(f"| {dtype} | {kv} | {workload} | {len(rows)} | {covered:.2%} | {statistics.median(meters):.2e} "
-                      f"| {statistics.median(tvs):.2e} | {max(tvs):.2e} |", flush=True)
-    modes = {"plugin off": (), "metering": ("--plugin",), "metering + shadow": ("--plugin", "--shadow")}
+    from . import runtime
+
+    llm = engine(args)
+    llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # warm-up
+    log = runtime.get().cell_log
+    tau = runtime.get().config.tau
+    results = []
+    for workload in ("needle", "text", "code"):
+        cases = workload_cases(args.model, workload, args.needle_cases, args.text_cases)
+        prompts = [getattr(c, "prompt", None) or c.context for c in cases]
+        tokens = args.needle_tokens if workload == "needle" else args.text_tokens
+        for scheme in ("none", *args.lossy):
+            for gated in ((False,) if scheme == "none" else (False, True)):
+                start = os.path.getsize(log.path) if os.path.exists(log.path) else 0
+                extra = {"witcert_scheme": scheme, "witcert_gate": gated}
+                t0 = time.perf_counter()
+                outs = llm.generate(prompts, SamplingParams(max_tokens=tokens, temperature=0, ignore_eos=True,
+                                                            extra_args=extra), use_tqdm=False)
+                wall = time.perf_counter() - t0
+                with open(log.path) as f:
+                    f.seek(start)
+                    rows = [json.loads(line) for line in f]
+                entry = {"workload": workload, "scheme": scheme, "gate": gated, "wall_s": wall,
+                         **_cell_stats(rows, tau)}
+                if workload == "needle":
+                    hits = [c.score(o.outputs[0].text) for c, o in zip(cases, outs)]
+                    entry.update(needle_hits=sum(hits), needle_cases=len(hits))
+                results.append(entry)
+                print(json.dumps(entry), file=sys.stderr, flush=True)
+    snap = runtime.get().telemetry.snapshot()
+    return {"tau": tau, "results": results, "gate_counts": snap["gate_counts"],
+            "shadow_violations": snap["shadow_violations"]}
+
+
+def _cell_stats(rows: list[dict], tau: float) -> dict:
+    """Cells, violations (served and before the gate), coverage at tau, medians, of one batch's cells."""
+    meters = [r["meter"] for r in rows]
+    tvs = [r["true_tv"] for r in rows]
+    raw = [r.get("meter_raw", r["meter"]) for r in rows]
+    raw_tv = [r.get("true_tv_raw", r["true_tv"]) for r in rows]
+    return {
+        "cells": len(rows),
+        "violations": sum(t > m for t, m in zip(tvs, meters)) + sum(t > m for t, m in zip(raw_tv, raw)),
+        "coverage": sum(m <= tau for m in meters) / len(rows) if rows else float("nan"),
+        "raw_coverage": sum(m <= tau for m in raw) / len(rows) if rows else float("nan"),
+        "median_meter": statistics.median(meters) if rows else float("nan"),
+        "median_true_tv": statistics.median(tvs) if rows else float("nan"),
+        "max_true_tv": max(tvs) if rows else float("nan"),
+        "repaired_cells": sum("meter_raw" in r for r in rows),
+    }
+
+
+def wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """Wilson score interval of a binomial proportion (95% by default)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def table(args) -> dict:
+    """Measure and print both tables now on this machine (one command, one run); ``--out`` saves the JSON."""
+    started = time.time()
+    flags = ["--lossy", ",".join(args.lossy), "--needle-cases", str(args.needle_cases), "--text-cases",
+             str(args.text_cases), "--needle-tokens", str(args.needle_tokens), "--text-tokens", str(args.text_tokens),
+             "--dtype", args.dtype]
+    measured = run_in_subprocess(args.model, *flags, timeout=6 * 3600, command="measure")
+    print(markdown_table(measured), flush=True)
+    speeds = speed_rounds(args) if args.repeats > 0 else {}
+    if speeds:
+        print()
+        print(markdown_speed(speeds, args), flush=True)
+    result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+              "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+              "command": "python -m witcert.integrations.vllm.bench " + " ".join(args.argv),
+              "machine": machine(), "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype,
+              **measured, "needle_check": needle_check(measured),
+              "speed": {"workload": "needle", "max_tokens": 32, "decode_tokens_per_s": speeds,
+                        "scheme": SPEED_SCHEME}}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(result, f, indent=1)
+            f.write("\n")
+    return result
+
+
+def needle_check(measured: dict) -> dict:
+    """Per scheme: gated needle accuracy inside the uncompressed accuracy's 95% Wilson interval?"""
+    by = {(r["scheme"], r["gate"]): r for r in measured["results"] if r["workload"] == "needle"}
+    base = by.get(("none", False))
+    if base is None:
+        return {}
+    lo, hi = wilson(base["needle_hits"], base["needle_cases"])
+    out = {"uncompressed": [base["needle_hits"], base["needle_cases"]], "interval": [lo, hi]}
+    for (scheme, gated), r in by.items():
+        if gated:
+            acc = r["needle_hits"] / r["needle_cases"]
+            out[scheme] = {"gated": [r["needle_hits"], r["needle_cases"]], "within": lo <= acc <= hi}
+    return out
+
+
+def machine() -> dict:
+    """What the numbers were measured on."""
+    import platform
+
+    import torch
+
+    cpu = "unknown"
+    try:
+        with open("/proc/cpuinfo") as f:
+            cpu = next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), cpu)
+    except OSError:
+        pass
+    try:
+        from importlib.metadata import version
+
+        vllm_version = version("vllm-cpu")
+    except Exception:  # noqa: BLE001 - a vllm distribution of another name
+        import vllm
+
+        vllm_version = vllm.__version__
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "platform": platform.platform(),
+            "python": platform.python_version(), "torch": torch.__version__, "vllm": vllm_version,
+            "avx512": bool(torch.cpu._is_avx512_supported()), "shared": "other processes share the cores"}
+
+
+def markdown_table(measured: dict) -> str:
+    """The lossy-scheme table: one row per (scheme, workload), raw and gated side by side."""
+    tau = measured["tau"]
+    by = {(r["workload"], r["scheme"], r["gate"]): r for r in measured["results"]}
+    lines = [f"| scheme | workload | cells | violations | coverage@{tau:g} raw -> gated | median meter | "
+             "median true TV | max true TV | needle acc raw -> gated |", "|---|---|---|---|---|---|---|---|---|"]
+    for (workload, scheme, gated), r in by.items():
+        if gated:
+            continue
+        g = by.get((workload, scheme, True))
+        cells = r["cells"] + (g["cells"] if g else 0)
+        violations = r["violations"] + (g["violations"] if g else 0)
+        coverage = f"{r['coverage']:.3f}" + (f" -> {g['coverage']:.3f}" if g else "")
+        needle = "-"
+        if workload == "needle":
+            needle = f"{r['needle_hits']}/{r['needle_cases']}"
+            if g:
+                needle += f" -> {g['needle_hits']}/{g['needle_cases']}"
+        lines.append(f"| {scheme} | {workload} | {cells} | {violations} | {coverage} | {r['median_meter']:.3g} | "
+                     f"{r['median_true_tv']:.3g} | {r['max_true_tv']:.3g} | {needle} |")
+    base = by.get(("needle", "none", False))
+    if base:
+        lo, hi = wilson(base["needle_hits"], base["needle_cases"])
+        lines.append(f"\nUncompressed needle accuracy {base['needle_hits']}/{base['needle_cases']}, "
+                     f"95% Wilson interval [{lo:.2f}, {hi:.2f}]; gate: {json.dumps(measured['gate_counts'])}")
+    return "\n".join(lines)
+
+
+def speed_rounds(args) -> dict:
+    """Decode tokens/s per mode, fresh processes, the modes interleaved in each round."""
+    modes = {"plugin off": (), "metering (no scheme)": ("--plugin",),
+             f"metering, {SPEED_SCHEME}": ("--plugin", "--scheme", SPEED_SCHEME),
+             f"metering, {SPEED_SCHEME}, gate": ("--plugin", "--scheme", SPEED_SCHEME, "--gate")}
     speeds = {name: [] for name in modes}
     for _ in range(args.repeats):  # interleaved, so a change of machine load hits every mode alike
         for name, flags in modes.items():
             speeds[name].append(run_in_subprocess(args.model, "--workload", "needle", "--max-tokens", "32",
-                                                  *flags)["decode_tokens_per_s"])
-    print("\n| fp32 model, auto cache, needle (6 requests x 32 tokens) | decode tokens/s (median of "
-          f"{args.repeats}) | runs |\n|---|---|---|")
+                                                  "--dtype", args.dtype, *flags)["decode_tokens_per_s"])
+    return speeds
+
+
+def markdown_speed(speeds: dict, args) -> str:
+    base = statistics.median(speeds["plugin off"])
+    lines = [f"| {args.dtype} model, auto cache, needle (6 requests x 32 tokens) | decode tokens/s (median of "
+             f"{args.repeats}) | vs plugin off | runs |", "|---|---|---|---|"]
     for name, values in speeds.items():
-        print(f"| {name} | {statistics.median(values):.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
+        median = statistics.median(values)
+        lines.append(f"| {name} | {median:.2f} | {median / base:.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
+    return "\n".join(lines)
 
 
 def main(argv=None) -> int:
@@ -151,16 +368,36 @@ def main(argv=None) -> int:
     one.add_argument("--kv-cache-dtype", default="auto")
     one.add_argument("--plugin", action="store_true", help="WITCERT_VLLM=1")
     one.add_argument("--shadow", action="store_true", help="WITCERT_VLLM_SHADOW=1")
+    one.add_argument("--gate", action="store_true", help="WITCERT_VLLM_GATE=1")
+    one.add_argument("--scheme", default="none", help="WITCERT_VLLM_SCHEME")
+    one.add_argument("--schemes", default="", help="WITCERT_VLLM_SCHEMES")
+    one.add_argument("--tp", type=int, default=1, help="tensor_parallel_size")
+    one.add_argument("--prefix-caching", action=argparse.BooleanOptionalAction, default=False)
+    one.add_argument("--max-model-len", type=int, default=1024)
     one.add_argument("--jsonl", help="WITCERT_VLLM_JSONL: one JSON line per metered cell")
     one.add_argument("--max-tokens", type=int, default=24)
     one.add_argument("--workload", choices=("needle", "text", "code"), help="the observatory's prompts")
     one.add_argument("--prompts", nargs="+", help="prompts (default: three built-in ones)")
-    tab = sub.add_parser("table", help="the README tables, measured now")
-    tab.add_argument("model")
-    tab.add_argument("--repeats", type=int, default=3)
+    one.add_argument("--xargs", help="SamplingParams.extra_args as JSON (e.g. witcert_scheme)")
+    for name in ("measure", "table"):
+        tab = sub.add_parser(name, help="the README tables, measured now" if name == "table"
+                             else "the lossy-scheme measurements of one engine (JSON)")
+        tab.add_argument("model")
+        tab.add_argument("--dtype", default="float32")
+        tab.add_argument("--lossy", type=lambda s: tuple(s.split(",")), default=LOSSY)
+        tab.add_argument("--needle-cases", type=int, default=12)
+        tab.add_argument("--text-cases", type=int, default=3)
+        tab.add_argument("--needle-tokens", type=int, default=8)
+        tab.add_argument("--text-tokens", type=int, default=16)
+        tab.add_argument("--repeats", type=int, default=3)
+        tab.add_argument("--out", help="write the measured tables as JSON here (table only)")
+        tab.set_defaults(kv_cache_dtype="auto", tp=1, max_model_len=1024, jsonl=None)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "run":
         print(SUMMARY + json.dumps(run(args)), flush=True)
+    elif args.command == "measure":
+        print(SUMMARY + json.dumps(measure(args)), flush=True)
     else:
         table(args)
     return 0
