@@ -124,7 +124,8 @@ def test_lossy_schemes_served_metered_and_sound(server):
     client = OpenAI(base_url=server + "/v1", api_key="unused", max_retries=0, timeout=300)
     before = _scrape(server)
     steps = {s: 0 for s in LOSSY}
-    prompt = "The old lighthouse keeper climbed the stairs every night, and on the last night he"
+    # longer than 32 tokens: kivi-2bit, as a tensor function per write, quantizes whole 32-token groups
+    prompt = " ".join(["The old lighthouse keeper climbed the stairs every night to light the lamp."] * 5) + " He"
     for scheme in LOSSY:  # 5 schemes x 2 gate settings = 10 requests
         for gate in (False, True):
             done = client.completions.create(model="smollm2", prompt=prompt, max_tokens=8, temperature=0,

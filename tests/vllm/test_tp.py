@@ -36,7 +36,6 @@ def test_tp2_meters_every_head_once_with_a_lossy_scheme_and_the_gate(smollm2, tm
     assert snap["engines"] == 2
     steps = sum(len(o["token_ids"]) - 1 for o in summary["outputs"])
     assert steps == 2 * (tokens - 1)
-    assert snap["cells"] == steps * 30 * 6
     assert snap["schemes"]["rtn-int4"]["cells"] == snap["cells"]
     assert snap["shadow_cells"] == snap["cells"]
     assert snap["shadow_violations"] == 0
@@ -49,6 +48,8 @@ def test_tp2_meters_every_head_once_with_a_lossy_scheme_and_the_gate(smollm2, tm
             row = json.loads(line)
             seen[(row["request"], row["layer"], row["step"], row["head"])] += 1
             assert row["true_tv"] <= row["meter"]
-    assert len(seen) == snap["cells"] and set(seen.values()) == {1}
+    assert len(seen) == snap["cells"] and set(seen.values()) == {1}  # the snapshots' sum: each cell once
     assert {key[3] for key in seen} == set(range(6))
-    assert len({key[0] for key in seen}) == 2
+    # the engine ids are the returned ids plus a suffix; cells of no returned id: the warm-up request
+    ours = [key for key in seen if key[0].rsplit("-", 1)[0] in summary["request_ids"]]
+    assert len(ours) == steps * 30 * 6

@@ -121,7 +121,7 @@ def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, dtype):
     # step 2: one decode token each, over the compressed cache; request a is gated
     key2, _, slots2, output = _step(impl, layer, kv_cache, [1, 1], [41, 21], g)
     snap = rt.telemetry.snapshot()
-    a, b = snap["schemes"]["rtn-int4"], snap["schemes"][SPEC]
+    a, b = snap["schemes"][scheme], snap["schemes"][SPEC]
     assert a["cells"] == b["cells"] == HQ and snap["shadow_violations"] == 0
     assert a["fired"] > 0 and a["unreachable"] == 0 and a["certified"] == HQ  # every fired cell repaired below tau
     assert b["gated_cells"] == 0 and b["raw_certified"] == b["certified"]
