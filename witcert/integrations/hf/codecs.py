@@ -105,8 +105,6 @@ class IntCodes:
     def nbytes(self, packed: tuple) -> int:
         return nbytes(packed[0], packed[1])
 
-    token_axes = (-2, -3, None)  # codes (..., S, d'), scales (..., S, d/g, 1), d: a store grows them in place
-
     def join(self, first: tuple, second: tuple) -> tuple:
         """One packed chunk: ``first``'s tokens then ``second``'s (codes and scales concatenated on the
         token axis), so the cache decodes its whole history in one call instead of one per step."""

@@ -36,6 +36,7 @@ from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import nbytes, owned_codec
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
+from witcert.tier_a.witness import cat_tokens
 
 
 @dataclass(frozen=True)
@@ -79,35 +80,6 @@ class LayerStore(Protocol):
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None: ...
 
-    def _grow(self, parts: dict, name: str, new: torch.Tensor, axis: int, transposed: bool = False) -> None:
-        """Append ``new`` to the token buffer behind ``parts[name]`` and refresh the view (no ``cat``)."""
-        key = ("decoded" if parts is self._decoded else "exact" if parts is self._exact else "stats", name)
-        buffer = self._buffers.get(key)
-        if buffer is None:
-            buffer = self._buffers[key] = TokenBuffer(axis)
-        view = buffer.append(new)
-        parts[name] = view.transpose(-1, -2) if transposed else view
-
-    def _add_packed(self, role: str, chunks: list, packed) -> None:
-        """Add a packed chunk: into growable buffers where the codec names its token axes (``token_axes``: one
-        per tensor of its packed tuple, ``None`` for a non-tensor entry), else through its ``join`` or as a
-        new chunk."""
-        axes = getattr(self.codec, "token_axes", None)
-        if axes is None or not isinstance(packed, tuple) or len(packed) != len(axes):
-            _add_chunk(self.codec, chunks, packed)
-            return
-        parts = []
-        for i, (axis, part) in enumerate(zip(axes, packed)):
-            if axis is None:
-                parts.append(part)
-                continue
-            key = (role, i)
-            buffer = self._buffers.get(key)
-            if buffer is None:
-                buffer = self._buffers[key] = TokenBuffer(axis)
-            parts.append(buffer.append(part))
-        chunks[:] = [tuple(parts)]
-
     def read(self) -> tuple[torch.Tensor, torch.Tensor]: ...
 
     def stored(self) -> StoredKeys: ...
@@ -145,7 +117,6 @@ class CompressedLayer:
     _stats: dict = field(default_factory=dict, repr=False)  # witness, value_residual, value_norm, (B, Hkv, S, ...)
     _exact: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
     _decoded: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
-    _buffers: dict = field(default_factory=dict, repr=False)  # name -> TokenBuffer behind the views above
     _length: int = field(default=0, repr=False)
 
     def __post_init__(self):
@@ -183,51 +154,19 @@ class CompressedLayer:
         v_packed = self.codec.encode(value, "value", start)
         k_hat, v_hat = self.codec.decode(k_packed, key.dtype), self.codec.decode(v_packed, value.dtype)
         new = stored_keys(key, k_hat, value, v_hat, self.layout)
-        self._add_packed("key", self.key_chunks, k_packed)
-        self._add_packed("value", self.value_chunks, v_packed)
-        # band-major witness: its buffer holds (..., B, S) so each band's tokens stay contiguous (the fast band dot)
-        self._grow(self._stats, "witness", new.witness.transpose(-1, -2), axis=-1, transposed=True)
+        _add_chunk(self.codec, self.key_chunks, k_packed)
+        _add_chunk(self.codec, self.value_chunks, v_packed)
+        held = [self._stats["witness"]] if "witness" in self._stats else []
+        self._stats["witness"] = cat_tokens(*held, new.witness)  # band-major: the layout the fast band dot reads
         # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
-        self._grow(self._stats, "value_residual", new.value_residual, axis=-1)
-        self._grow(self._stats, "value_norm", round_up_to(new.value_norm, torch.float32), axis=-1)
+        _extend(self._stats, value_residual=new.value_residual, value_norm=round_up_to(new.value_norm, torch.float32))
         if self.keep_exact:
-            self._grow(self._exact, "k", key.detach(), axis=-2)  # copied into the store's own buffer
-            self._grow(self._exact, "v", value.detach(), axis=-2)
-            self._grow(self._decoded, "k", k_hat, axis=-2)
-            self._grow(self._decoded, "v", v_hat, axis=-2)
+            _extend(self._exact, k=key.detach().clone(), v=value.detach().clone())
+            _extend(self._decoded, k=k_hat, v=v_hat)
         if self.backing is not None:
             self.backing.write(self.backing_key, key.detach(), value.detach())
         self._dtype = key.dtype
         self._length = start + key.shape[-2]
-
-    def _grow(self, parts: dict, name: str, new: torch.Tensor, axis: int, transposed: bool = False) -> None:
-        """Append ``new`` to the token buffer behind ``parts[name]`` and refresh the view (no ``cat``)."""
-        key = ("decoded" if parts is self._decoded else "exact" if parts is self._exact else "stats", name)
-        buffer = self._buffers.get(key)
-        if buffer is None:
-            buffer = self._buffers[key] = TokenBuffer(axis)
-        view = buffer.append(new)
-        parts[name] = view.transpose(-1, -2) if transposed else view
-
-    def _add_packed(self, role: str, chunks: list, packed) -> None:
-        """Add a packed chunk: into growable buffers where the codec names its token axes (``token_axes``: one
-        per tensor of its packed tuple, ``None`` for a non-tensor entry), else through its ``join`` or as a
-        new chunk."""
-        axes = getattr(self.codec, "token_axes", None)
-        if axes is None or not isinstance(packed, tuple) or len(packed) != len(axes):
-            _add_chunk(self.codec, chunks, packed)
-            return
-        parts = []
-        for i, (axis, part) in enumerate(zip(axes, packed)):
-            if axis is None:
-                parts.append(part)
-                continue
-            key = (role, i)
-            buffer = self._buffers.get(key)
-            if buffer is None:
-                buffer = self._buffers[key] = TokenBuffer(axis)
-            parts.append(buffer.append(part))
-        chunks[:] = [tuple(parts)]
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values attention reads (B, Hkv, S, d): the decoded copy, or every chunk decoded now."""
@@ -276,38 +215,7 @@ def _add_chunk(codec, chunks: list, packed) -> None:
         chunks.append(packed)
 
 
-class TokenBuffer:
-    """A preallocated, growable buffer along one token axis: :meth:`append` copies the new tokens in and returns
-    a view of every token written so far (never a copy of the history).
-
-    Capacity grows by doubling (amortised O(1) copies per token); a view handed out earlier stays valid (it
-    covers the tokens written before it, which are never rewritten; after a regrowth it keeps the old storage).
-    The bytes a store reports are those of the views (the tokens held); the spare capacity is at most the
-    size of the history.
-    """
-
-    def __init__(self, axis: int):
-        self.axis = axis
-        self.data: torch.Tensor | None = None
-        self.length = 0
-
-    def append(self, new: torch.Tensor) -> torch.Tensor:
-        axis = self.axis % new.dim()
-        n = new.shape[axis]
-        if self.data is None:
-            capacity = max(n, 16)
-            self.data = new.new_empty(*new.shape[:axis], capacity, *new.shape[axis + 1:])
-        else:
-            other = (*new.shape[:axis], *new.shape[axis + 1:])
-            held = (*self.data.shape[:axis], *self.data.shape[axis + 1:])
-            if other != held or new.dtype != self.data.dtype or new.device != self.data.device:
-                raise ValueError(f"a chunk {tuple(new.shape)} / {new.dtype} does not continue the buffer "
-                                 f"{tuple(self.data.shape)} / {self.data.dtype} on axis {self.axis}")
-            if self.length + n > self.data.shape[axis]:
-                capacity = max(2 * self.data.shape[axis], self.length + n)
-                grown = self.data.new_empty(*self.data.shape[:axis], capacity, *self.data.shape[axis + 1:])
-                grown.narrow(axis, 0, self.length).copy_(self.data.narrow(axis, 0, self.length))
-                self.data = grown
-        self.data.narrow(axis, self.length, n).copy_(new)
-        self.length += n
-        return self.data.narrow(axis, 0, self.length)
+def _extend(parts: dict, **new: torch.Tensor) -> None:
+    """Append each tensor along the token axis (2) of the stored one."""
+    for name, tensor in new.items():
+        parts[name] = tensor if name not in parts else torch.cat([parts[name], tensor], dim=2)
