@@ -3,7 +3,7 @@
 For each scheme, SmolLM2 (the embedded model) runs one observatory workload case per task (text,
 code, needle) under ``witcert.monitor`` with the exact cache kept. In every attention call a few
 cells are sampled uniformly (``--per-call``); each sampled cell whose deterministic meter exceeds
-tau is spot-checked (:func:`witcert.spot.spot_check`, ``delta`` per cell) at every key budget, with
+tau is spot-checked (:func:`witcert.spot.spot_check`, the one-sided default, ``delta`` per cell) at every key budget, with
 its true TV beside it. Reported per scheme, task and budget: coverage at tau (reported meter
 ``min(deterministic, spot) <= tau``) against the deterministic meter's, the median reported meter /
 true TV over the cells the deterministic meter leaves above tau, exact keys and bytes read, the
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -113,7 +114,14 @@ def summarize(rows: list[dict], tau: float, head_dim: int) -> dict:
     return out
 
 
-def run(schemes=SCHEMES, args=None) -> dict:
+def machine(threads: int) -> str:
+    """Where it ran: CPU model, logical CPUs, torch threads."""
+    from benchmarks.machine import _cpu_model
+
+    return f"{_cpu_model()}, {os.cpu_count()} logical CPUs, {threads} torch thread{'s' if threads != 1 else ''}"
+
+
+def run(schemes=SCHEMES, args=None, argv=None) -> dict:
     from witcert.integrations.hf.default_model import load_model
 
     args = args or parse([])
@@ -124,8 +132,9 @@ def run(schemes=SCHEMES, args=None) -> dict:
     results = dict(setup=dict(model=loaded.source, context_tokens=args.context, tasks=list(TASKS),
                               cells_per_call=args.per_call, delta_per_cell=args.delta, tau=args.tau,
                               budgets=list(BUDGETS), threads=args.threads,
-                              split="1/2 exact, 1/16 pilot, 7/16 sampled (witcert.spot.certificate)",
-                              date=datetime.date.today().isoformat()),
+                              split="one-sided estimator (witcert.spot.spot_check, registry SCO): 3/8 exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean; delta 0.8 / 0.2",
+                              date=datetime.date.today().isoformat(), machine=machine(args.threads),
+                              command="python -m benchmarks.spot_check " + " ".join(sys.argv[1:] if argv is None else argv)),
                    schemes={})
     for scheme in schemes:
         started = time.perf_counter()
@@ -148,7 +157,7 @@ def run(schemes=SCHEMES, args=None) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    results = run(tuple(s for s in args.schemes.split(",") if s), args)
+    results = run(tuple(s for s in args.schemes.split(",") if s), args, argv)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")

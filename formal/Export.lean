@@ -189,6 +189,18 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.mul_abs_sub_le_spot
 #print axioms WitCert.mul_abs_sub_le_spot
 
+#check @WitCert.tv_le_spot_one_sided
+#print axioms WitCert.tv_le_spot_one_sided
+
+#check @WitCert.abs_le_add_two_mul
+#print axioms WitCert.abs_le_add_two_mul
+
+#check @WitCert.exp_neg_sub_one_mem
+#print axioms WitCert.exp_neg_sub_one_mem
+
+#check @WitCert.spot_one_sided_term_le
+#print axioms WitCert.spot_one_sided_term_le
+
 #check @WitCert.sum_step_allocation_le
 #print axioms WitCert.sum_step_allocation_le
 

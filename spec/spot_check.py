@@ -1,4 +1,4 @@
-"""Executable statement of the spot-check certificate (docs/design.md "Spot-check certificate"; registry keys SC, SCB, SCD).
+"""Executable statement of the spot-check certificate (docs/design.md "Spot-check certificate"; registry keys SC, SCO, SCB, SCD).
 
 Pure Python + mpmath at the caller's working precision; no torch, no randomness. The sampled
 token indices are inputs, so the library (``witcert.spot``) and this mirror can be compared on
@@ -18,6 +18,11 @@ sampled with replacement from ``q_t = p~_t g_t / G``, ``g_t = u_t + |1 - Z'|``,
 statements (upper on ``E_q X``, upper and lower on ``E_q Y``) at ``delta / 3`` each, each the
 minimum of a betting bound and an empirical Bernstein bound at ``delta / 6`` (registry SCB),
 give a bound that holds with probability ``>= 1 - delta`` (a union over six events).
+
+The one-sided estimator (registry SCO, ``bound_spot_one_sided``, the library's default) uses
+``TV = E_p~ (1 - W/Z)^+ <= E_p~ (1 - W/Z_U)^+`` for any ``Z_U >= Z``: an upper confidence bound
+on ``Z`` from draws ``~ p~ (e^c - 1)``, then draws ``~ p~ (1 - e^{-c}/Z_U)^+`` bound the one-sided
+mean; two statements (``delta 8/10`` and ``delta 2/10``).
 """
 from collections.abc import Sequence
 
@@ -101,15 +106,17 @@ def empirical_bernstein_upper(xs: Sequence[Real], delta: Real) -> mpf:
     return min(mpf(1), mean + mpmath.sqrt(2 * var * log_term / n) + 7 * log_term / (3 * (n - 1)))
 
 
-def betting_lambdas(xs: Sequence[Real], delta: Real) -> list[mpf]:
+def betting_lambdas(xs: Sequence[Real], delta: Real, planned: int | None = None) -> list[mpf]:
     """Predictable plug-in bets of Waudby-Smith & Ramdas (2023, JRSS-B), Section 5, one-sided, before the cap.
 
     ``lambda_i = sqrt(2 ln(1/delta) / (n sigma^2_{i-1}))`` with the running estimates
     ``mu_i = (1/2 + sum_{j<=i} X_j) / (i + 1)`` and
     ``sigma^2_i = (1/4 + sum_{j<=i} (X_j - mu_j)^2) / (i + 1)``: each bet uses only earlier samples.
+    ``n`` is ``planned`` when given: a constant fixed before the draws keeps the bets predictable
+    for a sequence stopped at a random time (the one-sided estimator's distinct-key budget).
     """
     x = _reals("xs", xs)
-    n, log_term = len(x), mpmath.log(1 / mpf(delta))
+    n, log_term = (len(x) if planned is None else planned), mpmath.log(1 / mpf(delta))
     lambdas, total, squares = [], mpf(0), mpf(1) / 4
     for i, v in enumerate(x):  # sigma^2_{i-1} = squares / i  (i samples seen, prior counts as one)
         sigma2 = squares / (i + 1)
@@ -129,7 +136,8 @@ def betting_log_capital(xs: Sequence[Real], lambdas: Sequence[Real], m: Real) ->
     return mpmath.fsum(mpmath.log1p(lam * (mpf(m) - v)) for lam, v in zip(lambdas, _reals("xs", xs)))
 
 
-def betting_upper(xs: Sequence[Real], delta: Real, cells: int = GRID_CELLS) -> mpf:
+def betting_upper(xs: Sequence[Real], delta: Real, cells: int = GRID_CELLS, cap: Real = BETTING_CAP,
+                  planned: int | None = None) -> mpf:
     """Waudby-Smith & Ramdas (2023) upper bound, with bets fixed per grid cell ``(m_{j-1}, m_j]``.
 
     In cell ``j`` the bets are ``min(plug-in, BETTING_CAP / (1 - m_{j-1}))``, so every factor is
@@ -137,14 +145,16 @@ def betting_upper(xs: Sequence[Real], delta: Real, cells: int = GRID_CELLS) -> m
     there. The bound is ``m_{j*-1}`` for the first cell ``j*`` from which every cell has
     ``K_j(m_{j-1}) >= 1/delta`` (1 if the last cell does not). If the mean lies in a cell
     ``j >= j*``, the capital of that cell's bets at the mean is ``>= 1/delta``: probability ``<= delta``.
+    By Ville's inequality the same holds at any stopping time (``planned`` fixes the bets' ``n``).
+    ``cap`` in (0, 1) replaces ``BETTING_CAP``.
     """
     if len(xs) == 0:
         return mpf(1)
-    plug_in = betting_lambdas(xs, delta)
+    plug_in = betting_lambdas(xs, delta, planned)
     threshold = mpmath.log(1 / mpf(delta))
     for j in range(cells - 1, -1, -1):  # from the top cell down to the last one not rejected
         left = mpf(j) / cells
-        bets = [min(lam, BETTING_CAP / (1 - left)) for lam in plug_in]
+        bets = [min(lam, mpf(cap) / (1 - left)) for lam in plug_in]
         if betting_log_capital(xs, bets, left) < threshold:
             return mpf(1) if j == cells - 1 else mpf(j + 1) / cells
     return mpf(0)
@@ -198,6 +208,114 @@ def bound_spot_check(p_tilde: Sequence[Real], c: Sequence[Real], eps: Sequence[R
     z_hi = min(z_hi, mpmath.fsum(pt * mpmath.exp(ct) for pt, ct in zip(p, r)))  # Z <= A
     deviation = max(z_hi - zp, zp - z_lo, mpf(0))
     return min(mpf(1), (spread_upper / 2 + deviation / 2) / zp)
+
+
+# ----------------------------------------------------------------------------- the one-sided estimator (SCO)
+
+ONE_SIDED_CAP = mpf(99) / 100
+"""Cap of the one-sided estimator's bets: every capital factor stays >= 1/100."""
+Z_SHARE_OF_DELTA = mpf(8) / 10
+"""Share of ``delta`` spent on the upper bound of ``Z``; the rest bounds the one-sided mean."""
+
+
+def bound_spot_one_sided_identity(p_tilde: Sequence[Real], eps: Sequence[Real], z_upper: Real) -> mpf:
+    """``E_p~ (1 - W / Z_U)^+``: an upper bound on ``TV(p, p~)`` for every ``Z_U >= Z``, equal to it at ``Z_U = Z``.
+
+    Lean: ``WitCert.tv_le_spot_one_sided``. ``TV = sum_t (p~_t - p_t)^+`` (both sum to one) and
+    ``p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U)``. ``p~`` is normalised here; the
+    caller supplies ``Z_U`` (this function does not check ``Z_U >= Z``: below ``Z`` it is no bound).
+    """
+    p, e = _reals("p_tilde", p_tilde), _reals("eps", eps)
+    if len(p) != len(e):
+        raise ValueError(f"eps: has {len(e)} entries, p_tilde has {len(p)}")
+    zu = mpf(z_upper)
+    if not zu > 0:
+        raise ValueError(f"z_upper: must be > 0, got {z_upper!r}")
+    total = mpmath.fsum(p)
+    return mpmath.fsum(pt * max(mpf(0), 1 - mpmath.exp(-et) / zu) for pt, et in zip(p, e)) / total
+
+
+SMALL = mpf(10) ** -6
+"""Tokens whose sampling weight (``u`` in the ``Z`` stage, ``h`` in the one-sided one) is below this are bounded by it."""
+
+
+def one_sided_z_upper(p_tilde: Sequence[Real], c: Sequence[Real], eps: Sequence[Real], exact: Sequence[int],
+                      z_draws: Sequence[int], delta_z: Real, planned: int, cap: Real = ONE_SIDED_CAP) -> mpf:
+    """``Z_U``: an upper confidence bound on ``Z = E_p~ W`` at level ``delta_z`` (before the fp slack).
+
+    ``Z <= z_known + G E_q1 Y`` with ``z_known = sum_E p~ W + sum_small p~ e^c + sum_R p~`` (``small``:
+    ``u < SMALL`` off the exact set ``E``, bounded by ``e^c``), ``q1 = p~ u / G`` on the rest ``R``,
+    ``u = e^c - 1``, ``G = sum_R p~ u`` and ``Y = (W - 1) / u`` in ``[-1, 1]`` (``WitCert.exp_neg_sub_one_mem``).
+    The betting bound on ``(1 + Y) / 2`` (``planned`` bets, ``cap``) gives ``Z_U``; no draws with
+    ``G > 0`` give ``A = E_p~ e^c``; then ``Z_U`` is kept in ``[A-, A]``, where ``Z`` lies.
+    ``z_draws`` i.i.d. from ``q1``, possibly stopped at a random time.
+    """
+    p, r, e = _normalised(p_tilde), _reals("c", c), _reals("eps", eps)
+    known = set(exact)
+    rest = [t for t in range(len(p)) if t not in known and p[t] > 0]
+    small = [t for t in rest if mpmath.expm1(r[t]) < SMALL]
+    sampled = [t for t in rest if mpmath.expm1(r[t]) >= SMALL]
+    z_known = (mpmath.fsum(p[t] * mpmath.exp(-e[t]) for t in known) + mpmath.fsum(p[t] * mpmath.exp(r[t]) for t in small)
+               + mpmath.fsum(p[t] for t in sampled))
+    g_total = mpmath.fsum(p[t] * mpmath.expm1(r[t]) for t in sampled)
+    a_plus = mpmath.fsum(pt * mpmath.exp(rt) for pt, rt in zip(p, r))
+    a_minus = mpmath.fsum(pt * mpmath.exp(-rt) for pt, rt in zip(p, r))
+    if g_total == 0:
+        z_upper = z_known
+    elif len(z_draws) == 0:
+        z_upper = a_plus
+    else:
+        ys = [max(mpf(-1), min(mpf(1), (mpmath.exp(-e[t]) - 1) / mpmath.expm1(r[t]))) for t in z_draws]
+        upper = betting_upper([(1 + y) / 2 for y in ys], delta_z, cap=cap, planned=planned)
+        z_upper = z_known + g_total * (2 * upper - 1)
+    return max(min(z_upper, a_plus), a_minus)
+
+
+def _normalised(p_tilde: Sequence[Real]) -> list[mpf]:
+    p = _reals("p_tilde", p_tilde)
+    total = mpmath.fsum(p)
+    return [pt / total for pt in p]
+
+
+def bound_spot_one_sided(p_tilde: Sequence[Real], c: Sequence[Real], eps: Sequence[Real], exact: Sequence[int],
+                         z_draws: Sequence[int], f_draws: Sequence[int], delta: Real, planned_z: int, planned_f: int,
+                         cap: Real = ONE_SIDED_CAP, z_share: Real = Z_SHARE_OF_DELTA) -> mpf:
+    """The one-sided spot-check bound (registry SCO) from an exact set and two stages of draws.
+
+    1. ``Z_U = one_sided_z_upper(..., delta_z = z_share delta)``;
+    2. the known set ``K = E + z_draws`` (read already); off ``K``, tokens with ``h < SMALL`` are
+       bounded by ``h`` (``h_t = (1 - e^{-c_t} / Z_U)^+ >= (1 - W_t / Z_U)^+``), the others form the
+       proposal ``q2 = p~ h / H``; ``f_draws`` i.i.d. from ``q2`` (fixed once stage one is),
+       ``X = (1 - W / Z_U)^+ / h`` in ``[0, 1]`` (``WitCert.spot_one_sided_term_le``); the betting
+       bound at ``(1 - z_share) delta`` gives ``U`` (no draws: ``U = 1``);
+    3. bound ``= sum_K p~ (1 - W / Z_U)^+ + sum_small p~ h + H U``, capped at 1.
+
+    On the event ``Z <= Z_U`` (probability ``>= 1 - z_share delta``) the identity gives
+    ``TV <= E_p~ (1 - W/Z_U)^+ <= sum_K ... + sum_small ... + H E_q2 X``; conditionally on stage
+    one, ``E_q2 X <= U`` fails with probability ``<= (1 - z_share) delta``. A union: ``>= 1 - delta``.
+    Needs ``|eps_t| <= c_t`` on every token and the draws made after the query is fixed.
+    """
+    delta = mpf(delta)
+    z_upper = one_sided_z_upper(p_tilde, c, eps, exact, z_draws, z_share * delta, planned_z, cap)
+    p, r, e = _normalised(p_tilde), _reals("c", c), _reals("eps", eps)
+    known = set(exact) | set(z_draws)
+
+    def term(t):
+        return max(mpf(0), 1 - mpmath.exp(-e[t]) / z_upper)
+
+    def h(t):
+        return max(mpf(0), 1 - mpmath.exp(-r[t]) / z_upper)
+
+    others = [t for t in range(len(p)) if t not in known and p[t] > 0]
+    bound = mpmath.fsum(p[t] * term(t) for t in known) + mpmath.fsum(p[t] * h(t) for t in others if h(t) < SMALL)
+    h_total = mpmath.fsum(p[t] * h(t) for t in others if h(t) >= SMALL)
+    if h_total > 0:
+        if len(f_draws) == 0:
+            bound += h_total
+        else:
+            xs = [min(mpf(1), term(t) / h(t)) for t in f_draws]
+            bound += h_total * betting_upper(xs, (1 - z_share) * delta, cap=cap, planned=planned_f)
+    return min(mpf(1), bound)
 
 
 # ----------------------------------------------------------------------------- request budget (SCD)

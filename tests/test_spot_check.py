@@ -1,6 +1,7 @@
-"""The spot-check certificate (registry SC, SCB, SCD).
+"""The spot-check certificate, two-sided form (registry SC, SCB, SCD).
 
-Implementation under test: ``witcert.spot`` (torch fp64). Oracles: the mpmath spec
+Implementation under test: ``witcert.spot.spot_check_two_sided`` (torch fp64); the default
+one-sided form is tested in ``tests/test_spot_one_sided.py`` on the same cells. Oracles: the mpmath spec
 ``witcert.spec.spot_check`` on the same draws (exact set, identity, confidence bounds, the whole
 bound), the true TV of each synthetic cell (``spec.bounds.tv_perturbed``, 30 digits), and the
 binomial law of failures for the confidence bounds that are not proved in Lean (SCB).
@@ -11,72 +12,17 @@ Tolerances: spec vs torch exact set identical; torch bound >= spec bound (to 1e-
 the betting grid's resolution above it; empirical failure rates <= delta within a binomial
 tolerance at 1e-4 (scipy.stats); zero violations at delta = 1e-6. Every check is per cell.
 """
-import math
-
 import mpmath
 import pytest
 import torch
-from scipy import stats
 
 from witcert.spec import bounds as spec_bounds
 from witcert.spec import spot_check as spec
 from witcert.spec.registry import by_key
-from witcert.spot import confidence, delta_at_step, delta_per_cell, spot_check, spot_randomness
+from witcert.spot import confidence, delta_at_step, delta_per_cell, spot_randomness
+from witcert.spot import spot_check_two_sided as spot_check
 
-FAMILIES = ("peaked", "flat", "heavy", "aligned", "vertex", "split", "sparse_big", "masked")
-GRID = 1 / 256  # the betting search's resolution (witcert.spot.confidence.GRID_CELLS)
-
-
-def synthetic_cell(family: str, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(scores, c, eps) in fp64 with ``|eps| <= c``; ``-inf`` scores mark masked tokens."""
-    g = torch.Generator().manual_seed(seed)
-
-    def rand(*shape):
-        return torch.rand(*shape, generator=g, dtype=torch.float64)
-
-    def randn(*shape):
-        return torch.randn(*shape, generator=g, dtype=torch.float64)
-
-    scores, c = 2 * randn(size), 0.8 * rand(size)
-    sign = torch.where(rand(size) < 0.5, -1.0, 1.0)
-    eps = sign * c * rand(size)
-    if family == "peaked":
-        scores[0] += 12
-    elif family == "flat":
-        scores = torch.zeros(size, dtype=torch.float64)
-        c = 0.3 * rand(size)
-        eps = sign * c * rand(size)
-    elif family == "heavy":
-        scores = torch.tan(math.pi * (rand(size) - 0.5)).clamp(-30, 30)
-        c = torch.exp(randn(size)).clamp(max=6.0)
-        eps = sign * c * rand(size)
-    elif family == "aligned":
-        eps = c.clone()
-    elif family == "vertex":
-        eps = sign * c
-    elif family == "split":
-        eps = torch.where(scores > scores.median(), c, -c)
-    elif family == "sparse_big":
-        c = 1e-3 * rand(size)
-        big = torch.randperm(size, generator=g)[:5]
-        c[big] = 5.0
-        eps = sign * c
-    elif family == "masked":
-        scores[rand(size) < 0.3] = -torch.inf
-        eps = sign * c
-    return scores, c, eps
-
-
-def true_tv(scores, eps) -> float:
-    with mpmath.workdps(30):
-        p = spec_bounds.softmax([float(v) for v in scores])
-        e = [float(x) if p_t > 0 else 0.0 for x, p_t in zip(eps, p)]
-        return float(spec_bounds.tv(spec_bounds.perturbed(p, e), p))  # O(S) literal form: TVs here are >> 1e-25
-
-
-def reader_for(scores, eps):
-    exact = scores - eps  # l = l~ - eps
-    return lambda index: exact[index]
+from tests.spot_cells import FAMILIES, GRID, binomial_ceiling, reader_for, synthetic_cell, true_tv
 
 
 def run(scores, c, eps, *, keys, delta, seed):
@@ -156,11 +102,6 @@ def test_bound_covers_true_tv_at_small_delta(family):
             assert result.keys_read <= 128
 
 
-def _binomial_ceiling(trials: int, delta: float) -> int:
-    """Failures a correct level-delta bound exceeds with probability < 1e-4."""
-    return int(stats.binom.ppf(1 - 1e-4, trials, delta))
-
-
 @pytest.mark.parametrize("bound", ("betting_upper", "empirical_bernstein_upper", "mean_upper"))
 @pytest.mark.parametrize("law", ("bernoulli_small", "two_point", "beta", "uniform", "near_one"))
 def test_mean_upper_failure_rate(law, bound):
@@ -179,7 +120,7 @@ def test_mean_upper_failure_rate(law, bound):
     sample, mean = samplers[law]
     upper = getattr(confidence, bound)
     failures = sum(upper(sample(), delta) < mean for _ in range(trials))
-    assert failures <= _binomial_ceiling(trials, delta), (law, bound, failures)
+    assert failures <= binomial_ceiling(trials, delta), (law, bound, failures)
 
 
 @pytest.mark.parametrize("family", ("vertex", "split", "heavy", "flat"))
@@ -189,7 +130,7 @@ def test_cell_failure_rate_at_large_delta(family):
     scores, c, eps = synthetic_cell(family, 400, seed=21)
     tv = true_tv(scores, eps)
     failures = sum(run(scores, c, eps, keys=16, delta=delta, seed=s).bound < tv for s in range(trials))
-    assert failures <= _binomial_ceiling(trials, delta), (family, failures)
+    assert failures <= binomial_ceiling(trials, delta), (family, failures)
 
 
 # ----------------------------------------------------------------------------- edges and inputs

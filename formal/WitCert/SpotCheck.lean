@@ -1,4 +1,5 @@
 import WitCert.Reweight
+import WitCert.MassSplit
 import Mathlib.NumberTheory.ZetaValues
 
 /-!
@@ -21,6 +22,10 @@ step, from Mathlib's `hasSum_zeta_two`.
 
 * `WitCert.mul_abs_sub_le_spot`: `z |w - Z| ≤ Z |w - z| + w |z - Z|` for `w, z, Z ≥ 0`.
 * `WitCert.tv_le_spot_identity`: the deterministic inequality above.
+* `WitCert.tv_le_spot_one_sided`: for every `zU ≥ Z`,
+  `TV(p, p̃) ≤ ∑ t, p̃ t * max 0 (1 - W t / zU)` (the one-sided estimator, registry `SCO`).
+* `WitCert.spot_one_sided_term_le`: with `|eps t| ≤ c t` that term lies in
+  `[0, max 0 (1 - exp (-c t) / zU)] ⊆ [0, 1]`.
 * `WitCert.sum_range_one_div_sq_le`: `∑ k < n, 1 / k² ≤ π² / 6` (the `k = 0` term is `0`).
 * `WitCert.sum_step_allocation_le`: `∑ k < n, 6 / π² * (1 / k²) ≤ 1`.
 -/
@@ -75,6 +80,67 @@ theorem tv_le_spot_identity (hp : ∀ t, 0 ≤ pt t) (hZ : 0 < partition pt eps)
         + partition pt eps * |z - partition pt eps| := hsum
     _ = (1 / 2 * ∑ t, pt t * |Real.exp (-eps t) - z| + 1 / 2 * |z - partition pt eps|)
           * (2 * partition pt eps) := by ring
+
+/-- Pointwise step of the one-sided form: `|a| ≤ a + 2 y` whenever `0 ≤ y` and `-a ≤ y`. -/
+theorem abs_le_add_two_mul {a y : ℝ} (hy : 0 ≤ y) (ha : -a ≤ y) : |a| ≤ a + 2 * y :=
+  abs_le.mpr ⟨by linarith, by linarith⟩
+
+/-- **One-sided spot-check bound.** If `p̃` is a probability vector and `zU` is at least the
+partition function `Z`, then `TV(p, p̃) ≤ ∑ t, p̃ t * max 0 (1 - exp (-eps t) / zU)`.
+
+Proof: `TV = ∑ t, (p̃ t - p t)⁺` because both vectors sum to one (`|a| = a + 2 (-a)⁺` summed,
+`∑ (p - p̃) = 0`), and `p̃ t - p t = p̃ t * (1 - W t / Z) ≤ p̃ t * (1 - W t / zU)` since
+`W t / zU ≤ W t / Z`. With `zU` an upper confidence bound on `Z` the right side is a mean under
+`p̃` of a variable in `[0, 1]` (`WitCert.spot_one_sided_term_le`): two confidence statements. -/
+theorem tv_le_spot_one_sided (hp : ∀ t, 0 ≤ pt t) (hsum : ∑ t, pt t = 1)
+    (hZ : 0 < partition pt eps) {zU : ℝ} (hzU : partition pt eps ≤ zU) :
+    tv (reweight pt eps) pt ≤ ∑ t, pt t * max 0 (1 - Real.exp (-eps t) / zU) := by
+  have hpoint : ∀ t, |reweight pt eps t - pt t|
+      ≤ (reweight pt eps t - pt t) + 2 * (pt t * max 0 (1 - Real.exp (-eps t) / zU)) := by
+    intro t
+    have hy : 0 ≤ pt t * max 0 (1 - Real.exp (-eps t) / zU) :=
+      mul_nonneg (hp t) (le_max_left _ _)
+    have hdiff : pt t - reweight pt eps t = pt t * (1 - Real.exp (-eps t) / partition pt eps) := by
+      unfold reweight
+      ring
+    have hdiv : Real.exp (-eps t) / zU ≤ Real.exp (-eps t) / partition pt eps :=
+      div_le_div_of_nonneg_left (Real.exp_pos (-eps t)).le hZ hzU
+    have h1 : pt t * (1 - Real.exp (-eps t) / partition pt eps)
+        ≤ pt t * (1 - Real.exp (-eps t) / zU) :=
+      mul_le_mul_of_nonneg_left (by linarith) (hp t)
+    have h2 : pt t * (1 - Real.exp (-eps t) / zU)
+        ≤ pt t * max 0 (1 - Real.exp (-eps t) / zU) :=
+      mul_le_mul_of_nonneg_left (le_max_right _ _) (hp t)
+    exact abs_le_add_two_mul hy (by linarith)
+  have hsum_le : ∑ t, |reweight pt eps t - pt t|
+      ≤ ∑ t, ((reweight pt eps t - pt t) + 2 * (pt t * max 0 (1 - Real.exp (-eps t) / zU))) :=
+    Finset.sum_le_sum fun t _ => hpoint t
+  have hzero : ∑ t, (reweight pt eps t - pt t) = 0 := by
+    rw [Finset.sum_sub_distrib, sum_reweight hZ, hsum, sub_self]
+  rw [Finset.sum_add_distrib, hzero, zero_add, ← Finset.mul_sum] at hsum_le
+  calc tv (reweight pt eps) pt = 1 / 2 * ∑ t, |reweight pt eps t - pt t| := rfl
+    _ ≤ 1 / 2 * (2 * ∑ t, pt t * max 0 (1 - Real.exp (-eps t) / zU)) :=
+        mul_le_mul_of_nonneg_left hsum_le (by norm_num)
+    _ = ∑ t, pt t * max 0 (1 - Real.exp (-eps t) / zU) := by ring
+
+/-- **Range of the one-sided term.** With `|eps| ≤ c` and `zU > 0`,
+`0 ≤ max 0 (1 - exp (-eps) / zU) ≤ max 0 (1 - exp (-c) / zU) ≤ 1`: importance sampling with
+weights `p̃ t * max 0 (1 - exp (-c t) / zU)` gives ratios in `[0, 1]`. -/
+theorem spot_one_sided_term_le {e b zU : ℝ} (h : |e| ≤ b) (hzU : 0 < zU) :
+    max 0 (1 - Real.exp (-e) / zU) ≤ max 0 (1 - Real.exp (-b) / zU)
+      ∧ max 0 (1 - Real.exp (-b) / zU) ≤ 1 := by
+  have hdiv : Real.exp (-b) / zU ≤ Real.exp (-e) / zU :=
+    div_le_div_of_nonneg_right (exp_neg_le_exp_neg_of_abs_le h) hzU.le
+  have hnonneg : 0 ≤ Real.exp (-b) / zU := div_nonneg (Real.exp_pos (-b)).le hzU.le
+  exact ⟨max_le_max (le_refl 0) (by linarith), max_le zero_le_one (by linarith)⟩
+
+/-- **Range of the normaliser's ratio.** With `|eps| ≤ c`,
+`exp (-c) - 1 ≤ exp (-eps) - 1 ≤ exp c - 1`: importance sampling `Z - ∑ p̃` with weights
+`p̃ t * (exp (c t) - 1)` gives ratios in `[-1, 1]` whose upper end is what an upper bound on `Z`
+has to fear. -/
+theorem exp_neg_sub_one_mem {e b : ℝ} (h : |e| ≤ b) :
+    Real.exp (-b) - 1 ≤ Real.exp (-e) - 1 ∧ Real.exp (-e) - 1 ≤ Real.exp b - 1 :=
+  ⟨by linarith [exp_neg_le_exp_neg_of_abs_le h], by linarith [exp_neg_le_exp_of_abs_le h]⟩
 
 /-- Partial sums of `1 / k²` (with `1 / 0² = 0`) stay below `π² / 6` (Mathlib's `hasSum_zeta_two`). -/
 theorem sum_range_one_div_sq_le (n : ℕ) :

@@ -1,10 +1,14 @@
-"""Spot-check certificate: a few exact keys drawn with the meter's own randomness (registry SC, SCB, SCD).
+"""Spot-check certificate: a few exact keys drawn with the meter's own randomness (registry SCO, SC, SCB, SCD).
 
 Valid with probability ``1 - delta`` per cell for adaptive queries and any black-box scheme; see
-:mod:`witcert.spot.certificate`.
+:mod:`witcert.spot.one_sided` (the default, ``spot_check``) and :mod:`witcert.spot.certificate`
+(``spot_check_two_sided``).
 """
 from witcert.spot.budget import delta_at_step, delta_per_cell
-from witcert.spot.certificate import SpotCheck, spot_check
+from witcert.spot.certificate import SpotCheck, spot_check_two_sided
+from witcert.spot.one_sided import spot_check
+from witcert.spot import one_sided
 from witcert.spot.randomness import SpotRandomness, spot_randomness
 
-__all__ = ["SpotCheck", "SpotRandomness", "delta_at_step", "delta_per_cell", "spot_check", "spot_randomness"]
+__all__ = ["SpotCheck", "SpotRandomness", "delta_at_step", "delta_per_cell", "spot_check", "spot_check_two_sided",
+           "spot_randomness"]

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, replace
 import torch
 
 from witcert.core import values
-from witcert.spot.certificate import spot_check
+from witcert.spot.one_sided import spot_check
 from witcert.spot.randomness import SpotRandomness, spot_randomness
 
 CERTIFICATES = ("deterministic", "spot")

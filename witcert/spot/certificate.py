@@ -1,4 +1,6 @@
-"""The spot-check certificate of one cell (registry SC, SCB; spec mirror ``witcert.spec.spot_check``).
+"""The two-sided spot check of one cell and the parts both forms share (registry SC, SCB; spec ``bound_spot_check``).
+
+The library's default is the tighter one-sided form, :func:`witcert.spot.one_sided.spot_check`.
 
 Where the witness saturates, the meter reads a few exact keys chosen with its own randomness
 after the query is fixed. ``W_t = e^{-eps_t} = e^{l_t - l~_t}``, ``Z = E_p~ W``; for any ``Z' > 0``
@@ -133,10 +135,10 @@ def _pilot_z(p, u, rest, reader: _ExactLogits, z_known: float, n_pilot: int, gen
     return z_known + g0 * float(y.mean()), draws
 
 
-def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float, generator: torch.Generator | None = None,
+def spot_check_two_sided(scores, radii, read_exact: Reader, *, keys: int, delta: float, generator: torch.Generator | None = None,
                meter: float | None = None, exact_share: float = EXACT_SHARE,
                pilot_share: float = PILOT_SHARE) -> SpotCheck:
-    """Spot-check bound on ``TV(p, p~)`` for one cell (registry SC with SCB).
+    """Two-sided spot-check bound on ``TV(p, p~)`` for one cell (registry SC with SCB).
 
     Parameters
     ----------
