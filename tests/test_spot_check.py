@@ -254,8 +254,8 @@ def test_monitor_spot_options_are_checked():
     from tests.tiny_models import tiny
 
     model = tiny("llama")
-    with pytest.raises(ValueError, match="keep_exact"):
-        witcert.monitor(model, "rtn-int4", certificate="spot", keep_exact=False)
+    with pytest.raises(ValueError, match="backing_dir"):
+        witcert.monitor(model, "rtn-int4", certificate="deterministic", keep_exact=False, backing_dir="/tmp")
     with pytest.raises(ValueError, match="certificate"):
         witcert.monitor(model, "rtn-int4", certificate="sampled")
     with pytest.raises(ValueError, match="spot_keys"):

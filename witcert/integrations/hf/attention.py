@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
+from witcert.spot.cells import BackedKeys
 from witcert.tier_a.bands import BandLayout
 
 ATTN_NAME = "witcert"
@@ -94,7 +95,8 @@ class CallScope:
     tau_k: float = 0.2
     tau_v: float = 0.05
     fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS, MS)); False: the full eager meter
-    spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau (exact cache kept)
+    spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau
+    backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -191,7 +193,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
                                          scope.tau_k, scope.tau_v, slack=slack)
     if scope.spot is not None:  # witcert.spot.cells: reported meter = min(deterministic, spot bound)
-        math, spot_extra = scope.spot.apply(math, query, store.exact()[0], scale, scope.tau_k, scope.tau_v)
+        keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
+        math, spot_extra = scope.spot.apply(math, query, keys, scale, scope.tau_k, scope.tau_v)
         extra.update(spot_extra)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)

@@ -62,7 +62,7 @@ from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_s
 from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
-from witcert.spot.cells import spot_settings
+from witcert.spot.cells import SPOT_BLOCK_SIZE, spot_settings
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 TIERS = ("auto", "A", "B")
@@ -105,7 +105,7 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     seed : int, optional
         Fix the dither seed (replay and tests only: a known seed voids Tier B's guarantee).
     backing_dir : str or Path, optional
-        Production gate: keep the backing store in memory-mapped files under this directory.
+        Production gate or spot check: keep the backing store in memory-mapped files under this directory.
     tau : float
         Threshold of the summary's coverage column (and of ``pass_K``), strictly between 0 and 1
         (:func:`witcert.core.thresholds.check_certified_tau`; the gate's own threshold is ``gate.tau``).
@@ -119,7 +119,8 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked with ``spot_keys`` exact
         keys drawn with the monitor's own randomness (OS-seeded), and its reported meter is
         ``min(meter, spot bound)``, valid with probability ``1 - spot_delta`` per checked cell for
-        adaptive queries and any scheme (:mod:`witcert.spot`; needs ``keep_exact=True``). Extra
+        adaptive queries and any scheme (:mod:`witcert.spot`). Exact keys come from the exact cache
+        (``keep_exact=True``) or, in production, from the content-checked host backing store. Extra
         columns: ``meter_deterministic``, ``spot_bound``, ``spot_keys``, ``spot_bytes``, ``spot_delta``.
     spot_keys, spot_delta : int, float
         Exact keys per checked cell and its failure probability (:func:`witcert.spot.delta_per_cell`
@@ -151,6 +152,7 @@ class _Live:
     record: RequestRecord
     layers: list
     repairer: Repairer | None
+    backing: BackingStore | None  # production gate or spot check: the content-checked exact keys
     adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
 
 
@@ -204,12 +206,13 @@ class Monitor:
             raise ValueError(f"delta_loc must lie in (0, 1), got {delta_loc!r}")
         if seed is not None:
             check_seed(seed)
-        if backing_dir is not None and (keep_exact or gate is None):
-            raise ValueError("backing_dir is where the production gate pages from: it needs keep_exact=False and a gate")
+        if backing_dir is not None and (keep_exact or (gate is None and certificate != "spot")):
+            raise ValueError("backing_dir is where the production gate and spot check read exact keys from: it needs "
+                             "keep_exact=False and a gate or certificate='spot'")
         tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
-        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau, keep_exact)  # None: deterministic only
+        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau)  # None: deterministic only
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
         self.batches: list = []
@@ -301,6 +304,7 @@ class Monitor:
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
+            scope.backing = live.backing
             scope.seed = live.record.seed
         attention._ACTIVE.append(scope)
         self._thread.scopes.append(scope)
@@ -338,14 +342,15 @@ class Monitor:
         record = RequestRecord(first=sum(r.rows for r in self.requests), rows=batch,
                                seed=(fresh_seed() if self.seed is None else self.seed) if self.dithered else None)
         backing = repairer = None
-        if self.gate is not None and not self.keep_exact:
+        if not self.keep_exact and (self.gate is not None or self.spot is not None):  # exact keys live on the host
             directory = None
             if self.backing_dir is not None:
                 directory = tempfile.mkdtemp(prefix=f"request-{record.first}-", dir=self._backing_root())
-            backing = BackingStore(block_size=self.gate.block_size, directory=directory)
-            repairer = Repairer(backing)
+            block_size = self.gate.block_size if self.gate is not None else SPOT_BLOCK_SIZE
+            backing = BackingStore(block_size=block_size, directory=directory)
+            repairer = Repairer(backing) if self.gate is not None else None
         layers = adopt(cache, lambda index: self._store(index, record, backing), self.geometry.layers)
-        live = _Live(record, layers, repairer)
+        live = _Live(record, layers, repairer, backing)
         self._live[cache] = live
         self.requests.append(record)
         return live
