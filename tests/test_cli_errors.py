@@ -193,7 +193,7 @@ def test_exit_statuses_are_distinct_and_1_is_the_violation():
     (dict(keep_exact=1), r"keep_exact must be a bool"),
     (dict(delta_loc=0.0), r"delta_loc must lie in \(0, 1\)"),
     (dict(seed=-1), r"seed: expected an int in \[0, 2\^64\)"),
-    (dict(backing_dir="/tmp"), r"backing_dir is where the production gate pages from"),
+    (dict(backing_dir="/tmp"), r"backing_dir is where the production gate and spot check read exact keys from"),
     (dict(bands=5), r"bands=5 must divide head_dim/2=16"),
     (dict(rope="zigzag"), r"rope must be one of"),
 ])
