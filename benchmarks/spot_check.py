@@ -7,7 +7,8 @@ tau is spot-checked (:func:`witcert.spot.spot_check`, the one-sided default, ``d
 its true TV beside it. Reported per scheme, task and budget: coverage at tau (reported meter
 ``min(deterministic, spot) <= tau``) against the deterministic meter's, the median reported meter /
 true TV over the cells the deterministic meter leaves above tau, exact keys and bytes read, the
-time per check, and violations (cells with true TV above the reported meter). Writes
+time per check, and violations (cells with true TV above the reported meter); then the cost of one
+check against attention at S = 2k and 32k (:mod:`benchmarks.spot_cost`). Writes
 ``benchmarks/results/spot_check.json``.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from benchmarks import spot_cost
 from witcert.integrations.hf.monitoring import Monitor
 from witcert.observatory.runner import ObserveConfig, build_cases, run_case
 from witcert.spot import spot_check, spot_randomness
@@ -58,7 +60,7 @@ class SampledSpotChecks:
     def apply(self, math, query, exact_keys, scale, tau_k, tau_v):
         live = (~math.blank).cpu().nonzero().tolist()
         chosen = self.pick.choice(len(live), size=min(self.per_call, len(live)), replace=False)
-        readers = ExactReaders(query, exact_keys, scale)
+        readers = ExactReaders(query, exact_keys, scale, math.bias)
         scores, radii = math.scores_hat.detach().cpu(), math.c.detach().cpu()
         meter, true_tv = math.cells["meter"].cpu(), math.cells["true_tv"].cpu()
         for b, h, t in (live[i] for i in chosen):
@@ -152,6 +154,7 @@ def run(schemes=SCHEMES, args=None, argv=None) -> dict:
         print(f"{scheme}: cells {entry['all']['cells']}, coverage det {entry['all']['coverage_deterministic']:.3f} "
               f"spot@256 {at256['coverage']:.3f}, median ratio {at256['median_bound_over_true_tv']}, "
               f"violations {at256['violations']}, {entry['wall_s']:.0f} s", flush=True)
+    results["cost"] = spot_cost.run(keys=256)  # one check against the attention it certifies, S = 2k and 32k
     return results
 
 

@@ -155,6 +155,28 @@ def test_a_soft_mask_with_a_gate_repairs_over_the_biased_logits(monkeypatch):
         run_with_mask(model, mask, False, ids, gate=witcert.Gate(tau=1e-4))
 
 
+@pytest.mark.parametrize("keep_exact", [True, False])
+def test_a_soft_mask_under_the_spot_check_bounds_every_cell(monkeypatch, keep_exact):
+    """The spot check's exact logits carry the bias the compressed ones hold (its reader once returned
+    ``q . k`` alone: ``W`` then compared logits of two different masks); every checked cell's reported
+    meter bounds the oracle TV under the mask, from the exact cache and from the backing store."""
+    model, ids, mask = tiny("llama"), tokens(), float_masks("soft")
+    calls = spy_on_attend(monkeypatch)
+    run_with_mask(model, mask, True, ids, certificate="spot", spot_keys=8, tau=1e-3)
+    checked = 0
+    exact_of = [c["exact"] for c in calls]
+    if not keep_exact:
+        calls[:] = []
+        run_with_mask(model, mask, False, ids, certificate="spot", spot_keys=8, tau=1e-3)
+    for call, exact in zip(calls, exact_of):
+        batch = call["batch"]
+        truth = oracle_tv(call["query"], exact, call["read"], call["mask"], call["scale"])
+        spot = batch.extra["spot_bound"]
+        assert (truth <= batch.meter).all() and (truth[~spot.isnan()] <= spot[~spot.isnan()]).all()
+        checked += int((~spot.isnan()).sum())
+    assert checked > 0
+
+
 def test_a_minimum_value_mask_meters_as_the_bool_mask_of_the_same_keys():
     """transformers' minimum-value masks hide keys exactly as a bool mask does: the same cells, bit for bit
     (no bias is formed from them)."""

@@ -58,7 +58,7 @@ class SpotSettings:
         bound = torch.full(deterministic.shape, torch.nan, dtype=torch.float64)
         keys_read = torch.zeros(deterministic.shape, dtype=torch.float64)
         bytes_read = torch.zeros(deterministic.shape, dtype=torch.float64)
-        readers = ExactReaders(query, exact_keys, scale)
+        readers = ExactReaders(query, exact_keys, scale, math.bias)
         scores, radii = math.scores_hat.detach().cpu(), math.c.detach().cpu()
         for b, h, t in checked.nonzero().tolist():
             before = readers.bytes_paged
@@ -106,13 +106,17 @@ class BackedKeys:
 
 
 class ExactReaders:
-    """Exact-key readers of one call's cells: fp64 logits ``(q . k_t) * scale`` as ``cells.exact_logits`` forms them.
+    """Exact-key readers of one call's cells: fp64 logits ``(q . k_t) * scale + bias_t`` as ``cells.exact_logits``
+    forms them.
 
-    ``exact_keys``: the exact cache ``(B, Hkv, S, d)`` or a :class:`BackedKeys`.
+    ``exact_keys``: the exact cache ``(B, Hkv, S, d)`` or a :class:`BackedKeys`. ``bias``: the additive
+    mask term ``(B|1, Hq|1, Tq, S)`` the compressed logits hold (``CallMath.bias``), or ``None``; the
+    exact logits must carry it too, or ``W`` would compare logits under two different masks.
     """
 
-    def __init__(self, query, exact_keys, scale: float):
+    def __init__(self, query, exact_keys, scale: float, bias: torch.Tensor | None = None):
         self.q64 = query.detach().to(torch.float64).cpu()  # (B, Hq, Tq, d)
+        self.bias = None if bias is None else bias.detach().to(torch.float64).cpu()
         self.paged = isinstance(exact_keys, BackedKeys)
         if self.paged:
             self._backed, self._paged_at_start = exact_keys, exact_keys.backing.bytes_paged
@@ -130,10 +134,18 @@ class ExactReaders:
     def cell(self, b: int, h: int, t: int):
         """``read(index (k,)) -> (k,)`` exact logits of cell (row ``b``, query head ``h``, query ``t``)."""
         q, kv = self.q64[b, h, t], h // self.groups
+        row = None if self.bias is None else self.bias[min(b, self.bias.shape[0] - 1), min(h, self.bias.shape[1] - 1), t]
         if self.paged:
-            return lambda index: (self._backed.rows(b, kv, index) @ q) * self.scale
-        keys = self.k64[b, kv]
-        return lambda index: (keys[index] @ q) * self.scale
+            def keys(index):
+                return self._backed.rows(b, kv, index)
+        else:
+            def keys(index, cached=self.k64[b, kv]):
+                return cached[index]
+
+        def read(index):
+            logits = (keys(index) @ q) * self.scale
+            return logits if row is None else logits + row[index]
+        return read
 
 
 def spot_settings(certificate: str, keys: int, delta: float, tau: float,
