@@ -55,3 +55,31 @@ def test_backed_keys_are_content_checked():
         BackedKeys(store, 0, length=10).rows(0, 0, torch.tensor([2]))
     with pytest.raises(ValueError, match="holds 10 exact keys"):
         BackedKeys(store, 0, length=12)
+
+
+@pytest.mark.usefixtures("one_thread")
+def test_dithered_cache_non_adaptive_spot_check_relies_on_deterministic_radii(monkeypatch):
+    """Under Tier B's probabilistic branch (a declared non-adaptive prefill) the spot check is handed Tier A's
+    radii, which hold for every query, so its ``spot_delta`` is the cell's whole failure probability."""
+    from witcert.spot import cells as spot_cells
+
+    seen = []
+    original = spot_cells.SpotSettings.apply
+
+    def spy(self, math, query, exact_keys, scale, tau_k, tau_v, radii=None):
+        seen.append((bool((radii >= math.c).all()), not torch.equal(radii, math.c)))
+        return original(self, math, query, exact_keys, scale, tau_k, tau_v, radii=radii)
+
+    monkeypatch.setattr(spot_cells.SpotSettings, "apply", spy)
+    model = tiny("llama")
+    ids, mask = prompts(2, length=40)
+    with torch.no_grad(), witcert.monitor(model, "dithered-int8", seed=5, certificate="spot", spot_keys=16,
+                                          tau=1e-6) as mon:
+        with mon.non_adaptive():  # a prefill, then teacher-forced steps: metered under the probabilistic branch
+            out = model(input_ids=ids[:, :36], attention_mask=mask[:, :36])
+            for i in range(36, 40):
+                out = model(input_ids=ids[:, i:i + 1], attention_mask=mask[:, :i + 1], past_key_values=out.past_key_values)
+    table = mon.table()
+    checked = ~np.isnan(table["spot_bound"])
+    assert seen and all(wider for wider, _ in seen) and any(differs for _, differs in seen) and checked.any()
+    assert np.all(table["true_tv"][checked] <= table["spot_bound"][checked])

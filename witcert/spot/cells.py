@@ -47,11 +47,14 @@ class SpotSettings:
             raise ValueError(f"spot_delta must lie in (0, 1), got {self.delta!r}")
         self.randomness = spot_randomness(self.seed)
 
-    def apply(self, math, query, exact_keys, scale: float, tau_k: float, tau_v: float):
+    def apply(self, math, query, exact_keys, scale: float, tau_k: float, tau_v: float, radii=None):
         """``(math with the spot meter, extra columns)`` for one call (see the module docstring).
 
         ``math`` a :class:`~witcert.integrations.hf.cells.CallMath`; ``query`` (B, Hq, Tq, d)
-        post-RoPE; ``exact_keys`` (B, Hkv, S, d) the exact cache.
+        post-RoPE; ``exact_keys`` (B, Hkv, S, d) the exact cache or a :class:`BackedKeys`;
+        ``radii`` (B, Hq, Tq, S) the per-token radii the check relies on (default ``math.c``). The
+        monitor passes radii that hold for every query (Tier A's where a dithered cache's Tier B
+        branch is probabilistic), so ``spot_delta`` is each cell's whole failure probability.
         """
         deterministic = math.cells["meter"]
         checked = (deterministic > self.tau) & ~math.blank  # (B, Hq, Tq)
@@ -59,7 +62,8 @@ class SpotSettings:
         keys_read = torch.zeros(deterministic.shape, dtype=torch.float64)
         bytes_read = torch.zeros(deterministic.shape, dtype=torch.float64)
         readers = ExactReaders(query, exact_keys, scale, math.bias)
-        scores, radii = math.scores_hat.detach().cpu(), math.c.detach().cpu()
+        scores = math.scores_hat.detach().cpu()
+        radii = (math.c if radii is None else radii).detach().cpu()
         for b, h, t in checked.nonzero().tolist():
             before = readers.bytes_paged
             result = spot_check(scores[b, h, t], radii[b, h, t], readers.cell(b, h, t), keys=self.keys,

@@ -183,6 +183,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused,
                          bias=bias)
     extra = {}
+    deterministic_c = math.c  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
     if scope.tier == "B":
         key_stores = [store.codec.packed_store(p) for p in store.key_chunks]
         slack = cells.score_slack(query, read[0], scale)  # independent of delta: once per call
@@ -194,7 +195,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
                                          scope.tau_k, scope.tau_v, slack=slack)
     if scope.spot is not None:  # witcert.spot.cells: reported meter = min(deterministic, spot bound)
         keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
-        math, spot_extra = scope.spot.apply(math, query, keys, scale, scope.tau_k, scope.tau_v)
+        radii = math.c if scope.tier == "A" or scope.adaptive else deterministic_c  # spot_delta is then the whole story
+        math, spot_extra = scope.spot.apply(math, query, keys, scale, scope.tau_k, scope.tau_v, radii=radii)
         extra.update(spot_extra)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
