@@ -38,7 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
-from witcert.spot.cells import BackedKeys
+from witcert.spot.cells import BackedKeys, ExactReaders
 from witcert.tier_a.bands import BandLayout
 
 ATTN_NAME = "witcert"
@@ -206,7 +206,14 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat, math.bias), exact_v))
         else:
             source = dict(paging=(scope.repairer, layer.layer_idx, query, scale))
-        repair = cells.gated_output(math, scope.gate, read[1], output, **source)
+        if scope.spot is not None and scope.truth:  # the spot-certified gate (witcert.spot.gate)
+            readers = ExactReaders(query, exact_k, scale, math.bias)
+            repair, counts = cells.spot_gated_output(math, scope.gate, scope.spot, readers, radii,
+                                                     extra["spot_bound"], source["exact"], read[1], output)
+            extra["spot_delta"] = extra["spot_delta"] + counts.pop("added_delta")
+            extra.update(counts)
+        else:
+            repair = cells.gated_output(math, scope.gate, read[1], output, **source)
         output, fired = repair.output, repair.fired
         extra["paged_fraction"] = repair.paged.cpu()
         extra["bytes_paged"] = repair.bytes.to(torch.float64).cpu()

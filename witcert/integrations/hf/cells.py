@@ -270,16 +270,46 @@ def gated_output(math: CallMath, gate: Gate, v_hat, output, *, exact: tuple | No
     paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
     meter_after = _meter_after(math, gate, result)
     true_tv_after = _true_tv_after(math, result, None if exact is None else exact[0])
+    output = _repaired_output(math, v_hat, exact_values, scores_after, repaired, fired, output)
+    return Repair(output, fired, paged, result.bytes, meter_after, true_tv_after)
+
+
+def _repaired_output(math: CallMath, v_hat, exact_values, scores_after, repaired, fired, output):
+    """The attention output of fired cells over the repaired logits, exact values on repaired tokens."""
     if not fired.any():
-        return Repair(output, fired, paged, result.bytes, meter_after, true_tv_after)
+        return output
     groups = math.c.shape[1] // v_hat.shape[1]
     v64 = exact_values.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
     vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
     p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
     y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
     y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
-    output = torch.where(fired.transpose(1, 2)[..., None], y, output)
-    return Repair(output, fired, paged, result.bytes, meter_after, true_tv_after)
+    return torch.where(fired.transpose(1, 2)[..., None], y, output)
+
+
+def spot_gated_output(math: CallMath, gate: Gate, spot, readers, radii, spot_bound, exact: tuple, v_hat,
+                      output) -> tuple[Repair, dict]:
+    """:func:`gated_output` with the spot-certified gate (:mod:`witcert.spot.gate`; exact cache in memory).
+
+    ``exact=(exact_logits, exact_values)``. Returns the :class:`Repair` (0 bytes moved) and, per
+    cell, the failure probability its repair checks added (``added_delta``), their number
+    (``spot_gate_checks``) and the exact keys they read (``spot_gate_keys``).
+    """
+    from witcert.spot.gate import spot_gated
+
+    exact_scores, exact_values = exact
+    fired, scores_after, repaired, meter_after, added, checks, keys = spot_gated(
+        math, gate, spot, readers, radii, spot_bound, exact_scores)
+    seen = ~torch.isneginf(math.scores_hat)
+    paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
+    true_tv_after = math.cells["true_tv"].clone()
+    if fired.any():
+        p, p_after = torch.softmax(exact_scores[fired], dim=-1), torch.softmax(scores_after[fired], dim=-1)
+        true_tv_after[fired] = (0.5 * (p - p_after).abs().sum(-1)).to(true_tv_after.dtype)
+    output = _repaired_output(math, v_hat, exact_values, scores_after, repaired, fired, output)
+    nothing = torch.zeros(fired.shape, dtype=torch.int64)
+    counts = {"added_delta": added, "spot_gate_checks": checks, "spot_gate_keys": keys}
+    return Repair(output, fired, paged, nothing, meter_after, true_tv_after), counts
 
 
 def _meter_after(math: CallMath, gate: Gate, result) -> torch.Tensor:
