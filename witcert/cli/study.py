@@ -36,6 +36,10 @@ def add_arguments(parser) -> None:
                         help="those of --scheme also run behind the risk-ranked gate ('' for none)")
     parser.add_argument("--sweep-scheme", default=",".join(full.sweep_schemes), metavar="NAMES",
                         help="those of --scheme whose layers are swept ('' for none)")
+    parser.add_argument("--spot-gate-scheme", default=",".join(full.spot_gated_schemes), metavar="NAMES",
+                        help="those of --scheme also run behind the spot-certified gate ('' for none)")
+    parser.add_argument("--spot-keys", type=_args.positive_int, default=full.spot_keys,
+                        help="exact keys per spot check of the spot-certified gate")
     parser.add_argument("--tau", type=_args.certified_tau, default=full.tau_certified,
                         help="certified gate threshold (0 < tau < 1)")
     parser.add_argument("--risk-tau", type=_args.risk_threshold, default=full.tau_risk,
@@ -57,7 +61,8 @@ def check(args) -> None:
     _args.require_installed("witcert study", "observatory", "transformers", "scipy", "matplotlib")
     schemes = {}
     for option, text in (("--scheme", args.scheme), ("--gate-scheme", args.gate_scheme),
-                         ("--risk-scheme", args.risk_scheme), ("--sweep-scheme", args.sweep_scheme)):
+                         ("--risk-scheme", args.risk_scheme), ("--sweep-scheme", args.sweep_scheme),
+                         ("--spot-gate-scheme", args.spot_gate_scheme)):
         schemes[option] = _tensor_schemes(option, text)
     args.out = _args.check_output_dir(args.out or _args.default_out("study"))
     if args.quick:
@@ -68,7 +73,8 @@ def check(args) -> None:
     args.config = StudyConfig(cases=args.cases, sweep_cases=args.sweep_cases, context_tokens=args.context,
                               batch=args.batch, probe_tokens=args.probe, schemes=schemes["--scheme"],
                               gated_schemes=schemes["--gate-scheme"], risk_schemes=schemes["--risk-scheme"],
-                              sweep_schemes=schemes["--sweep-scheme"], tau_certified=args.tau, tau_risk=args.risk_tau)
+                              sweep_schemes=schemes["--sweep-scheme"], spot_gated_schemes=schemes["--spot-gate-scheme"],
+                              spot_keys=args.spot_keys, tau_certified=args.tau, tau_risk=args.risk_tau)
     _check_context(args)
     _args.prepare_output_dir(args.out)
 
@@ -105,7 +111,7 @@ def _check_shape(args, schemes: dict) -> None:
         raise ValueError(f"--sweep-cases {args.sweep_cases} must not exceed --cases {args.cases}")
     if not schemes["--scheme"] and not schemes["--sweep-scheme"]:
         raise ValueError("--scheme: give at least one scheme")
-    for option in ("--gate-scheme", "--risk-scheme", "--sweep-scheme"):
+    for option in ("--gate-scheme", "--risk-scheme", "--sweep-scheme", "--spot-gate-scheme"):
         extra = sorted(set(schemes[option]) - set(schemes["--scheme"]))
         if extra:
             raise ValueError(f"{option}: {', '.join(extra)} must also be in --scheme (its raw row is the comparison)")

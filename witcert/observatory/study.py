@@ -2,7 +2,8 @@
 
 1. **Repair study.** A passkey family (several depths, 1-4 keyed passkeys, one asked) is
    answered by the uncompressed model, by the model on each raw compressed cache, and on each
-   cache gated by :class:`witcert.Gate` (certified ``tau < 1`` and risk-ranked ``tau >= 1``).
+   cache gated by :class:`witcert.Gate` (certified ``tau < 1`` and risk-ranked ``tau >= 1``; on request,
+   the spot-certified gate of :mod:`witcert.spot.gate`).
    Per configuration: exact-match accuracy with its exact binomial interval, the paired
    difference against uncompressed on the same cases (Newcombe interval, exact McNemar test),
    how many cells the gate fired on and how much it paged.
@@ -53,6 +54,7 @@ class Configuration:
     scheme: str | None = None
     layers: tuple[int, ...] | None = None  # compressed layers (None: all)
     gate: Gate | None = None
+    certificate: str = "deterministic"  # "spot": the spot-certified gate (witcert.spot.gate)
 
 
 @dataclass
@@ -69,6 +71,7 @@ class Tally:
     fired: int = 0
     paged_sum: float = 0.0  # sum over cells of the fraction of visible tokens paged in
     paged_bytes: float = 0.0  # K+V bytes of the paged tokens, summed over query-head cells
+    spot_keys: float = 0.0  # exact keys read by spot checks (before and during repair), summed over cells
     wall_s: float = 0.0
 
 
@@ -96,6 +99,9 @@ def configurations(config: StudyConfig, n_layers: int) -> list[Configuration]:
         if scheme in config.gated_schemes:
             out.append(Configuration(f"{scheme} gated tau={config.tau_certified:g}", "repair", scheme,
                                      gate=Gate(tau=config.tau_certified)))
+        if scheme in config.spot_gated_schemes:
+            out.append(Configuration(f"{scheme} spot-gated tau={config.tau_certified:g}", "repair", scheme,
+                                     gate=Gate(tau=config.tau_certified), certificate="spot"))
         if scheme in config.risk_schemes:
             out.append(Configuration(f"{scheme} gated tau={config.tau_risk:g}", "repair", scheme,
                                      gate=Gate(tau=config.tau_risk)))
@@ -222,7 +228,8 @@ def run_configuration(model, tokenizer, batch: Batch, prefix: DynamicCache, conf
     if conf.scheme is None:
         tally.outcomes += answer(model, tokenizer, batch, cache, config.new_tokens)
     else:
-        kwargs = dict(gate=conf.gate, keep_exact=True, bands=config.bands, meter="full")  # the tightest certificate
+        kwargs = dict(gate=conf.gate, keep_exact=True, bands=config.bands, meter="full",  # the tightest certificate
+                      certificate=conf.certificate, spot_keys=config.spot_keys)
         monitor = (Monitor(model, conf.scheme, **kwargs) if conf.layers is None
                    else _LayerSubsetMonitor(model, conf.scheme, conf.layers, **kwargs))
         with monitor:
@@ -250,6 +257,9 @@ def _add_cells(tally: Tally, table, monitor: Monitor, conf: Configuration, model
         token_bytes = 2 * monitor.layout.head_dim * next(model.parameters()).element_size()
         tally.paged_sum += float(np.sum(table["paged_fraction"]))
         tally.paged_bytes += float(np.sum(table["paged_fraction"] * visible)) * token_bytes
+    for column in ("spot_keys", "spot_gate_keys"):
+        if column in table.columns:
+            tally.spot_keys += float(np.nansum(table[column]))
 
 
 def run_study(loaded, config: StudyConfig, progress=None, cells_sink=None) -> dict:
@@ -324,7 +334,8 @@ def _row(conf: Configuration, tally: Tally, reference: np.ndarray, n: int | None
     outcomes, ref = outcomes[:n], reference[:n]
     low, high = stats.accuracy_interval(int(outcomes.sum()), n)
     row = {"name": conf.name, "scheme": conf.scheme, "layers": None if conf.layers is None else list(conf.layers),
-           "gate": None if conf.gate is None else {"tau": conf.gate.tau, "mode": conf.gate.mode},
+           "gate": None if conf.gate is None else {"tau": conf.gate.tau, "mode": conf.gate.mode,
+                                                   "certificate": conf.certificate},
            "cases": n, "correct": int(outcomes.sum()), "accuracy": float(outcomes.mean()), "low": low, "high": high,
            "paired": stats.paired_difference(outcomes, ref), "cells": tally.cells, "violations": tally.violations,
            "unchecked": tally.unchecked, "wall_s": tally.wall_s, "outcomes": [int(x) for x in outcomes]}
@@ -335,6 +346,8 @@ def _row(conf: Configuration, tally: Tally, reference: np.ndarray, n: int | None
         if conf.gate is not None:
             row["paged_fraction"] = tally.paged_sum / tally.cells
             row["paged_bytes_per_case"] = tally.paged_bytes / len(tally.outcomes)
+        if conf.certificate == "spot":
+            row["spot_keys_per_cell"] = tally.spot_keys / tally.cells
     return row
 
 

@@ -29,6 +29,8 @@ class StudyConfig:
     gated_schemes: tuple[str, ...] = GATED_SCHEMES  # each also behind the certified gate
     risk_schemes: tuple[str, ...] = RISK_SCHEMES  # each also behind the risk-ranked gate
     sweep_schemes: tuple[str, ...] = SWEEP_SCHEMES
+    spot_gated_schemes: tuple[str, ...] = ()  # each also behind the spot-certified gate (witcert.spot.gate)
+    spot_keys: int = 128  # exact keys per spot check of the spot-certified gate
     sweep_layers: tuple[int, ...] | None = None  # the single layers swept (None: every layer)
     tau_certified: float = 0.2
     tau_risk: float = 5.0
@@ -36,7 +38,7 @@ class StudyConfig:
     seed: int = 0  # needle family (codes, key names, scattered depths)
 
     def __post_init__(self):
-        for name in ("cases", "context_tokens", "new_tokens", "batch"):
+        for name in ("cases", "context_tokens", "new_tokens", "batch", "spot_keys"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.probe_tokens is not None and self.probe_tokens < 1:
@@ -45,7 +47,7 @@ class StudyConfig:
             raise ValueError(f"sweep_cases must lie in [0, cases={self.cases}], got {self.sweep_cases}")
         if not self.schemes and not self.sweep_schemes:
             raise ValueError("give at least one scheme (schemes or sweep_schemes)")
-        for name in ("gated_schemes", "risk_schemes", "sweep_schemes"):
+        for name in ("gated_schemes", "risk_schemes", "sweep_schemes", "spot_gated_schemes"):
             extra = set(getattr(self, name)) - set(self.schemes)
             if extra:
                 raise ValueError(f"{name}: {sorted(extra)} must also be among schemes (their raw row is the comparison)")

@@ -49,10 +49,16 @@ def repair_table(report: dict) -> list[str]:
              "| configuration | accuracy [95% CI] | vs uncompressed [95% CI] | McNemar p | cells fired | "
              "tokens paged | paged K+V per case | cells / violations |",
              "|---|---|---|---|---|---|---|---|"]
+    spot = any("spot_keys_per_cell" in row for row in report["repair"])
+    if spot:  # the spot-certified gate also reads exact keys to decide
+        lines[2] = lines[2].replace("| cells / violations |", "| spot keys read per cell | cells / violations |")
+        lines[3] += "---|"
     for row in report["repair"]:
-        lines.append("| " + " | ".join([
-            row["name"], _acc(row), _diff(row), _p(row), _fraction(row.get("fired")),
-            _fraction(row.get("paged_fraction")), _bytes(row.get("paged_bytes_per_case")), _cells(row)]) + " |")
+        cells = [row["name"], _acc(row), _diff(row), _p(row), _fraction(row.get("fired")),
+                 _fraction(row.get("paged_fraction")), _bytes(row.get("paged_bytes_per_case"))]
+        if spot:
+            cells.append("-" if row.get("spot_keys_per_cell") is None else f"{row['spot_keys_per_cell']:.0f}")
+        lines.append("| " + " | ".join([*cells, _cells(row)]) + " |")
     return lines
 
 

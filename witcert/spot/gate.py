@@ -61,6 +61,7 @@ def spot_gated(math, gate, spot, readers, radii, spot_bound, exact_scores):
         rank = torch.empty_like(order).scatter_(0, order, torch.arange(order.numel()))
         token_rank = rank.repeat_interleave(size)[:n_tokens]  # page order of each token's block
         final, after = int(result.paged[b, h, t].sum()), float(result.after[b, h, t])
+        read: set[int] = set()  # distinct exact keys the repair checks read (a key read twice is in memory)
         for i, blocks in enumerate(prefix_lengths(final), start=1):
             page = token_rank < blocks
             cand = torch.where(page & visible, exact, scores)
@@ -71,7 +72,7 @@ def spot_gated(math, gate, spot, readers, radii, spot_bound, exact_scores):
             bound = check.bound
             extra_delta[b, h, t] += delta_i
             checks[b, h, t] += 1
-            keys_read[b, h, t] += check.keys_read
+            read |= set(torch.cat([check.exact, check.pilot, check.draws]).tolist())
             if bound <= gate.tau:
                 meter_cand = float(gate.value(cand[None], torch.where(page, torch.zeros_like(c), c)[None])[0])
                 final, after = blocks, min(bound, meter_cand)
@@ -80,6 +81,7 @@ def spot_gated(math, gate, spot, readers, radii, spot_bound, exact_scores):
         scores_after[b, h, t] = torch.where(page, exact, scores)
         repaired[b, h, t] = page
         meter_after[b, h, t] = after
+        keys_read[b, h, t] = len(read)
     kept = result.fired & ~fired  # fired by the meter, certified by the spot check: unchanged
     scores_after[kept] = math.scores_hat[kept]
     return fired, scores_after, repaired, meter_after, extra_delta, checks, keys_read
