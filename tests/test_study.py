@@ -48,6 +48,8 @@ def test_every_metered_cell_has_true_tv_at_most_its_meter(quick):
         assert len(table) > 0 and not np.isnan(tv).any() and not np.isnan(meter).any(), name
         bad = np.flatnonzero(tv > meter)
         assert bad.size == 0, f"{name}: {bad.size} cells with true TV above the meter, e.g. {tv[bad[:3]]} > {meter[bad[:3]]}"
+        if "meter_after" in table.columns:  # a gated run: the repaired cells' bound after repair, per cell
+            assert np.all(table["true_tv_after"] <= table["meter_after"]), name
     assert report["soundness"]["violations"] == 0 and report["soundness"]["unchecked"] == 0
     assert report["soundness"]["cells"] == sum(len(t) for _, t in tables)
 
@@ -57,7 +59,8 @@ def test_the_report_has_both_studies_with_intervals(quick):
     on_disk = json.loads((out / "report.json").read_text())
     assert on_disk["soundness"] == report["soundness"]
     names = [row["name"] for row in report["repair"]]
-    assert names == ["uncompressed", "kivi-2bit", "kivi-2bit gated tau=0.2", "kivi-2bit gated tau=5"]
+    assert names == ["uncompressed", "kivi-2bit", "kivi-2bit gated tau=0.2", "kivi-2bit spot-gated tau=0.2",
+                     "kivi-2bit gated tau=5"]
     for row in report["repair"]:
         assert row["cases"] == study.QUICK.cases
         assert row["low"] <= row["accuracy"] <= row["high"]
@@ -65,6 +68,9 @@ def test_the_report_has_both_studies_with_intervals(quick):
     assert report["repair"][0]["paired"]["diff"] == 0 and report["repair"][0]["cells"] == 0
     for row in report["repair"][2:]:  # the gates fired on cells and paged tokens in
         assert 0 < row["fired"] <= 1 and 0 < row["paged_fraction"] <= 1 and row["paged_bytes_per_case"] > 0
+    deterministic, spot = report["repair"][2], report["repair"][3]
+    assert spot["gate"]["certificate"] == "spot" and spot["spot_keys_per_cell"] > 0
+    assert spot["paged_fraction"] <= deterministic["paged_fraction"]
     sweep = report["sweep"]["kivi-2bit"]
     assert [row["layers"] for row in sweep["single_layers"]] == [[0], [n_layers - 1]]
     assert len(sweep["thirds"]) == 3 and sweep["all_layers"]["layers"] is None

@@ -19,7 +19,7 @@ def add_arguments(parser) -> None:
     full = StudyConfig()
     parser.add_argument("--quick", action="store_true",
                         help="a small run (one to two minutes on an idle core): 4 cases at 192 tokens, kivi-2bit raw "
-                             "and behind both gates, its sweep of the first and last layer and the thirds; the "
+                             "and behind the certified, spot-certified and risk-ranked gates, its sweep of the first and last layer and the thirds; the "
                              "other options are ignored")
     parser.add_argument("--cases", type=_args.positive_int, default=full.cases, help="needle cases of the repair study")
     parser.add_argument("--sweep-cases", type=_args.non_negative_int, default=full.sweep_cases,

@@ -58,4 +58,5 @@ class StudyConfig:
 
 QUICK = StudyConfig(cases=4, sweep_cases=4, batch=4, context_tokens=192, schemes=("kivi-2bit",),
                     gated_schemes=("kivi-2bit",), risk_schemes=("kivi-2bit",), sweep_schemes=("kivi-2bit",),
+                    spot_gated_schemes=("kivi-2bit",),
                     sweep_layers=(0, -1))  # first and last layer
