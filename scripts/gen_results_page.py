@@ -181,6 +181,137 @@ def generation_section() -> str:
     return "\n".join(lines)
 
 
+def _vllm_machine(m: dict | str) -> str:
+    if isinstance(m, str):
+        return m
+    simd = "AVX-512" if m.get("avx512") else "no AVX-512"
+    return (f"{m['cpu']} ({m['logical_cpus']} logical CPUs, {simd}, {m.get('shared', 'shared')}), "
+            f"vLLM {m['vllm']} (CPU build), torch {m['torch']}, Python {m['python']}")
+
+
+def _wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+    """95% Wilson score interval (the same formula as ``witcert.integrations.vllm.bench.wilson``)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = hits / n
+    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def vllm_glance(link: str) -> str | None:
+    """One sentence of the vLLM record for the README and the page's head (``None`` without ``vllm.json``)."""
+    record = _load("vllm.json")
+    if record is None:
+        return None
+    results = record["results"]
+    lossy = list(dict.fromkeys(r["scheme"] for r in results if r["scheme"] != "none"))
+    cells = sum(r["cells"] for r in results)
+    violations = sum(r["violations"] for r in results)
+    by = {(r["workload"], r["scheme"], r["gate"]): r for r in results}
+    text = (f"In vLLM ({record['model']}, lossy schemes {', '.join(lossy)} stored in vLLM's own cache, "
+            f"measured {record['date'][:10]}, `python -m witcert.integrations.vllm.bench table`): "
+            f"{cells:,} decode cells audited against the exact keys, {violations} with true TV above the meter")
+    base = by.get(("needle", "none", False))
+    if base is not None:
+        lo, hi = _wilson(base["needle_hits"], base["needle_cases"])
+        within = [s for s in lossy if ("needle", s, True) in by
+                  and lo <= by["needle", s, True]["needle_hits"] / by["needle", s, True]["needle_cases"] <= hi]
+        text += (f"; gated needle accuracy within the uncompressed accuracy's 95% interval "
+                 f"({base['needle_hits']}/{base['needle_cases']}, [{lo:.2f}, {hi:.2f}]) for {len(within)} of "
+                 f"{len(lossy)} schemes")
+        if ("needle", "kivi-2bit", True) in by:
+            k = by["needle", "kivi-2bit", True]
+            text += f" (kivi-2bit: {k['needle_hits']}/{k['needle_cases']})"
+    rates = (record.get("speed") or {}).get("decode_tokens_per_s") or {}
+    if rates.get("plugin off"):
+        from statistics import median
+
+        off = median(rates["plugin off"])
+        text += "; decode tokens/s against the plugin off: " + ", ".join(
+            f"`{mode}` {median(v) / off:.2f}x" for mode, v in rates.items() if mode != "plugin off")
+    return text + f" ([the vLLM table]({link}))."
+
+
+def vllm_section() -> str | None:
+    """The vLLM plugin with lossy schemes in vLLM's cache (``vllm.json``, ``witcert.integrations.vllm.bench table``)."""
+    record = _load("vllm.json")
+    if record is None:
+        return None
+    tau = record["tau"]
+    by = {(r["workload"], r["scheme"], r["gate"]): r for r in record["results"]}
+    workloads = list(dict.fromkeys(r["workload"] for r in record["results"]))
+    schemes = list(dict.fromkeys(r["scheme"] for r in record["results"]))
+    cells = sum(r["cells"] for r in record["results"])
+    violations = sum(r["violations"] for r in record["results"])
+    counts = record.get("gate_counts", {})
+    lines = ["## Serving with vLLM", "",
+             _provenance(f"{record['date']} (finished {record['finished']})", _vllm_machine(record["machine"]),
+                         record["command"]), "",
+             f"{record['model']} ({record['dtype']}) in one vLLM engine with the WitCert plugin on: every scheme "
+             "stored in vLLM's own cache through vLLM's writer, vLLM's unchanged CPU attention kernel attending "
+             "over it, the exact shadow checking every decode cell's true TV against its meter, the gate's exact "
+             "store kept, prefix caching off. Each scheme runs the observatory's workloads "
+             f"({', '.join(workloads)}) without the gate (*raw*) and with it (*gated*, per request); the "
+             "uncompressed baseline is `witcert_scheme: none`. Greedy decoding; prefill tokens are not metered. "
+             f"tau = {tau:g}. {cells:,} metered cells in all, {violations} with true TV above the meter "
+             f"(the plugin's shadow counter: {record.get('shadow_violations', '-')}); repaired slots read back "
+             f"and compared with the exact keys: {counts.get('shadow_repair_checked', '-'):,}, mismatches "
+             f"{counts.get('shadow_repair_mismatches', '-')}.", "",
+             "*cells*, *violations* (cells whose true TV exceeds their meter, served or before the gate's "
+             "repair) and the medians are over every decode cell (request, layer, query head, step) of the batch.",
+             "", f"| scheme | workload | cells raw / gated | violations | coverage at tau = {tau:g} raw -> gated "
+             "| median meter raw / gated | median true TV raw / gated | max true TV raw / gated |",
+             "|---|---|---|---|---|---|---|---|"]
+    for scheme in schemes:
+        for workload in workloads:
+            raw, gated = by.get((workload, scheme, False)), by.get((workload, scheme, True))
+            if raw is None:
+                continue
+
+            def pair(key: str, fmt: str) -> str:
+                return format(raw[key], fmt) + (f" / {format(gated[key], fmt)}" if gated else "")
+
+            coverage = f"{raw['coverage']:.3f}" + (f" -> {gated['coverage']:.3f}" if gated else "")
+            lines.append(f"| {scheme} | {workload} | {pair('cells', ',')} "
+                         f"| {raw['violations'] + (gated['violations'] if gated else 0)} | {coverage} "
+                         f"| {pair('median_meter', '.3g')} | {pair('median_true_tv', '.3g')} "
+                         f"| {pair('max_true_tv', '.3g')} |")
+    base = by.get(("needle", "none", False))
+    if base is not None:
+        lo, hi = _wilson(base["needle_hits"], base["needle_cases"])
+        lines += ["", f"Needle accuracy (the observatory's scoring of the generated answer). Uncompressed: "
+                  f"{base['needle_hits']}/{base['needle_cases']}, 95% Wilson interval [{lo:.2f}, {hi:.2f}]; "
+                  "*within*: the gated accuracy lies in that interval.", "",
+                  "| scheme | raw | gated | gated within the uncompressed interval |", "|---|---|---|---|"]
+        for scheme in schemes:
+            raw, gated = by.get(("needle", scheme, False)), by.get(("needle", scheme, True))
+            if raw is None or gated is None:
+                continue
+            acc = gated["needle_hits"] / gated["needle_cases"]
+            lines.append(f"| {scheme} | {raw['needle_hits']}/{raw['needle_cases']} "
+                         f"| {gated['needle_hits']}/{gated['needle_cases']} | {'yes' if lo <= acc <= hi else 'no'} |")
+    if counts:
+        lines += ["", "Gate work over the run: " + ", ".join(
+            f"{name.replace('_', ' ')} {value:,}" for name, value in counts.items()
+            if not name.startswith("shadow_")) + "."]
+    speed = record.get("speed", {})
+    rates = speed.get("decode_tokens_per_s") or {}
+    if rates and rates.get("plugin off"):
+        from statistics import median
+
+        base_rate = median(rates["plugin off"])
+        lines += ["", f"Decode speed: {speed['workload']} prompts, {speed['max_tokens']} new tokens each, one fresh "
+                  "engine process per run, the modes interleaved in each round; the plugin without the shadow; the "
+                  f"scheme `{speed['scheme']}`. Decode tokens/s from the first token to the last (prefill "
+                  "excluded); ratios against the plugin off in the same run.", "",
+                  "| mode | decode tokens/s (median) | vs plugin off | runs |", "|---|---|---|---|"]
+        for mode, values in rates.items():
+            m = median(values)
+            lines.append(f"| {mode} | {m:.2f} | {m / base_rate:.2f}x | {', '.join(f'{v:.2f}' for v in values)} |")
+    return "\n".join(lines)
+
+
 GENERATION_CONFIGS = ("monitored", "monitored, compiled", "observed", "observed, compiled")
 
 
@@ -207,15 +338,19 @@ def page() -> str:
             "and the command that measured it; rerun the command to reproduce it. The machines are shared "
             "2-core VMs without a GPU: read a timing as the ratio measured in the same run, not as an absolute.",
             "", "## At a glance", "", results_table()]
+    glance = vllm_glance("#serving-with-vllm")
+    if glance:
+        head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
-                study_section(), generation_section(), bench_section()]
-    return "\n".join(head) + "\n\n" + "\n\n".join(sections) + "\n"
+                study_section(), generation_section(), vllm_section(), bench_section()]
+    return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
 
 
 def readme_with_table(readme: str) -> str:
     begin, end = README_MARKERS
     start, stop = readme.index(begin) + len(begin), readme.index(end)
-    return readme[:start] + "\n" + results_table() + "\n" + readme[stop:]
+    glance = vllm_glance("docs/results.md#serving-with-vllm")
+    return readme[:start] + "\n" + results_table() + ("\n\n" + glance if glance else "") + "\n" + readme[stop:]
 
 
 def main(argv=None) -> int:
