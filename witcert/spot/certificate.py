@@ -135,6 +135,23 @@ def _pilot_z(p, u, rest, reader: _ExactLogits, z_known: float, n_pilot: int, gen
     return z_known + g0 * float(y.mean()), draws
 
 
+def prepare_cell(scores, radii, read_exact: Reader, keys: int, delta: float, generator):
+    """``(s, c, p~, visible, u, reader, generator)`` of one cell, checked; both forms start here."""
+    s, c = _check_inputs(scores, radii, keys, delta)
+    if generator is None:
+        from witcert.spot.randomness import spot_randomness
+        generator = spot_randomness().generator
+    p = torch.softmax(s, dim=0)  # masked tokens get exactly 0
+    return s, c, p, p > 0, torch.expm1(c), _ExactLogits(read_exact, s, c), generator
+
+
+def read_whole(p, visible, reader: _ExactLogits, meter, delta: float) -> SpotCheck:
+    """A cell with no more visible tokens than keys is read whole: its bound is its true TV (rounded up)."""
+    every = visible.nonzero().reshape(-1)
+    empty = torch.empty(0, dtype=torch.int64)
+    return _result(_inflated(_exact_tv(p[every], reader.ratios(every))), meter, reader, delta, 1.0, every, empty, empty)
+
+
 def spot_check_two_sided(scores, radii, read_exact: Reader, *, keys: int, delta: float, generator: torch.Generator | None = None,
                meter: float | None = None, exact_share: float = EXACT_SHARE,
                pilot_share: float = PILOT_SHARE) -> SpotCheck:
@@ -162,22 +179,13 @@ def spot_check_two_sided(scores, radii, read_exact: Reader, *, keys: int, delta:
     -------
     SpotCheck
     """
-    s, c = _check_inputs(scores, radii, keys, delta)
     if not (0 <= exact_share <= 1 and 0 <= pilot_share <= 1 and exact_share + pilot_share <= 1):
         raise ValueError(f"exact_share and pilot_share: expected shares in [0, 1] summing to <= 1, "
                          f"got {exact_share!r} and {pilot_share!r}")
-    if generator is None:
-        from witcert.spot.randomness import spot_randomness
-        generator = spot_randomness().generator
-    p = torch.softmax(s, dim=0)  # masked tokens get exactly 0
-    visible = p > 0
-    u = torch.expm1(c)
-    reader = _ExactLogits(read_exact, s, c)
+    s, c, p, visible, u, reader, generator = prepare_cell(scores, radii, read_exact, keys, delta, generator)
     empty = torch.empty(0, dtype=torch.int64)
-    if int(visible.sum()) <= keys:  # read the whole cell: the bound is its true TV
-        every = visible.nonzero().reshape(-1)
-        bound = _inflated(_exact_tv(p[every], reader.ratios(every)))
-        return _result(bound, meter, reader, delta, 1.0, every, empty, empty)
+    if int(visible.sum()) <= keys:
+        return read_whole(p, visible, reader, meter, delta)
     contribution = torch.where(visible, p * u, torch.full_like(p, -1.0))  # inf for an infinite radius
     k_exact = min(int(round(keys * exact_share)), keys)
     n_pilot = min(int(round(keys * pilot_share)), keys - k_exact)

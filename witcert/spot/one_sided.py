@@ -23,7 +23,7 @@ bound by Ville's inequality with the planned count in the bets (:mod:`witcert.sp
 """
 import torch
 
-from witcert.spot.certificate import Reader, SpotCheck, _check_inputs, _exact_tv, _ExactLogits, _inflated
+from witcert.spot.certificate import Reader, SpotCheck, _ExactLogits, _inflated, prepare_cell, read_whole
 from witcert.spot.confidence import ONE_SIDED_CAP, betting_upper
 
 EXACT_SHARE = 3 / 8
@@ -123,22 +123,13 @@ def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float,
     distinct exact keys read; ``exact_share``, ``z_keys_share`` and ``z_share`` split the keys and
     ``delta`` between the stages.
     """
-    s, c = _check_inputs(scores, radii, keys, delta)
     if not (0 <= exact_share <= 1 and 0 <= z_keys_share <= 1 and 0 < z_share < 1):
         raise ValueError(f"exact_share, z_keys_share, z_share: expected shares in [0, 1] (z_share in (0, 1)), "
                          f"got {exact_share!r}, {z_keys_share!r}, {z_share!r}")
-    if generator is None:
-        from witcert.spot.randomness import spot_randomness
-        generator = spot_randomness().generator
-    p = torch.softmax(s, dim=0)  # masked tokens get exactly 0
-    visible = p > 0
-    u = torch.expm1(c)
-    reader = _ExactLogits(read_exact, s, c)
+    _, c, p, visible, u, reader, generator = prepare_cell(scores, radii, read_exact, keys, delta, generator)
     empty = torch.empty(0, dtype=torch.int64)
-    if int(visible.sum()) <= keys:  # read the whole cell: the bound is its true TV
-        every = visible.nonzero().reshape(-1)
-        return _result(_inflated(_exact_tv(p[every], reader.ratios(every))), meter, reader, delta, 1.0, every,
-                       empty, empty)
+    if int(visible.sum()) <= keys:
+        return read_whole(p, visible, reader, meter, delta)
     k_exact = min(int(round(keys * exact_share)), keys)
     z_keys = int(round((keys - k_exact) * z_keys_share))
     contribution = torch.where(visible, p * u, torch.full_like(p, -1.0))  # inf for an infinite radius
