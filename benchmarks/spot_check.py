@@ -57,11 +57,12 @@ class SampledSpotChecks:
         self.pick = np.random.default_rng(0)  # which cells to sample (benchmark design, not the certificate)
         self.rows: list[dict] = []
 
-    def apply(self, math, query, exact_keys, scale, tau_k, tau_v):
+    def apply(self, math, query, exact_keys, scale, tau_k, tau_v, radii=None):
         live = (~math.blank).cpu().nonzero().tolist()
         chosen = self.pick.choice(len(live), size=min(self.per_call, len(live)), replace=False)
         readers = ExactReaders(query, exact_keys, scale, math.bias)
-        scores, radii = math.scores_hat.detach().cpu(), math.c.detach().cpu()
+        scores = math.scores_hat.detach().cpu()
+        radii = (math.c if radii is None else radii).detach().cpu()  # the monitor's choice (Tier A under Tier B's event)
         meter, true_tv = math.cells["meter"].cpu(), math.cells["true_tv"].cpu()
         for b, h, t in (live[i] for i in chosen):
             row = dict(task=self.task, meter=float(meter[b, h, t]), true_tv=float(true_tv[b, h, t]),
@@ -136,7 +137,7 @@ def run(schemes=SCHEMES, args=None, argv=None) -> dict:
                               budgets=list(BUDGETS), threads=args.threads,
                               split="one-sided estimator (witcert.spot.spot_check, registry SCO): 3/8 exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean; delta 0.8 / 0.2",
                               date=datetime.date.today().isoformat(), machine=machine(args.threads),
-                              command="python -m benchmarks.spot_check " + " ".join(sys.argv[1:] if argv is None else argv)),
+                              command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)])),
                    schemes={})
     for scheme in schemes:
         started = time.perf_counter()

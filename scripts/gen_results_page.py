@@ -141,7 +141,52 @@ def spot_section() -> str:
     for scheme, s in spot["schemes"].items():
         lines.append(f"| {scheme} | " + " | ".join(
             _fraction(s["by_task"][t]["by_keys"][SPOT_KEYS]["coverage"]) for t in setup["tasks"]) + " |")
-    return "\n".join(lines)
+    return "\n".join(lines + spot_cost_lines(spot.get("cost")))
+
+
+def spot_cost_lines(cost: list | None) -> list[str]:
+    """One check against the attention it certifies (``benchmarks.spot_cost``, recorded with the coverage)."""
+    if not cost:
+        return []
+    lines = ["", f"Cost of one check ({cost[0]['keys']} keys, one torch thread, the same run; "
+             "`benchmarks/spot_cost.py`): against one cell's attention (one query head, fp32) and one decode step's "
+             "attention of a whole SmolLM2 layer (9 query heads over 3 kv heads).", "",
+             "| context | spot check | attention, one cell | attention, one layer step | check / cell | "
+             "check / layer step |", "|---|---|---|---|---|---|"]
+    for row in cost:
+        ms = row["ms"]
+        lines.append(f"| {row['context']:,} | {ms['spot check']:.2f} ms | {ms['attention, one cell']:.3f} ms | "
+                     f"{ms['attention, one layer step']:.2f} ms | {row['spot_over_cell']:.1f}x | "
+                     f"{row['spot_over_layer_step']:.2f}x |")
+    return lines
+
+
+def spot_gate_section() -> str | None:
+    """The study's spot-certified gate rows (``witcert study --spot-gate-scheme``), if recorded."""
+    from witcert.observatory.study_report import repair_table
+
+    path = RESULTS / "study-spot-gate" / "report.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text(encoding="utf-8"))
+    config, sound = report["config"], report["soundness"]
+    rows, tau = {row["name"]: row for row in report["repair"]}, config["tau_certified"]
+    lines = ["## The spot-certified gate", "",
+             _provenance(report["date"], "a 2-core AMD EPYC VM, 1 torch thread", report["command"]), "",
+             f"The study's needle family ({config['cases']} cases, {config['context_tokens']}-token context): each "
+             f"scheme raw, behind the certified gate and behind the spot-certified gate ({config['spot_keys']} exact "
+             f"keys per check, tau = {tau:g}). {sound['cells']:,} metered cells, {sound['violations']} with true TV "
+             f"above the meter, {sound['violations_after_repair']} above their meter after repair.", ""]
+    for scheme in config["spot_gated_schemes"]:
+        det, spot = rows[f"{scheme} gated tau={tau:g}"], rows[f"{scheme} spot-gated tau={tau:g}"]
+        lines.append(f"- {scheme}: the spot-certified gate pages {spot['paged_fraction']:.3f} of the tokens against "
+                     f"{det['paged_fraction']:.3f} ({spot['paged_fraction'] / det['paged_fraction']:.2f}x), accuracy "
+                     f"{spot['accuracy']:.3f} [{spot['low']:.3f}, {spot['high']:.3f}] against {det['accuracy']:.3f} "
+                     f"[{det['low']:.3f}, {det['high']:.3f}]; its checks read {spot['spot_keys_per_cell']:.0f} exact "
+                     "keys per cell (keys only, read to decide, not written into the cache).")
+    table = repair_table(report)
+    table[0] = "#" + table[0]  # a subsection of this one
+    return "\n".join([*lines, "", *table])
 
 
 def study_section() -> str:
@@ -338,19 +383,38 @@ def page() -> str:
             "and the command that measured it; rerun the command to reproduce it. The machines are shared "
             "2-core VMs without a GPU: read a timing as the ratio measured in the same run, not as an absolute.",
             "", "## At a glance", "", results_table()]
-    glance = vllm_glance("#serving-with-vllm")
-    if glance:
-        head += ["", glance]
+    for glance in (spot_gate_glance("#the-spot-certified-gate"), vllm_glance("#serving-with-vllm")):
+        if glance:
+            head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
-                study_section(), generation_section(), vllm_section(), bench_section()]
+                study_section(), spot_gate_section(), generation_section(), vllm_section(), bench_section()]
     return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
+
+
+def spot_gate_glance(link: str) -> str | None:
+    """One sentence on the spot-certified gate against the certified one, if the study recorded it."""
+    path = RESULTS / "study-spot-gate" / "report.json"
+    if not path.exists():
+        return None
+    report = json.loads(path.read_text(encoding="utf-8"))
+    tau = report["config"]["tau_certified"]
+    rows = {row["name"]: row for row in report["repair"]}
+    parts = []
+    for scheme in report["config"]["spot_gated_schemes"]:
+        det, spot = rows[f"{scheme} gated tau={tau:g}"], rows[f"{scheme} spot-gated tau={tau:g}"]
+        parts.append(f"{scheme} {spot['paged_fraction']:.3f} against {det['paged_fraction']:.3f} (accuracy "
+                     f"{spot['accuracy']:.3f} against {det['accuracy']:.3f})")
+    return (f"The spot-certified gate (`gate=` with `certificate=\"spot\"`) pages fewer tokens than the certified "
+            f"gate at tau = {tau:g}: {'; '.join(parts)}, {report['config']['cases']} needle cases, measured "
+            f"{report['date']} ([the study's rows]({link})).")
 
 
 def readme_with_table(readme: str) -> str:
     begin, end = README_MARKERS
     start, stop = readme.index(begin) + len(begin), readme.index(end)
-    glance = vllm_glance("docs/results.md#serving-with-vllm")
-    return readme[:start] + "\n" + results_table() + ("\n\n" + glance if glance else "") + "\n" + readme[stop:]
+    glances = [g for g in (spot_gate_glance("docs/results.md#the-spot-certified-gate"),
+                           vllm_glance("docs/results.md#serving-with-vllm")) if g]
+    return readme[:start] + "\n" + results_table() + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]
 
 
 def main(argv=None) -> int:

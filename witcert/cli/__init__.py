@@ -52,6 +52,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv=None) -> int:
     """Parse, check (exit 2 on any bad argument), run; every failure is one line and its own exit status."""
     args = build_parser().parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # as typed, for the records a run writes
     try:
         if args.check is not None:
             try:

@@ -72,6 +72,7 @@ class Tally:
     paged_sum: float = 0.0  # sum over cells of the fraction of visible tokens paged in
     paged_bytes: float = 0.0  # K+V bytes of the paged tokens, summed over query-head cells
     spot_keys: float = 0.0  # exact keys read by spot checks (before and during repair), summed over cells
+    violations_after: int = 0  # gated cells with true TV after repair above meter_after (must stay 0)
     wall_s: float = 0.0
 
 
@@ -257,6 +258,8 @@ def _add_cells(tally: Tally, table, monitor: Monitor, conf: Configuration, model
         token_bytes = 2 * monitor.layout.head_dim * next(model.parameters()).element_size()
         tally.paged_sum += float(np.sum(table["paged_fraction"]))
         tally.paged_bytes += float(np.sum(table["paged_fraction"] * visible)) * token_bytes
+    if "meter_after" in table.columns:
+        tally.violations_after += int(np.sum(table["true_tv_after"] > table["meter_after"]))
     for column in ("spot_keys", "spot_gate_keys"):
         if column in table.columns:
             tally.spot_keys += float(np.nansum(table[column]))
@@ -323,6 +326,7 @@ def summarize(confs, tallies: dict, config: StudyConfig, n_layers: int, source: 
         "repair": repair, "sweep": sweep,
         "soundness": {"cells": sum(t.cells for t in metered), "violations": sum(t.violations for t in metered),
                       "unchecked": sum(t.unchecked for t in metered),
+                      "violations_after_repair": sum(t.violations_after for t in metered),
                       "max_true_tv_minus_meter": max((t.max_excess for t in metered), default=float("nan"))},
     }
 
@@ -346,6 +350,7 @@ def _row(conf: Configuration, tally: Tally, reference: np.ndarray, n: int | None
         if conf.gate is not None:
             row["paged_fraction"] = tally.paged_sum / tally.cells
             row["paged_bytes_per_case"] = tally.paged_bytes / len(tally.outcomes)
+            row["violations_after_repair"] = tally.violations_after
         if conf.certificate == "spot":
             row["spot_keys_per_cell"] = tally.spot_keys / tally.cells
     return row

@@ -33,7 +33,9 @@ def markdown(report: dict) -> str:
         f"test {iv['paired_test']}.",
         f"Soundness: {sound['cells']} metered cells, **{sound['violations']} with true TV above the meter** "
         f"(checked per cell; {sound['unchecked']} without a true TV; max true TV - meter "
-        f"{sound['max_true_tv_minus_meter']:.3g}).",
+        f"{sound['max_true_tv_minus_meter']:.3g})"
+        + (f"; after repair, {sound['violations_after_repair']} gated cells with true TV above their meter after "
+           "repair." if "violations_after_repair" in sound else "."),
         "",
         *repair_table(report),
         "",
