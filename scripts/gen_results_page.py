@@ -234,16 +234,6 @@ def _vllm_machine(m: dict | str) -> str:
             f"vLLM {m['vllm']} (CPU build), torch {m['torch']}, Python {m['python']}")
 
 
-def _wilson(hits: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-    """95% Wilson score interval (the same formula as ``witcert.integrations.vllm.bench.wilson``)."""
-    if n == 0:
-        return (0.0, 1.0)
-    p = hits / n
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z * (p * (1 - p) / n + z * z / (4 * n * n)) ** 0.5 / (1 + z * z / n)
-    return (max(0.0, centre - half), min(1.0, centre + half))
-
-
 def vllm_glance(link: str) -> str | None:
     """One sentence of the vLLM record for the README and the page's head (``None`` without ``vllm.json``)."""
     record = _load("vllm.json")
@@ -257,11 +247,10 @@ def vllm_glance(link: str) -> str | None:
     text = (f"In vLLM ({record['model']}, lossy schemes {', '.join(lossy)} stored in vLLM's own cache, "
             f"measured {record['date'][:10]}, `python -m witcert.integrations.vllm.bench table`): "
             f"{cells:,} decode cells audited against the exact keys, {violations} with true TV above the meter")
-    base = by.get(("needle", "none", False))
-    if base is not None:
-        lo, hi = _wilson(base["needle_hits"], base["needle_cases"])
-        within = [s for s in lossy if ("needle", s, True) in by
-                  and lo <= by["needle", s, True]["needle_hits"] / by["needle", s, True]["needle_cases"] <= hi]
+    base, check = by.get(("needle", "none", False)), record.get("needle_check") or {}
+    if base is not None and check:
+        lo, hi = check["interval"]  # the bench's Wilson interval and verdicts (witcert.integrations.vllm.bench)
+        within = [s for s in lossy if check.get(s, {}).get("within")]
         text += (f"; gated needle accuracy within the uncompressed accuracy's 95% interval "
                  f"({base['needle_hits']}/{base['needle_cases']}, [{lo:.2f}, {hi:.2f}]) for {len(within)} of "
                  f"{len(lossy)} schemes")
@@ -322,9 +311,9 @@ def vllm_section() -> str | None:
                          f"| {raw['violations'] + (gated['violations'] if gated else 0)} | {coverage} "
                          f"| {pair('median_meter', '.3g')} | {pair('median_true_tv', '.3g')} "
                          f"| {pair('max_true_tv', '.3g')} |")
-    base = by.get(("needle", "none", False))
-    if base is not None:
-        lo, hi = _wilson(base["needle_hits"], base["needle_cases"])
+    base, check = by.get(("needle", "none", False)), record.get("needle_check") or {}
+    if base is not None and check:
+        lo, hi = check["interval"]
         lines += ["", f"Needle accuracy (the observatory's scoring of the generated answer). Uncompressed: "
                   f"{base['needle_hits']}/{base['needle_cases']}, 95% Wilson interval [{lo:.2f}, {hi:.2f}]; "
                   "*within*: the gated accuracy lies in that interval.", "",
@@ -333,9 +322,9 @@ def vllm_section() -> str | None:
             raw, gated = by.get(("needle", scheme, False)), by.get(("needle", scheme, True))
             if raw is None or gated is None:
                 continue
-            acc = gated["needle_hits"] / gated["needle_cases"]
             lines.append(f"| {scheme} | {raw['needle_hits']}/{raw['needle_cases']} "
-                         f"| {gated['needle_hits']}/{gated['needle_cases']} | {'yes' if lo <= acc <= hi else 'no'} |")
+                         f"| {gated['needle_hits']}/{gated['needle_cases']} "
+                         f"| {'yes' if check.get(scheme, {}).get('within') else 'no'} |")
     if counts:
         lines += ["", "Gate work over the run: " + ", ".join(
             f"{name.replace('_', ' ')} {value:,}" for name, value in counts.items()
