@@ -46,7 +46,7 @@ def spot_gated(math, gate, spot, readers, radii, spot_bound, exact_scores):
     fp64 exact logits (B, Hq, Tq, S).
     """
     result = gate(math.scores_hat, math.c, exact=exact_scores)  # the deterministic gate's pages and meter after
-    scores_after = result.scores.clone()
+    scores_after = math.scores_hat.to(result.scores.dtype).clone()  # fired cells are written below
     repaired = torch.zeros_like(math.scores_hat, dtype=torch.bool)
     meter_after = math.cells["meter"].clone()
     extra_delta = torch.zeros(meter_after.shape, dtype=torch.float64)
@@ -69,19 +69,16 @@ def spot_gated(math, gate, spot, readers, radii, spot_bound, exact_scores):
             delta_i = delta_at_step(spot.delta, i, 1)
             check = spot_check(cand, cand_radii, readers.cell(b, h, t), keys=spot.keys, delta=delta_i,
                                generator=spot.randomness.generator)
-            bound = check.bound
             extra_delta[b, h, t] += delta_i
             checks[b, h, t] += 1
             read |= set(torch.cat([check.exact, check.pilot, check.draws]).tolist())
-            if bound <= gate.tau:
+            if check.bound <= gate.tau:
                 meter_cand = float(gate.value(cand[None], torch.where(page, torch.zeros_like(c), c)[None])[0])
-                final, after = blocks, min(bound, meter_cand)
+                final, after = blocks, min(check.bound, meter_cand)
                 break
         page = (token_rank < final) & visible
         scores_after[b, h, t] = torch.where(page, exact, scores)
         repaired[b, h, t] = page
         meter_after[b, h, t] = after
         keys_read[b, h, t] = len(read)
-    kept = result.fired & ~fired  # fired by the meter, certified by the spot check: unchanged
-    scores_after[kept] = math.scores_hat[kept]
     return fired, scores_after, repaired, meter_after, extra_delta, checks, keys_read

@@ -269,7 +269,7 @@ def gated_output(math: CallMath, gate: Gate, v_hat, output, *, exact: tuple | No
     repaired = _block_tokens(result.paged, gate.block_size, seen.shape[-1]).to(seen.device) & seen
     paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
     meter_after = _meter_after(math, gate, result)
-    true_tv_after = _true_tv_after(math, result, None if exact is None else exact[0])
+    true_tv_after = _true_tv_after(math, fired, scores_after, None if exact is None else exact[0])
     output = _repaired_output(math, v_hat, exact_values, scores_after, repaired, fired, output)
     return Repair(output, fired, paged, result.bytes, meter_after, true_tv_after)
 
@@ -302,10 +302,7 @@ def spot_gated_output(math: CallMath, gate: Gate, spot, readers, radii, spot_bou
         math, gate, spot, readers, radii, spot_bound, exact_scores)
     seen = ~torch.isneginf(math.scores_hat)
     paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
-    true_tv_after = math.cells["true_tv"].clone()
-    if fired.any():
-        p, p_after = torch.softmax(exact_scores[fired], dim=-1), torch.softmax(scores_after[fired], dim=-1)
-        true_tv_after[fired] = (0.5 * (p - p_after).abs().sum(-1)).to(true_tv_after.dtype)
+    true_tv_after = _true_tv_after(math, fired, scores_after, exact_scores)
     output = _repaired_output(math, v_hat, exact_values, scores_after, repaired, fired, output)
     nothing = torch.zeros(fired.shape, dtype=torch.int64)
     counts = {"added_delta": added, "spot_gate_checks": checks, "spot_gate_keys": keys}
@@ -324,17 +321,16 @@ def _meter_after(math: CallMath, gate: Gate, result) -> torch.Tensor:
     return after
 
 
-def _true_tv_after(math: CallMath, result, exact_scores) -> torch.Tensor:
-    """TV between attention over the exact logits and over the repaired ones (NaN without the exact
-    logits in memory); the cell's own true TV where the gate did not fire."""
+def _true_tv_after(math: CallMath, fired, scores_after, exact_scores) -> torch.Tensor:
+    """TV between attention over the exact logits and over the repaired ones ``scores_after`` (NaN without
+    the exact logits in memory); the cell's own true TV where the gate did not fire."""
     before = math.cells["true_tv"]
     if exact_scores is None:
         return torch.full_like(before, torch.nan)
-    if not result.fired.any():
+    if not fired.any():
         return before.clone()
-    fired = result.fired
     p = torch.softmax(exact_scores[fired], dim=-1)
-    p_after = torch.softmax(result.scores[fired].to(torch.float64), dim=-1)
+    p_after = torch.softmax(scores_after[fired].to(torch.float64), dim=-1)
     after = before.clone()
     after[fired] = (0.5 * (p - p_after).abs().sum(-1)).to(after.dtype)
     return after
