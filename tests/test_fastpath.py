@@ -342,7 +342,7 @@ def test_every_fast_function_compiles_from_its_probe(compiled_pass):
     from witcert.tier_a import observation
 
     for fn, probe in ((radius.band_dot, radius.probe), (radius.tier_a_pass, radius.tier_a_probe),
-                      (stored_pass.stored_pass, stored_pass.probe),
+                      (stored_pass.pass_from_logits, stored_pass.probe),
                       (observation.stored_statistics, observation._statistics_probe)):
         with warnings.catch_warnings():
             warnings.simplefilter("error")
@@ -384,7 +384,7 @@ def test_fused_meter_takes_the_mass_split_on_its_own_sets():
 
 
 def test_compiled_per_layer_pass_radius_covers_every_logit_exactly(compiled_pass):
-    """The monitor's compiled per-layer pass (its logits a fused multiply-and-sum, not a GEMM): per token,
+    """The monitor's compiled per-layer pass (its logits one fp64 GEMM, its rounding bound Hoelder's): per token,
     ``c_t >= |scores_t - sm q . k_t|`` against the exact keys in rational arithmetic, query and key entries
     from ``1e-30`` to ``1e30``, zero rows, fp32 and fp64 inputs, a mask; and its meter at least the eager one's
     radius-for-radius (the same pass)."""
@@ -393,7 +393,7 @@ def test_compiled_per_layer_pass_radius_covers_every_logit_exactly(compiled_pass
     from witcert.fastpath import stored_pass as sp
     from witcert.tier_a.observation import stored_keys
 
-    fn = compiled_mod.compiled_of(sp.stored_pass, sp.probe)
+    assert compiled_mod.compiled_of(sp.pass_from_logits, sp.probe) is not None
     g = torch.Generator().manual_seed(29)
     layout = witcert.BandLayout(16, 4)
     for dtype, magnitude in ((torch.float32, 1.0), (torch.float32, 1e-30), (torch.float64, 1e30), (torch.float64, 1e-3)):
@@ -405,8 +405,8 @@ def test_compiled_per_layer_pass_radius_covers_every_logit_exactly(compiled_pass
         keep = torch.rand(1, 2, 3, 20, generator=g) < 0.8
         keep[..., 0] = True
         scale = 16**-0.5
-        out = fn(q, k_hat, layout, stored.witness, keep, stored.value_residual[..., None, :],
-                 stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05))
+        out = sp.stored_pass(q, k_hat, layout, stored.witness, keep, stored.value_residual[..., None, :],
+                             stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05), compiled=True)
         scores, c = out[0], out[1]
         for h in range(2):
             for r in range(3):
@@ -417,5 +417,5 @@ def test_compiled_per_layer_pass_radius_covers_every_logit_exactly(compiled_pass
                     exact = Fraction(scale) * sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(q[0, h, r], k[0, h, t]))
                     assert Fraction(float(c[0, h, r, t])) >= abs(Fraction(float(scores[0, h, r, t])) - exact), (dtype, h, r, t)
         eager = sp.stored_pass(q, k_hat, layout, stored.witness, keep, stored.value_residual[..., None, :],
-                               stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05))
+                               stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05), compiled=False)
         assert torch.allclose(out[2], eager[2], rtol=1e-5) and out[7].dtype == out[8].dtype == torch.bool

@@ -12,12 +12,14 @@ operations, not by arithmetic).
 Why the arguments are tensors only. A compiled call's fixed cost grows with its Python-scalar
 arguments (each float becomes a guarded symbolic input, boxed into a tensor on every call): the
 scale, the rounding coefficients and the thresholds travel as one fp64 tensor
-(:func:`pass_constants`, built once per layer geometry). The queries and keys come in the model's
-dtype and are widened to fp64 inside the graph (exact), so no fp64 copy of the cache is made outside
-it, and the logits are a fused multiply-and-sum (:func:`~witcert.tier_a.score_rounding.dot_rows`).
-Measured against the previous form (float arguments, fp64 inputs, two GEMMs), interleaved, one thread
-of an AMD EPYC, 9 query rows on 3 kv heads: 1.25 against 1.47 ms a call at S = 515, 5.9 against
-10.9 ms at 4,096, 30 against 93 ms at 32,768.
+(:func:`pass_constants`, built once per layer geometry).
+
+Why the logits come from a GEMM outside the graph. Inside a compiled graph a ``d``-term dot per
+(row, token) is a multiply-and-sum with a horizontal reduction per entry; one BLAS GEMM before the
+graph is far cheaper, and the logits' rounding bound needs no second dot (Hoelder's
+``||q||_inf ||k^_t||_1`` for ``sum |q k^_t|``, :func:`~witcert.tier_a.score_rounding.score_rounding_from`
+``holder=True``). Measured interleaved on one thread of an Intel Xeon VM, 9 query rows on 3 kv heads, the
+two in-graph dots against the one GEMM: 0.93 against 0.10 ms at S = 515, 7.2 against 1.1 ms at 4,096.
 """
 import functools
 
@@ -26,9 +28,10 @@ import torch
 from witcert.core import rounding
 from witcert.core.values import output_bound_of
 from witcert.fastpath.budgeted_pass import lean_pass
+from witcert.fastpath.compiled import pick
 from witcert.fastpath.radius import radius_kernel, scaled_norms_of
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.score_rounding import dot_rows, score_rounding_coefficients, score_rounding_from
+from witcert.tier_a.score_rounding import score_rounding_coefficients, score_rounding_from
 from witcert.tier_a.witness import band_major
 
 
@@ -44,23 +47,33 @@ def pass_constants(d: int, scale: float, tau_k: float, tau_v: float) -> torch.Te
 
 def stored_pass(q: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout, witness: torch.Tensor,
                 keep: torch.Tensor, rho: torch.Tensor, v_norm: torch.Tensor,
-                constants: torch.Tensor) -> tuple[torch.Tensor, ...]:
+                constants: torch.Tensor, compiled: bool | None = None) -> tuple[torch.Tensor, ...]:
     """``(scores, c, meter, risk, value_term, v_norm_max, output_bound, pass_k, pass_v)`` of every folded query row.
 
     ``q`` (..., Hkv, Q, d) queries, each kv head's ``Q = G Tq`` rows folded, and ``k_hat`` (..., Hkv, S, d) the
-    stored keys, both in any float dtype (widened to fp64 here, exactly); ``layout`` the witness's
+    stored keys, both in any float dtype (widened to fp64, exactly); ``layout`` the witness's
     :class:`~witcert.tier_a.bands.BandLayout`; ``witness`` (..., Hkv, S, B) fp16; ``keep`` (..., Hkv, Q, S)
     bool, a live token per row; ``rho``, ``v_norm`` (..., Hkv, 1, S) value residual and value norms;
-    ``constants`` :func:`pass_constants`. Returns fp64 ``scores``/``c`` (..., Hkv, Q, S) and per-row results
+    ``constants`` :func:`pass_constants`; ``compiled``: :func:`pass_from_logits` compiled (default
+    ``WITCERT_COMPILE``). Returns fp64 ``scores``/``c`` (..., Hkv, Q, S) and per-row results
     (..., Hkv, Q), the last two bool (``pass_K``: meter ``<= tau_k``; ``pass_V``: value term
     ``<= tau_v max ||v||``, rounded down).
     """
+    logits = q.to(torch.float64) @ k_hat.to(torch.float64).transpose(-1, -2)  # one GEMM: each entry a d-term fp64 dot
+    return pick(pass_from_logits, probe, compiled)(logits, q, k_hat, layout, witness, keep, rho, v_norm, constants)
+
+
+def pass_from_logits(logits: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout,
+                     witness: torch.Tensor, keep: torch.Tensor, rho: torch.Tensor, v_norm: torch.Tensor,
+                     constants: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """:func:`stored_pass` from the fp64 dots ``logits`` (..., Hkv, Q, S) of ``q`` and ``k_hat`` (any order, FMA
+    or not: what the rounding bound assumes): what ``WITCERT_COMPILE=1`` compiles."""
     q64, k64 = q.to(torch.float64), k_hat.to(torch.float64)
     scale, tau_k, tau_v = constants[0], constants[9], constants[10]
     a_m, a_l, a_0, b_m, b_0, out_m, u_out, h_out = constants[1:9].unbind()
-    scores = (dot_rows(q64, k64) * scale).masked_fill(~keep, float("-inf"))
+    scores = (logits * scale).masked_fill(~keep, float("-inf"))
     radius = radius_kernel(scaled_norms_of(q64, layout, scale), witness).double()
-    slack = score_rounding_from(q64, k64, scale, (a_m, a_l, a_0, b_m, b_0, out_m, (u_out, h_out)))
+    slack = score_rounding_from(q64, k64, scale, (a_m, a_l, a_0, b_m, b_0, out_m, (u_out, h_out)), holder=True)
     c = rounding.add_up(radius, slack)
     meter, risk, value_term, v_max = lean_pass(scores, c, rho, v_norm)  # rho, v_norm broadcast over the rows
     pass_k = meter <= tau_k  # fp64, where tau is exact
@@ -69,10 +82,10 @@ def stored_pass(q: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout, witnes
 
 
 def probe() -> tuple:
-    """Arguments that compile :func:`stored_pass` (sizes >= 2: two kv heads of two rows, 8 tokens, d = 8, B = 2;
-    fp32 queries, keys and value statistics, as an fp32 model's compressed cache holds them: the graph the
+    """Arguments that compile :func:`pass_from_logits` (sizes >= 2: two kv heads of two rows, 8 tokens, d = 8,
+    B = 2; fp32 queries, keys and value statistics, as an fp32 model's compressed cache holds them: the graph the
     monitor then calls, compiled up front rather than at its first decode step)."""
     q, k = torch.ones(2, 2, 8), torch.ones(2, 8, 8)  # d = 8, S = 8
-    return (q, k, BandLayout(8, 2), band_major(torch.ones(2, 8, 2, dtype=torch.float16)),
-            torch.ones(2, 2, 8, dtype=torch.bool), torch.ones(2, 1, 8), torch.ones(2, 1, 8),
-            pass_constants(8, 0.5, 0.2, 0.05))
+    return (torch.ones(2, 2, 8, dtype=torch.float64), q, k, BandLayout(8, 2),
+            band_major(torch.ones(2, 8, 2, dtype=torch.float16)), torch.ones(2, 2, 8, dtype=torch.bool),
+            torch.ones(2, 1, 8), torch.ones(2, 1, 8), pass_constants(8, 0.5, 0.2, 0.05))

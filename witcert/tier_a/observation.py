@@ -30,7 +30,6 @@ from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
 from witcert.fastpath.compiled import pick
 from witcert.fastpath.fused import lean_cells
-from witcert.fastpath.stored_pass import probe as stored_pass_probe
 from witcert.fastpath.stored_pass import pass_constants, stored_pass
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
@@ -210,7 +209,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     if fast:  # inputs valid by construction: one pass, no re-checks
         values.check_thresholds(tau_k, tau_v)  # (the eager branch's joint_pass checks them itself)
         folded = (*lead, hkv, groups * tq)  # the statistics as stored (views; the pass widens them)
-        results = pick(stored_pass, stored_pass_probe)(
+        results = stored_pass(
             q.reshape(*folded, d), stored.k_hat, layout, stored.witness, keep.reshape(*folded, s),
             stored.value_residual[..., None, :], stored.value_norm[..., None, :],
             pass_constants(d, scale, float(tau_k), float(tau_v)).to(q.device))

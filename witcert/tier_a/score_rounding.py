@@ -104,14 +104,25 @@ def bias_rounding_bound(biased: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isneginf(biased), torch.zeros_like(slack), slack)
 
 
-def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: float, coefficients: tuple) -> torch.Tensor:
+def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: float, coefficients: tuple,
+                        holder: bool = False) -> torch.Tensor:
     """:func:`score_rounding_bound`'s arithmetic on checked fp64 tensors: ``q64`` (..., Q, d) against ``k_hat64``
     (..., S, d) -> (..., Q, S), with :func:`score_rounding_coefficients`. No host synchronisation
-    (the fused per-layer pass compiles it)."""
+    (the fused per-layer pass compiles it).
+
+    ``holder``: ``M_t`` is taken from above by Hoelder's ``||q||_inf ||k^_t||_1`` (no second dot product:
+    one maximum per row, the ``l1`` sums it already forms), for the fp64 logits of the per-layer pass, where
+    ``M_t`` enters only with coefficients near ``d 2^-53`` (the bound moves by about ``1e-14`` of ``sm M``);
+    every coefficient is non-negative, so a larger ``M_t`` gives a larger bound. Its evaluation (a ``d``-term
+    sum and one product) rounds no more than the dot it replaces, so the same inflation covers it."""
     a_m, a_l, a_0, b_m, b_0, out_m, out_0 = coefficients
     q_abs, k_abs = q64.abs(), k_hat64.abs()
-    sm_m = dot_rows(q_abs, k_abs) * sm_scale  # (..., Q, S): sm M, to fp64 rounding
-    l1 = q_abs.sum(-1, keepdim=True) + k_abs.sum(-1).unsqueeze(-2)  # ||q||_1 + ||k^_t||_1
+    q_l1, k_l1 = q_abs.sum(-1, keepdim=True), k_abs.sum(-1).unsqueeze(-2)
+    if holder:
+        sm_m = (q_abs.amax(-1, keepdim=True) * k_l1) * sm_scale  # (..., Q, S) >= sm M, to fp64 rounding
+    else:
+        sm_m = dot_rows(q_abs, k_abs) * sm_scale  # (..., Q, S): sm M, to fp64 rounding
+    l1 = q_l1 + k_l1  # ||q||_1 + ||k^_t||_1
     case_a = sm_m * a_m + l1 * a_l + a_0
     case_b = sm_m * b_m + b_0
     final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + out_0[1]
@@ -126,9 +137,9 @@ def dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """``a @ b^T``: (..., Q, d) against (..., S, d) -> (..., Q, S), every entry a ``d``-term dot in some order.
 
     Eager, one BLAS call; inside a compiled graph a fused multiply-and-sum over ``d``, never the extern
-    GEMM: inside the monitor's per-layer graph (:mod:`witcert.fastpath.stored_pass`) the two fp64 GEMMs of
-    a few query rows took 3.2 ms each at 9 x 4096 x 64 on an AMD EPYC (the whole pass 10.9 ms before, 5.9 ms
-    with this). Both are what the bounds here assume (any order, FMA or not).
+    GEMM (an extern fp64 GEMM of a few query rows inside a graph was slower still). Both are what the bounds
+    here assume (any order, FMA or not). The monitor's per-layer pass takes its logits from one GEMM before
+    its graph instead (:mod:`witcert.fastpath.stored_pass`).
     """
     if torch.compiler.is_compiling():
         return (a.unsqueeze(-2) * b.unsqueeze(-3)).sum(-1)
