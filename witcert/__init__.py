@@ -21,6 +21,7 @@ user needs are here; everything else lives in the subpackage of its layer:
 from witcert.core.metering import meter, risk_score
 from witcert.gate.policy import Gate
 from witcert.integrations.hf.monitoring import Monitor, monitor
+from witcert.integrations.hf.sampling import MeterSampling
 from witcert.schemes.registry import get_scheme, list_schemes, register_scheme
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import observe
@@ -36,6 +37,7 @@ __all__ = [
     "BandLayout",
     "DitheredInt8",
     "Gate",
+    "MeterSampling",
     "Monitor",
     "apply_rope",
     "get_scheme",

@@ -38,6 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
+from witcert.integrations.hf.sampling import MeterSampling, spread
 from witcert.spot.cells import BackedKeys, ExactReaders
 from witcert.tier_a.bands import BandLayout
 
@@ -97,6 +98,7 @@ class CallScope:
     fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS, MS)); False: the full eager meter
     spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
+    sample: MeterSampling | None = None  # sampled metering (None: every cell)
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -174,8 +176,15 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     ``attention_mask`` is what sdpa applies to the scores (:func:`_scores_mask`): keys it hides are
     masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`)."""
     store = layer.store
-    tq, s = query.shape[-2], read[0].shape[-2]
+    b, hq, tq, _ = query.shape
+    s = read[0].shape[-2]
+    chosen = None if scope.sample is None else scope.sample.heads_of(layer.layer_idx, s - tq, s, hq, read[0].shape[1])
+    if chosen is not None and not len(chosen):  # sampled metering: this call is not metered
+        return output, _unmetered(scope, layer, (b, hq, tq), s)
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
+    if chosen is not None:  # sampled metering: the chosen query heads only, every kv head
+        query = query[:, chosen]
+        visible, bias = (None if x is None else x[:, chosen] if x.shape[1] == hq else x for x in (visible, bias))
     if bias is not None and scope.gate is not None and not scope.truth:
         raise ValueError("attention_mask: an additive mask with soft values (or a position_bias) and a production "
                          "gate (keep_exact=False): the backing store's page-ins do not carry the bias; use "
@@ -220,12 +229,31 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         extra["meter_after"] = _reported(repair.meter_after, blank)
         extra["true_tv_after"] = _reported(repair.true_tv_after, blank)
     fields = {name: _reported(t, blank) for name, t in math.cells.items()}
+    fields["repaired"] = fired.cpu()
+    if scope.sample is not None:
+        extra = {name: _reported(t, blank) for name, t in extra.items()}
+        if chosen is not None:
+            fields, extra = ({name: spread(t, chosen, hq) for name, t in part.items()} for part in (fields, extra))
+        extra["metered"] = torch.zeros((b, hq, tq), dtype=torch.bool)
+        extra["metered"][:, slice(None) if chosen is None else chosen] = True
     batch = cells.CellBatch(
-        layer=layer.layer_idx, positions=torch.arange(s - tq, s), repaired=fired.cpu(), requests=scope.rows,
+        layer=layer.layer_idx, positions=torch.arange(s - tq, s), requests=scope.rows,
         tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
         **fields,
     )
     return output, batch
+
+
+def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, s: int) -> "cells.CellBatch":
+    """The :class:`CellBatch` of a call sampled metering left out: every measurement NaN, ``metered`` False."""
+    nan = torch.full(shape, torch.nan, dtype=torch.float64)
+    no = torch.zeros(shape, dtype=torch.bool)
+    extra = {name: nan for name in scope.delta_sweep} | {"metered": no}
+    return cells.CellBatch(
+        layer=layer.layer_idx, positions=torch.arange(s - shape[-1], s), requests=scope.rows, tier=scope.tier,
+        adaptive=scope.adaptive, extra=extra, seed=scope.seed, repaired=no, joint=no,
+        **{name: nan for name in cells.FIELDS if name not in ("joint", "repaired")},
+    )
 
 
 def _reported(cell: torch.Tensor, blank: torch.Tensor | None) -> torch.Tensor:

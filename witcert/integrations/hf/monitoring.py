@@ -59,6 +59,7 @@ from witcert.integrations.hf.codecs import Dither, codec_for
 from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
 from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
+from witcert.integrations.hf.sampling import MeterSampling
 from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
@@ -71,7 +72,8 @@ TIERS = ("auto", "A", "B")
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
             backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
-            certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6) -> "Monitor":
+            certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
+            sample: MeterSampling | None = None) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -125,10 +127,15 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     spot_keys, spot_delta : int, float
         Exact keys per checked cell and its failure probability (:func:`witcert.spot.delta_per_cell`
         and :func:`witcert.spot.delta_at_step` turn a request budget into one).
+    sample : witcert.MeterSampling, optional
+        Meter fewer cells, by choice (default ``None``: every cell): every ``every``-th step and a random
+        ``heads`` fraction of each kv head's query heads (:mod:`witcert.integrations.hf.sampling`). The
+        cells left out are reported with NaN measurements and ``metered=False``, never as certified. Not
+        with a gate or a spot check (they need every cell's meter).
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
                    delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
-                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta)
+                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample)
 
 
 @dataclass
@@ -177,7 +184,8 @@ class Monitor:
     def __init__(self, model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
                  backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
-                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6):
+                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
+                 sample: MeterSampling | None = None):
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
@@ -213,6 +221,7 @@ class Monitor:
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
         self.spot = spot_settings(certificate, spot_keys, spot_delta, tau)  # None: deterministic only
+        self.sample = _checked_sampling(sample, gate, self.spot)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
         self.batches: list = []
@@ -300,7 +309,7 @@ class Monitor:
         scope = attention.CallScope(
             layout=self.layout, tier=self.tier, adaptive=adaptive,
             truth=self.keep_exact, record=self.batches.append, gate=self.gate, delta_loc=self.delta_loc,
-            delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused", spot=self.spot,
+            delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused", spot=self.spot, sample=self.sample,
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
@@ -450,6 +459,18 @@ def _transformers_side():
     except ImportError as err:
         raise ImportError(f"witcert.monitor needs transformers (pip install 'witcert[hf]'): {err}") from None
     return attention
+
+
+def _checked_sampling(sample, gate, spot) -> MeterSampling | None:
+    """``sample`` if it is a :class:`MeterSampling` the monitor can honour (``None``: every cell metered)."""
+    if sample is None:
+        return None
+    if not isinstance(sample, MeterSampling):
+        raise ValueError(f"sample must be a witcert.MeterSampling or None, got {type(sample).__name__}")
+    if gate is not None or spot is not None:
+        raise ValueError("sample: sampled metering leaves cells unmetered, and a gate or spot check decides on every "
+                         "cell's meter; use sample=None with gate= or certificate='spot'")
+    return sample
 
 
 def _check_eager(model) -> None:

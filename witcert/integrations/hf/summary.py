@@ -51,7 +51,7 @@ def figures(cells, tau: float) -> dict:
 
     Keys: ``cells``, ``median_meter``, ``max_meter``, ``coverage`` (meter <= tau), ``saturated``,
     ``max_true_tv``, ``violations`` (``None`` without the exact cache), ``repaired`` (fraction the
-    gate fired on) and, for a gated run, ``paged``, ``coverage_after``, ``max_meter_after``,
+    gate fired on), ``unmetered`` (cells sampled metering left out, when it was on) and, for a gated run, ``paged``, ``coverage_after``, ``max_meter_after``,
     ``max_true_tv_after``, ``violations_after``.
     """
     meter, tv = cells["meter"], cells["true_tv"]
@@ -60,6 +60,8 @@ def figures(cells, tau: float) -> dict:
            "max_meter": _max(meter), "coverage": _fraction(meter[seen] <= tau),
            "saturated": _fraction(meter[seen] >= ranking.SATURATED), "max_true_tv": _max(tv),
            "violations": _violations(tv, meter), "repaired": _fraction(cells["repaired"][seen])}
+    if "metered" in cells.columns:  # sampled metering: the cells left out are counted, never as certified
+        row["unmetered"] = int(np.sum(~cells["metered"].astype(bool)))
     if "meter_after" in cells.columns:
         after, tv_after = cells["meter_after"], cells["true_tv_after"]
         row.update(paged=float(np.nanmean(cells["paged_fraction"][seen])) if seen.any() else float("nan"),
@@ -110,6 +112,9 @@ class LayerSummary:
         if not self.rows:
             return "\n".join(lines + ["(no cell measured yet)"])
         lines += self._table() + [COLUMNS] + ([GATE_COLUMNS] if self.gated else [])
+        if "unmetered" in self.total:
+            lines += ["", f"sampled metering: {self.total['unmetered']:,d} cells left unmetered (no bound, not counted "
+                          "in 'cells' or 'certified'; their column 'metered' is False)"]
         if self.gated:
             t = self.total
             lines += ["", f"gate: fired on {t['repaired']:.1%} of cells, paged {t['paged']:.1%} of their "
