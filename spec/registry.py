@@ -260,8 +260,9 @@ THEOREMS: tuple[Theorem, ...] = (
         spec=None,
         torch="witcert.tier_a.score_rounding.score_rounding_bound",
         kernel=None,
-        tests=("tests/test_score_rounding.py", "tests/test_observe.py", "tests/test_attention_inputs.py"),
-        note="A floating-point error analysis (Higham's gamma_d for the dot in any order, the pre-scaling of SDPA's math path, the final cast, subnormal floors; witcert/tier_a/observation.py), not a Lean theorem: checked per (query, token) against emulated runtimes and correctly rounded exact sums. Added to c wherever logits computed in floating point are metered (observe_stored, the Tier B tightening), and by users who bring their own logits (Theorem 1 needs c_t >= |given logit - exact logit|). An additive mask or position_bias added to the fp64 logits rounds once more: bias_rounding_bound (2^-52 |fl(s + b)|, checked in exact rationals) is added to c with it.",
+        tests=("tests/test_score_rounding.py", "tests/test_observe.py", "tests/test_attention_inputs.py",
+               "tests/test_fastpath.py"),
+        note="A floating-point error analysis (Higham's gamma_d for the dot in any order, the pre-scaling of SDPA's math path, the final cast, subnormal floors; witcert/tier_a/observation.py), not a Lean theorem: checked per (query, token) against emulated runtimes and correctly rounded exact sums. The monitor's per-layer pass (witcert/fastpath/stored_pass.py) takes sum_c |q_c k^_tc| from above by Hoelder's ||q||_inf ||k^_t||_1 (every coefficient non-negative, its fp64 logits' coefficients near d 2^-53), checked per token in exact rationals from 1e-30 to 1e30. Added to c wherever logits computed in floating point are metered (observe_stored, the Tier B tightening), and by users who bring their own logits (Theorem 1 needs c_t >= |given logit - exact logit|). An additive mask or position_bias added to the fp64 logits rounds once more: bias_rounding_bound (2^-52 |fl(s + b)|, checked in exact rationals) is added to c with it.",
     ),
     Theorem(
         key="SC",
