@@ -59,6 +59,7 @@ def test_every_decode_cell_metered_and_sound(generated):
     assert max(snap["layer_max"].values()) < 1e-9  # only the fp64 score-rounding slack
     assert len(snap["request_max"]) == len(PROMPTS)
     assert snap["shadow_max_output_gap"] < 1e-4  # the kernel attended what the plugin read back
+    assert snap["shadow_max_output_gap_ratio"] <= 1.0
 
 
 def test_jsonl_has_one_line_per_cell(generated):

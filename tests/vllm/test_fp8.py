@@ -10,8 +10,6 @@ from tests.vllm.engines import HAS_VLLM, NO_VLLM, fp8_unsupported_reason, run_en
 
 pytestmark = pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
 
-# kernel output vs fp64 recomputation, absolute (values of SmolLM2 are O(1)): model dtype accuracy
-OUTPUT_GAP = {"float32": 1e-3, "bfloat16": 5e-2}
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
@@ -26,4 +24,6 @@ def test_fp8_cache_every_cell_within_its_meter(smollm2, dtype, kv_cache_dtype):
     assert w["cells"] > 0 and w["shadow_cells"] == w["cells"]
     assert w["shadow_violations"] == 0
     assert w["shadow_max_true_tv"] > 0  # the cache is lossy: the check is not vacuous
-    assert w["shadow_max_output_gap"] < OUTPUT_GAP[dtype]
+    assert w["shadow_max_output_gap_ratio"] <= 1.0  # the kernel's output within its rounding in the model dtype
+    if dtype == "float32":
+        assert w["shadow_max_output_gap"] < 1e-3

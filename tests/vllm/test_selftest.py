@@ -16,28 +16,53 @@ pytestmark = pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
 SMOLLM2 = dict(num_heads=9, num_kv_heads=3, head_size=64, block_size=128, k_scale=1.0, v_scale=1.0, scale=0.125)
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_passes_on_vllm_layout(dtype):
-    from witcert.integrations.vllm import selftest
+AMX = torch.cpu._is_amx_tile_supported()
+# (isa, model dtype, cache dtype, storage): vec on every x86 CPU; amx (bf16 models) where the CPU has AMX tiles
+CONFIGS = [("vec", torch.float32, "auto", torch.float32), ("vec", torch.bfloat16, "auto", torch.bfloat16),
+           ("vec", torch.float16, "auto", torch.float16), ("amx", torch.bfloat16, "auto", torch.bfloat16),
+           ("amx", torch.bfloat16, "fp8_e4m3", torch.uint8), ("amx", torch.bfloat16, "fp8_e5m2", torch.uint8)]
 
-    result = selftest._run("vec", dtype, dtype, "auto", *SMOLLM2.values())
-    assert result["passed"] and result["kernel_gap"] <= result["kernel_gap_limit"]
+
+@pytest.mark.parametrize("isa,dtype,kv_cache_dtype,storage", CONFIGS)
+def test_passes_on_vllm_layout(isa, dtype, kv_cache_dtype, storage):
+    from witcert.integrations.vllm import layout, selftest
+
+    if isa == "amx" and not AMX:
+        pytest.skip("vLLM's AMX kernels need a CPU with AMX tiles; this one has none")
+    checked = selftest._run(isa, dtype, storage, kv_cache_dtype, *SMOLLM2.values())
+    assert checked.report["passed"] and checked.report["kernel_gap"] <= checked.report["kernel_gap_limit"]
+    vec_order = layout.CacheLayout.transposed_keys(SMOLLM2["block_size"], SMOLLM2["head_size"])
+    # the vec kernels keep keys transposed; the amx ones pack pairs for their tiles (measured, not assumed)
+    assert torch.equal(checked.layout.key_index, vec_order.key_index) == (isa == "vec")
 
 
 def test_refuses_a_wrong_layout(monkeypatch):
-    # both readers made to assume keys stored [block_size, d] (untransposed): caught
+    # the measured order replaced by one with keys and values swapped: caught by the read-back
     from witcert.integrations.vllm import layout, selftest
 
-    def by_block(key_cache, block_ids, length):
-        return layout.values_of_blocks(key_cache, block_ids, length)
+    measure = layout.measure
 
-    def by_slot(key_cache, slots):
-        block_size = key_cache.shape[2]
-        return key_cache[slots // block_size, :, slots % block_size]
+    def swapped(*args, **kwargs):
+        right = measure(*args, **kwargs)
+        return layout.CacheLayout(key_index=right.value_index, value_index=right.key_index)
 
-    monkeypatch.setattr(layout, "keys_of_blocks", by_block)
-    monkeypatch.setattr(layout, "keys_at_slots", by_slot)
+    monkeypatch.setattr(layout, "measure", swapped)
     with pytest.raises(selftest.CacheLayoutError, match="stored keys read back differ"):
+        selftest._run("vec", torch.float32, torch.float32, "auto", *SMOLLM2.values())
+
+
+def test_refuses_a_writer_writing_outside_its_slots(monkeypatch):
+    # the measured key order shifted by one token: the writer changes entries the layout gives to no written slot
+    from witcert.integrations.vllm import layout, selftest
+
+    measure = layout.measure
+
+    def shifted(*args, **kwargs):
+        right = measure(*args, **kwargs)
+        return layout.CacheLayout(key_index=right.key_index.roll(1, dims=0), value_index=right.value_index)
+
+    monkeypatch.setattr(layout, "measure", shifted)
+    with pytest.raises(selftest.CacheLayoutError, match="outside the written slots"):
         selftest._run("vec", torch.float32, torch.float32, "auto", *SMOLLM2.values())
 
 

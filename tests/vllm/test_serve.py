@@ -113,7 +113,8 @@ def test_openai_requests_then_witcert_metrics(server):
     assert len(requests) == len(PROMPTS) + 1
     assert m[("witcert_shadow_cells_total", ())] == cells
     assert m[("witcert_shadow_violations_total", ())] == 0
-    assert m[("witcert_shadow_max_output_gap", ())] < 0.05  # bf16 output rounding
+    assert m[("witcert_shadow_max_output_gap", ())] > 0  # bf16: the kernel rounds (the check is not vacuous)
+    assert m[("witcert_shadow_max_output_gap_ratio", ())] <= 1.0  # within what bf16 rounding explains
     assert any(name.startswith("vllm:") for name, _ in m)  # vLLM's own endpoint, not a second one
 
 

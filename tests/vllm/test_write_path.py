@@ -35,14 +35,14 @@ def _impl(cfg):
     impl.__dict__.update(
         num_heads=HQ, num_kv_heads=HKV, head_size=D, scale=D**-0.5, kv_cache_dtype="auto",
         attn_type=AttentionType.DECODER, metered=True, layout=witcert.BandLayout(D, 16), runtime=runtime.Runtime(cfg),
-        witness=None, shadow=None, store=None, tier_b=None, repaired=None, k_scale=None, _pending=None,
+        witness=None, shadow=None, store=None, cache_layout=None, tier_b=None, repaired=None, k_scale=None, _pending=None,
         head_offset=0, kv_head_offset=0, layer_index=None, sinks=None, alibi_slopes=None, sliding_window=-1,
         logits_soft_cap=0, num_queries_per_kv=HQ // HKV, is_fp8_kv_cache=False, use_zentorch_sdpa=False,
         kv_sharing_target_layer_name=None)
     return impl
 
 
-def _metadata(ops, query_lens, seq_lens, dtype):
+def _metadata(ops, query_lens, seq_lens, dtype, isa):
     from vllm.v1.attention.backends.cpu_attn import CPUAttentionMetadata
 
     starts = torch.tensor([0, *torch.tensor(query_lens).cumsum(0).tolist()], dtype=torch.int32)
@@ -52,7 +52,7 @@ def _metadata(ops, query_lens, seq_lens, dtype):
                        for r, (q, s) in enumerate(zip(query_lens, seq_lens))])
     meta = ops.cpu_attn_get_scheduler_metadata(
         num_reqs=2, num_heads=HQ, num_kv_heads=HKV, head_dim=D, seq_lens=seq, dtype=dtype,
-        query_start_loc=starts, causal=True, sliding_window_size=-1, isa="vec", enable_kv_split=False,
+        query_start_loc=starts, causal=True, sliding_window_size=-1, isa=isa, enable_kv_split=False,
         dynamic_causal=None, kv_cache_dtype="auto")
     md = CPUAttentionMetadata(num_actual_tokens=int(starts[-1]), max_query_len=max(query_lens), query_start_loc=starts,
                               max_seq_len=max(seq_lens), seq_lens=seq, block_table=table, slot_mapping=slots,
@@ -64,7 +64,7 @@ def _step(impl, layer, kv_cache, query_lens, seq_lens, g):
     from vllm import _custom_ops as ops
 
     dtype = kv_cache.dtype
-    md, slots = _metadata(ops, query_lens, seq_lens, dtype)
+    md, slots = _metadata(ops, query_lens, seq_lens, dtype, layer.isa)
     n = slots.numel()
     key = torch.randn(n, HKV, D, generator=g) * 2
     key[..., 11] *= 25  # a massive channel
@@ -77,16 +77,17 @@ def _step(impl, layer, kv_cache, query_lens, seq_lens, g):
     return key, value, slots, output
 
 
-def _read_keys(kv_cache, slots):
+def _read_keys(impl, kv_cache, slots):
     from witcert.integrations.vllm import layout
 
-    key_cache, _ = layout.split_cache(kv_cache)
-    return layout.decode(layout.keys_at_slots(key_cache, slots), "auto", 1.0)  # (N, Hkv, d) fp64
+    return layout.decode(impl.cache_layout.keys_at_slots(kv_cache, slots), "auto", 1.0)  # (N, Hkv, d) fp64
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("isa,dtype", [("vec", torch.float32), ("vec", torch.bfloat16), ("amx", torch.bfloat16)])
 @pytest.mark.parametrize("scheme", ["rtn-int4", "dithered-int8"])
-def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, dtype):
+def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, isa, dtype):
+    if isa == "amx" and not torch.cpu._is_amx_tile_supported():
+        pytest.skip("vLLM's AMX kernels (bf16 models on CPUs with AMX tiles) need AMX; this CPU has none")
     from witcert.integrations.vllm import config, layout, schemes
     from witcert.tier_a.witness import witness_of
 
@@ -95,7 +96,7 @@ def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, dtype):
     rt = impl.runtime
     rt.request_ids = ["a", "b"]
     rt.row_settings = [config.RequestSettings(scheme, True), config.RequestSettings(SPEC, False)]
-    layer = SimpleNamespace(isa="vec", _k_scale_float=1.0, _v_scale_float=1.0, layer_name="model.layers.0.self_attn.attn")
+    layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0, layer_name="model.layers.0.self_attn.attn")
     kv_cache = torch.zeros(6, HKV, BS, 2 * D, dtype=dtype)
     g = torch.Generator().manual_seed(0)
 
@@ -108,7 +109,7 @@ def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, dtype):
     key, value, slots, _ = _step(impl, layer, kv_cache, PROMPTS, PROMPTS, g)
     for r, span in enumerate((slice(0, 40), slice(40, 60))):
         exact = key[span]
-        stored = _read_keys(kv_cache, slots[span])
+        stored = _read_keys(impl, kv_cache, slots[span])
         assert torch.equal(stored, stored_by((scheme, SPEC)[r], exact, slots[span]))
         assert torch.equal(layout.rows_of_blocks(impl.witness, torch.tensor(BLOCKS[r]), span.stop - span.start),
                            witness_of(exact, stored, impl.layout).transpose(0, 1))
@@ -128,13 +129,15 @@ def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, dtype):
     counts = snap["gate_counts"]
     assert counts["blocks_repaired"] > 0 and counts["bytes_paged"] > 0
     assert counts["shadow_repair_checked"] > 0 and counts["shadow_repair_mismatches"] == 0
-    assert snap["shadow_max_output_gap"] < (1e-4 if dtype == torch.float32 else 5e-2)  # over the repaired cache
+    assert snap["shadow_max_output_gap_ratio"] <= 1.0  # over the repaired cache: within the kernel's rounding
+    if dtype == torch.float32:
+        assert snap["shadow_max_output_gap"] < 1e-4
     repaired = impl.repaired.nonzero().flatten()
     assert repaired.numel() == counts["slots_repaired"] > 0
-    assert torch.equal(_read_keys(kv_cache, repaired), impl.shadow[repaired // BS, :, repaired % BS].double())
+    assert torch.equal(_read_keys(impl, kv_cache, repaired), impl.shadow[repaired // BS, :, repaired % BS].double())
     assert (impl.witness[repaired // BS, :, repaired % BS] == 0).all()  # persistent: never paged again
     for r in range(2):  # the new tokens: attended exactly in this step, stored compressed after it
-        assert torch.equal(_read_keys(kv_cache, slots2[r:r + 1]), stored_by((scheme, SPEC)[r], key2[r:r + 1],
+        assert torch.equal(_read_keys(impl, kv_cache, slots2[r:r + 1]), stored_by((scheme, SPEC)[r], key2[r:r + 1],
                                                                              slots2[r:r + 1]))
     if scheme == "dithered-int8":  # the deterministic branch is kept for the slots it describes, and only those
         assert impl.tier_b["valid"][slots2[:1]].all() and not impl.tier_b["valid"][repaired].any()

@@ -61,6 +61,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.tier_b = None  # dithered cache: codes, scales, valid per slot
         self.repaired = None  # (slots,) bool: made exact by the gate since the slot was written
         self.k_scale = None  # the key scale the stored witnesses were formed under
+        self.cache_layout = None  # layout.CacheLayout measured by the self-test
         self._pending = None  # the step's (key, value, slot_mapping), compressed after its attention
         self.head_offset, self.kv_head_offset = _tensor_parallel_offsets(self.num_heads, self.num_kv_heads)
         if self.metered:
@@ -96,8 +97,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     def _witness_written(self, layer, kv_cache, slots, exact) -> torch.Tensor:
         """Read the keys at ``slots`` back and store the witness of ``exact - stored``; return them."""
-        key_cache, _ = layout.split_cache(kv_cache)
-        stored = layout.decode(layout.keys_at_slots(key_cache, slots), self.kv_cache_dtype, layer._k_scale_float)
+        stored = layout.decode(self.cache_layout.keys_at_slots(kv_cache, slots), self.kv_cache_dtype,
+                               layer._k_scale_float)
         layout.scatter_rows(self.witness, slots, _witness(exact, stored, self.layout))
         return stored
 
@@ -125,12 +126,13 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if self.witness is not None and self.witness.shape[0] == kv_cache.shape[0]:
             return
         blocks, heads, block_size, _ = kv_cache.shape
-        result = selftest.check_cache(
+        checked = selftest.check_cache(
             isa=layer.isa, model_dtype=model_dtype, storage_dtype=kv_cache.dtype,
             kv_cache_dtype=self.kv_cache_dtype, num_heads=self.num_heads, num_kv_heads=heads,
             head_size=self.head_size, block_size=block_size, k_scale=layer._k_scale_float,
             v_scale=layer._v_scale_float, scale=self.scale)
-        self.runtime.telemetry.selftest = result
+        self.runtime.telemetry.selftest = checked.report
+        self.cache_layout = checked.layout  # where the writer put each entry, measured for this configuration
         cfg = self.runtime.config
         self.witness = torch.zeros(blocks, heads, block_size, self.layout.bands, dtype=torch.float16)
         self.k_scale = layer._k_scale_float
@@ -198,16 +200,14 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 cell_log.add(request, self.layer_index, n - 1, n, final[i], risk[i], tv, scheme=scheme,
                              head_offset=self.head_offset, **raw_args)
             if view["exact"] is not None:
-                _, value_cache = layout.split_cache(kv_cache)
-                v_hat = layout.decode(layout.values_of_blocks(value_cache, blocks_of[i], n), self.kv_cache_dtype,
-                                      layer._v_scale_float)
-                telemetry.add_output_gap(_output_gap(q[i], view["k_hat"][i, :, :n], v_hat, self.scale,
-                                                     output[starts[r]]))
+                v_hat = layout.decode(self.cache_layout.values_of_blocks(kv_cache, blocks_of[i], n),
+                                      self.kv_cache_dtype, layer._v_scale_float)
+                telemetry.add_output_gap(*_output_gap(q[i], view["k_hat"][i, :, :n], v_hat, self.scale,
+                                                      output[starts[r]], self.model_dtype))
 
     def _read(self, layer, kv_cache, blocks_of, lens) -> dict:
         """What the kernel reads for each decode row, padded to the longest: keys, witnesses, Tier B, shadow."""
-        key_cache, _ = layout.split_cache(kv_cache)
-        block_size = key_cache.shape[2]
+        block_size = kv_cache.shape[2]
         shape = (len(lens), self.num_kv_heads, max(lens))
         k_hat = torch.zeros(*shape, self.head_size, dtype=torch.float64)
         w = torch.zeros(*shape, self.layout.bands, dtype=torch.float16)
@@ -220,8 +220,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                                valid=torch.zeros(shape, dtype=torch.bool), key_dtype=self.model_dtype,
                                group=schemes.TIER_B_GROUP)
         for i, (blocks, n) in enumerate(zip(blocks_of, lens)):
-            k_hat[i, :, :n] = layout.decode(layout.keys_of_blocks(key_cache, blocks, n), self.kv_cache_dtype,
-                                            layer._k_scale_float)
+            k_hat[i, :, :n] = layout.decode(self.cache_layout.keys_of_blocks(kv_cache, blocks, n),
+                                            self.kv_cache_dtype, layer._k_scale_float)
             w[i, :, :n] = layout.rows_of_blocks(self.witness, blocks, n)
             if exact is not None:
                 exact[i, :, :n] = layout.rows_of_blocks(self.shadow, blocks, n)
@@ -392,13 +392,30 @@ def _witness(exact: torch.Tensor, stored: torch.Tensor, band_layout) -> torch.Te
     return w
 
 
-def _output_gap(q, k_hat, v_hat, scale, kernel_out) -> float:
-    """max |kernel output - fp64 attention over the read-back keys and values| for one token."""
+def _output_gap(q, k_hat, v_hat, scale, kernel_out, model_dtype) -> tuple[float, float]:
+    """For one token: max |kernel output - fp64 attention over the read-back keys and values|, and what the
+    kernel's own rounding in ``model_dtype`` allows it to be (:func:`_kernel_allowance`)."""
     hkv, _, d = k_hat.shape
     qg = q.to(torch.float64).reshape(hkv, -1, d)  # (Hkv, G, d)
     p = torch.softmax(scale * qg @ k_hat.transpose(-1, -2), dim=-1)
     expected = (p @ v_hat).reshape(-1)
-    return float((kernel_out.reshape(-1).to(torch.float64) - expected).abs().max())
+    gap = float((kernel_out.reshape(-1).to(torch.float64) - expected).abs().max())
+    return gap, _kernel_allowance(qg, k_hat, v_hat, scale, model_dtype)
+
+
+def _kernel_allowance(qg, k_hat, v_hat, scale, model_dtype) -> float:
+    """How far a kernel computing in ``model_dtype`` over these keys and values may land from exact attention.
+
+    Its logits may be off by ``eta_t = (eps + d 2^-24) scale sum_i |q_i k_ti|`` (the query or the scaled
+    query rounded to the model dtype, ``eps = 2u``, and an fp32 accumulation; vLLM's AMX kernels round the
+    scaled query to bf16), so its probabilities are within TV ``tanh(max eta / 2)`` of the exact ones (the
+    max-norm bound, MN) and its output within ``2 TV max |v|``; the probabilities, values and output may each
+    be rounded once more (``3 eps max |v|``). Diagnostic only: it does not enter the meter, which certifies
+    exact-arithmetic attention over the read-back keys.
+    """
+    eps = torch.finfo(model_dtype).eps
+    eta = (eps + k_hat.shape[-1] * 2.0**-24) * scale * float((qg.abs() @ k_hat.abs().transpose(-1, -2)).max())
+    return float(v_hat.abs().max()) * (2 * math.tanh(eta / 2) + 3 * eps)
 
 
 def _refuse_unsupported(impl) -> None:

@@ -65,6 +65,10 @@ class WitCertCollector:
             yield GaugeMetricFamily("witcert_shadow_max_output_gap",
                                     "Largest |kernel output - attention recomputed from the read-back cache|.",
                                     value=merged["shadow_max_output_gap"])
+            yield GaugeMetricFamily("witcert_shadow_max_output_gap_ratio",
+                                    "Largest output gap over what the kernel's rounding in the model dtype allows "
+                                    "(above 1: the kernel attended other keys or values than the plugin read).",
+                                    value=merged["shadow_max_output_gap_ratio"])
             if merged["gate"]:
                 yield _counter("witcert_shadow_repair_checked",
                                "Repaired slots whose read-back was compared with the exact shadow key.",
@@ -146,8 +150,8 @@ def merge(snaps: list[dict]) -> dict:
                 into[key] = max(into[key], value) if key in SCHEME_MAXIMA else into[key] + value
         for key, value in s.get("gate_counts", {}).items():
             out["gate_counts"][key] += value
-    for key in ("shadow_max_true_tv", "shadow_max_output_gap"):
-        out[key] = max((s[key] for s in snaps), default=0.0)
+    for key in ("shadow_max_true_tv", "shadow_max_output_gap", "shadow_max_output_gap_ratio"):
+        out[key] = max((s.get(key, 0.0) for s in snaps), default=0.0)
     for s in snaps:
         out["bucket_counts"] = [a + b for a, b in zip(out["bucket_counts"], s["bucket_counts"])]
         for key in ("layer_max", "request_max"):

@@ -3,9 +3,10 @@
 Through vLLM's own C++ writer and attention kernel, on a scratch cache of the layer's exact
 configuration (ISA, model dtype, cache dtype, heads, block size, scales):
 
+0. the order of the entries in a block is measured through the writer (:func:`.layout.measure`);
 1. only the written slots change (nothing lands outside them);
-2. every key and value read back through :mod:`.layout` is the written one up to the cast
-   (exactly equal for an ``auto`` cache; within the fp8 format's relative step otherwise);
+2. every key and value read back through that :class:`~.layout.CacheLayout` is the written one up
+   to the cast (exactly equal for an ``auto`` cache; within the fp8 format's relative step otherwise);
 3. the kernel's attention output for one decode query equals attention recomputed in fp64 from
    the read-back keys and values, to the model dtype's accuracy.
 
@@ -13,9 +14,12 @@ configuration (ISA, model dtype, cache dtype, heads, block size, scales):
 the values the kernel attends over. Any failure raises :class:`CacheLayoutError` and the engine
 does not start; unset ``WITCERT_VLLM`` to serve without the meter.
 """
+from dataclasses import dataclass
+
 import torch
 
 from . import layout
+from .layout import CacheLayout
 
 # |read back - written| <= REL |written| + ABS * scale for a correct cast (any rounding direction)
 _CAST_TOLERANCE = {"auto": (0.0, 0.0), "fp8": (2.0**-3, 2.0**-9), "fp8_e4m3": (2.0**-3, 2.0**-9),
@@ -28,13 +32,21 @@ class CacheLayoutError(RuntimeError):
     """vLLM's KV cache is not laid out or cast the way the WitCert plugin reads it."""
 
 
-_PASSED = {}
+@dataclass(frozen=True)
+class CheckedCache:
+    """A configuration that passed: the layout measured for it and what the checks measured."""
+
+    layout: CacheLayout
+    report: dict
+
+
+_PASSED: dict = {}
 
 
 def check_cache(*, isa: str, model_dtype: torch.dtype, storage_dtype: torch.dtype, kv_cache_dtype: str,
                 num_heads: int, num_kv_heads: int, head_size: int, block_size: int,
-                k_scale: float, v_scale: float, scale: float) -> dict:
-    """Run the three checks once per configuration; return what was measured (or raise)."""
+                k_scale: float, v_scale: float, scale: float) -> CheckedCache:
+    """Measure the layout and run the checks once per configuration (or raise :class:`CacheLayoutError`)."""
     key = (isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size,
            block_size, k_scale, v_scale, scale)
     if key not in _PASSED:
@@ -42,14 +54,39 @@ def check_cache(*, isa: str, model_dtype: torch.dtype, storage_dtype: torch.dtyp
     return _PASSED[key]
 
 
+def _writer(ops, isa: str, kv_cache_dtype: str, k_scale: float, v_scale: float):
+    """vLLM's C++ cache writer as ``write(keys, values, kv_cache, slots)``."""
+    def write(keys, values, kv_cache, slots):
+        key_cache, value_cache = layout.split_cache(kv_cache)
+        ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa,
+                                       k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype)
+    return write
+
+
 def _run(isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, block_size,
-         k_scale, v_scale, scale) -> dict:
+         k_scale, v_scale, scale) -> CheckedCache:
     from vllm import _custom_ops as ops
 
     what = (f"isa={isa} model dtype={model_dtype} cache={kv_cache_dtype}/{storage_dtype} "
             f"head_size={head_size} block_size={block_size}")
     if kv_cache_dtype not in _CAST_TOLERANCE:
         raise CacheLayoutError(f"WitCert cannot read back kv_cache_dtype={kv_cache_dtype!r} ({what})")
+    write = _writer(ops, isa, kv_cache_dtype, k_scale, v_scale)
+    lossy = kv_cache_dtype not in layout.LOSSLESS  # an fp8 code of 1 is the scale
+    try:
+        cache_layout = layout.measure(write, num_kv_heads=num_kv_heads, head_size=head_size, block_size=block_size,
+                                      model_dtype=model_dtype, storage_dtype=storage_dtype,
+                                      k_unit=k_scale if lossy else 1.0, v_unit=v_scale if lossy else 1.0)
+    except layout.LayoutError as e:
+        raise CacheLayoutError(f"the cache writer's layout could not be measured ({what}): {e}") from None
+    report = _check(ops, write, cache_layout, what, isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads,
+                    num_kv_heads, head_size, block_size, k_scale, v_scale, scale)
+    return CheckedCache(layout=cache_layout, report=report)
+
+
+def _check(ops, write, cache_layout, what, isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads, num_kv_heads,
+           head_size, block_size, k_scale, v_scale, scale) -> dict:
+    """Checks 1-3 on a scratch cache written through ``write`` and read through ``cache_layout``."""
     g = torch.Generator().manual_seed(0)
     length = block_size + 5  # spans two blocks, given out of order
     block_ids = torch.tensor([2, 0])
@@ -58,21 +95,16 @@ def _run(isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads, num_kv_head
     keys = torch.randn(length, num_kv_heads, head_size, generator=g).to(model_dtype)
     values = torch.randn(length, num_kv_heads, head_size, generator=g).to(model_dtype)
     cache = torch.zeros(3, num_kv_heads, block_size, 2 * head_size, dtype=storage_dtype)
-    key_cache, value_cache = layout.split_cache(cache)
-    ops.cpu_attn_reshape_and_cache(keys, values, key_cache, value_cache, slots, isa,
-                                   k_scale=k_scale, v_scale=v_scale, kv_cache_dtype=kv_cache_dtype)
+    write(keys, values, cache, slots)
 
-    touched = torch.zeros(3, block_size, dtype=torch.bool)
-    touched[slots // block_size, slots % block_size] = True
-    untouched_key = key_cache.reshape(3, num_kv_heads, head_size, block_size).permute(0, 3, 1, 2)[~touched]
-    untouched_value = value_cache.permute(0, 2, 1, 3)[~touched]
-    if untouched_key.view(torch.uint8).any() or untouched_value.view(torch.uint8).any():
+    untouched = ~cache_layout.entries_at_slots(cache, slots)
+    if cache.view(torch.uint8).view(*cache.shape, -1)[untouched].any():
         raise CacheLayoutError(f"the cache writer changed entries outside the written slots ({what}): "
                                "the layout the plugin reads back is not the one vLLM uses")
 
-    k_back = layout.decode(layout.keys_of_blocks(key_cache, block_ids, length), kv_cache_dtype, k_scale)
-    v_back = layout.decode(layout.values_of_blocks(value_cache, block_ids, length), kv_cache_dtype, v_scale)
-    by_slot = layout.decode(layout.keys_at_slots(key_cache, slots), kv_cache_dtype, k_scale)
+    k_back = layout.decode(cache_layout.keys_of_blocks(cache, block_ids, length), kv_cache_dtype, k_scale)
+    v_back = layout.decode(cache_layout.values_of_blocks(cache, block_ids, length), kv_cache_dtype, v_scale)
+    by_slot = layout.decode(cache_layout.keys_at_slots(cache, slots), kv_cache_dtype, k_scale)
     if not torch.equal(by_slot.transpose(0, 1), k_back):
         raise CacheLayoutError(f"reading keys by slot and by block disagree ({what})")
     for name, back, written, s in (("key", k_back, keys, k_scale), ("value", v_back, values, v_scale)):
@@ -82,6 +114,7 @@ def _run(isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads, num_kv_head
             raise CacheLayoutError(f"stored {name}s read back differ from the written ones by more than "
                                    f"the {kv_cache_dtype} cast allows ({what})")
 
+    key_cache, value_cache = layout.split_cache(cache)
     gap = _kernel_gap(ops, isa, model_dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, key_cache,
                       value_cache, block_ids, length, k_back, v_back, k_scale, v_scale, scale, g)
     limit = _OUTPUT_TOLERANCE.get(model_dtype, 3e-2) * float(v_back.abs().max())
@@ -95,6 +128,8 @@ def _run(isa, model_dtype, storage_dtype, kv_cache_dtype, num_heads, num_kv_head
 def _kernel_gap(ops, isa, model_dtype, kv_cache_dtype, num_heads, num_kv_heads, head_size, key_cache,
                 value_cache, block_ids, length, k_back, v_back, k_scale, v_scale, scale, g) -> float:
     """max |kernel output - fp64 attention over the read-back cache| for one decode query."""
+    if isa == "amx":  # AMX tiles need the process's permission first (vLLM's engine has it by now; a bare process not)
+        torch.cpu._init_amx()
     query = torch.randn(1, num_heads, head_size, generator=g).to(model_dtype)
     output = torch.zeros(1, num_heads, head_size, dtype=model_dtype)
     seq_lens = torch.tensor([length], dtype=torch.int32)

@@ -52,6 +52,7 @@ class Telemetry:
     shadow_violations: int = 0
     shadow_max_true_tv: float = 0.0
     shadow_max_output_gap: float = 0.0
+    shadow_max_output_gap_ratio: float = 0.0
     selftest: dict = field(default_factory=dict)
     schemes: dict = field(default_factory=dict)  # scheme -> counts of its cells (see SCHEME_COUNTS)
     gate_counts: dict = field(default_factory=lambda: {k: 0 for k in GATE_COUNTS})
@@ -104,9 +105,13 @@ class Telemetry:
             stats["shadow_violations"] += violations
             stats["max_true_tv"] = max(stats["max_true_tv"], top)
 
-    def add_output_gap(self, gap: float) -> None:
-        """Largest |kernel output - attention recomputed from the read-back cache| (shadow)."""
+    def add_output_gap(self, gap: float, allowance: float) -> None:
+        """Largest |kernel output - attention recomputed from the read-back cache| (shadow), absolute and over
+        ``allowance``, what the kernel's own rounding in the model dtype can explain (above 1: the kernel
+        attended other keys or values than the plugin read back)."""
         self.shadow_max_output_gap = max(self.shadow_max_output_gap, gap)
+        ratio = gap / allowance if allowance > 0 else (0.0 if gap == 0 else math.inf)
+        self.shadow_max_output_gap_ratio = max(self.shadow_max_output_gap_ratio, ratio)
 
     def count(self, name: str, value: int = 1) -> None:
         """Add to a gate counter (:data:`GATE_COUNTS`)."""
@@ -122,7 +127,8 @@ class Telemetry:
             "request_max": dict(self.request_max),
             "shadow_cells": self.shadow_cells, "shadow_violations": self.shadow_violations,
             "shadow_max_true_tv": self.shadow_max_true_tv,
-            "shadow_max_output_gap": self.shadow_max_output_gap, "selftest": dict(self.selftest),
+            "shadow_max_output_gap": self.shadow_max_output_gap,
+            "shadow_max_output_gap_ratio": self.shadow_max_output_gap_ratio, "selftest": dict(self.selftest),
             "schemes": {k: dict(v) for k, v in self.schemes.items()}, "gate_counts": dict(self.gate_counts),
             "prefill_tokens": self.prefill_tokens, "prefill_tokens_lossy": self.prefill_tokens_lossy,
         }
