@@ -15,6 +15,7 @@ from witcert.core import rounding
 from witcert.tier_a.witness import check_head_pairing
 
 SCORE_DTYPES = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
+_TINY = 2.0**-1022  # the smallest normal fp64 (> 16 subnormal steps)
 
 
 def score_rounding_bound(q: torch.Tensor, k_hat: torch.Tensor, sm_scale: float, *,
@@ -122,15 +123,24 @@ def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: floa
         sm_m = (q_abs.amax(-1, keepdim=True) * k_l1) * sm_scale  # (..., Q, S) >= sm M, to fp64 rounding
     else:
         sm_m = dot_rows(q_abs, k_abs) * sm_scale  # (..., Q, S): sm M, to fp64 rounding
-    l1 = q_l1 + k_l1  # ||q||_1 + ||k^_t||_1
-    case_a = sm_m * a_m + l1 * a_l + a_0
-    case_b = sm_m * b_m + b_0
-    final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + out_0[1]
+    # The absolute terms (a_l, a_0, b_0, h_out: near 2^-1074 for fp64 logits) are taken per row, at the row's
+    # largest ||k^_t||_1, and lifted to the smallest normal fp64: a subnormal operand costs x86 a microcode
+    # assist per element (measured 40x an fp64 multiply), and no per-element operation here sees one.
+    # A larger absolute term gives a larger bound; the roundings are the ones the inflation below covers.
+    l1 = q_l1 + k_l1.amax(-1, keepdim=True)  # (..., Q, 1) >= ||q||_1 + ||k^_t||_1 for every t
+    case_a = sm_m * a_m + torch.clamp(l1 * a_l + a_0, min=_TINY)
+    case_b = sm_m * b_m + _lifted(b_0)
+    final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + _lifted(out_0[1])
     # the fp64 evaluation: a d-term dot (gamma_d), then at most 8 roundings, each relative u or absolute
-    # below 2^-1074: 16 subnormal steps and (d + 16) u cover them; the last product rounds up by one step
+    # below 2^-1074: 16 subnormal steps (< _TINY) and (d + 16) u cover them; the last product rounds up by one step
     inflate = 1 + (q64.shape[-1] + 16) * 2.0**-52
-    up = (final + 16 * rounding.SUBNORMAL_STEP) * inflate
+    up = (final + _TINY) * inflate
     return rounding.next_up(up)
+
+
+def _lifted(x):
+    """``max(x, smallest normal)`` of a Python float or a 0-dim tensor (the compiled pass passes tensors)."""
+    return torch.clamp(x, min=_TINY) if isinstance(x, torch.Tensor) else max(x, _TINY)
 
 
 def dot_rows(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -99,6 +99,7 @@ class CallScope:
     spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
     sample: MeterSampling | None = None  # sampled metering (None: every cell)
+    pending: object = None  # witcert.integrations.hf.pending.PendingCells: meter the call later (None: now)
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -137,8 +138,11 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
     scores_mask = _scores_mask(module, query, key, attention_mask, kwargs)
     output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
-    scale = module.scaling if scaling is None else scaling
-    output, batch = attend(scope, layer, query, (key, value), scores_mask, float(scale), output)
+    scale = float(module.scaling if scaling is None else scaling)
+    if scope.pending is not None and scope.pending.defer(module.layer_idx, query, scores_mask, key.shape[-2], scale,
+                                                         scope.adaptive):
+        return output, weights  # metered at the request's next flush (witcert.integrations.hf.pending)
+    output, batch = attend(scope, layer, query, (key, value), scores_mask, scale, output)
     scope.record(batch)
     return output, weights
 
@@ -170,11 +174,14 @@ def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tens
     return attention_mask
 
 
-def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output):
+def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output,
+           positions: torch.Tensor | None = None):
     """Meter (and gate) every cell of one call; returns the (repaired) output and its :class:`CellBatch`.
 
     ``attention_mask`` is what sdpa applies to the scores (:func:`_scores_mask`): keys it hides are
-    masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`)."""
+    masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`). ``positions``
+    (Tq,): the queries' absolute positions (default: the last ``Tq`` tokens read; deferred calls,
+    :mod:`witcert.integrations.hf.pending`, give their own)."""
     store = layer.store
     b, hq, tq, _ = query.shape
     s = read[0].shape[-2]
@@ -237,7 +244,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         extra["metered"] = torch.zeros((b, hq, tq), dtype=torch.bool)
         extra["metered"][:, slice(None) if chosen is None else chosen] = True
     batch = cells.CellBatch(
-        layer=layer.layer_idx, positions=torch.arange(s - tq, s), requests=scope.rows,
+        layer=layer.layer_idx, positions=torch.arange(s - tq, s) if positions is None else positions,
+        requests=scope.rows,
         tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
         **fields,
     )

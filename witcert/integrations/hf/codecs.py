@@ -69,6 +69,8 @@ class Reconstruction:
                     return narrow
         return x_hat
 
+    token_axes = -2  # the reconstruction (..., T, d): a store grows it in place (packed_history)
+
     def decode(self, packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         return packed.to(dtype)
 
@@ -104,6 +106,8 @@ class IntCodes:
 
     def nbytes(self, packed: tuple) -> int:
         return nbytes(packed[0], packed[1])
+
+    token_axes = (-2, -3, None)  # codes (..., T, d'), scales (..., T, d/g, 1), d: a store grows them in place
 
     def join(self, first: tuple, second: tuple) -> tuple:
         """One packed chunk: ``first``'s tokens then ``second``'s (codes and scales concatenated on the

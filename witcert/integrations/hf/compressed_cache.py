@@ -26,6 +26,7 @@ decode tokens stay exact); a per-tensor scale is computed per chunk.
 """
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass, field
 from typing import Hashable, Protocol
 
@@ -34,9 +35,10 @@ import torch
 from witcert.core.rounding import round_up_to
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import nbytes, owned_codec
+from witcert.integrations.hf.packed_history import PackedHistory
+from witcert.integrations.hf.token_buffer import TokenBuffer
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
-from witcert.tier_a.witness import cat_tokens
 
 
 @dataclass(frozen=True)
@@ -104,6 +106,16 @@ class CompressedLayer:
         Write every exact token there too (the production gate's page-in source).
     backing_key : hashable
         The backing-store stream of this layer.
+
+    Every per-token tensor (packed codes where the codec names its token axes, witness, value
+    statistics, exact shadow, decoded copy) grows in place in a
+    :class:`~witcert.integrations.hf.token_buffer.TokenBuffer`: a write copies its own tokens, never
+    the history. The witness and value statistics of written tokens are formed on the first
+    :meth:`stored` after them (one call for every token written since), from the exact tokens and
+    their decodes held until then: the same values as forming them at each write, for one call
+    instead of one per step. The history is append-only (:attr:`append_only`): a token's stored
+    form never changes once written, so any later read of the first ``s`` tokens is what a read at
+    length ``s`` returned.
     """
 
     codec: object
@@ -111,12 +123,16 @@ class CompressedLayer:
     keep_exact: bool = True
     backing: BackingStore | None = None
     backing_key: Hashable = 0
-    key_chunks: list = field(default_factory=list, repr=False)  # codec-packed, in write order (joined where the codec can)
-    value_chunks: list = field(default_factory=list, repr=False)
+    append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
+    lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
+    _keys: PackedHistory = field(init=False, repr=False)
+    _values: PackedHistory = field(init=False, repr=False)
     _dtype: torch.dtype | None = field(default=None, repr=False)
-    _stats: dict = field(default_factory=dict, repr=False)  # witness, value_residual, value_norm, (B, Hkv, S, ...)
+    _heads: tuple | None = field(default=None, repr=False)  # (B, Hkv) of the first write
+    _stats: dict = field(default_factory=dict, repr=False)  # witness (band-major), value_residual, value_norm
     _exact: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
     _decoded: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
+    _unsettled: list = field(default_factory=list, repr=False)  # (k, k_hat, v, v_hat) written, statistics not formed
     _length: int = field(default=0, repr=False)
 
     def __post_init__(self):
@@ -128,14 +144,25 @@ class CompressedLayer:
         if self.backing is not None and not isinstance(self.backing, BackingStore):
             raise ValueError(f"backing must be a BackingStore or None, got {type(self.backing).__name__}")
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
+        self._keys, self._values = PackedHistory(self.codec), PackedHistory(self.codec)
 
     @property
     def length(self) -> int:
         """Tokens stored."""
         return self._length
 
+    @property
+    def key_chunks(self) -> list:
+        """The packed key chunks, in write order (one, grown in place, for a codec with token axes)."""
+        return self._keys.chunks
+
+    @property
+    def value_chunks(self) -> list:
+        return self._values.chunks
+
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Compress the exact new tokens ``key``/``value`` (B, Hkv, T, d) once and store them with their witness.
+        """Compress the exact new tokens ``key``/``value`` (B, Hkv, T, d) once and store them (witness on the next
+        :meth:`stored`).
 
         The codec gets private copies (:func:`witcert.schemes.registry.apply_scheme` for schemes,
         :class:`witcert.integrations.hf.codecs.OwnedCodec` for user codecs): it can never write into the
@@ -144,78 +171,93 @@ class CompressedLayer:
         if not isinstance(key, torch.Tensor) or key.shape != getattr(value, "shape", None) or key.dim() != 4:
             raise ValueError(f"key/value must both be (B, Hkv, T, d), got {getattr(key, 'shape', key)} and "
                              f"{getattr(value, 'shape', value)}")
-        if self._dtype is not None and (key.dtype != self._dtype or key.shape[:2] != self._stats["witness"].shape[:2]):
+        if self._dtype is not None and (key.dtype != self._dtype or tuple(key.shape[:2]) != self._heads):
             raise ValueError(f"key {tuple(key.shape)} / {key.dtype} does not continue the stored "
-                             f"{tuple(self._stats['witness'].shape[:2])} / {self._dtype} cache")
+                             f"{self._heads} / {self._dtype} cache")
         if key.shape[-2] == 0:
             return
+        with self.lock:
+            self._append(key, value)
+
+    def _append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         start = self._length
         k_packed = self.codec.encode(key, "key", start)
         v_packed = self.codec.encode(value, "value", start)
         k_hat, v_hat = self.codec.decode(k_packed, key.dtype), self.codec.decode(v_packed, value.dtype)
-        new = stored_keys(key, k_hat, value, v_hat, self.layout)
-        _add_chunk(self.codec, self.key_chunks, k_packed)
-        _add_chunk(self.codec, self.value_chunks, v_packed)
-        held = [self._stats["witness"]] if "witness" in self._stats else []
-        self._stats["witness"] = cat_tokens(*held, new.witness)  # band-major: the layout the fast band dot reads
-        # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
-        _extend(self._stats, value_residual=new.value_residual, value_norm=round_up_to(new.value_norm, torch.float32))
+        self._keys.add(k_packed, key.dtype)
+        self._values.add(v_packed, value.dtype)
+        key, value = key.detach(), value.detach()
+        self._unsettled.append((key, k_hat, value, v_hat))
         if self.keep_exact:
-            _extend(self._exact, k=key.detach().clone(), v=value.detach().clone())
-            _extend(self._decoded, k=k_hat, v=v_hat)
+            _grow(self._exact, k=key, v=value)  # copied into the store's own buffers
+            _grow(self._decoded, k=k_hat, v=v_hat)
         if self.backing is not None:
-            self.backing.write(self.backing_key, key.detach(), value.detach())
-        self._dtype = key.dtype
+            self.backing.write(self.backing_key, key, value)
+        self._dtype, self._heads = key.dtype, tuple(key.shape[:2])
         self._length = start + key.shape[-2]
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values attention reads (B, Hkv, S, d): the decoded copy, or every chunk decoded now."""
         if not self._length:
             raise ValueError("the store is empty: nothing was appended")
+        with self.lock:
+            return self._read()
+
+    def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
         if self._decoded:
-            return self._decoded["k"], self._decoded["v"]
-        keys = torch.cat([self.codec.decode(p, self._dtype) for p in self.key_chunks], dim=-2)
-        vals = torch.cat([self.codec.decode(p, self._dtype) for p in self.value_chunks], dim=-2)
-        return keys, vals
+            return self._decoded["k"].view(), self._decoded["v"].view()
+        return self._keys.decode(self._dtype), self._values.decode(self._dtype)
 
     def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
         """:class:`StoredKeys` of every token (``k_hat``: the keys just read, to skip a second decode)."""
-        k_hat = self.read()[0] if k_hat is None else k_hat
-        return StoredKeys(k_hat=k_hat, **self._stats)
+        with self.lock:
+            self._settle()
+            k_hat = self._read()[0] if k_hat is None else k_hat
+            witness = self._stats["witness"].view().transpose(-1, -2)  # band-major: what the fast band dot reads
+            return StoredKeys(k_hat=k_hat, witness=witness, value_residual=self._stats["value_residual"].view(),
+                              value_norm=self._stats["value_norm"].view())
 
     def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The exact keys and values (B, Hkv, S, d) as the model computed them, when kept."""
-        return (self._exact["k"], self._exact["v"]) if self._exact else None
+        return (self._exact["k"].view(), self._exact["v"].view()) if self._exact else None
 
     def memory(self) -> MemoryAccount:
-        """Bytes held, by part (:class:`MemoryAccount`)."""
+        """Bytes held, by part (:class:`MemoryAccount`), every written token's witness formed."""
         if not self._length:
             return MemoryAccount()
+        with self.lock:
+            self._settle()
         itemsize = torch.empty((), dtype=self._dtype).element_size()
-        b, hkv, _, bands = self._stats["witness"].shape
+        b, hkv = self._heads
         backing = 0
         if self.backing is not None and self.backing_key in self.backing:
             backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * 2
         return MemoryAccount(
-            compressed=sum(self.codec.nbytes(p) for p in (*self.key_chunks, *self.value_chunks)),
-            witness=nbytes(*self._stats.values()),
-            decoded=nbytes(*self._decoded.values()),
-            exact_shadow=nbytes(*self._exact.values()),
+            compressed=self._keys.nbytes() + self._values.nbytes(),
+            witness=sum(buffer.nbytes() for buffer in self._stats.values()),
+            decoded=sum(buffer.nbytes() for buffer in self._decoded.values()),
+            exact_shadow=sum(buffer.nbytes() for buffer in self._exact.values()),
             exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
             backing_host=backing,
         )
 
+    def _settle(self) -> None:
+        """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
+        if not self._unsettled:
+            return
+        parts = self._unsettled
+        k, k_hat, v, v_hat = parts[0] if len(parts) == 1 else (
+            torch.cat([p[i] for p in parts], dim=-2) for i in range(4))
+        new = stored_keys(k, k_hat, v, v_hat, self.layout)
+        self._unsettled = []
+        _grow(self._stats, axis=-1, witness=new.witness.transpose(-1, -2), value_residual=new.value_residual,
+              # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
+              value_norm=round_up_to(new.value_norm, torch.float32))
 
-def _add_chunk(codec, chunks: list, packed) -> None:
-    """Append ``packed``, joined to the last chunk where the codec can (an optional ``join(first, second)``)."""
-    join = getattr(codec, "join", None)
-    if chunks and callable(join):
-        chunks[-1] = join(chunks[-1], packed)
-    else:
-        chunks.append(packed)
 
-
-def _extend(parts: dict, **new: torch.Tensor) -> None:
-    """Append each tensor along the token axis (2) of the stored one."""
+def _grow(parts: dict, axis: int = -2, **new: torch.Tensor) -> None:
+    """Append each tensor to the :class:`TokenBuffer` ``parts[name]`` along ``axis`` (made at the first call)."""
     for name, tensor in new.items():
-        parts[name] = tensor if name not in parts else torch.cat([parts[name], tensor], dim=2)
+        if name not in parts:
+            parts[name] = TokenBuffer(axis)
+        parts[name].append(tensor)

@@ -58,6 +58,7 @@ from witcert.integrations.hf import telemetry
 from witcert.integrations.hf.codecs import Dither, codec_for
 from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
 from witcert.integrations.hf.geometry import geometry_of
+from witcert.integrations.hf.pending import FLUSH_CALLS, PendingCells
 from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
 from witcert.integrations.hf.sampling import MeterSampling
 from witcert.integrations.hf.summary import LayerSummary
@@ -152,7 +153,7 @@ class RequestRecord:
         return tuple(range(self.first, self.first + self.rows))
 
 
-@dataclass
+@dataclass(eq=False)
 class _Live:
     """What a live cache needs during its forward calls (dropped with the cache)."""
 
@@ -161,6 +162,7 @@ class _Live:
     repairer: Repairer | None
     backing: BackingStore | None  # production gate or spot check: the content-checked exact keys
     adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
+    pending: PendingCells | None = None  # calls recorded for deferred metering (witcert.integrations.hf.pending)
 
 
 class _ThreadState(threading.local):
@@ -224,7 +226,10 @@ class Monitor:
         self.sample = _checked_sampling(sample, gate, self.spot)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
-        self.batches: list = []
+        # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check, every cell
+        self.defer = self.tier == "A" and gate is None and self.spot is None and self.sample is None
+        self._batches: list = []
+        self._unflushed: list[_Live] = []  # requests with recorded calls (held until metered)
         self.requests: list[RequestRecord] = []
         self._live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Live
         self._hooks: list = []
@@ -255,6 +260,7 @@ class Monitor:
                 return bound(*args, **kwargs)
             finally:
                 self._thread.generating -= 1
+                self.flush()  # a request's cells are complete when generate returns
 
         self.model.generate = generate
         self._restore_generate = (lambda: setattr(self.model, "generate", original)) if had_own else (
@@ -268,6 +274,28 @@ class Monitor:
         self._drop_open_scopes()
         self._restore_generate()
         self.model.set_attn_implementation(self._previous_attn)
+        self.flush()
+
+    @property
+    def batches(self) -> list:
+        """Every :class:`~witcert.integrations.hf.cells.CellBatch` recorded (deferred calls metered first)."""
+        self.flush()
+        return self._batches
+
+    def flush(self) -> None:
+        """Meter every call recorded for deferred metering (:mod:`witcert.integrations.hf.pending`) now.
+
+        The monitor calls it itself (end of ``generate``, every ``FLUSH_CALLS`` forward calls of a request,
+        every read of the results, the end of the block); a caller streaming results mid-request may too.
+        """
+        with self._lock:
+            waiting, self._unflushed = self._unflushed, []
+        for live in waiting:
+            self._flush_request(live)
+
+    def _flush_request(self, live: "_Live") -> None:
+        live.pending.flush()
+        live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
 
     @contextlib.contextmanager
     def non_adaptive(self):
@@ -308,13 +336,14 @@ class Monitor:
             adaptive = live.adaptive = live.adaptive or adaptive
         scope = attention.CallScope(
             layout=self.layout, tier=self.tier, adaptive=adaptive,
-            truth=self.keep_exact, record=self.batches.append, gate=self.gate, delta_loc=self.delta_loc,
+            truth=self.keep_exact, record=self._batches.append, gate=self.gate, delta_loc=self.delta_loc,
             delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused", spot=self.spot, sample=self.sample,
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
             scope.backing = live.backing
             scope.seed = live.record.seed
+            scope.pending = self._pending_of(live, scope)
         attention._ACTIVE.append(scope)
         self._thread.scopes.append(scope)
         return args, kwargs
@@ -329,9 +358,28 @@ class Monitor:
         attention._ACTIVE.pop()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
-            if live is not None:
+            if live is not None and scope.pending is None:
                 live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
+            elif live is not None and len(scope.pending) >= FLUSH_CALLS:  # bound the queries a request holds
+                with self._lock:
+                    self._unflushed = [held for held in self._unflushed if held is not live]
+                self._flush_request(live)
         return output
+
+    def _pending_of(self, live: "_Live", scope) -> PendingCells | None:
+        """The request's recorded calls when its calls are metered later (``None``: metered in their step)."""
+        if not self.defer or not all(getattr(layer.store, "append_only", False) for layer in live.layers):
+            return None
+        with self._lock:
+            if live.pending is None:
+                live.pending = PendingCells(scope, live.layers, waiting=lambda: self._waiting(live))
+        return live.pending
+
+    def _waiting(self, live: "_Live") -> None:
+        """``live`` has recorded calls: hold it until they are metered."""
+        with self._lock:
+            if not any(held is live for held in self._unflushed):
+                self._unflushed.append(live)
 
     def _drop_open_scopes(self) -> None:
         """Remove this thread's scopes of this monitor that no after-hook popped (torch skips ``always_call``
@@ -448,6 +496,7 @@ class Monitor:
 
     def memory(self) -> "MemoryReport":
         """Bytes the monitored caches held (each at its last call) against exact caches of the same tokens."""
+        self.flush()
         return MemoryReport(total=sum((r.memory for r in self.requests), MemoryAccount()),
                             requests=tuple(r.memory for r in self.requests))
 

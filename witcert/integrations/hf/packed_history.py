@@ -1,0 +1,69 @@
+"""What a compressed cache holds of one role (keys or values): the codec's packed chunks, in write order.
+
+A codec that names the token axis of its packed form (``token_axes``: one axis per tensor of its
+packed tuple, ``None`` for an entry that is not per token, or one axis for a packed tensor) is held
+in :class:`~witcert.integrations.hf.token_buffer.TokenBuffer` s: every write lands in place and the
+history is one packed chunk, decoded in one call, with no per-step ``cat`` (:class:`IntCodes`,
+:class:`Reconstruction`). Any other codec keeps one chunk per write, joined to the last one where it
+has a ``join`` (checked lossless for user codecs, :class:`~witcert.integrations.hf.codecs.OwnedCodec`).
+
+Why growing in place is the same as joining: a per-token packed form decodes token by token, so
+the chunk grown in place decodes to the chunks' decodes one after the other, bit for bit
+(``tests/test_token_buffer.py``); the witness of each token was formed against its own decode.
+"""
+from __future__ import annotations
+
+import torch
+
+from witcert.integrations.hf.token_buffer import TokenBuffer
+
+
+class PackedHistory:
+    """The packed chunks of one role of one layer (see the module docstring)."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.axes = getattr(codec, "token_axes", None)
+        self.chunks: list = []  # packed chunks in write order (one, grown in place, when the codec has token axes)
+        self._buffers: list[TokenBuffer | None] | None = None
+
+    def add(self, packed, dtype: torch.dtype) -> None:
+        """Append one written chunk (``dtype``: the model dtype its tokens decode to)."""
+        if self.axes is None:
+            self._add_chunk(packed)
+        elif isinstance(self.axes, int):
+            self.chunks = [self._grow(0, self.axes, packed, dtype)]
+        else:
+            if not isinstance(packed, tuple) or len(packed) != len(self.axes):
+                raise ValueError(f"codec {type(self.codec).__name__} declares token_axes {self.axes} but encoded a "
+                                 f"{type(packed).__name__} of {len(packed) if isinstance(packed, tuple) else 1} parts")
+            self.chunks = [tuple(part if axis is None else self._grow(i, axis, part, dtype)
+                                 for i, (axis, part) in enumerate(zip(self.axes, packed)))]
+
+    def decode(self, dtype: torch.dtype) -> torch.Tensor:
+        """Every token held, decoded (B, Hkv, S, d)."""
+        decoded = [self.codec.decode(p, dtype) for p in self.chunks]
+        return decoded[0] if len(decoded) == 1 else torch.cat(decoded, dim=-2)
+
+    def nbytes(self) -> int:
+        return sum(self.codec.nbytes(p) for p in self.chunks)
+
+    def _grow(self, index: int, axis: int, part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        if self._buffers is None:
+            self._buffers = [None] * (1 if isinstance(self.axes, int) else len(self.axes))
+        buffer = self._buffers[index]
+        if buffer is None:
+            buffer = self._buffers[index] = TokenBuffer(axis)
+        elif part.dtype != buffer.data.dtype:
+            # a reconstruction narrowed per chunk (fp8 for one write, the model dtype for the next): both hold
+            # values of the model dtype exactly, so the history moves to it once, losslessly
+            buffer.widen(dtype)
+            part = part.to(dtype)
+        return buffer.append(part)
+
+    def _add_chunk(self, packed) -> None:
+        join = getattr(self.codec, "join", None)
+        if self.chunks and callable(join):
+            self.chunks[-1] = join(self.chunks[-1], packed)
+        else:
+            self.chunks.append(packed)

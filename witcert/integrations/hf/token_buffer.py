@@ -1,0 +1,75 @@
+"""A growable buffer along a token axis: what a monitored cache appends to on every step instead of ``cat``.
+
+``torch.cat`` of a layer's history with one new token copies the whole history on every decode
+step (O(S) bytes per token and a fresh allocation). :class:`TokenBuffer` preallocates and grows
+by doubling (amortised O(1) copies per token); :meth:`TokenBuffer.append` writes the new tokens in
+place and returns a view of every token written so far.
+
+Why a view handed out earlier stays valid: tokens are only ever appended, never rewritten, so a
+view covers tokens that keep their values; after a regrowth the old view keeps the old storage
+alive. What a store reports as held are the views' bytes (the tokens); the spare capacity is at
+most the size of the history.
+"""
+from __future__ import annotations
+
+import torch
+
+MIN_CAPACITY = 16  # tokens: the first allocation (a prefill usually sets a larger one)
+
+
+class TokenBuffer:
+    """Tokens appended along ``axis`` (negative: counted from the last dimension), preallocated and doubled."""
+
+    def __init__(self, axis: int):
+        if axis >= 0:
+            raise ValueError(f"axis must be negative (counted from the last dimension), got {axis}")
+        self.axis = axis
+        self.data: torch.Tensor | None = None
+        self.length = 0
+
+    def append(self, new: torch.Tensor) -> torch.Tensor:
+        """Copy ``new`` in after the tokens held; return a view of all of them (no copy of the history)."""
+        axis = new.dim() + self.axis
+        if axis < 0:
+            raise ValueError(f"a tensor of rank {new.dim()} has no axis {self.axis}")
+        n = new.shape[axis]
+        if self.data is None:
+            self.data = new.new_empty(*new.shape[:axis], max(n, MIN_CAPACITY), *new.shape[axis + 1:])
+        else:
+            self._check_continues(new, axis)
+            if self.length + n > self.data.shape[axis]:
+                self._grow(axis, max(2 * self.data.shape[axis], self.length + n))
+        self.data.narrow(axis, self.length, n).copy_(new)
+        self.length += n
+        return self.view()
+
+    def view(self) -> torch.Tensor | None:
+        """Every token written so far (``None`` before the first append)."""
+        return None if self.data is None else self.data.narrow(self.data.dim() + self.axis, 0, self.length)
+
+    def tail(self, start: int) -> torch.Tensor:
+        """The tokens from ``start`` on (a view)."""
+        axis = self.data.dim() + self.axis
+        return self.data.narrow(axis, start, self.length - start)
+
+    def widen(self, dtype: torch.dtype) -> None:
+        """Hold the tokens in ``dtype`` from now on (a caller's promise that it represents them exactly)."""
+        if self.data is not None and self.data.dtype != dtype:
+            self.data = self.data.to(dtype)
+
+    def nbytes(self) -> int:
+        """Bytes of the tokens held (the view), not of the spare capacity."""
+        view = self.view()
+        return 0 if view is None else view.numel() * view.element_size()
+
+    def _check_continues(self, new: torch.Tensor, axis: int) -> None:
+        other = (*new.shape[:axis], *new.shape[axis + 1:])
+        held = (*self.data.shape[:axis], *self.data.shape[axis + 1:])
+        if new.dim() != self.data.dim() or other != held or new.dtype != self.data.dtype or new.device != self.data.device:
+            raise ValueError(f"a chunk {tuple(new.shape)} / {new.dtype} does not continue the buffer "
+                             f"{tuple(self.data.shape)} / {self.data.dtype} along axis {self.axis}")
+
+    def _grow(self, axis: int, capacity: int) -> None:
+        grown = self.data.new_empty(*self.data.shape[:axis], capacity, *self.data.shape[axis + 1:])
+        grown.narrow(axis, 0, self.length).copy_(self.data.narrow(axis, 0, self.length))
+        self.data = grown
