@@ -112,7 +112,10 @@ _LIMITS: dict = {}
 
 
 def _limit(x: torch.Tensor, sign: float) -> torch.Tensor:
-    """A cached 0-dim ``sign * inf`` of ``x``'s dtype and device (``nextafter``'s direction)."""
+    """A cached 0-dim ``sign * inf`` of ``x``'s dtype and device (``nextafter``'s direction); made anew inside a
+    compiled graph (a constant there: a graph that filled the cache would be guarded on its contents)."""
+    if torch.compiler.is_compiling():
+        return torch.full((), sign * _INF, dtype=x.dtype, device=x.device)
     key = (x.dtype, x.device, sign)
     if key not in _LIMITS:
         _LIMITS[key] = torch.full((), sign * _INF, dtype=x.dtype, device=x.device)

@@ -34,14 +34,19 @@ def compiled_of(fn: Callable, probe: Callable[[], tuple]):
 def _compile(fn: Callable, probe: Callable[[], tuple]):
     import torch
     import torch._dynamo.config as dynamo_config
+    import torch.fx.experimental._config as shape_config
 
     def run(*args):  # each shape class (rank, dtype, a size of 1, the Tier B group count) is its own graph:
         saved = dynamo_config.recompile_limit  # more than torch's 8, for these functions only; set directly, not
         dynamo_config.recompile_limit = max(saved, RECOMPILE_LIMIT)  # with config.patch (measured 50-80 us a call)
+        # no duck shaping: sizes that happen to be equal at the first call (3 kv heads, 3 rows of a view's base)
+        # would be guarded equal, and a cache growing in place (views of a buffer) would recompile at each growth
+        saved_duck, shape_config.use_duck_shape = shape_config.use_duck_shape, False
         try:
             return compiled(*args)
         finally:
             dynamo_config.recompile_limit = saved
+            shape_config.use_duck_shape = saved_duck
 
     try:
         compiled = torch.compile(fn, dynamic=True, fullgraph=True)
@@ -66,6 +71,25 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
 def _fall_back(fn: Callable, err: Exception) -> None:
     warnings.warn(f"witcert.fastpath: torch.compile unavailable ({type(err).__name__}: {str(err)[:300]}); "
                   f"using the eager {fn.__name__}", RuntimeWarning, stacklevel=5)
+
+
+def graph_input(x):
+    """``x`` as a compiled graph's argument: its own storage (no view base) and the canonical contiguous strides,
+    copied only when it is not already. A graph guards on its inputs' strides and on a view's base, so a view of a
+    cache growing in place, an expanded mask or a transposed one-token key would each recompile it."""
+    import torch
+
+    if x._base is None and x.stride() == _canonical_strides(x.shape):
+        return x
+    return x.clone(memory_format=torch.contiguous_format)
+
+
+def _canonical_strides(shape) -> tuple:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= size
+    return tuple(reversed(strides))
 
 
 def pick(fn: Callable, probe: Callable[[], tuple], compiled: bool | None = None) -> Callable:

@@ -28,7 +28,7 @@ import torch
 from witcert.core import rounding, values
 from witcert.core.metering import meter as tv_meter
 from witcert.core.metering import risk_score
-from witcert.fastpath.compiled import pick
+from witcert.fastpath.compiled import graph_input, pick
 from witcert.fastpath.fused import lean_cells
 from witcert.fastpath.stored_pass import pass_constants, stored_pass
 from witcert.schemes.registry import apply_scheme
@@ -101,6 +101,8 @@ def stored_keys(k: torch.Tensor, k_hat: torch.Tensor, v: torch.Tensor, v_hat: to
     _check_layout(layout)
     _check_key_pair(k, k_hat, layout, finite=False)
     values.check_value_pair(v, v_hat, finite=False)
+    # one layout: a compiled graph guards on its inputs' strides (a model's transposed keys, one token or many)
+    k, k_hat, v, v_hat = (graph_input(x) for x in (k, k_hat, v, v_hat))
     witness, rho, v_norm, finite = pick(stored_statistics, _statistics_probe)(k, k_hat, v, v_hat, layout)
     if not finite:
         _check_key_pair(k, k_hat, layout)
@@ -119,8 +121,8 @@ def stored_statistics(k, k_hat, v, v_hat, layout: BandLayout) -> tuple[torch.Ten
 
 
 def _statistics_probe() -> tuple:
-    x = torch.ones(1, 2, 2, 8)
-    return x, x, x, x, BandLayout(8, 2)
+    """One request's write of two tokens (B = 1, two kv heads, d = 64 in the default 16 bands), distinct tensors."""
+    return (*(torch.ones(1, 2, 2, 64) for _ in range(4)), BandLayout(64, 16))
 
 
 def observe(

@@ -106,29 +106,30 @@ def bias_rounding_bound(biased: torch.Tensor) -> torch.Tensor:
 
 
 def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: float, coefficients: tuple,
-                        holder: bool = False) -> torch.Tensor:
+                        per_row: bool = False) -> torch.Tensor:
     """:func:`score_rounding_bound`'s arithmetic on checked fp64 tensors: ``q64`` (..., Q, d) against ``k_hat64``
     (..., S, d) -> (..., Q, S), with :func:`score_rounding_coefficients`. No host synchronisation
     (the fused per-layer pass compiles it).
 
-    ``holder``: ``M_t`` is taken from above by Hoelder's ``||q||_inf ||k^_t||_1`` (no second dot product:
-    one maximum per row, the ``l1`` sums it already forms), for the fp64 logits of the per-layer pass, where
-    ``M_t`` enters only with coefficients near ``d 2^-53`` (the bound moves by about ``1e-14`` of ``sm M``);
-    every coefficient is non-negative, so a larger ``M_t`` gives a larger bound. Its evaluation (a ``d``-term
-    sum and one product) rounds no more than the dot it replaces, so the same inflation covers it."""
+    ``per_row``: one bound per query row, (..., Q, 1), valid for every token of the row: ``M_t`` is taken from
+    above by Hoelder's ``||q||_inf max_t ||k^_t||_1`` (no second dot product, no per-token arithmetic), for the
+    fp64 logits of the per-layer pass, where ``M_t`` enters only with coefficients near ``d 2^-53`` (the bound
+    moves by about ``1e-14`` of the row's largest ``sm M``); every coefficient is non-negative, so a larger
+    ``M_t`` gives a larger bound. Its evaluation (a ``d``-term sum, a maximum and one product) rounds no more
+    than the dot it replaces, so the same inflation covers it."""
     a_m, a_l, a_0, b_m, b_0, out_m, out_0 = coefficients
     q_abs, k_abs = q64.abs(), k_hat64.abs()
-    q_l1, k_l1 = q_abs.sum(-1, keepdim=True), k_abs.sum(-1).unsqueeze(-2)
-    if holder:
-        sm_m = (q_abs.amax(-1, keepdim=True) * k_l1) * sm_scale  # (..., Q, S) >= sm M, to fp64 rounding
+    q_l1, k_l1 = q_abs.sum(-1, keepdim=True), k_abs.sum(-1).unsqueeze(-2)  # (..., Q, 1), (..., 1, S)
+    k_l1_max = k_l1.amax(-1, keepdim=True)  # (..., 1, 1)
+    if per_row:
+        sm_m = (q_abs.amax(-1, keepdim=True) * k_l1_max) * sm_scale  # (..., Q, 1) >= sm M_t for every t
     else:
         sm_m = dot_rows(q_abs, k_abs) * sm_scale  # (..., Q, S): sm M, to fp64 rounding
     # The absolute terms (a_l, a_0, b_0, h_out: near 2^-1074 for fp64 logits) are taken per row, at the row's
     # largest ||k^_t||_1, and lifted to the smallest normal fp64: a subnormal operand costs x86 a microcode
     # assist per element (measured 40x an fp64 multiply), and no per-element operation here sees one.
     # A larger absolute term gives a larger bound; the roundings are the ones the inflation below covers.
-    l1 = q_l1 + k_l1.amax(-1, keepdim=True)  # (..., Q, 1) >= ||q||_1 + ||k^_t||_1 for every t
-    case_a = sm_m * a_m + torch.clamp(l1 * a_l + a_0, min=_TINY)
+    case_a = sm_m * a_m + torch.clamp((q_l1 + k_l1_max) * a_l + a_0, min=_TINY)
     case_b = sm_m * b_m + _lifted(b_0)
     final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + _lifted(out_0[1])
     # the fp64 evaluation: a d-term dot (gamma_d), then at most 8 roundings, each relative u or absolute

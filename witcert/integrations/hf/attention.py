@@ -147,11 +147,12 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
     return output, weights
 
 
-def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tensor:
+def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tensor | None:
     """The mask ``sdpa_attention_forward`` applies to this call's scores, formed from the same inputs as it
     forms it: a bool mask, or a float mask it adds (a ``position_bias`` folded in by transformers' own
-    ``create_position_bias_mask``, in the model's dtype, bit for bit). What it cannot express raises,
-    naming the argument."""
+    ``create_position_bias_mask``, in the model's dtype, bit for bit), or ``None`` for causal attention with
+    the queries at the end of the cache (:func:`cells.mask_terms`' reading of ``None``). What it cannot
+    express raises, naming the argument."""
     for name in _DROPPED_SCORE_TERMS:
         if kwargs.get(name) is not None:
             raise ValueError(f"the model passes {name!r} to its attention: sdpa, which the 'witcert' attention "
@@ -168,10 +169,9 @@ def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tens
     position_bias = kwargs.get("position_bias")
     if position_bias is not None:
         return create_position_bias_mask(position_bias, attention_mask, causal, query, key)
-    if attention_mask is None:  # causal: one query per key (kv_len == q_len); otherwise every key is visible
-        every = torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)
-        return (every.tril() if causal else every)[None, None]
-    return attention_mask
+    if attention_mask is None and not causal and q_len > 1:  # every key visible to every query
+        return torch.ones(q_len, kv_len, dtype=torch.bool, device=query.device)[None, None]
+    return attention_mask  # None: causal (kv_len == q_len) or one query, which sees every key: causal at the end
 
 
 def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output,

@@ -93,21 +93,26 @@ class IntCodes:
         work = builtin._work(x)  # fp32 (fp64 for fp64), as the registered scheme computes
         grouped = builtin._channel_groups(work, self.group)  # (..., d/g, g)
         qmax = 2 ** (self.bits - 1) - 1
-        scale = builtin._safe(grouped.abs().amax(dim=-1, keepdim=True) / qmax)
-        codes = torch.round(grouped / scale).clamp(-qmax, qmax).to(torch.int8).flatten(-2)  # (..., d)
+        amax = grouped.abs().amax(dim=-1, keepdim=True) / qmax
+        scale = torch.where(amax > 0, amax, 1.0)  # builtin._safe, the registered scheme's scale
+        codes = (grouped / scale).round_().clamp_(-qmax, qmax).to(torch.int8).flatten(-2)  # (..., d)
         return _pack(codes, self.bits), scale, x.shape[-1]
 
     def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
         payload, scale, d = packed
-        grouped = _unpack(payload, self.bits, d).unflatten(-1, (scale.shape[-2], -1))
-        # int8 codes times the fp32/fp64 scales promote in the one multiply (each code converted exactly, one
-        # rounding per product: the same values as converting first), one pass over the cache instead of two
-        return (grouped * scale).flatten(-2).to(dtype)
+        # the codes converted to the scales' dtype (exactly: |code| <= 127), then scaled in place: one rounding per
+        # product, the values of the registered scheme; a plain conversion and an in-place multiply stream the
+        # cache faster than one mixed-dtype multiply (measured 123 against 167 us for SmolLM2's keys and values
+        # at 540 tokens, caches cold)
+        decoded = _unpack(payload, self.bits, d).to(scale.dtype)
+        decoded.unflatten(-1, (scale.shape[-2], -1)).mul_(scale)
+        return decoded.to(dtype)
 
     def nbytes(self, packed: tuple) -> int:
         return nbytes(packed[0], packed[1])
 
     token_axes = (-2, -3, None)  # codes (..., T, d'), scales (..., T, d/g, 1), d: a store grows them in place
+    roles_alike = True  # keys and values are coded the same way (role and start ignored): a store codes both at once
 
     def join(self, first: tuple, second: tuple) -> tuple:
         """One packed chunk: ``first``'s tokens then ``second``'s (codes and scales concatenated on the

@@ -34,8 +34,8 @@ import torch
 
 from witcert.core.rounding import round_up_to
 from witcert.gate.backing_store import BackingStore
-from witcert.integrations.hf.codecs import nbytes, owned_codec
-from witcert.integrations.hf.packed_history import PackedHistory
+from witcert.integrations.hf.codecs import owned_codec
+from witcert.integrations.hf.packed_history import PackedPair
 from witcert.integrations.hf.token_buffer import TokenBuffer
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
@@ -125,14 +125,14 @@ class CompressedLayer:
     backing_key: Hashable = 0
     append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
     lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
-    _keys: PackedHistory = field(init=False, repr=False)
-    _values: PackedHistory = field(init=False, repr=False)
+    _packed: PackedPair = field(init=False, repr=False)
     _dtype: torch.dtype | None = field(default=None, repr=False)
     _heads: tuple | None = field(default=None, repr=False)  # (B, Hkv) of the first write
     _stats: dict = field(default_factory=dict, repr=False)  # witness (band-major), value_residual, value_norm
-    _exact: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
-    _decoded: dict = field(default_factory=dict, repr=False)  # "k", "v" when kept
-    _unsettled: list = field(default_factory=list, repr=False)  # (k, k_hat, v, v_hat) written, statistics not formed
+    _exact: TokenBuffer | None = field(default=None, repr=False)  # (2, B, Hkv, S, d) keys and values, when kept
+    _decoded: TokenBuffer | None = field(default=None, repr=False)  # (2, B, Hkv, S, d) their decodes, when kept
+    _unsettled: list = field(default_factory=list, repr=False)  # (exact pair, decoded pair) of writes, no witness yet
+    _settled: int = field(default=0, repr=False)  # tokens whose witness and value statistics are formed
     _length: int = field(default=0, repr=False)
 
     def __post_init__(self):
@@ -144,7 +144,9 @@ class CompressedLayer:
         if self.backing is not None and not isinstance(self.backing, BackingStore):
             raise ValueError(f"backing must be a BackingStore or None, got {type(self.backing).__name__}")
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
-        self._keys, self._values = PackedHistory(self.codec), PackedHistory(self.codec)
+        self._packed = PackedPair(self.codec)
+        if self.keep_exact:
+            self._exact, self._decoded = TokenBuffer(-2), TokenBuffer(-2)
 
     @property
     def length(self) -> int:
@@ -154,11 +156,11 @@ class CompressedLayer:
     @property
     def key_chunks(self) -> list:
         """The packed key chunks, in write order (one, grown in place, for a codec with token axes)."""
-        return self._keys.chunks
+        return self._packed.chunks(0)
 
     @property
     def value_chunks(self) -> list:
-        return self._values.chunks
+        return self._packed.chunks(1)
 
     def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         """Compress the exact new tokens ``key``/``value`` (B, Hkv, T, d) once and store them (witness on the next
@@ -177,20 +179,17 @@ class CompressedLayer:
         if key.shape[-2] == 0:
             return
         with self.lock:
-            self._append(key, value)
+            self._append(key.detach(), value.detach())
 
     def _append(self, key: torch.Tensor, value: torch.Tensor) -> None:
         start = self._length
-        k_packed = self.codec.encode(key, "key", start)
-        v_packed = self.codec.encode(value, "value", start)
-        k_hat, v_hat = self.codec.decode(k_packed, key.dtype), self.codec.decode(v_packed, value.dtype)
-        self._keys.add(k_packed, key.dtype)
-        self._values.add(v_packed, value.dtype)
-        key, value = key.detach(), value.detach()
-        self._unsettled.append((key, k_hat, value, v_hat))
+        exact = torch.stack([key, value])  # (2, B, Hkv, T, d): the store's own copy of the exact tokens
+        decoded = self._packed.add(exact, start)  # None: decoded from the history when needed
         if self.keep_exact:
-            _grow(self._exact, k=key, v=value)  # copied into the store's own buffers
-            _grow(self._decoded, k=k_hat, v=v_hat)
+            self._exact.append(exact)
+            self._decoded.append(self._packed.decode(key.dtype, start) if decoded is None else decoded)
+        else:
+            self._unsettled.append((exact, decoded))
         if self.backing is not None:
             self.backing.write(self.backing_key, key, value)
         self._dtype, self._heads = key.dtype, tuple(key.shape[:2])
@@ -204,9 +203,8 @@ class CompressedLayer:
             return self._read()
 
     def _read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        if self._decoded:
-            return self._decoded["k"].view(), self._decoded["v"].view()
-        return self._keys.decode(self._dtype), self._values.decode(self._dtype)
+        pair = self._decoded.view() if self.keep_exact else self._packed.decode(self._dtype)
+        return pair[0], pair[1]
 
     def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
         """:class:`StoredKeys` of every token (``k_hat``: the keys just read, to skip a second decode)."""
@@ -219,7 +217,10 @@ class CompressedLayer:
 
     def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The exact keys and values (B, Hkv, S, d) as the model computed them, when kept."""
-        return (self._exact["k"].view(), self._exact["v"].view()) if self._exact else None
+        if self._exact is None or not self._length:
+            return None
+        pair = self._exact.view()
+        return pair[0], pair[1]
 
     def memory(self) -> MemoryAccount:
         """Bytes held, by part (:class:`MemoryAccount`), every written token's witness formed."""
@@ -233,26 +234,40 @@ class CompressedLayer:
         if self.backing is not None and self.backing_key in self.backing:
             backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * 2
         return MemoryAccount(
-            compressed=self._keys.nbytes() + self._values.nbytes(),
+            compressed=self._packed.nbytes(),
             witness=sum(buffer.nbytes() for buffer in self._stats.values()),
-            decoded=sum(buffer.nbytes() for buffer in self._decoded.values()),
-            exact_shadow=sum(buffer.nbytes() for buffer in self._exact.values()),
+            decoded=0 if self._decoded is None else self._decoded.nbytes(),
+            exact_shadow=0 if self._exact is None else self._exact.nbytes(),
             exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
             backing_host=backing,
         )
 
     def _settle(self) -> None:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
-        if not self._unsettled:
+        if self._settled == self._length:
             return
-        parts = self._unsettled
-        k, k_hat, v, v_hat = parts[0] if len(parts) == 1 else (
-            torch.cat([p[i] for p in parts], dim=-2) for i in range(4))
-        new = stored_keys(k, k_hat, v, v_hat, self.layout)
-        self._unsettled = []
+        exact, decoded = self._unsettled_pairs()
+        with torch.no_grad():  # statistics of stored tokens, whatever grad mode the caller is in
+            new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], self.layout)
+        self._unsettled, self._settled = [], self._length
         _grow(self._stats, axis=-1, witness=new.witness.transpose(-1, -2), value_residual=new.value_residual,
               # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
               value_norm=round_up_to(new.value_norm, torch.float32))
+
+    def _unsettled_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact and decoded (2, B, Hkv, n, d) of the tokens without statistics: from the kept buffers, else the
+        writes held since (and their decodes, from the history where it decodes a range)."""
+        start, n = self._settled, self._length - self._settled
+        if self.keep_exact:
+            return self._exact.view().narrow(-2, start, n), self._decoded.view().narrow(-2, start, n)
+        exact = _cat_tokens([e for e, _ in self._unsettled])
+        if self._packed.ranged:
+            return exact, self._packed.decode(self._dtype, start)
+        return exact, _cat_tokens([d for _, d in self._unsettled])
+
+
+def _cat_tokens(parts: list) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
 
 
 def _grow(parts: dict, axis: int = -2, **new: torch.Tensor) -> None:

@@ -10,6 +10,11 @@ has a ``join`` (checked lossless for user codecs, :class:`~witcert.integrations.
 Why growing in place is the same as joining: a per-token packed form decodes token by token, so
 the chunk grown in place decodes to the chunks' decodes one after the other, bit for bit
 (``tests/test_token_buffer.py``); the witness of each token was formed against its own decode.
+
+:class:`PackedPair` holds a layer's keys and values: one history of both, stacked, where the codec
+treats the two alike (``roles_alike``: :class:`~witcert.integrations.hf.codecs.IntCodes`, which ignores
+the role), so a step encodes and a read decodes keys and values in one call each; one history per
+role otherwise.
 """
 from __future__ import annotations
 
@@ -40,8 +45,18 @@ class PackedHistory:
             self.chunks = [tuple(part if axis is None else self._grow(i, axis, part, dtype)
                                  for i, (axis, part) in enumerate(zip(self.axes, packed)))]
 
-    def decode(self, dtype: torch.dtype) -> torch.Tensor:
-        """Every token held, decoded (B, Hkv, S, d)."""
+    def decode(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
+        """The tokens held from ``start`` on, decoded (..., S - start, d) (``start > 0`` needs token axes)."""
+        if start:
+            if self.axes is None:
+                raise ValueError("a history of whole chunks decodes from its first token only")
+            chunk = self.chunks[0]
+            if isinstance(self.axes, int):
+                chunk = chunk.narrow(chunk.dim() + self.axes, start, chunk.shape[self.axes] - start)
+            else:
+                chunk = tuple(p if a is None else p.narrow(p.dim() + a, start, p.shape[a] - start)
+                              for a, p in zip(self.axes, chunk))
+            return self.codec.decode(chunk, dtype)
         decoded = [self.codec.decode(p, dtype) for p in self.chunks]
         return decoded[0] if len(decoded) == 1 else torch.cat(decoded, dim=-2)
 
@@ -67,3 +82,45 @@ class PackedHistory:
             self.chunks[-1] = join(self.chunks[-1], packed)
         else:
             self.chunks.append(packed)
+
+
+class PackedPair:
+    """A layer's keys and values as a codec packs them (see the module docstring)."""
+
+    def __init__(self, codec):
+        self.codec = codec
+        self.alike = bool(getattr(codec, "roles_alike", False)) and getattr(codec, "token_axes", None) is not None
+        self.histories = [PackedHistory(codec)] if self.alike else [PackedHistory(codec), PackedHistory(codec)]
+
+    @property
+    def ranged(self) -> bool:
+        """Whether any range of tokens decodes from the history (token axes), not only the whole of it."""
+        return self.histories[0].axes is not None
+
+    def add(self, pair: torch.Tensor, start: int) -> torch.Tensor | None:
+        """Encode one write, keys and values stacked (2, B, Hkv, T, d); returns their decodes, stacked, where the
+        history cannot decode a range later (whole chunks), else ``None``."""
+        if self.alike:
+            self.histories[0].add(self.codec.encode(pair, "key", start), pair.dtype)
+            return None
+        packed = [self.codec.encode(pair[0], "key", start), self.codec.encode(pair[1], "value", start)]
+        for history, chunk in zip(self.histories, packed):
+            history.add(chunk, pair.dtype)
+        return None if self.ranged else torch.stack([self.codec.decode(p, pair.dtype) for p in packed])
+
+    def decode(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
+        """Keys and values from ``start`` on, decoded and stacked (2, B, Hkv, S - start, d)."""
+        if self.alike:
+            return self.histories[0].decode(dtype, start)
+        return torch.stack([history.decode(dtype, start) for history in self.histories])
+
+    def chunks(self, role: int) -> list:
+        """The packed chunks of keys (0) or values (1), in write order."""
+        if not self.alike:
+            return self.histories[role].chunks
+        chunk = self.histories[0].chunks[0]
+        return [chunk[role] if isinstance(chunk, torch.Tensor) else
+                tuple(p[role] if isinstance(p, torch.Tensor) else p for p in chunk)]
+
+    def nbytes(self) -> int:
+        return sum(history.nbytes() for history in self.histories)

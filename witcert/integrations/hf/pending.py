@@ -35,7 +35,7 @@ FLUSH_CALLS = 64  # forward calls a request records before it is metered (bounds
 @dataclass(frozen=True)
 class _Call:
     query: torch.Tensor  # (B, Hq, Tq, d) as attention received it
-    visible: torch.Tensor  # bool (B|1, 1|Hq, Tq, s): the keys each query saw
+    visible: torch.Tensor | None  # bool (B|1, 1|Hq, Tq, s): the keys each query saw; None: causal (no mask)
     length: int  # s: tokens the store held (the call's queries are its last Tq)
     scale: float
     adaptive: bool
@@ -63,10 +63,11 @@ class PendingCells:
     def defer(self, layer_idx: int, query: torch.Tensor, attention_mask, length: int, scale: float,
               adaptive: bool) -> bool:
         """Record one call (``attention_mask`` as attention applied it); ``False`` when it must be metered now."""
-        tq = query.shape[-2]
-        visible, bias = cells.mask_terms(attention_mask, tq, length, query.device)
-        if bias is not None:  # a soft additive mask: metered in its step (its bias is not recorded)
-            return False
+        visible = None  # no mask: causal, each query sees the keys up to its own position (built at the flush)
+        if attention_mask is not None:
+            visible, bias = cells.mask_terms(attention_mask, query.shape[-2], length, query.device)
+            if bias is not None:  # a soft additive mask: metered in its step (its bias is not recorded)
+                return False
         call = _Call(query.detach(), visible, length, scale, adaptive)
         with self._lock:
             first = not self._calls
@@ -77,10 +78,14 @@ class PendingCells:
 
     def flush(self) -> None:
         """Meter every recorded call, one pass per layer (and per run of calls with the same settings)."""
-        from witcert.integrations.hf.attention import attend
-
         with self._lock:
             recorded, self._calls = self._calls, {}
+        with torch.no_grad():  # a flush may run after generate's no_grad block (and a graph per grad mode is waste)
+            self._meter(recorded)
+
+    def _meter(self, recorded: dict) -> None:
+        from witcert.integrations.hf.attention import attend
+
         for layer_idx in sorted(recorded):
             layer = self.layers[layer_idx]
             with layer.store.lock:  # a thread still writing this request waits: one length for read and witness
@@ -109,14 +114,20 @@ def _folded(run: list[_Call], length: int) -> tuple[torch.Tensor, torch.Tensor, 
     """The run's queries (B, Hq, T, d), their visibility over the ``length`` tokens held now (keys written after a
     call hidden from it) and their positions (T,)."""
     query = run[0].query if len(run) == 1 else torch.cat([c.query for c in run], dim=-2)
-    masks = [c.visible.reshape((1,) * (4 - c.visible.dim()) + tuple(c.visible.shape)) for c in run]  # 4-D
-    rows = query.shape[0] if any(m.shape[0] > 1 for m in masks) else 1
-    heads = query.shape[1] if any(m.shape[1] > 1 for m in masks) else 1
-    visible = torch.zeros(rows, heads, query.shape[-2], length, dtype=torch.bool, device=query.device)
-    positions, start = [], 0
+    positions = torch.tensor([p for c in run for p in range(c.length - c.query.shape[-2], c.length)])
+    causal = torch.arange(length) <= positions[:, None]  # (T, length): what a query with no mask sees
+    masks = [None if c.visible is None else c.visible.reshape((1,) * (4 - c.visible.dim()) + tuple(c.visible.shape))
+             for c in run]  # 4-D
+    if all(m is None for m in masks):
+        return query, causal[None, None], positions
+    rows = query.shape[0] if any(m is not None and m.shape[0] > 1 for m in masks) else 1
+    heads = query.shape[1] if any(m is not None and m.shape[1] > 1 for m in masks) else 1
+    visible = causal.expand(rows, heads, -1, -1).clone()
+    start = 0
     for call, mask in zip(run, masks):
         tq = call.query.shape[-2]
-        visible[:, :, start:start + tq, :call.length] = mask
-        positions.append(torch.arange(call.length - tq, call.length))
+        if mask is not None:
+            visible[:, :, start:start + tq] = False
+            visible[:, :, start:start + tq, :call.length] = mask
         start += tq
-    return query, visible, torch.cat(positions)
+    return query, visible, positions

@@ -33,24 +33,23 @@ class TokenBuffer:
         if axis < 0:
             raise ValueError(f"a tensor of rank {new.dim()} has no axis {self.axis}")
         n = new.shape[axis]
-        if self.data is None:
-            self.data = new.new_empty(*new.shape[:axis], max(n, MIN_CAPACITY), *new.shape[axis + 1:])
+        data = self.data
+        if data is None:
+            data = self.data = new.new_empty(*new.shape[:axis], max(n, MIN_CAPACITY), *new.shape[axis + 1:])
         else:
-            self._check_continues(new, axis)
-            if self.length + n > self.data.shape[axis]:
-                self._grow(axis, max(2 * self.data.shape[axis], self.length + n))
-        self.data.narrow(axis, self.length, n).copy_(new)
+            if (new.shape[:axis] != data.shape[:axis] or new.shape[axis + 1:] != data.shape[axis + 1:]
+                    or new.dtype != data.dtype or new.device != data.device):
+                raise ValueError(f"a chunk {tuple(new.shape)} / {new.dtype} does not continue the buffer "
+                                 f"{tuple(data.shape)} / {data.dtype} along axis {self.axis}")
+            if self.length + n > data.shape[axis]:
+                data = self._grow(axis, max(2 * data.shape[axis], self.length + n))
+        data.narrow(axis, self.length, n).copy_(new)
         self.length += n
-        return self.view()
+        return data.narrow(axis, 0, self.length)
 
     def view(self) -> torch.Tensor | None:
         """Every token written so far (``None`` before the first append)."""
         return None if self.data is None else self.data.narrow(self.data.dim() + self.axis, 0, self.length)
-
-    def tail(self, start: int) -> torch.Tensor:
-        """The tokens from ``start`` on (a view)."""
-        axis = self.data.dim() + self.axis
-        return self.data.narrow(axis, start, self.length - start)
 
     def widen(self, dtype: torch.dtype) -> None:
         """Hold the tokens in ``dtype`` from now on (a caller's promise that it represents them exactly)."""
@@ -62,14 +61,8 @@ class TokenBuffer:
         view = self.view()
         return 0 if view is None else view.numel() * view.element_size()
 
-    def _check_continues(self, new: torch.Tensor, axis: int) -> None:
-        other = (*new.shape[:axis], *new.shape[axis + 1:])
-        held = (*self.data.shape[:axis], *self.data.shape[axis + 1:])
-        if new.dim() != self.data.dim() or other != held or new.dtype != self.data.dtype or new.device != self.data.device:
-            raise ValueError(f"a chunk {tuple(new.shape)} / {new.dtype} does not continue the buffer "
-                             f"{tuple(self.data.shape)} / {self.data.dtype} along axis {self.axis}")
-
-    def _grow(self, axis: int, capacity: int) -> None:
+    def _grow(self, axis: int, capacity: int) -> torch.Tensor:
         grown = self.data.new_empty(*self.data.shape[:axis], capacity, *self.data.shape[axis + 1:])
         grown.narrow(axis, 0, self.length).copy_(self.data.narrow(axis, 0, self.length))
         self.data = grown
+        return grown

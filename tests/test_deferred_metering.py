@@ -1,0 +1,118 @@
+"""Deferred metering (``witcert.integrations.hf.pending``): cells metered at a request's flush are the cells
+metered in their step, and results are never read with cells missing.
+
+Implementation: ``Monitor`` with ``defer`` (the default where the meter feeds nothing back). Oracle: the same
+run metered in its steps (``mon.defer = False``), cell by cell; the fp64 true TV against the exact keys.
+Domain: the tiny Llama (GQA, two left-padded rows), schemes with packed codes, reconstructions and a user
+callable, both ``keep_exact`` modes, ``generate`` and hand-written forward loops.
+Tolerance: the fused pass's fp32 budget grows with the row's columns (a deferred row also holds the
+tokens written after its step, hidden), so meters agree to rel 1e-4; true TVs to rel 1e-9.
+"""
+import numpy as np
+import pytest
+import torch
+
+import witcert
+from tests.tiny_models import prompts, tiny
+from witcert.integrations.hf import monitoring
+
+pytestmark = pytest.mark.usefixtures("one_thread")
+MODEL = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
+LAYERS, HEADS, ROWS = 2, 8, 2
+
+
+def int6(x):
+    scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 31
+    return (x / scale).round().clamp(-31, 31) * scale
+
+
+def run(scheme, keep_exact, defer, new_tokens=9, **kwargs):
+    ids, mask = prompts(ROWS)
+    model = tiny("llama", **MODEL)
+    with torch.no_grad(), witcert.monitor(model, scheme, keep_exact=keep_exact, **kwargs) as mon:
+        mon.defer = mon.defer and defer
+        out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, do_sample=False,
+                             pad_token_id=0)
+    return mon, out
+
+
+def keyed(table):
+    key = list(zip(table["request"], table["layer"], table["head"], table["pos"]))
+    return {name: dict(zip(key, table[name])) for name in table.columns}
+
+
+@pytest.mark.parametrize("scheme", ["rtn-int4", "fp8-e4m3", "kivi-2bit", int6], ids=str)
+@pytest.mark.parametrize("keep_exact", [True, False])
+def test_deferred_cells_are_the_in_step_cells(scheme, keep_exact):
+    in_step, out_a = run(scheme, keep_exact, defer=False)
+    deferred, out_b = run(scheme, keep_exact, defer=True)
+    assert torch.equal(out_a, out_b)  # metering never changes what the model computes
+    a, b = keyed(in_step.table()), keyed(deferred.table())
+    assert a["meter"].keys() == b["meter"].keys() and len(a["meter"]) == ROWS * LAYERS * HEADS * 8
+    for key, meter in a["meter"].items():
+        assert b["meter"][key] == pytest.approx(meter, rel=1e-4, abs=1e-12), key
+        assert b["c_max"][key] == pytest.approx(a["c_max"][key], rel=1e-9, abs=1e-12), key  # the slack: ~1e-14
+        if keep_exact:
+            assert b["true_tv"][key] == pytest.approx(a["true_tv"][key], rel=1e-9, abs=1e-15), key
+            assert b["true_tv"][key] <= b["meter"][key], key
+    assert str(in_step.memory()) == str(deferred.memory())
+    assert deferred.summary().total["cells"] == in_step.summary().total["cells"]
+
+
+def forward_loop(mon, model, steps: int, check):
+    """Prefill, then one forward call per token; ``check(step)`` after each decode call."""
+    ids, mask = prompts(ROWS)
+    out = model(input_ids=ids, attention_mask=mask)
+    for step in range(steps):
+        nxt = out.logits[:, -1].argmax(-1, keepdim=True)
+        mask = torch.cat([mask, torch.ones_like(nxt)], dim=-1)
+        out = model(input_ids=nxt, attention_mask=mask, past_key_values=out.past_key_values)
+        check(step + 1)
+
+
+def test_results_read_mid_request_hold_every_call_so_far():
+    model = tiny("llama", **MODEL)
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4", keep_exact=True) as mon:
+        assert mon.defer
+
+        def check(steps):
+            table = mon.table()  # a read of the results meters the recorded calls first
+            assert len(table) == ROWS * LAYERS * HEADS * steps
+            assert np.all(table["true_tv"] <= table["meter"])
+
+        forward_loop(mon, model, 5, check)
+
+
+def test_a_request_holds_at_most_flush_calls_recorded_calls(monkeypatch):
+    monkeypatch.setattr(monitoring, "FLUSH_CALLS", 3)
+    model = tiny("llama", **MODEL)
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4", keep_exact=False) as mon:
+        metered = []
+        forward_loop(mon, model, 7, lambda steps: metered.append(len(mon._batches)))  # no read: no flush by a read
+    assert metered[:2] == [0, 0]  # recorded, not metered yet
+    assert metered[2] == LAYERS and metered[5] == 2 * LAYERS  # every third call meters the request's calls
+    assert len(mon.table()) == ROWS * LAYERS * HEADS * 7  # the block's end meters the rest
+
+
+def test_two_requests_keep_their_own_cells():
+    model = tiny("llama", **MODEL)
+    ids, mask = prompts(ROWS)
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4") as mon:
+        model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
+        model.generate(input_ids=ids[:1], max_new_tokens=6, do_sample=False, pad_token_id=0)
+    table = mon.table()
+    per_request = {int(r): int((table["request"] == r).sum()) for r in np.unique(table["request"])}
+    assert per_request == {0: LAYERS * HEADS * 3, 1: LAYERS * HEADS * 3, 2: LAYERS * HEADS * 5}
+    assert np.all(table["true_tv"] <= table["meter"])
+
+
+@pytest.mark.parametrize("kwargs", [dict(gate=witcert.Gate(tau=0.1)), dict(certificate="spot"),
+                                    dict(sample=witcert.MeterSampling(every=2)), dict(scheme="dithered-int8")],
+                         ids=["gate", "spot", "sample", "tier-b"])
+def test_a_meter_that_feeds_back_or_samples_runs_in_the_step(kwargs):
+    scheme = kwargs.pop("scheme", "rtn-int4")
+    model = tiny("llama", **MODEL)
+    with torch.no_grad(), witcert.monitor(model, scheme, seed=3, **kwargs) as mon:
+        assert not mon.defer
+        forward_loop(mon, model, 2, lambda steps: None)
+        assert len(mon._batches) == 2 * LAYERS  # recorded as each call ran
