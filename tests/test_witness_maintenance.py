@@ -208,7 +208,7 @@ def test_stores_keep_the_witness_band_major():
     for part in (exact[..., :4, :], exact[..., 4:5, :], exact[..., 5:, :]):
         layer.append(part, part)
     stored = layer.stored()
-    assert _band_major(stored.witness)
+    assert stored.witness.stride(-2) == 1  # each band's tokens contiguous (a view of the store's growing buffer)
     assert torch.equal(stored.witness, witness_of(exact, layer.read()[0], LAYOUT))
     assert torch.equal(cat_tokens(w[..., :2, :], w[..., 2:, :]), w) and _band_major(cat_tokens(w[..., :2, :].contiguous(), w))
     one_token = w[0, 0, 0]

@@ -57,8 +57,8 @@ def stored_pass(q: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout, witnes
     :class:`~witcert.tier_a.bands.BandLayout`; ``witness`` (..., Hkv, S, B) fp16; ``keep`` (..., Hkv, Q, S)
     bool, a live token per row; ``rho``, ``v_norm`` (..., Hkv, 1, S) value residual and value norms;
     ``constants`` :func:`pass_constants`; ``compiled``: :func:`pass_from_logits` compiled (default
-    ``WITCERT_COMPILE``). Returns fp64 ``scores``/``c`` (..., Hkv, Q, S) and per-row results
-    (..., Hkv, Q), the last two bool (``pass_K``: meter ``<= tau_k``; ``pass_V``: value term
+    ``WITCERT_COMPILE``). Returns fp64 ``scores``/``c`` (..., Hkv, Q, S; ``-inf`` and 0 on masked tokens) and
+    per-row results (..., Hkv, Q), the last two bool (``pass_K``: meter ``<= tau_k``; ``pass_V``: value term
     ``<= tau_v max ||v||``, rounded down).
     """
     logits = q.to(torch.float64) @ k_hat.to(torch.float64).transpose(-1, -2)  # one GEMM: each entry a d-term fp64 dot
@@ -80,7 +80,9 @@ def pass_from_logits(logits: torch.Tensor, q: torch.Tensor, k_hat: torch.Tensor,
     scores = (logits * scale).masked_fill(~keep, float("-inf"))
     radius = radius_kernel(scaled_norms_of(q64, layout, scale), witness).double()
     slack = score_rounding_from(q64, k64, scale, (a_m, a_l, a_0, b_m, b_0, out_m, (u_out, h_out)), per_row=True)
-    c = rounding.add_up(radius, slack)
+    # 0 on masked tokens: p~ and p are both 0 there, so no bound needs their radius (a deferred call's row
+    # holds the tokens written after it, masked; in-step rows hold none)
+    c = torch.where(keep, rounding.add_up(radius, slack), 0.0)
     meter, risk, value_term, v_max = lean_pass(scores, c, rho, v_norm)  # rho, v_norm broadcast over the rows
     pass_k = meter <= tau_k  # fp64, where tau is exact
     pass_v = value_term <= rounding.mul_down(tau_v, v_max)

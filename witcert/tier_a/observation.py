@@ -41,8 +41,8 @@ from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pa
 class Observation:
     """Per (query head, query) results of :func:`observe`; shapes ``(..., Hq, Tq)`` unless noted.
 
-    ``c`` and ``scores`` are ``(..., Hq, Tq, S)`` (per-token logit bounds, score rounding included;
-    the fp64 compressed logits the meter certifies, ``-inf`` where masked); ``true_tv`` and
+    ``c`` and ``scores`` are ``(..., Hq, Tq, S)`` (per-token logit bounds, score rounding included, 0 where
+    masked; the fp64 compressed logits the meter certifies, ``-inf`` where masked); ``true_tv`` and
     ``true_output_error`` are ``None`` unless the exact keys were given. Bounds are fp64.
     """
 
@@ -233,7 +233,7 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
         c = rounding.add_up(c, score_rounding_bound(q.to(torch.float64), k_hat64, scale, score_dtype=torch.float64,
                                                     accumulate_dtype=torch.float64))
         scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
-        c = c.reshape(*grouped, s)
+        c = c.reshape(*grouped, s).masked_fill(~keep, 0.0)  # as the fused pass: no bound needs a masked radius
         if bias is not None:
             scores, c = _biased(scores, c, bias, grouped)
         meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (MS on the eager grid)
@@ -308,7 +308,7 @@ def _mask(mask, shape: tuple, device) -> torch.Tensor:
         full = torch.broadcast_to(mask, shape)
     except RuntimeError:
         raise ValueError(f"mask of shape {tuple(mask.shape)} does not broadcast to (..., Hq, Tq, S)={shape}") from None
-    if not full.any(-1).all():
+    if not mask.any(-1).all():  # on the mask as given: broadcasting repeats its rows
         raise ValueError("mask has a query row that attends no token")
     return full.to(device)
 

@@ -137,15 +137,16 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
     """
     k_hat, v_hat = read
     b, hq, tq, _ = query.shape
-    mask = visible.to(query.device).expand(b, hq, tq, k_hat.shape[-2])
-    blank = ~mask.any(-1)
+    visible = visible.to(query.device)
+    blank = (~visible.any(-1)).expand(b, hq, tq)  # from the mask as given: its broadcast rows once
     any_blank = bool(blank.any())
+    mask = visible  # observe_stored broadcasts it to (B, Hq, Tq, S)
     if any_blank:  # measured as if every token were visible, then reported as NaN (and never gated)
-        mask = mask | blank[..., None]
+        mask = visible | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
                          truth=None if exact is None else (*exact, v_hat), fused=fused, bias=bias)
-    c = torch.where(mask & ~blank[..., None], obs.c, torch.zeros_like(obs.c))
+    c = obs.c.masked_fill(blank[..., None], 0.0) if any_blank else obs.c  # 0 on masked tokens already
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {
         "meter": obs.meter, "risk": obs.risk, "true_tv": nan if obs.true_tv is None else obs.true_tv,
