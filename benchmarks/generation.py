@@ -1,6 +1,7 @@
 """Section 1d -- generation overhead: tokens/s of SmolLM2 ``generate`` stock vs monitored vs observed.
 
-A 512-token prompt (fixed random ids), greedy, ``new_tokens`` new tokens, batch 1, ``rtn-int8``:
+A prompt of ``context`` tokens (fixed random ids; 512 and 4,096), greedy, ``new_tokens`` new tokens, batch 1,
+``rtn-int8``:
 
 * ``stock``: the model as loaded (sdpa attention);
 * ``monitored``: ``witcert.monitor(model, "rtn-int8", keep_exact=False)`` -- the meter only, on the
@@ -9,16 +10,30 @@ A 512-token prompt (fixed random ids), greedy, ``new_tokens`` new tokens, batch 
   exact shadow is kept and every cell also gets its true TV;
 
 each with the fused meter pass eager (the default) and, when ``compiled``, with
-``WITCERT_COMPILE=1`` (compiled once before timing). Runs are interleaved round by round; the
-figure is the median wall time of ``generate`` (prefill included, as a user feels it).
+``WITCERT_COMPILE=1`` (compiled once before timing), and ``monitored, compiled, every 4th step``: production
+mode with sampled metering (``witcert.MeterSampling(every=4)``, an operator's option, off by default).
+Runs are interleaved round by round; the figure is the median wall time of ``generate`` (prefill
+included, as a user feels it).
+
+``python -m benchmarks.generation --contexts 512 4096 --out benchmarks/results/generation.json`` (and
+``make bench``'s generation section, which calls :func:`record`) writes the record the results page
+renders (date, machine, command, one run per context).
 """
+import argparse
+import datetime
+import json
 import statistics
+import sys
 import time
+from pathlib import Path
 
 import torch
 
 import witcert
+from benchmarks import machine
 from benchmarks.timing import compile_choice
+
+SAMPLED = "monitored, compiled, every 4th step"
 
 
 def _generate(model, ids, new_tokens: int):
@@ -26,13 +41,14 @@ def _generate(model, ids, new_tokens: int):
                           min_new_tokens=new_tokens, do_sample=False)
 
 
-def _timed(model, ids, new_tokens, keep_exact: bool | None, compiled: bool) -> float:
+def _timed(model, ids, new_tokens, keep_exact: bool | None, compiled: bool, every: int = 1) -> float:
+    sample = witcert.MeterSampling(every=every, seed=0) if every > 1 else None
     with compile_choice(compiled):
         started = time.perf_counter()
         if keep_exact is None:
             _generate(model, ids, new_tokens)
         else:
-            with witcert.monitor(model, "rtn-int8", keep_exact=keep_exact):
+            with witcert.monitor(model, "rtn-int8", keep_exact=keep_exact, sample=sample):
                 _generate(model, ids, new_tokens)
         return time.perf_counter() - started
 
@@ -46,13 +62,14 @@ def run(context: int = 512, new_tokens: int = 16, reps: int = 7, compiled: bool 
     ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0))
     configs = {"stock": (None, False), "monitored": (False, False), "observed": (True, False)}
     if compiled and compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe) is not None:
-        configs |= {"monitored, compiled": (False, True), "observed, compiled": (True, True)}
-    for keep, comp in configs.values():  # warm-up: first-call costs (and any recompile) out of the timing
-        _timed(model, ids, 2, keep, comp)
+        configs |= {"monitored, compiled": (False, True), "observed, compiled": (True, True),
+                    SAMPLED: (False, True, 4)}
+    for config in configs.values():  # warm-up: first-call costs (and any recompile) out of the timing
+        _timed(model, ids, 2, *config)
     samples = {name: [] for name in configs}
     for _ in range(reps):
-        for name, (keep, comp) in configs.items():
-            samples[name].append(_timed(model, ids, new_tokens, keep, comp))
+        for name, config in configs.items():
+            samples[name].append(_timed(model, ids, new_tokens, *config))
     seconds = {name: statistics.median(v) for name, v in samples.items()}
     rate = {name: new_tokens / s for name, s in seconds.items()}
     out = {"context": context, "new_tokens": new_tokens, "reps": reps, "threads": torch.get_num_threads(),
@@ -60,3 +77,29 @@ def run(context: int = 512, new_tokens: int = 16, reps: int = 7, compiled: bool 
            "ratio_to_stock": {name: rate[name] / rate["stock"] for name in configs if name != "stock"}}
     print("  generation: " + ", ".join(f"{k} {v:.2f}x stock" for k, v in out["ratio_to_stock"].items()), flush=True)
     return out
+
+
+def record(contexts, new_tokens: int, reps: int, threads: int, command: str) -> dict:
+    """The generation record: one :func:`run` per context, with date, machine and the command that measured it."""
+    info = machine.describe(threads)
+    return {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+            "machine": f"{info['cpu']} ({info['logical_cpus']} logical CPUs, shared), {threads} torch thread(s)",
+            "command": command, "runs": [run(context, new_tokens, reps) for context in contexts]}
+
+
+def main(argv=None) -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    p.add_argument("--new-tokens", type=int, default=16)
+    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", type=Path, default=Path(__file__).with_name("results") / "generation.json")
+    args = p.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    command = "python -m benchmarks.generation " + " ".join(sys.argv[1:] if argv is None else argv)
+    done = record(args.contexts, args.new_tokens, args.reps, args.threads, command)
+    args.out.write_text(json.dumps(done, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

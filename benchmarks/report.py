@@ -60,12 +60,15 @@ def _fastpath_md(results: dict) -> str:
 
 
 def _generation_md(results: dict) -> str:
-    g = results["generation"]
-    rows = [{"config": name, "median s": g["median_s"][name], "tokens/s": g["tokens_per_s"][name],
-             "x stock": g["ratio_to_stock"].get(name, 1.0)} for name in g["median_s"]]
-    return (f"SmolLM2-135M, {g['context']}-token prompt, {g['new_tokens']} new tokens (prefill included), "
-            f"rtn-int8, {g['threads']} torch threads, median of {g['reps']} interleaved runs.\n\n"
-            + _table(rows, list(rows[0])))
+    parts = []
+    generation = results["generation"]
+    for g in generation.get("runs", [generation]):  # a record of runs (one run: results written before 2026-12-06)
+        rows = [{"config": name, "median s": g["median_s"][name], "tokens/s": g["tokens_per_s"][name],
+                 "x stock": g["ratio_to_stock"].get(name, 1.0)} for name in g["median_s"]]
+        parts.append(f"SmolLM2-135M, {g['context']}-token prompt, {g['new_tokens']} new tokens (prefill included), "
+                     f"rtn-int8, {g['threads']} torch threads, median of {g['reps']} interleaved runs.\n\n"
+                     + _table(rows, list(rows[0])))
+    return "\n\n".join(parts)
 
 
 def _proposals_md(results: dict) -> str:

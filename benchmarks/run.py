@@ -134,7 +134,11 @@ def main(argv=None) -> None:
     def generation():
         from benchmarks import generation as generation_mod
 
-        results["generation"] = generation_mod.run(new_tokens=8 if args.quick else 16, reps=3 if args.quick else 7)
+        contexts = (512,) if args.quick else (512, 4096)
+        results["generation"] = generation_mod.record(contexts, 8 if args.quick else 16, 3 if args.quick else 7,
+                                                      args.threads, results["command"])
+        if not args.quick:  # the record the results page renders (docs/results.md#monitored-generation)
+            (args.out / "generation.json").write_text(json.dumps(results["generation"], indent=1) + "\n")
 
     def proposals():
         from benchmarks import proposals as proposals_mod

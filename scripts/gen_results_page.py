@@ -205,24 +205,58 @@ def study_section() -> str:
     return "\n".join(lines)
 
 
-def generation_section() -> str:
-    """Monitored ``generate`` against stock, per context length (``generation.json``, else ``make bench``'s run)."""
+def generation_section() -> str | None:
+    """Monitored ``generate`` against stock, per context length (``generation.json``, written by ``make bench``)."""
     record = _load("generation.json")
     if record is None:
-        bench = _load("results.json")
-        record = {"date": bench["finished"], "machine": f"{bench['machine']['cpu']} ({bench['machine']['logical_cpus']} "
-                  "logical CPUs, shared)", "command": "python -m benchmarks.run --sections generation",
-                  "runs": [bench["generation"]]}
+        return None
     lines = ["## Monitored generation", "", _provenance(record["date"], record["machine"], record["command"]), "",
              "SmolLM2-135M-Instruct `generate` (prefill included), rtn-int8; *monitored*: production mode "
              "(`keep_exact=False`, the meter only); *observed*: the default (`keep_exact=True`, every cell's true TV "
-             "too); *compiled*: `WITCERT_COMPILE=1`. Ratios are tokens/s against stock in the same run, interleaved.",
+             "too); *compiled*: `WITCERT_COMPILE=1`; *every 4th step*: sampled metering "
+             "(`sample=witcert.MeterSampling(every=4)`, off by default: the other steps' cells are reported unmetered). "
+             "Ratios are tokens/s against stock in the same run, interleaved, the median of the runs.",
              "", "| context | new tokens | runs | stock tokens/s | " + " | ".join(GENERATION_CONFIGS) + " |",
              "|---|---|---|---|" + "---|" * len(GENERATION_CONFIGS)]
     for run in record["runs"]:
         ratios = run["ratio_to_stock"]
         lines.append(f"| {run['context']} | {run['new_tokens']} | {run['reps']} | {run['tokens_per_s']['stock']:.2f} | "
                      + " | ".join(f"{ratios[c]:.2f}x" if c in ratios else "-" for c in GENERATION_CONFIGS) + " |")
+    return "\n".join(lines)
+
+
+def long_context_section() -> str | None:
+    """Decode-only tokens/s at long context and one 7B-class attention layer (``long_context.json``)."""
+    record = _load("long_context.json")
+    if record is None:
+        return None
+    m = record["machine"]
+    where = f"{m['cpu']} ({m['logical_cpus']} logical CPUs, shared), {m['torch_threads']} torch thread, commit {m['commit']}"
+    configs = ("monitored", "monitored, compiled", "observed", "observed, compiled")
+    lines = ["## Long context", "", _provenance(record["date"][:16].replace("T", " ") + " UTC", where,
+                                                record["command"]), "",
+             "Decode only (the prefill is done once, outside the timing; a request's adoption of the prefix too): "
+             "SmolLM2-135M-Instruct over a prompt of offline text, rtn-int8, tokens/s against stock in the same run.",
+             "", "| context | new tokens | runs | stock tokens/s | " + " | ".join(configs) + " |",
+             "|---|---|---|---|" + "---|" * len(configs)]
+    for run in record["decode"]:
+        r = run["ratio_to_stock"]
+        lines.append(f"| {run['context']} | {run['new_tokens']} | {run['reps']} | {run['tokens_per_s']['stock']:.2f} | "
+                     + " | ".join(f"{r[c]:.2f}x" if c in r else "-" for c in configs) + " |")
+    lines += ["", "One attention layer at a 7B-class shape (32 query / 8 kv heads, head dim 128, fp32, one decode "
+              "query), ms per layer-step: stock (append the token, sdpa) against what the production monitor adds "
+              "(compress the token and decode the store for the read, then record the call, its request metered "
+              "every 16 steps with that share counted in; *in step*: metered in the step, as a gate, a spot check "
+              "or Tier B meters).", "",
+              "| cached tokens | sdpa | stock step | meter | meter, compiled | meter, in step | in step, compiled | "
+              "(sdpa + meter, compiled) / stock step |", "|---|---|---|---|---|---|---|---|"]
+    for layer in record["layer"]:
+        t = layer["ms_per_layer_step"]
+        nan = float("nan")
+        ratio = (t["sdpa"] + t.get("meter, compiled", t["meter"])) / t["stock step"]
+        lines.append(f"| {layer['context']} | {t['sdpa']:.1f} | {t['stock step']:.1f} | {t['meter']:.1f} | "
+                     f"{t.get('meter, compiled', nan):.1f} | {t.get('meter, in step', nan):.1f} | "
+                     f"{t.get('meter, in step, compiled', nan):.1f} | {ratio:.2f}x |")
     return "\n".join(lines)
 
 
@@ -346,7 +380,8 @@ def vllm_section() -> str | None:
     return "\n".join(lines)
 
 
-GENERATION_CONFIGS = ("monitored", "monitored, compiled", "observed", "observed, compiled")
+GENERATION_CONFIGS = ("monitored", "monitored, compiled", "observed", "observed, compiled",
+                      "monitored, compiled, every 4th step")
 
 
 def bench_section() -> str:
@@ -372,11 +407,13 @@ def page() -> str:
             "and the command that measured it; rerun the command to reproduce it. The machines are shared "
             "2-core VMs without a GPU: read a timing as the ratio measured in the same run, not as an absolute.",
             "", "## At a glance", "", results_table()]
-    for glance in (spot_gate_glance("#the-spot-certified-gate"), vllm_glance("#serving-with-vllm")):
+    for glance in (spot_gate_glance("#the-spot-certified-gate"), generation_glance("#monitored-generation"),
+                   vllm_glance("#serving-with-vllm")):
         if glance:
             head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
-                study_section(), spot_gate_section(), generation_section(), vllm_section(), bench_section()]
+                study_section(), spot_gate_section(), generation_section(), long_context_section(), vllm_section(),
+                bench_section()]
     return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
 
 
@@ -398,10 +435,25 @@ def spot_gate_glance(link: str) -> str | None:
             f"{report['date']} ([the study's rows]({link})).")
 
 
+def generation_glance(link: str) -> str | None:
+    """One sentence of the generation record for the README and the page's head (``None`` without ``generation.json``)."""
+    record = _load("generation.json")
+    if record is None:
+        return None
+    parts = []
+    for run in record["runs"]:
+        r = run["ratio_to_stock"]
+        parts.append(f"{r['monitored, compiled']:.2f}x at {run['context']} tokens of context (eager "
+                     f"{r['monitored']:.2f}x, every 4th step metered {r.get(GENERATION_CONFIGS[-1], float('nan')):.2f}x)")
+    return (f"Production monitoring (`keep_exact=False`, rtn-int8, compiled meter) generates at {'; '.join(parts)} "
+            f"of stock SmolLM2-135M tokens/s, measured {record['date'][:10]} ([the generation table]({link})).")
+
+
 def readme_with_table(readme: str) -> str:
     begin, end = README_MARKERS
     start, stop = readme.index(begin) + len(begin), readme.index(end)
     glances = [g for g in (spot_gate_glance("docs/results.md#the-spot-certified-gate"),
+                           generation_glance("docs/results.md#monitored-generation"),
                            vllm_glance("docs/results.md#serving-with-vllm")) if g]
     return readme[:start] + "\n" + results_table() + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]
 
