@@ -216,13 +216,19 @@ def generation_section() -> str | None:
              "too); *compiled*: `WITCERT_COMPILE=1`; *every 4th step*: sampled metering "
              "(`sample=witcert.MeterSampling(every=4)`, off by default: the other steps' cells are reported unmetered). "
              "Ratios are tokens/s against stock in the same run, interleaved, the median of the runs.",
-             "", "| context | new tokens | runs | stock tokens/s | " + " | ".join(GENERATION_CONFIGS) + " |",
-             "|---|---|---|---|" + "---|" * len(GENERATION_CONFIGS)]
-    for run in record["runs"]:
+             "", *_ratio_table(record["runs"], GENERATION_CONFIGS)]
+    return "\n".join(lines)
+
+
+def _ratio_table(runs: list[dict], configs: tuple) -> list[str]:
+    """Rows of tokens/s against stock per context: one run per row, one config per column."""
+    lines = ["| context | new tokens | runs | stock tokens/s | " + " | ".join(configs) + " |",
+             "|---|---|---|---|" + "---|" * len(configs)]
+    for run in runs:
         ratios = run["ratio_to_stock"]
         lines.append(f"| {run['context']} | {run['new_tokens']} | {run['reps']} | {run['tokens_per_s']['stock']:.2f} | "
-                     + " | ".join(f"{ratios[c]:.2f}x" if c in ratios else "-" for c in GENERATION_CONFIGS) + " |")
-    return "\n".join(lines)
+                     + " | ".join(f"{ratios[c]:.2f}x" if c in ratios else "-" for c in configs) + " |")
+    return lines
 
 
 def long_context_section() -> str | None:
@@ -237,12 +243,7 @@ def long_context_section() -> str | None:
                                                 record["command"]), "",
              "Decode only (the prefill is done once, outside the timing; a request's adoption of the prefix too): "
              "SmolLM2-135M-Instruct over a prompt of offline text, rtn-int8, tokens/s against stock in the same run.",
-             "", "| context | new tokens | runs | stock tokens/s | " + " | ".join(configs) + " |",
-             "|---|---|---|---|" + "---|" * len(configs)]
-    for run in record["decode"]:
-        r = run["ratio_to_stock"]
-        lines.append(f"| {run['context']} | {run['new_tokens']} | {run['reps']} | {run['tokens_per_s']['stock']:.2f} | "
-                     + " | ".join(f"{r[c]:.2f}x" if c in r else "-" for c in configs) + " |")
+             "", *_ratio_table(record["decode"], configs)]
     lines += ["", "One attention layer at a 7B-class shape (32 query / 8 kv heads, head dim 128, fp32, one decode "
               "query), ms per layer-step: stock (append the token, sdpa) against what the production monitor adds "
               "(compress the token and decode the store for the read, then record the call, its request metered "

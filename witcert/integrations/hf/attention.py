@@ -38,7 +38,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
-from witcert.integrations.hf.sampling import MeterSampling, spread
+from witcert.integrations.hf.sampling import MeterSampling, selection
 from witcert.spot.cells import BackedKeys, ExactReaders
 from witcert.tier_a.bands import BandLayout
 
@@ -175,23 +175,25 @@ def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tens
 
 
 def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output,
-           positions: torch.Tensor | None = None):
+           spans: list[tuple[int, int]] | None = None):
     """Meter (and gate) every cell of one call; returns the (repaired) output and its :class:`CellBatch`.
 
     ``attention_mask`` is what sdpa applies to the scores (:func:`_scores_mask`): keys it hides are
-    masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`). ``positions``
-    (Tq,): the queries' absolute positions (default: the last ``Tq`` tokens read; deferred calls,
-    :mod:`witcert.integrations.hf.pending`, give their own)."""
+    masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`). ``spans``: the
+    ``(first, end)`` query positions of each call the queries come from, in order (default: one call, the
+    last ``Tq`` tokens read; deferred runs of calls, :mod:`witcert.integrations.hf.pending`, give theirs)."""
     store = layer.store
     b, hq, tq, _ = query.shape
     s = read[0].shape[-2]
-    chosen = None if scope.sample is None else scope.sample.heads_of(layer.layer_idx, s - tq, s, hq, read[0].shape[1])
-    if chosen is not None and not len(chosen):  # sampled metering: this call is not metered
-        return output, _unmetered(scope, layer, (b, hq, tq), s)
+    spans = [(s - tq, s)] if spans is None else spans
+    positions = torch.cat([torch.arange(first, end) for first, end in spans])
+    chosen = None if scope.sample is None else selection(scope.sample, layer.layer_idx, spans, hq, read[0].shape[1])
+    if chosen is not None and chosen.empty:  # sampled metering: no cell of these calls is metered
+        return output, _unmetered(scope, layer, (b, hq, tq), positions)
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
-    if chosen is not None:  # sampled metering: the chosen query heads only, every kv head
-        query = query[:, chosen]
-        visible, bias = (None if x is None else x[:, chosen] if x.shape[1] == hq else x for x in (visible, bias))
+    if chosen is not None:  # sampled metering: the chosen queries and query heads only, every kv head
+        query = chosen.pick(query)
+        visible, bias = (None if x is None else chosen.pick(x) for x in (visible, bias))
     if bias is not None and scope.gate is not None and not scope.truth:
         raise ValueError("attention_mask: an additive mask with soft values (or a position_bias) and a production "
                          "gate (keep_exact=False): the backing store's page-ins do not carry the bias; use "
@@ -240,25 +242,23 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     if scope.sample is not None:
         extra = {name: _reported(t, blank) for name, t in extra.items()}
         if chosen is not None:
-            fields, extra = ({name: spread(t, chosen, hq) for name, t in part.items()} for part in (fields, extra))
-        extra["metered"] = torch.zeros((b, hq, tq), dtype=torch.bool)
-        extra["metered"][:, slice(None) if chosen is None else chosen] = True
+            fields, extra = ({name: chosen.spread(t) for name, t in part.items()} for part in (fields, extra))
+        extra["metered"] = torch.ones((b, hq, tq), dtype=torch.bool) if chosen is None else chosen.metered(b)
     batch = cells.CellBatch(
-        layer=layer.layer_idx, positions=torch.arange(s - tq, s) if positions is None else positions,
-        requests=scope.rows,
+        layer=layer.layer_idx, positions=positions, requests=scope.rows,
         tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
         **fields,
     )
     return output, batch
 
 
-def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, s: int) -> "cells.CellBatch":
+def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor) -> "cells.CellBatch":
     """The :class:`CellBatch` of a call sampled metering left out: every measurement NaN, ``metered`` False."""
     nan = torch.full(shape, torch.nan, dtype=torch.float64)
     no = torch.zeros(shape, dtype=torch.bool)
     extra = {name: nan for name in scope.delta_sweep} | {"metered": no}
     return cells.CellBatch(
-        layer=layer.layer_idx, positions=torch.arange(s - shape[-1], s), requests=scope.rows, tier=scope.tier,
+        layer=layer.layer_idx, positions=positions, requests=scope.rows, tier=scope.tier,
         adaptive=scope.adaptive, extra=extra, seed=scope.seed, repaired=no, joint=no,
         **{name: nan for name in cells.FIELDS if name not in ("joint", "repaired")},
     )

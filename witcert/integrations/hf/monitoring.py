@@ -226,8 +226,8 @@ class Monitor:
         self.sample = _checked_sampling(sample, gate, self.spot)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
-        # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check, every cell
-        self.defer = self.tier == "A" and gate is None and self.spot is None and self.sample is None
+        # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check
+        self.defer = self.tier == "A" and gate is None and self.spot is None
         self._batches: list = []
         self._unflushed: list[_Live] = []  # requests with recorded calls (held until metered)
         self.requests: list[RequestRecord] = []

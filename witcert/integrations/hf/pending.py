@@ -1,12 +1,13 @@
 """Deferred metering: a request's attention calls recorded as they run, metered later in one pass per layer.
 
-Where the meter feeds nothing back into the model (Tier A, no gate, no spot check, every cell
-metered), it need not run inside the step. :meth:`PendingCells.defer` records what a call's cells
+Where the meter feeds nothing back into the model (Tier A, no gate, no spot check), it need not
+run inside the step. :meth:`PendingCells.defer` records what a call's cells
 depend on: its post-RoPE queries ``(B, Hq, Tq, d)``, the keys each query sees (the bool mask
 attention applied) and how many tokens the store held. :meth:`PendingCells.flush` then meters every
 recorded call of a layer at once: the queries of all calls as one multi-query call over the store,
 each query seeing exactly the keys it saw (its mask row, with the tokens written after its call
-hidden), each cell at its own position. One pass per layer per flush instead of one per step: the
+hidden), each cell at its own position. Sampled metering (:mod:`~witcert.integrations.hf.sampling`) picks
+the same cells as in the step: its draw depends on each call's layer and positions alone. One pass per layer per flush instead of one per step: the
 per-step cost of the monitor is then its cache writes and reads.
 
 Why the cells are the same: the store is append-only (``append_only``, :class:`~witcert.integrations.hf.
@@ -90,10 +91,11 @@ class PendingCells:
             layer = self.layers[layer_idx]
             with layer.store.lock:  # a thread still writing this request waits: one length for read and witness
                 for run in _runs(recorded[layer_idx]):
-                    query, visible, positions = _folded(run, layer.store.length)
+                    query, visible = _folded(run, layer.store.length)
                     scope = dataclasses.replace(self.scope, adaptive=run[0].adaptive)
+                    spans = [(call.length - call.query.shape[-2], call.length) for call in run]
                     _, batch = attend(scope, layer, query, layer.store.read(), visible, run[0].scale, None,
-                                      positions=positions)
+                                      spans=spans)
                     scope.record(batch)
 
 
@@ -110,16 +112,16 @@ def _runs(calls: list[_Call]) -> list[list[_Call]]:
     return runs
 
 
-def _folded(run: list[_Call], length: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """The run's queries (B, Hq, T, d), their visibility over the ``length`` tokens held now (keys written after a
-    call hidden from it) and their positions (T,)."""
+def _folded(run: list[_Call], length: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The run's queries (B, Hq, T, d) and their visibility over the ``length`` tokens held now (keys written after
+    a call hidden from it)."""
     query = run[0].query if len(run) == 1 else torch.cat([c.query for c in run], dim=-2)
     positions = torch.tensor([p for c in run for p in range(c.length - c.query.shape[-2], c.length)])
     causal = torch.arange(length) <= positions[:, None]  # (T, length): what a query with no mask sees
     masks = [None if c.visible is None else c.visible.reshape((1,) * (4 - c.visible.dim()) + tuple(c.visible.shape))
              for c in run]  # 4-D
     if all(m is None for m in masks):
-        return query, causal[None, None], positions
+        return query, causal[None, None]
     rows = query.shape[0] if any(m is not None and m.shape[0] > 1 for m in masks) else 1
     heads = query.shape[1] if any(m is not None and m.shape[1] > 1 for m in masks) else 1
     visible = causal.expand(rows, heads, -1, -1).clone()
@@ -130,4 +132,4 @@ def _folded(run: list[_Call], length: int) -> tuple[torch.Tensor, torch.Tensor, 
             visible[:, :, start:start + tq] = False
             visible[:, :, start:start + tq, :call.length] = mask
         start += tq
-    return query, visible, positions
+    return query, visible

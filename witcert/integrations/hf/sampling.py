@@ -55,9 +55,53 @@ class MeterSampling:
         return (picked + torch.arange(hkv)[:, None] * groups).reshape(-1)
 
 
-def spread(cell: torch.Tensor, chosen: torch.Tensor, hq: int) -> torch.Tensor:
-    """(B, m, Tq) measurements of the ``chosen`` heads as (B, Hq, Tq): NaN (``False`` for bool fields) elsewhere."""
-    fill = False if cell.dtype == torch.bool else math.nan
-    full = torch.full((cell.shape[0], hq, *cell.shape[2:]), fill, dtype=cell.dtype)
-    full[:, chosen] = cell
-    return full
+@dataclass(frozen=True)
+class Selection:
+    """The metered cells of one metering pass over ``T`` query columns (one call, or a deferred run of calls):
+    the ``columns`` (T,) bool of the queries metered, and for each of them its query heads, ``heads``
+    (M, T') (``None``: every head). Every metered column keeps the same number M of heads, ``m`` per kv head
+    in kv-head order, so head ``i`` of a picked tensor reads kv head ``i // m`` in every column."""
+
+    columns: torch.Tensor
+    heads: torch.Tensor | None
+    hq: int
+
+    @property
+    def empty(self) -> bool:
+        return not bool(self.columns.any())
+
+    def pick(self, x: torch.Tensor) -> torch.Tensor:
+        """(B, Hq|1, T|1, ...) -> (B, M|1, T', ...): the metered cells' entries."""
+        x = x.expand(x.shape[0], x.shape[1], self.columns.numel(), *x.shape[3:])
+        kept = self.columns.nonzero().squeeze(-1)
+        return x[:, :, kept] if self.heads is None or x.shape[1] == 1 else x[:, self.heads, kept]
+
+    def spread(self, cell: torch.Tensor) -> torch.Tensor:
+        """(B, M, T') measurements as (B, Hq, T): NaN (``False`` for bool fields) on the cells not metered."""
+        fill = False if cell.dtype == torch.bool else math.nan
+        full = torch.full((cell.shape[0], self.hq, self.columns.numel()), fill, dtype=cell.dtype)
+        kept = self.columns.nonzero().squeeze(-1)
+        if self.heads is None:
+            full[:, :, kept] = cell
+        else:
+            full[:, self.heads, kept] = cell
+        return full
+
+    def metered(self, rows: int) -> torch.Tensor:
+        """bool (rows, Hq, T): which cells were metered."""
+        heads = self.hq if self.heads is None else self.heads.shape[0]
+        return self.spread(torch.ones((rows, heads, int(self.columns.sum())), dtype=torch.bool))
+
+
+def selection(sample: MeterSampling, layer: int, spans: list[tuple[int, int]], hq: int, hkv: int) -> Selection | None:
+    """The cells ``sample`` meters in a pass over the calls of query positions ``first .. end - 1`` for each
+    ``(first, end)`` of ``spans`` (in column order); ``None`` when it meters every one."""
+    chosen = [sample.heads_of(layer, first, end, hq, hkv) for first, end in spans]
+    if all(heads is None for heads in chosen):
+        return None
+    columns = torch.cat([torch.full((end - first,), heads is None or len(heads) > 0)
+                         for heads, (first, end) in zip(chosen, spans)])
+    kept = [(heads, end - first) for heads, (first, end) in zip(chosen, spans) if heads is None or len(heads)]
+    if not kept or kept[0][0] is None:  # every head of each metered call (sampling by step only)
+        return Selection(columns, None, hq)
+    return Selection(columns, torch.cat([heads[:, None].expand(-1, width) for heads, width in kept], dim=1), hq)
