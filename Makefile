@@ -7,7 +7,7 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip install -q --disable-pip-version-check
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test install fuzz study bench docs clean test-vllm
+.PHONY: demo test install fuzz study bench bench-long docs clean test-vllm
 
 install: $(STAMP)
 
@@ -43,6 +43,11 @@ study: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.run
+
+# decode at 4k and 16k context (SmolLM2) and one 7B-class attention layer up to 32k: about 15 min on one thread
+bench-long: $(STAMP)
+	$(PY) -m benchmarks.long_context --contexts 4096 16384 --reps 5 --long-reps 3 --new-tokens 8 \
+		--layer-contexts 4096 16384 32768 --layer-reps 7
 
 # vLLM plugin: its own venv (requirements-vllm.txt says why), the model converted once by the main venv.
 VVENV  := .venv-vllm

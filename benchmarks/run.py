@@ -136,7 +136,7 @@ def main(argv=None) -> None:
 
         contexts = (512,) if args.quick else (512, 4096)
         results["generation"] = generation_mod.record(contexts, 8 if args.quick else 16, 3 if args.quick else 7,
-                                                      args.threads, results["command"])
+                                                      args.threads, command.strip())  # this run's, merged or not
         if not args.quick:  # the record the results page renders (docs/results.md#monitored-generation)
             (args.out / "generation.json").write_text(json.dumps(results["generation"], indent=1) + "\n")
 
