@@ -14,18 +14,11 @@ from witcert.integrations.vllm import layout
 BLOCKS, HEADS, BS, D = 4, 2, 32, 8
 
 
-def _hand_built(g):
-    keys = torch.randn(BLOCKS * BS, HEADS, D, generator=g)  # by flat slot
-    values = torch.randn(BLOCKS * BS, HEADS, D, generator=g)
-    cache = torch.zeros(BLOCKS, HEADS, BS, 2 * D)
-    flat = cache.view(BLOCKS, HEADS, -1)
-    for slot in range(BLOCKS * BS):
-        b, o = divmod(slot, BS)
-        for h in range(HEADS):
-            for i in range(D):
-                flat[b, h, i * BS + o] = keys[slot, h, i]  # keys transposed
-                flat[b, h, BS * D + o * D + i] = values[slot, h, i]  # values in token order
-    return cache, keys, values
+def _vec_order() -> layout.CacheLayout:
+    """The ``vec`` order written out by hand: per (block, head) keys ``[d, block_size]``, then values
+    ``[block_size, d]``."""
+    o, i = torch.meshgrid(torch.arange(BS), torch.arange(D), indexing="ij")
+    return layout.CacheLayout(key_index=i * BS + o, value_index=BS * D + o * D + i)
 
 
 def _written_by(order: layout.CacheLayout, keys, values):
@@ -62,8 +55,9 @@ def _check_reads(order, cache, keys, values):
 
 
 def test_reads_keys_and_values_by_slot_and_by_block():
-    cache, keys, values = _hand_built(torch.Generator().manual_seed(0))
-    _check_reads(layout.CacheLayout.transposed_keys(BS, D), cache, keys, values)
+    g = torch.Generator().manual_seed(0)
+    keys, values = torch.randn(BLOCKS * BS, HEADS, D, generator=g), torch.randn(BLOCKS * BS, HEADS, D, generator=g)
+    _check_reads(layout.CacheLayout.transposed_keys(BS, D), _written_by(_vec_order(), keys, values), keys, values)
 
 
 def test_reads_any_order_of_the_slab():
