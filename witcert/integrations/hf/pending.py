@@ -1,14 +1,14 @@
 """Deferred metering: a request's attention calls recorded as they run, metered later in one pass per layer.
 
 Where the meter feeds nothing back into the model (Tier A, no gate, no spot check), it need not
-run inside the step. :meth:`PendingCells.defer` records what a call's cells
-depend on: its post-RoPE queries ``(B, Hq, Tq, d)``, the keys each query sees (the bool mask
-attention applied) and how many tokens the store held. :meth:`PendingCells.flush` then meters every
-recorded call of a layer at once: the queries of all calls as one multi-query call over the store,
-each query seeing exactly the keys it saw (its mask row, with the tokens written after its call
-hidden), each cell at its own position. Sampled metering (:mod:`~witcert.integrations.hf.sampling`) picks
-the same cells as in the step: its draw depends on each call's layer and positions alone. One pass per layer per flush instead of one per step: the
-per-step cost of the monitor is then its cache writes and reads.
+run inside the step. :meth:`PendingCells.defer` records what a call's cells depend on: its post-RoPE
+queries ``(B, Hq, Tq, d)``, the keys each query sees (the bool mask attention applied) and how many
+tokens the store held. :meth:`PendingCells.flush` then meters every recorded call of a layer at once:
+the queries of all calls as one multi-query call over the store, each query seeing exactly the keys
+it saw (its mask row, with the tokens written after its call hidden), each cell at its own position.
+One pass per layer per flush instead of one per step: the per-step cost of the monitor is then its
+cache writes and reads. Sampled metering (:mod:`~witcert.integrations.hf.sampling`) picks the same
+cells as in the step: its draw depends on each call's layer and positions alone.
 
 Why the cells are the same: the store is append-only (``append_only``, :class:`~witcert.integrations.hf.
 compressed_cache.CompressedLayer`): the first ``s`` tokens it holds at a flush, their stored form and
@@ -40,6 +40,11 @@ class _Call:
     length: int  # s: tokens the store held (the call's queries are its last Tq)
     scale: float
     adaptive: bool
+
+    @property
+    def span(self) -> tuple[int, int]:
+        """``(first, end)``: the positions of the call's queries."""
+        return self.length - self.query.shape[-2], self.length
 
 
 class PendingCells:
@@ -93,9 +98,8 @@ class PendingCells:
                 for run in _runs(recorded[layer_idx]):
                     query, visible = _folded(run, layer.store.length)
                     scope = dataclasses.replace(self.scope, adaptive=run[0].adaptive)
-                    spans = [(call.length - call.query.shape[-2], call.length) for call in run]
                     _, batch = attend(scope, layer, query, layer.store.read(), visible, run[0].scale, None,
-                                      spans=spans)
+                                      spans=[call.span for call in run])
                     scope.record(batch)
 
 
@@ -116,7 +120,7 @@ def _folded(run: list[_Call], length: int) -> tuple[torch.Tensor, torch.Tensor]:
     """The run's queries (B, Hq, T, d) and their visibility over the ``length`` tokens held now (keys written after
     a call hidden from it)."""
     query = run[0].query if len(run) == 1 else torch.cat([c.query for c in run], dim=-2)
-    positions = torch.tensor([p for c in run for p in range(c.length - c.query.shape[-2], c.length)])
+    positions = torch.cat([torch.arange(*call.span) for call in run])
     causal = torch.arange(length) <= positions[:, None]  # (T, length): what a query with no mask sees
     masks = [None if c.visible is None else c.visible.reshape((1,) * (4 - c.visible.dim()) + tuple(c.visible.shape))
              for c in run]  # 4-D
