@@ -31,45 +31,45 @@ import torch
 
 import witcert
 from benchmarks import machine
-from benchmarks.timing import compile_choice
+from benchmarks.timing import compile_choice, compiled_available
 
+SCHEME = "rtn-int8"
 SAMPLED = "monitored, compiled, every 4th step"
 
 
-def _generate(model, ids, new_tokens: int):
-    return model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
-                          min_new_tokens=new_tokens, do_sample=False)
-
-
-def _timed(model, ids, new_tokens, keep_exact: bool | None, compiled: bool, every: int = 1) -> float:
+def timed_generate(model, ids, new_tokens: int, keep_exact: bool | None, compiled: bool, every: int = 1,
+                   past_key_values=None) -> float:
+    """Seconds of one greedy ``generate`` of exactly ``new_tokens``: stock (``keep_exact=None``) or under
+    ``witcert.monitor(model, SCHEME, keep_exact=...)`` metering every ``every``-th step, with the meter's passes
+    compiled or not; ``past_key_values``: a cache holding a prefix of ``ids`` (given to ``generate`` as is)."""
     sample = witcert.MeterSampling(every=every, seed=0) if every > 1 else None
+    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=past_key_values,
+                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
     with compile_choice(compiled):
         started = time.perf_counter()
         if keep_exact is None:
-            _generate(model, ids, new_tokens)
+            model.generate(**kwargs)
         else:
-            with witcert.monitor(model, "rtn-int8", keep_exact=keep_exact, sample=sample):
-                _generate(model, ids, new_tokens)
+            with witcert.monitor(model, SCHEME, keep_exact=keep_exact, sample=sample):
+                model.generate(**kwargs)
         return time.perf_counter() - started
 
 
 def run(context: int = 512, new_tokens: int = 16, reps: int = 7, compiled: bool = True) -> dict:
-    from witcert.fastpath import budgeted_pass
-    from witcert.fastpath import compiled as compiled_mod
     from witcert.integrations.hf.default_model import load_model
 
     model = load_model().model
     ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0))
     configs = {"stock": (None, False), "monitored": (False, False), "observed": (True, False)}
-    if compiled and compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe) is not None:
+    if compiled and compiled_available():
         configs |= {"monitored, compiled": (False, True), "observed, compiled": (True, True),
                     SAMPLED: (False, True, 4)}
     for config in configs.values():  # warm-up: first-call costs (and any recompile) out of the timing
-        _timed(model, ids, 2, *config)
+        timed_generate(model, ids, 2, *config)
     samples = {name: [] for name in configs}
     for _ in range(reps):
         for name, config in configs.items():
-            samples[name].append(_timed(model, ids, new_tokens, *config))
+            samples[name].append(timed_generate(model, ids, new_tokens, *config))
     seconds = {name: statistics.median(v) for name, v in samples.items()}
     rate = {name: new_tokens / s for name, s in seconds.items()}
     out = {"context": context, "new_tokens": new_tokens, "reps": reps, "threads": torch.get_num_threads(),

@@ -53,11 +53,11 @@ from pathlib import Path
 
 import torch
 
-import witcert
-from benchmarks.timing import compile_choice, time_interleaved
+from benchmarks import generation
+from benchmarks.timing import compile_choice, compiled_available, time_interleaved
 
 OUT = Path(__file__).with_name("results") / "long_context.json"
-SCHEME = "rtn-int8"
+SCHEME = generation.SCHEME
 FLUSH_EVERY = 16  # layer part: decode steps per flush of the deferred meter (as a 16-token generate)
 LAYER_SHAPE = dict(query_heads=32, kv_heads=8, head_dim=128)
 
@@ -112,26 +112,9 @@ def decode_configs(compiled: bool) -> dict[str, tuple]:
     return configs
 
 
-def compiled_available() -> bool:
-    from witcert.fastpath import budgeted_pass
-    from witcert.fastpath import compiled as compiled_mod
-
-    return compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe) is not None
-
-
 def timed_generate(model, ids, prefix, new_tokens: int, keep_exact, compiled: bool) -> float:
     """Seconds of one ``generate`` of ``new_tokens`` over a fresh copy of ``prefix`` (the copy not timed)."""
-    cache = copy.deepcopy(prefix)
-    kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=cache,
-                  max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
-    with compile_choice(compiled):
-        started = time.perf_counter()
-        if keep_exact is None:
-            model.generate(**kwargs)
-        else:
-            with witcert.monitor(model, SCHEME, keep_exact=keep_exact):
-                model.generate(**kwargs)
-        return time.perf_counter() - started
+    return generation.timed_generate(model, ids, new_tokens, keep_exact, compiled, past_key_values=copy.deepcopy(prefix))
 
 
 def decode_at(model, tokenizer, context: int, new_tokens: int, reps: int, configs: dict) -> dict:

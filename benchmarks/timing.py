@@ -85,3 +85,11 @@ def compile_choice(compiled: bool):
             os.environ.pop("WITCERT_COMPILE")
         else:
             os.environ["WITCERT_COMPILE"] = previous
+
+
+def compiled_available() -> bool:
+    """Whether ``torch.compile`` works here for the meter's passes (compiling the fused pass once if not yet)."""
+    from witcert.fastpath import budgeted_pass
+    from witcert.fastpath import compiled as compiled_mod
+
+    return compiled_mod.compiled_of(budgeted_pass.lean_pass, budgeted_pass.probe) is not None
