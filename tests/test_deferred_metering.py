@@ -137,3 +137,40 @@ def test_a_meter_that_feeds_back_runs_in_the_step(kwargs):
         assert not mon.defer
         forward_loop(mon, model, 2, lambda steps: None)
         assert len(mon._batches) == 2 * LAYERS  # recorded as each call ran
+
+
+def test_a_caller_reusing_its_query_or_mask_buffers_cannot_change_a_recorded_call():
+    """A recorded call keeps its own copy of the query and the mask: a model or loop that writes its next step into
+    the same buffers (a preallocated mask, an in-place query workspace) must not move the cells already served."""
+    from witcert.integrations.hf.attention import CallScope, attend
+    from witcert.integrations.hf.cache_layer import MonitoredLayer
+    from witcert.integrations.hf.codecs import codec_for
+    from witcert.integrations.hf.compressed_cache import CompressedLayer
+    from witcert.integrations.hf.pending import PendingCells
+    from witcert.schemes.plugins import resolve_scheme
+    from witcert.tier_a.bands import BandLayout
+
+    g = torch.Generator().manual_seed(9)
+    layout = BandLayout(64, 16, "rotate_half")
+    layer = MonitoredLayer(CompressedLayer(codec_for(resolve_scheme("rtn-int4"), packed=True), layout,
+                                           keep_exact=True), 0)
+    recorded = []
+    scope = CallScope(layout=layout, tier="A", adaptive=True, truth=True, record=recorded.append, rows=(0,))
+    keys, values = torch.randn(1, 2, 12, 64, generator=g) * 3, torch.randn(1, 2, 12, 64, generator=g)
+    layer.update(keys, values)
+    k, v = layer.store.read()  # the compressed keys a decode step attends (a prefill's update returns the exact ones)
+    query = torch.randn(1, 8, 1, 64, generator=g) * 4
+    mask = torch.ones(1, 1, 1, 12, dtype=torch.bool)
+    mask[..., 5:9] = False
+    _, served = attend(scope, layer, query, (k, v), mask, 0.125, None)  # the cells as metered in the step
+    pending = PendingCells(scope, [layer])
+    assert pending.defer(0, query, mask, 12, 0.125, adaptive=True)
+    query.mul_(-7.0)  # the caller's buffers now hold its next step
+    mask[..., 5:9] = True
+    mask[..., :5] = False
+    pending.flush()
+    (deferred,) = recorded
+    assert served.true_tv.max() > 1e-3  # the compression moves this attention: a check with something to show
+    assert torch.equal(deferred.true_tv, served.true_tv)
+    assert torch.allclose(deferred.meter, served.meter, rtol=1e-4, atol=0)
+    assert torch.all(deferred.true_tv <= deferred.meter)

@@ -35,8 +35,8 @@ FLUSH_CALLS = 64  # forward calls a request records before it is metered (bounds
 
 @dataclass(frozen=True)
 class _Call:
-    query: torch.Tensor  # (B, Hq, Tq, d) as attention received it
-    visible: torch.Tensor | None  # bool (B|1, 1|Hq, Tq, s): the keys each query saw; None: causal (no mask)
+    query: torch.Tensor  # (B, Hq, Tq, d) as attention received it (a copy)
+    visible: torch.Tensor | None  # bool (B|1, 1|Hq, Tq, s): the keys each query saw (a copy); None: causal
     length: int  # s: tokens the store held (the call's queries are its last Tq)
     scale: float
     adaptive: bool
@@ -74,7 +74,9 @@ class PendingCells:
             visible, bias = cells.mask_terms(attention_mask, query.shape[-2], length, query.device)
             if bias is not None:  # a soft additive mask: metered in its step (its bias is not recorded)
                 return False
-        call = _Call(query.detach(), visible, length, scale, adaptive)
+        # copies: a caller may write its next step into the same buffers (an in-place query workspace, a
+        # preallocated mask), and the cells metered later must be those of the attention served now
+        call = _Call(query.detach().clone(), None if visible is None else visible.clone(), length, scale, adaptive)
         with self._lock:
             first = not self._calls
             self._calls.setdefault(layer_idx, []).append(call)
