@@ -32,13 +32,13 @@ from typing import Hashable, Protocol
 
 import torch
 
-from witcert.core.rounding import round_up_to
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.packed_history import PackedPair
 from witcert.integrations.hf.token_buffer import TokenBuffer
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
+from witcert.tier_a.witness_code import WitnessCode
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,9 @@ class CompressedLayer:
         Write every exact token there too (the production gate's page-in source).
     backing_key : hashable
         The backing-store stream of this layer.
+    witness_code : WitnessCode
+        How the witness and the value statistics are kept (fp16, or one byte per band norm; always
+        rounded up: :mod:`witcert.tier_a.witness_code`).
 
     Every per-token tensor (packed codes where the codec names its token axes, witness, value
     statistics, exact shadow, decoded copy) grows in place in a
@@ -123,6 +126,7 @@ class CompressedLayer:
     keep_exact: bool = True
     backing: BackingStore | None = None
     backing_key: Hashable = 0
+    witness_code: WitnessCode = field(default_factory=WitnessCode)
     append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
     lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
     _packed: PackedPair = field(init=False, repr=False)
@@ -143,6 +147,8 @@ class CompressedLayer:
             raise ValueError(f"layout must be a BandLayout, got {type(self.layout).__name__}")
         if self.backing is not None and not isinstance(self.backing, BackingStore):
             raise ValueError(f"backing must be a BackingStore or None, got {type(self.backing).__name__}")
+        if not isinstance(self.witness_code, WitnessCode):
+            raise ValueError(f"witness_code must be a WitnessCode, got {type(self.witness_code).__name__}")
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
         self._packed = PackedPair(self.codec)
         if self.keep_exact:
@@ -211,9 +217,9 @@ class CompressedLayer:
         with self.lock:
             self._settle()
             k_hat = self._read()[0] if k_hat is None else k_hat
-            witness = self._stats["witness"].view().transpose(-1, -2)  # band-major: what the fast band dot reads
-            return StoredKeys(k_hat=k_hat, witness=witness, value_residual=self._stats["value_residual"].view(),
-                              value_norm=self._stats["value_norm"].view())
+            witness, rho, v_norm = self.witness_code.readable(*(self._stats[name].view() for name in _STATS))
+            # band-major: what the fast band dot reads
+            return StoredKeys(k_hat=k_hat, witness=witness.transpose(-1, -2), value_residual=rho, value_norm=v_norm)
 
     def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The exact keys and values (B, Hkv, S, d) as the model computed them, when kept."""
@@ -250,9 +256,9 @@ class CompressedLayer:
         with torch.no_grad():  # statistics of stored tokens, whatever grad mode the caller is in
             new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], self.layout)
         self._unsettled, self._settled = [], self._length
-        _grow(self._stats, axis=-1, witness=new.witness.transpose(-1, -2), value_residual=new.value_residual,
-              # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
-              value_norm=round_up_to(new.value_norm, torch.float32))
+        code = self.witness_code  # every stored value rounded up: still >= the norm it stands for
+        _grow(self._stats, axis=-1, witness=code.witness(new.witness.transpose(-1, -2)),
+              value_residual=code.residual(new.value_residual), value_norm=code.norm(new.value_norm))
 
     def _unsettled_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact and decoded (2, B, Hkv, n, d) of the tokens without statistics: from the kept buffers, else the
@@ -264,6 +270,9 @@ class CompressedLayer:
         if self._packed.ranged:
             return exact, self._packed.decode(self._dtype, start)
         return exact, _cat_tokens([d for _, d in self._unsettled])
+
+
+_STATS = ("witness", "value_residual", "value_norm")  # per-token statistics, band-major witness first
 
 
 def _cat_tokens(parts: list) -> torch.Tensor:

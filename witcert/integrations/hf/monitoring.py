@@ -59,22 +59,25 @@ from witcert.integrations.hf.codecs import Dither, codec_for
 from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
 from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.pending import FLUSH_CALLS, PendingCells
-from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
+from witcert.integrations.hf.quantized_cache import cache_spec_of
+from witcert.integrations.hf.quantized_store import QuantizedLayerStore
 from witcert.integrations.hf.sampling import MeterSampling
 from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
 from witcert.spot.cells import SPOT_BLOCK_SIZE, spot_settings
+from witcert.tier_a.witness_code import WitnessCode
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 TIERS = ("auto", "A", "B")
+DEFAULT_WITNESS_BITS = 16  # bits per stored band norm (witcert.tier_a.witness_code)
 
 
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
             backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
             certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
-            sample: MeterSampling | None = None) -> "Monitor":
+            sample: MeterSampling | None = None, witness_bits: int | None = None) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -101,6 +104,10 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         mode (memory saved; the gate pages from a host backing store).
     bands : int, optional
         Witness bands (default: the largest divisor of ``head_dim / 2`` not above 16).
+    witness_bits : {16, 8}, optional
+        Bits per stored band norm (:mod:`witcert.tier_a.witness_code`): fp16, or one byte (e5m3), each
+        rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
+        norm in fp16. Default: :data:`DEFAULT_WITNESS_BITS`.
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
@@ -136,7 +143,8 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
                    delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
-                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample)
+                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample,
+                   witness_bits=witness_bits)
 
 
 @dataclass
@@ -187,7 +195,7 @@ class Monitor:
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
                  backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
                  certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
-                 sample: MeterSampling | None = None):
+                 sample: MeterSampling | None = None, witness_bits: int | None = None):
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
@@ -195,6 +203,7 @@ class Monitor:
         self.model = model
         self.geometry = geometry_of(model, rope)
         self.layout = self.geometry.layout(bands)
+        self.witness_code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         self.dithered = isinstance(scheme, str) and scheme == DITHERED
@@ -419,14 +428,15 @@ class Monitor:
     def _store(self, index: int, record: RequestRecord, backing: BackingStore | None):
         if self.hf_cache is not None:
             return QuantizedLayerStore(self.hf_cache, self.layout, keep_exact=self.keep_exact, backing=backing,
-                                       backing_key=index)
+                                       backing_key=index, witness_code=self.witness_code)
         if self.dithered:
             from witcert.tier_b.quantizer import DitheredInt8
 
             codec = Dither(DitheredInt8(rope=self.layout.rope), layer=index, seed=record.seed, requests=record.ids)
         else:
             codec = self._codec
-        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index)
+        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index,
+                               witness_code=self.witness_code)
 
     # -- results ---------------------------------------------------------------------------------
     def table(self) -> telemetry.CellTable:
