@@ -83,6 +83,11 @@ class WitnessCode:
         if isinstance(self.bits, bool) or self.bits not in WITNESS_BITS:
             raise ValueError(f"witness_bits must be one of {WITNESS_BITS}, got {self.bits!r}")
 
+    @property
+    def dtype(self) -> torch.dtype:
+        """The dtype of a stored witness: fp16 or uint8."""
+        return torch.float16 if self.bits == 16 else torch.uint8
+
     def bytes_per_token(self, bands: int) -> int:
         """Bytes one token and kv head holds: ``bands`` norms, ``rho_t`` and ``||v_t||``."""
         return 2 * bands + 8 if self.bits == 16 else bands + 3
