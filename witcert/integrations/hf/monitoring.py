@@ -115,7 +115,9 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     seed : int, optional
         Fix the dither seed (replay and tests only: a known seed voids Tier B's guarantee).
     backing_dir : str or Path, optional
-        Production gate or spot check: keep the backing store in memory-mapped files under this directory.
+        Production gate or spot check: keep the backing store in memory-mapped files under this directory
+        (created mode 0700 if missing): one directory per request (mode 0700, files 0600, the request's exact
+        keys and values), removed when the request's cache is released or the monitor closes.
     tau : float
         Threshold of the summary's coverage column (and of ``pass_K``), strictly between 0 and 1
         (:func:`witcert.core.thresholds.check_certified_tau`; the gate's own threshold is ``gate.tau``).
@@ -171,6 +173,7 @@ class _Live:
     backing: BackingStore | None  # production gate or spot check: the content-checked exact keys
     adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
     pending: PendingCells | None = None  # calls recorded for deferred metering (witcert.integrations.hf.pending)
+    release: weakref.finalize | None = None  # closes the backing store (files removed) when the cache is released
 
 
 class _ThreadState(threading.local):
@@ -284,6 +287,7 @@ class Monitor:
         self._restore_generate()
         self.model.set_attn_implementation(self._previous_attn)
         self.flush()
+        self._release_backing()
 
     @property
     def batches(self) -> list:
@@ -410,20 +414,31 @@ class Monitor:
         backing = repairer = None
         if not self.keep_exact and (self.gate is not None or self.spot is not None):  # exact keys live on the host
             directory = None
-            if self.backing_dir is not None:
+            if self.backing_dir is not None:  # mkdtemp: a fresh directory, mode 0700
                 directory = tempfile.mkdtemp(prefix=f"request-{record.first}-", dir=self._backing_root())
             block_size = self.gate.block_size if self.gate is not None else SPOT_BLOCK_SIZE
             backing = BackingStore(block_size=block_size, directory=directory)
             repairer = Repairer(backing) if self.gate is not None else None
         layers = adopt(cache, lambda index: self._store(index, record, backing), self.geometry.layers)
         live = _Live(record, layers, repairer, backing)
+        if backing is not None:  # the request's exact keys go with its cache (or with the monitor, whichever first)
+            live.release = weakref.finalize(cache, backing.close)
         self._live[cache] = live
         self.requests.append(record)
         return live
 
     def _backing_root(self) -> Path:
-        self.backing_dir.mkdir(parents=True, exist_ok=True)
+        self.backing_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # made here: owner only
         return self.backing_dir
+
+    def _release_backing(self) -> None:
+        """Close every live request's backing store (its files removed): the monitor is closing, and no call
+        after it pages exact keys in; the stores stop writing to it."""
+        for live in list(self._live.values()):
+            if live.release is not None:
+                live.release()
+                for layer in live.layers:
+                    layer.store.backing = None
 
     def _store(self, index: int, record: RequestRecord, backing: BackingStore | None):
         if self.hf_cache is not None:
