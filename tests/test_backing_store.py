@@ -236,4 +236,4 @@ def test_production_backing_files_live_only_as_long_as_their_request(tmp_path):
         assert root.stat().st_mode & 0o077 == 0  # the root the monitor made: owner only
         held = cache
     assert _files(root) == []  # closed with the monitor, although the cache is still held
-    assert held.layers[0].store.backing is None and mon.memory().total.backing_host > 0  # reported, then released
+    assert held.layers[0].store.backing is None and mon.memory().total.backing_files > 0  # reported, then released

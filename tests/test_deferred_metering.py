@@ -8,6 +8,8 @@ callable, both ``keep_exact`` modes, ``generate`` and hand-written forward loops
 Tolerance: the fused pass's fp32 budget grows with the row's columns (a deferred row also holds the
 tokens written after its step, hidden), so meters agree to rel 1e-4; true TVs to rel 1e-9.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -55,7 +57,9 @@ def test_deferred_cells_are_the_in_step_cells(scheme, keep_exact):
         if keep_exact:
             assert b["true_tv"][key] == pytest.approx(a["true_tv"][key], rel=1e-9, abs=1e-15), key
             assert b["true_tv"][key] <= b["meter"][key], key
-    assert str(in_step.memory()) == str(deferred.memory())
+    # the same bytes held; the room growable buffers keep ahead depends on when the witnesses were formed
+    assert dataclasses.replace(in_step.memory().total, reserved=0) == dataclasses.replace(deferred.memory().total,
+                                                                                            reserved=0)
     assert deferred.summary().total["cells"] == in_step.summary().total["cells"]
 
 

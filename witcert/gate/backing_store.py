@@ -230,7 +230,12 @@ class BackingStore:
 
     def nbytes(self) -> int:
         """Bytes of the buffers allocated for every stream (host memory or files)."""
-        return sum(_nbytes(s.k) + (0 if s.v is None else _nbytes(s.v)) for s in self._streams.values())
+        return sum(self.stream_nbytes(key) for key in self._streams)
+
+    def stream_nbytes(self, key: Hashable) -> int:
+        """Bytes of the buffers allocated for stream ``key`` (host memory or files; grown by doubling)."""
+        stream = self._get(key)
+        return _nbytes(stream.k) + (0 if stream.v is None else _nbytes(stream.v))
 
     def clear(self, key: Hashable | None = None) -> None:
         """Drop one stream (end of its request) or all of them (their files are removed)."""

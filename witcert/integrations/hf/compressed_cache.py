@@ -11,7 +11,8 @@ A store is small on purpose (:class:`LayerStore`, the protocol every kind of sto
 - ``exact()``: the exact keys and values when the store keeps them (the shadow the true TV and
   the in-memory gate use), else ``None``. It must hold only what the model computed, never a
   reconstruction: that is what makes it the oracle;
-- ``memory()``: the bytes it holds, by part, against the exact cache of the same tokens.
+- ``memory()``: the bytes it holds, by part, against the exact cache of the same tokens
+  (:class:`~witcert.integrations.hf.memory.MemoryAccount`).
 
 :class:`CompressedLayer` is the store for every WitCert scheme: a codec
 (:mod:`witcert.integrations.hf.codecs`) holds the compressed chunks, in the packed form where
@@ -34,44 +35,12 @@ import torch
 
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
+from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.packed_history import PackedPair
 from witcert.integrations.hf.token_buffer import TokenBuffer
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
 from witcert.tier_a.witness_code import WitnessCode
-
-
-@dataclass(frozen=True)
-class MemoryAccount:
-    """Bytes one store (or a sum of stores) holds, by part, and what the exact cache would hold.
-
-    ``compressed``: the compressed keys and values as stored (packed codes, scales, fp8 values,
-    or reconstructions); ``witness``: the Tier A witness and the value statistics;
-    ``decoded``: a cached decoded copy of the reconstruction (only with the exact cache kept);
-    ``exact_shadow``: exact keys and values kept on the device; ``exact_cache``: the bytes an
-    uncompressed cache of the same tokens holds; ``backing_host``: exact blocks in the gate's
-    host (or file) backing store, not on the device.
-    """
-
-    compressed: int = 0
-    witness: int = 0
-    decoded: int = 0
-    exact_shadow: int = 0
-    exact_cache: int = 0
-    backing_host: int = 0
-
-    @property
-    def held(self) -> int:
-        """Bytes the cache holds on the device: compressed + witness + decoded copy + exact shadow."""
-        return self.compressed + self.witness + self.decoded + self.exact_shadow
-
-    @property
-    def saved(self) -> int:
-        """``exact_cache - held``: negative when the monitored cache holds more than the exact one."""
-        return self.exact_cache - self.held
-
-    def __add__(self, other: "MemoryAccount") -> "MemoryAccount":
-        return MemoryAccount(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
 
 
 class LayerStore(Protocol):
@@ -236,16 +205,15 @@ class CompressedLayer:
             self._settle()
         itemsize = torch.empty((), dtype=self._dtype).element_size()
         b, hkv = self._heads
-        backing = 0
-        if self.backing is not None and self.backing_key in self.backing:
-            backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * 2
+        buffers = [*self._stats.values(), *(x for x in (self._decoded, self._exact) if x is not None)]
         return MemoryAccount(
             compressed=self._packed.nbytes(),
             witness=sum(buffer.nbytes() for buffer in self._stats.values()),
             decoded=0 if self._decoded is None else self._decoded.nbytes(),
             exact_shadow=0 if self._exact is None else self._exact.nbytes(),
             exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
-            backing_host=backing,
+            reserved=self._packed.reserved() + sum(buffer.reserved() for buffer in buffers),
+            **backing_bytes(self.backing, self.backing_key),
         )
 
     def _settle(self) -> None:
@@ -273,6 +241,13 @@ class CompressedLayer:
 
 
 _STATS = ("witness", "value_residual", "value_norm")  # per-token statistics, band-major witness first
+
+
+def backing_bytes(backing: BackingStore | None, key: Hashable) -> dict:
+    """``MemoryAccount`` fields of one layer's backing stream: its allocated bytes, in host memory or in files."""
+    if backing is None or key not in backing:
+        return {}
+    return {"backing_files" if backing.directory is not None else "backing_host": backing.stream_nbytes(key)}
 
 
 def _cat_tokens(parts: list) -> torch.Tensor:

@@ -56,8 +56,9 @@ from witcert.gate.policy import Gate
 from witcert.gate.repair import Repairer
 from witcert.integrations.hf import telemetry
 from witcert.integrations.hf.codecs import Dither, codec_for
-from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
+from witcert.integrations.hf.compressed_cache import CompressedLayer
 from witcert.integrations.hf.geometry import geometry_of
+from witcert.integrations.hf.memory import MemoryAccount, MemoryReport
 from witcert.integrations.hf.pending import FLUSH_CALLS, PendingCells
 from witcert.integrations.hf.quantized_cache import cache_spec_of
 from witcert.integrations.hf.quantized_store import QuantizedLayerStore
@@ -493,7 +494,7 @@ class Monitor:
 
     def summary(self, tau: float | None = None) -> "LayerSummary":
         """Per-layer summary of every cell (see :class:`LayerSummary`)."""
-        return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier)
+        return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier, memory=self.memory())
 
     def plot(self, path: str | Path | None = None, tau: float | None = None):
         """A picture of the run: meter and true TV per (layer, step), saturated and repaired cells marked, and
@@ -562,36 +563,3 @@ def _batch_size(args, kwargs) -> int:
         if isinstance(x, torch.Tensor) and x.dim() >= 2:
             return int(x.shape[0])
     raise ValueError("a monitored forward call needs input_ids or inputs_embeds of shape (batch, tokens, ...)")
-
-
-def _saved_line(t: MemoryAccount) -> str:
-    if not t.exact_cache:
-        return "saved                  n/a (nothing cached)"
-    if t.exact_shadow:
-        return (f"saved                  n/a: validation mode (keep_exact=True) keeps the exact cache beside the "
-                f"compressed one ({t.held / t.exact_cache:.1%} of the exact cache held); keep_exact=False measures "
-                "the saving")
-    return f"saved                  {t.saved:>12,d} B  ({t.saved / t.exact_cache:.1%} of the exact cache)"
-
-
-@dataclass(frozen=True)
-class MemoryReport:
-    """:meth:`Monitor.memory`: the sum over requests and each request's :class:`MemoryAccount`.
-
-    It compares the bytes the monitored caches hold on the device with an uncompressed cache of
-    the same tokens. In validation mode (``keep_exact=True``) the exact cache is held too, so
-    nothing is saved by design: the report says so instead of printing a negative saving.
-    """
-
-    total: MemoryAccount
-    requests: tuple
-
-    def __str__(self) -> str:
-        t = self.total
-        lines = [f"exact cache            {t.exact_cache:>12,d} B  (an uncompressed cache of the same tokens)",
-                 f"held on the device     {t.held:>12,d} B  (compressed {t.compressed:,d} + witness {t.witness:,d}"
-                 f" + decoded copy {t.decoded:,d} + exact shadow {t.exact_shadow:,d})",
-                 _saved_line(t)]
-        if t.backing_host:
-            lines.append(f"gate backing (host)    {t.backing_host:>12,d} B")
-        return "\n".join(lines)

@@ -28,7 +28,8 @@ from typing import Hashable
 import torch
 
 from witcert.core.values import value_norms
-from witcert.integrations.hf.compressed_cache import MemoryAccount
+from witcert.integrations.hf.compressed_cache import backing_bytes
+from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.quantized_cache import QuantizedCacheSpec
 from witcert.integrations.hf.token_buffer import TokenBuffer
 from witcert.tier_a.bands import BandLayout
@@ -171,16 +172,14 @@ class QuantizedLayerStore:
         layer = self.layer
         b, hkv = self._value_norm.view().shape[:2]
         itemsize = torch.empty((), dtype=layer.dtype).element_size()
-        d = self.layout.head_dim
-        backing = 0
-        if self.backing is not None and self.backing_key in self.backing:
-            backing = 2 * self.backing.length(self.backing_key) * b * hkv * d * itemsize
+        buffers = [self._value_norm, *(() if self._exact is None else (self._exact,))]
         return MemoryAccount(
             compressed=_bytes(layer._quantized_keys, layer._quantized_values, layer.keys, layer.values),
             witness=self._keys.nbytes() + self._values.nbytes() + self._value_norm.nbytes(),
             exact_shadow=0 if self._exact is None else self._exact.nbytes(),
-            exact_cache=2 * b * hkv * self._length * d * itemsize,
-            backing_host=backing,
+            exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
+            reserved=sum(buffer.reserved() for buffer in buffers),
+            **backing_bytes(self.backing, self.backing_key),
         )
 
     def _last_read(self) -> tuple | None:

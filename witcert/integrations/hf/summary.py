@@ -6,7 +6,8 @@ variation between attention over exact and over compressed keys), *certified* (m
 while it is kept), *violations* (true TV above the meter: must be 0). With a gate, each cell's
 meter and true TV after repair, the fraction of cells the gate fired on and of visible tokens it
 paged in. The riskiest layers and heads are ranked by :data:`witcert.integrations.hf.ranking.RANK_BY`,
-the statistic measured to follow the true TV (``benchmarks/ranking.py``).
+the statistic measured to follow the true TV (``benchmarks/ranking.py``). Last, the bytes the caches held
+(:class:`~witcert.integrations.hf.memory.MemoryReport`: the cache on the device, the backing store apart).
 """
 from __future__ import annotations
 
@@ -92,15 +93,16 @@ class LayerSummary:
     total: dict | None = None
     layers: tuple = ()
     heads: tuple = ()
+    memory: object = None  # witcert.integrations.hf.memory.MemoryReport: the cache and the backing store, in bytes
 
     @classmethod
-    def of(cls, table, tau: float, tier: str) -> "LayerSummary":
+    def of(cls, table, tau: float, tier: str, memory=None) -> "LayerSummary":
         if not len(table):
-            return cls((), tau, tier)
+            return cls((), tau, tier, memory=memory)
         rows = tuple({"layer": int(layer), **figures(table.where(table["layer"] == layer), tau)}
                      for layer in np.unique(table["layer"]))
         return cls(rows, tau, tier, figures(table, tau), tuple(ranking.riskiest(table, ("layer",), TOP)),
-                   tuple(ranking.riskiest(table, ("layer", "head"), TOP)))
+                   tuple(ranking.riskiest(table, ("layer", "head"), TOP)), memory)
 
     @property
     def gated(self) -> bool:
@@ -122,8 +124,14 @@ class LayerSummary:
                       f"  before repair: {t['coverage']:.1%} certified at tau, max true TV {_fmt(t['max_true_tv'])}",
                       f"  after repair:  {t['coverage_after']:.1%} certified at tau, max true TV "
                       f"{_fmt(t['max_true_tv_after'])}, max meter {_fmt(t['max_meter_after'])}"]
-        lines += ["", RANKING] + self._riskiest()
+        lines += ["", RANKING] + self._riskiest() + self._memory()
         return "\n".join(lines)
+
+    def _memory(self) -> list[str]:
+        if self.memory is None or not self.memory.total.exact_cache:
+            return []
+        return ["", "Memory (the cache on the device; the backing store, where there is one, apart):",
+                *(f"  {line}" for line in self.memory.lines())]
 
     def _table(self) -> list[str]:
         if self.gated:
