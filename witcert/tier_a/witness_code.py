@@ -22,8 +22,8 @@ Two codes (:class:`WitnessCode`, ``bits``):
   (2 bytes: it is also the unit of the ``pass_V`` threshold, where a coarser upper value would ease
   the test).
 
-Storage per token and kv head: ``2B + 8`` bytes at 16 bits, ``B + 3`` at 8 bits (16 bands: 40
-against 19). Decoding happens where a store hands its statistics to the meter
+Storage per token and kv head: ``2B + 8`` bytes at 16 bits (``2B + 6`` over transformers' quantized
+caches, whose value witness is maintained in fp16), ``B + 3`` at 8 bits (16 bands: 40 against 19). Decoding happens where a store hands its statistics to the meter
 (:meth:`WitnessCode.readable`), so every meter path (fused fast path, stored pass, full eager,
 gate, spot radii, Tier B minimum) reads the same fp16 values, each at or above its norm.
 """

@@ -62,6 +62,11 @@ class _Side:
         w16 = self.code.decoded(self.current)
         self.following = self.code.witness(band_major(maintained_witness(w16, returned, decoded, self.layout)))
 
+    def released(self) -> None:
+        """The last read is freed: the witness of the next read is the only one needed from now on."""
+        if self.following is not None:
+            self.current, self.following = self.following, None
+
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in (self.current, self.following) if t is not None)
 
@@ -147,11 +152,10 @@ class QuantizedLayerStore:
         """The read keys, their witnesses and the value statistics (``k_hat``: the keys :meth:`read` returned)."""
         last = self._last_read()
         keys = self.read()[0] if k_hat is None else k_hat
-        if last is not None and keys is last[0]:
+        if last is None:  # freed with its forward call: a read now is a fresh decode, after any rebuild
+            self._release()
+        if last is not None and keys is last[0] or last is None and k_hat is None:
             witness, rho = self._keys.current, self._values.current
-        elif k_hat is None:  # a fresh decode: after a rebuild it reads the rebuilt history
-            witness, rho = (side.following if side.following is not None else side.current
-                            for side in (self._keys, self._values))
         else:
             raise ValueError("k_hat must be the keys this store's layer returned last (the witnessed tensor)")
         witness, rho, v_norm = self.witness_code.readable(witness, rho[..., 0], self._value_norm.view())
@@ -169,6 +173,8 @@ class QuantizedLayerStore:
         norms, the exact shadow; and the host backing store. Nothing decoded is held between reads."""
         if not self._length:
             return MemoryAccount()
+        if self._last_read() is None:
+            self._release()
         layer = self.layer
         b, hkv = self._value_norm.view().shape[:2]
         itemsize = torch.empty((), dtype=layer.dtype).element_size()
@@ -181,6 +187,12 @@ class QuantizedLayerStore:
             reserved=sum(buffer.reserved() for buffer in buffers),
             **backing_bytes(self.backing, self.backing_key),
         )
+
+    def _release(self) -> None:
+        """Nothing holds the last read any more: drop the witness that described it where a rebuild replaced it."""
+        self._handoff = None
+        for side in (self._keys, self._values):
+            side.released()
 
     def _last_read(self) -> tuple | None:
         if self._last is None:
