@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness_code import WitnessCode
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS, WitnessCode
 
 KV_HEADS = 2  # heads of the synthetic prefill (per-head figures do not depend on it)
 
@@ -58,17 +58,15 @@ def footprint(scheme, head_dim: int, dtype: torch.dtype = torch.bfloat16, bands:
               witness_bits: int | None = None, tokens: int = 1024, rope: str = "rotate_half") -> Footprint:
     """The :class:`Footprint` of ``scheme`` (a name, a codec, a callable or a ``QuantizedCacheSpec``) at ``head_dim``."""
     from witcert.integrations.hf.geometry import auto_bands
-    from witcert.integrations.hf.monitoring import DEFAULT_WITNESS_BITS
 
     layout = BandLayout(head_dim, auto_bands(head_dim) if bands is None else bands, rope)
     code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
     store = _production_store(scheme, layout, code)
     gen = torch.Generator().manual_seed(0)
-    k, v = (torch.randn(1, KV_HEADS, tokens, head_dim, generator=gen).to(dtype) for _ in range(2))
     with warnings.catch_warnings():  # a held reconstruction's warning: its bytes are the figure reported here
         warnings.simplefilter("ignore")
-        store.append(k, v)
-    store.read()  # as the monitor's layer does after every write (the read is then released)
+        store.append(*(torch.randn(1, KV_HEADS, tokens, head_dim, generator=gen).to(dtype) for _ in range(2)))
+    store.read()  # as the monitor's layer does after every write; the model's tensors and the read are then freed
     account = store.memory()
     per = tokens * KV_HEADS
     name = scheme if isinstance(scheme, str) else getattr(scheme, "name", type(scheme).__name__)

@@ -67,14 +67,10 @@ from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
 from witcert.spot.cells import SPOT_BLOCK_SIZE, spot_settings
-from witcert.tier_a.witness_code import WitnessCode
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS, WitnessCode
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 TIERS = ("auto", "A", "B")
-# bits per stored band norm (witcert.tier_a.witness_code): one e5m3 byte, rounded up. Chosen from
-# benchmarks/results/witness_size.json (SmolLM2, 16 bands): held-out-style rtn-int8 coverage at tau 0.2 0.970
-# against 0.980 in fp16, 19 bytes per token and kv head against 40; fewer bands cost more (8: 0.940, 4: 0.905)
-DEFAULT_WITNESS_BITS = 8
 
 
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
@@ -111,7 +107,8 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     witness_bits : {16, 8}, optional
         Bits per stored band norm (:mod:`witcert.tier_a.witness_code`): fp16, or one byte (e5m3), each
         rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
-        norm in fp16. Default: :data:`DEFAULT_WITNESS_BITS`.
+        norm in fp16. Default 8 (``witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS``: at 16 bands on SmolLM2
+        it cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead of 40).
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
