@@ -111,6 +111,18 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.abs_inner_div_sqrt_le_witness
 #print axioms WitCert.abs_inner_div_sqrt_le_witness
 
+#check @WitCert.tv_le_eform_of_rounded_witness
+#print axioms WitCert.tv_le_eform_of_rounded_witness
+
+#check @WitCert.bandBound_mono
+#print axioms WitCert.bandBound_mono
+
+#check @WitCert.massExp_mono
+#print axioms WitCert.massExp_mono
+
+#check @WitCert.eform_meter_mono
+#print axioms WitCert.eform_meter_mono
+
 #check @WitCert.sinh_le_mul_exp_sq_div_six
 #print axioms WitCert.sinh_le_mul_exp_sq_div_six
 

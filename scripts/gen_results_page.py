@@ -261,6 +261,78 @@ def long_context_section() -> str | None:
     return "\n".join(lines)
 
 
+def capacity_section() -> str | None:
+    """Tokens in a 1 GiB KV budget per scheme, raw and with the production monitor (``capacity.json``)."""
+    record = _load("capacity.json")
+    if record is None:
+        return None
+    setup = record["setup"]
+    lines = ["## Capacity", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             f"Tokens that fit in {setup['budget_bytes'] / 2**30:g} GiB of KV cache for a {setup['dtype']} model: the "
+             "uncompressed cache, each scheme alone (its codes and their group statistics, as the production store "
+             "holds them), and with the production monitor (`keep_exact=False`: the witness added, "
+             f"{setup['witness_bits']}-bit band norms at the default bands, and in fp16 for comparison). Accounted "
+             "from the tensors the production store holds after a long prefill (`witcert.integrations.hf.footprint`). "
+             "A gate or spot check in production also keeps the exact keys and values on the host (the uncompressed "
+             "size, never on the device): the *host backing* column.", ""]
+    for shape, rows in record["accounting"].items():
+        bands = setup["bands"][shape]
+        lines += [f"**{shape}**, {bands} bands:", "",
+                  "| scheme | bytes per token: bf16 | raw | monitored | tokens: bf16 | raw | monitored | "
+                  "capacity: raw | monitored | with an fp16 witness | host backing per token |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            t = r["tokens_in_budget"]
+            lines.append(f"| {r['scheme']} | {r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
+                         f"{r['bytes_per_token_monitored']:,.0f} | {t['bf16']:,d} | {t['raw']:,d} | {t['monitored']:,d} | "
+                         f"{r['capacity_raw']:.2f}x | {r['capacity_monitored']:.2f}x | "
+                         f"{r['capacity_monitored_fp16_witness']:.2f}x | {r['host_backing_per_token']:,.0f} B |")
+        lines.append("")
+    generation = record.get("generation")
+    if generation:
+        g = setup["generation"]
+        lines += [f"**Generation**: {g['model']}, a {g['context_tokens']}-token text prompt and {g['new_tokens']} new "
+                  "tokens under `witcert.monitor(scheme, keep_exact=False)`; `mon.memory()` against the bf16 cache of "
+                  "the same tokens (decode tokens included: KIVI keeps the keys of a chunk's last tokens exact, a "
+                  "quantized cache an exact window of up to 128).", "",
+                  "| scheme | tokens | held | of which witness | exact bf16 cache | capacity |", "|---|---|---|---|---|---|"]
+        for r in generation:
+            lines.append(f"| {r['scheme']} | {r['tokens']} | {r['held']:,d} B | {r['witness']:,d} B | "
+                         f"{r['exact_cache_bf16']:,d} B | {r['capacity']:.2f}x |")
+        lines.append("")
+    shapes = list(record["accounting"])
+    lines += ["Against the targets (production monitor, witness included, against bf16):", "",
+              "| scheme | target | " + " | ".join(shapes) + " | generation |", "|---|---|" + "---|" * (len(shapes) + 1)]
+    for r in record["targets"]:
+        cells = [r[shape] for shape in shapes] + [r["generation"]]
+        lines.append(f"| {r['scheme']} | {r['target']:g}x | " + " | ".join(
+            "-" if c is None else f"{c:.2f}x {'(met)' if c >= r['target'] else '(below)'}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def witness_size_section() -> str | None:
+    """Coverage and looseness by witness bands and bits (``witness_size.json``)."""
+    record = _load("witness_size.json")
+    if record is None:
+        return None
+    setup = record["setup"]
+    lines = ["## A smaller witness", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             f"SmolLM2-135M-Instruct (head dim 64), {setup['context_tokens']}-token contexts of "
+             f"{', '.join(setup['tasks'])}, {setup['cells']}: the deterministic meter's coverage at tau = {setup['tau']} "
+             "(meter at most tau), the ceiling (true TV at most tau), meter / true TV over the cells whose attention "
+             "moved, and the witness bytes per token and kv head (the value statistics included) for each option: "
+             "bands, and each band norm in fp16 or in one byte (e5m3), both rounded up. The default is 16 bands in one "
+             "byte.", "",
+             "| scheme | bands | bits | witness bytes | cells | coverage | ceiling | median meter / true TV | "
+             "90th percentile | violations |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for scheme, rows in record["schemes"].items():
+        for r in rows:
+            lines.append(f"| {scheme} | {r['bands']} | {r['bits']} | {r['witness_bytes']} | {r['cells']:,d} | "
+                         f"{_fraction(r['coverage'])} | {_fraction(r['ceiling'])} | "
+                         f"{r['median_meter_over_true_tv']:.2f} | {r['p90_meter_over_true_tv']:.2f} | {r['violations']} |")
+    return "\n".join(lines)
+
+
 def _vllm_machine(m: dict | str) -> str:
     if isinstance(m, str):
         return m
@@ -413,8 +485,8 @@ def page() -> str:
         if glance:
             head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
-                study_section(), spot_gate_section(), generation_section(), long_context_section(), vllm_section(),
-                bench_section()]
+                study_section(), spot_gate_section(), generation_section(), long_context_section(), capacity_section(),
+                witness_size_section(), vllm_section(), bench_section()]
     return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
 
 

@@ -165,6 +165,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_tier_a.py", "tests/test_schemes.py", "tests/test_observe.py"),
     ),
     Theorem(
+        key="MW",
+        paper='witness storage rounded up (beyond the paper; docs/design.md "Tier A: the band witness")',
+        statement="||r_{t,b}|| <= w_{t,b} <= w'_{t,b}  =>  TV(p, p~) <= 1/2 (A'^2 - 1),  A' = sum_t p~_t e^{c'_t},  c'_t = (1/sqrt d) sum_b ||q_b|| w'_{t,b}",
+        lean="WitCert.tv_le_eform_of_rounded_witness",
+        note="The band bound and T1's meter are monotone in the witness (`WitCert.bandBound_mono`, `WitCert.massExp_mono`, `WitCert.eform_meter_mono`): a stored band norm rounded up, to fp16 or to the one-byte e5m3 code (the fp16 bit pattern without its sign, rounded up to a multiple of 2^7), keeps every bound sound. The codes' upward rounding is the implementation's (witcert/tier_a/witness_code.py), checked exhaustively over fp16 and against 60-digit band norms, not a Lean statement.",
+        spec=None,
+        torch="witcert.tier_a.witness_code.encode_e5m3",
+        kernel="witcert.kernels.witness_write.witness_write",
+        tests=("tests/test_witness_code.py", "contracts/test_witness_write.py", "tests/test_memory_account.py"),
+    ),
+    Theorem(
         key="L2s",
         paper="Lemma 2 (sinh bound)",
         statement="x >= 0  =>  sinh x <= x exp(x^2/6)",
