@@ -288,6 +288,7 @@ class Monitor:
         self._restore_generate()
         self.model.set_attn_implementation(self._previous_attn)
         self.flush()
+        self._record_live_memory()  # what the live caches held, their backing stores included, at the close
         self._release_backing()
 
     @property
@@ -372,8 +373,8 @@ class Monitor:
         attention._ACTIVE.pop()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
-            if live is not None and scope.pending is None:
-                live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
+            if live is not None and (scope.pending is None or not len(scope.pending)):  # (nothing left to meter
+                live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())  # later)
             elif live is not None and len(scope.pending) >= FLUSH_CALLS:  # bound the queries a request holds
                 with self._lock:
                     self._unflushed = [held for held in self._unflushed if held is not live]
@@ -431,6 +432,10 @@ class Monitor:
     def _backing_root(self) -> Path:
         self.backing_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # made here: owner only
         return self.backing_dir
+
+    def _record_live_memory(self) -> None:
+        for live in list(self._live.values()):
+            live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
 
     def _release_backing(self) -> None:
         """Close every live request's backing store (its files removed): the monitor is closing, and no call
@@ -521,8 +526,11 @@ class Monitor:
         return telemetry.write_jsonl(Path(path), self.table(), tags)
 
     def memory(self) -> "MemoryReport":
-        """Bytes the monitored caches held (each at its last call) against exact caches of the same tokens."""
+        """Bytes the monitored caches held (each live one now, each released one at its last call) against exact
+        caches of the same tokens (:class:`~witcert.integrations.hf.memory.MemoryReport`)."""
         self.flush()
+        if self._hooks:  # active: the live caches as they are now (after the block: as they were when it closed)
+            self._record_live_memory()
         return MemoryReport(total=sum((r.memory for r in self.requests), MemoryAccount()),
                             requests=tuple(r.memory for r in self.requests))
 
