@@ -19,12 +19,13 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 import torch
+
+from benchmarks.record import write_json
 
 OUT = Path(__file__).with_name("results") / "capacity.json"
 BUDGET = 2**30  # bytes of KV cache
@@ -89,7 +90,7 @@ def accounting_rows(schemes, layers: int, kv_heads: int, head_dim: int) -> list[
         rows.append(dict(scheme=name, bytes_per_token_bf16=bf16, bytes_per_token_raw=raw,
                          bytes_per_token_monitored=monitored, bytes_per_token_monitored_fp16_witness=fp16.monitored * per_token,
                          witness_bytes_per_token_and_head=f.witness, host_backing_per_token=f.backing * per_token,
-                         tokens_in_budget=dict(bf16=BUDGET // bf16, raw=int(BUDGET // raw),
+                         tokens_in_budget=dict(bf16=int(BUDGET // bf16), raw=int(BUDGET // raw),
                                                monitored=int(BUDGET // monitored)),
                          capacity_raw=f.capacity(monitored=False), capacity_monitored=f.capacity(),
                          capacity_monitored_fp16_witness=fp16.capacity()))
@@ -161,9 +162,7 @@ def main(argv=None) -> int:
         for r in rows:
             print(f"{name:<44} {r['scheme']:<16} raw {r['capacity_raw']:.2f}x  monitored {r['capacity_monitored']:.2f}x "
                   f"(fp16 witness {r['capacity_monitored_fp16_witness']:.2f}x)")
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_json(args.out, record)
     return 0
 
 

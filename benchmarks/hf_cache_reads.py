@@ -18,10 +18,14 @@ from pathlib import Path
 
 import torch
 
+from benchmarks.record import write_json
+
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--label", required=True, help="what this checkout is (written with the figures)")
+    p.add_argument("--label", help="what this checkout is (written with the figures)")
+    p.add_argument("--summarize", type=Path, help="write the medians per label of this file's lines to --out")
+    p.add_argument("--command", default="", help="with --summarize: how the lines were measured (recorded)")
     p.add_argument("--scheme", default="hf-quanto-int4")
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--new", type=int, default=140, help="tokens generated (past 128: one flush of the window)")
@@ -57,8 +61,35 @@ def run(args) -> dict:
                 witness=total.witness, compressed=total.compressed, exact_cache=total.exact_cache)
 
 
+def summarize(path: Path, command: str) -> dict:
+    """The medians per label of the JSON lines in ``path`` (runs interleaved by whoever ran them)."""
+    import datetime
+    import statistics
+
+    from benchmarks.spot_check import machine
+
+    rows = [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    labels = {}
+    for row in rows:
+        labels.setdefault(row["label"], []).append(row)
+    medians = {label: dict(runs=len(runs), **{key: statistics.median(r[key] for r in runs)
+                                               for key in ("ratio_to_stock", "stock_tokens_per_s",
+                                                           "monitored_tokens_per_s", "held", "decoded", "witness",
+                                                           "compressed", "exact_cache")})
+               for label, runs in labels.items()}
+    first = rows[0]
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                machine=machine(1) + " (shared with other jobs)", command=command, scheme=first["scheme"],
+                context=first["context"], new_tokens=first["new_tokens"], medians=medians, runs=rows)
+
+
 def main(argv=None) -> int:
     args = parse(argv)
+    if args.summarize is not None:
+        write_json(args.out, summarize(args.summarize, args.command))
+        return 0
+    if not args.label:
+        raise SystemExit("--label is required to measure")
     row = run(args)
     with args.out.open("a", encoding="utf-8") as f:
         f.write(json.dumps(row) + "\n")

@@ -15,13 +15,14 @@ from __future__ import annotations
 import argparse
 import copy
 import datetime
-import json
 import sys
 import time
 from pathlib import Path
 
 import numpy as np
 import torch
+
+from benchmarks.record import write_json
 
 SCHEMES = ("rtn-int8", "rtn-int4", "fp8-e4m3")
 BANDS = (16, 8, 4)
@@ -121,10 +122,7 @@ def run(args) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    results = run(args)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    write_json(args.out, run(args))
     return 0
 
 

@@ -284,7 +284,7 @@ def capacity_section() -> str | None:
         for r in rows:
             t = r["tokens_in_budget"]
             lines.append(f"| {r['scheme']} | {r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
-                         f"{r['bytes_per_token_monitored']:,.0f} | {t['bf16']:,d} | {t['raw']:,d} | {t['monitored']:,d} | "
+                         f"{r['bytes_per_token_monitored']:,.0f} | {int(t['bf16']):,d} | {int(t['raw']):,d} | {int(t['monitored']):,d} | "
                          f"{r['capacity_raw']:.2f}x | {r['capacity_monitored']:.2f}x | "
                          f"{r['capacity_monitored_fp16_witness']:.2f}x | {r['host_backing_per_token']:,.0f} B |")
         lines.append("")
@@ -300,6 +300,7 @@ def capacity_section() -> str | None:
             lines.append(f"| {r['scheme']} | {r['tokens']} | {r['held']:,d} B | {r['witness']:,d} B | "
                          f"{r['exact_cache_bf16']:,d} B | {r['capacity']:.2f}x |")
         lines.append("")
+    lines += quantized_cache_reads_lines()
     shapes = list(record["accounting"])
     lines += ["Against the targets (production monitor, witness included, against bf16):", "",
               "| scheme | target | " + " | ".join(shapes) + " | generation |", "|---|---|" + "---|" * (len(shapes) + 1)]
@@ -308,6 +309,22 @@ def capacity_section() -> str | None:
         lines.append(f"| {r['scheme']} | {r['target']:g}x | " + " | ".join(
             "-" if c is None else f"{c:.2f}x {'(met)' if c >= r['target'] else '(below)'}" for c in cells) + " |")
     return "\n".join(lines)
+
+
+def quantized_cache_reads_lines() -> list[str]:
+    """transformers' quantized cache with and without a decoded copy between reads (``hf_cache_reads.json``)."""
+    record = _load("hf_cache_reads.json")
+    if record is None:
+        return []
+    lines = [f"**transformers' quantized cache between reads** ({record['scheme']}, SmolLM2-135M-Instruct in fp32, "
+             f"{record['context']}-token prompt, {record['new_tokens']} new tokens, production mode). "
+             + _provenance(record["date"], record["machine"], record["command"]), "",
+             "| store | runs | held | of which decoded | exact cache | tokens/s against stock |", "|---|---|---|---|---|---|"]
+    for label, m in record["medians"].items():
+        lines.append(f"| {label} | {m['runs']} | {m['held']:,.0f} B | {m['decoded']:,.0f} B | {m['exact_cache']:,.0f} B | "
+                     f"{m['ratio_to_stock']:.2f}x |")
+    return lines + ["", "Medians of interleaved runs; every read decodes the history in both (transformers' own "
+                    "update does), so holding a decoded copy saved no decoding.", ""]
 
 
 def witness_size_section() -> str | None:

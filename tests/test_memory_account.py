@@ -13,6 +13,7 @@ import pytest
 import torch
 
 import witcert
+from benchmarks.capacity import UserInt4
 from tiny_models import prompts, tiny
 from witcert.integrations.hf.codecs import codec_for
 from witcert.integrations.hf.compressed_cache import CompressedLayer
@@ -53,27 +54,7 @@ def storage_bytes(root) -> int:
     return sum(storages.values())
 
 
-class Int4PerToken:
-    """A user codec: two int4 codes per byte and one scale per token, in the input's dtype."""
-
-    def encode(self, x, role, start):
-        scale = (x.abs().amax(-1, keepdim=True).float() / 7).clamp(min=1e-12)
-        codes = (torch.round(x / scale).clamp(-7, 7) + 8).to(torch.uint8)
-        return (codes[..., ::2] | (codes[..., 1::2] << 4), scale.to(x.dtype))
-
-    def decode(self, packed, dtype):
-        payload, scale = packed
-        codes = torch.stack([payload & 15, payload >> 4], dim=-1).flatten(-2).float() - 8
-        return (codes * scale.float()).to(dtype)
-
-    def nbytes(self, packed):
-        return sum(t.numel() * t.element_size() for t in packed)
-
-    def join(self, first, second):
-        return tuple(torch.cat([a, b], dim=-2) for a, b in zip(first, second))
-
-
-SCHEMES = ["rtn-int8", "rtn-int4", "kivi-2bit", "fp8-e4m3", "fp8-e4m3-scaled", "sign-1bit", Int4PerToken()]
+SCHEMES = ["rtn-int8", "rtn-int4", "kivi-2bit", "fp8-e4m3", "fp8-e4m3-scaled", "sign-1bit", UserInt4()]
 
 
 @pytest.mark.filterwarnings("ignore::witcert.integrations.hf.codecs.HeldReconstructionWarning")  # sign-1bit

@@ -37,7 +37,7 @@ from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.packed_history import PackedPair
-from witcert.integrations.hf.token_buffer import TokenBuffer
+from witcert.integrations.hf.token_buffer import TokenBuffer, split_pair
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
 from witcert.tier_a.witness_code import WitnessCode
@@ -192,10 +192,7 @@ class CompressedLayer:
 
     def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The exact keys and values (B, Hkv, S, d) as the model computed them, when kept."""
-        if self._exact is None or not self._length:
-            return None
-        pair = self._exact.view()
-        return pair[0], pair[1]
+        return split_pair(self._exact)
 
     def memory(self) -> MemoryAccount:
         """Bytes held, by part (:class:`MemoryAccount`), every written token's witness formed."""

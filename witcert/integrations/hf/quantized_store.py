@@ -31,7 +31,7 @@ from witcert.core.values import value_norms
 from witcert.integrations.hf.compressed_cache import backing_bytes
 from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.quantized_cache import QuantizedCacheSpec
-from witcert.integrations.hf.token_buffer import TokenBuffer
+from witcert.integrations.hf.token_buffer import TokenBuffer, split_pair
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.maintenance import maintained_witness
 from witcert.tier_a.observation import StoredKeys
@@ -163,10 +163,7 @@ class QuantizedLayerStore:
 
     def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The exact keys and values as the model wrote them (``keep_exact``), else ``None``."""
-        if self._exact is None or not self._length:
-            return None
-        pair = self._exact.view()
-        return pair[0], pair[1]
+        return split_pair(self._exact)
 
     def memory(self) -> MemoryAccount:
         """Bytes held: the layer's quantized history and exact window (compressed), the witnesses and value

@@ -75,3 +75,11 @@ class TokenBuffer:
         grown.narrow(axis, 0, self.length).copy_(self.data.narrow(axis, 0, self.length))
         self.data = grown
         return grown
+
+
+def split_pair(buffer: TokenBuffer | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Keys and values (views) of a buffer of stacked pairs ``(2, ..., S, d)``; ``None`` when there is none yet."""
+    if buffer is None or not buffer.length:
+        return None
+    pair = buffer.view()
+    return pair[0], pair[1]
