@@ -191,10 +191,15 @@ def walk_commands(code: str):
         if word == "namespace" and len(tokens) > 1:
             frames.append(("namespace", tokens[1].text, []))
         elif word in ("section", "noncomputable", "mutual") and not ends_in:
-            if word != "noncomputable" or tokens[1:2] and tokens[1].text == "section":
+            if word == "section":
+                named = len(tokens) > 1 and tokens[1].kind == "ident"
+                frames.append(("section", tokens[1].text if named else "", []))
+            elif word == "mutual" or tokens[1:2] and tokens[1].text == "section":
                 frames.append(("section", "", []))
-        elif word == "end" and len(frames) > 1:
-            frames.pop()
+        elif word == "end":
+            name = tokens[1].text if len(tokens) > 1 and tokens[1].kind == "ident" else ""
+            for _ in range(L.scopes_closed_by_end(name, [n for _, n, _ in frames[1:]])):
+                frames.pop()
         opens = [o for _, _, os in frames for o in os] + pending
         if word == "open" and tokens[1:2] and tokens[1].text != "scoped":
             opened = []

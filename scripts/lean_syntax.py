@@ -229,6 +229,21 @@ def split_commands(code: str) -> list[Command]:
     return commands
 
 
+def scopes_closed_by_end(name: str, open_names: list[str]) -> int:
+    """How many of the open scopes (``namespace``/``section`` names, innermost last) ``end name``
+    closes: one for a bare ``end``, else as many innermost scopes as ``name`` has components
+    (``end Finset.Filter`` closes ``namespace Finset`` and ``section Filter``)."""
+    if not name:
+        return min(1, len(open_names))
+    wanted, closed, count = len(name.split(".")), 0, 0
+    for scope in reversed(open_names):
+        if closed >= wanted:
+            break
+        closed += len(scope.split(".")) if scope else 0
+        count += 1
+    return count
+
+
 # --- binders and statements ---------------------------------------------------------------
 
 BINDER_KINDS = {"(": "e", "{": "i", "[": "c", "⦃": "s", "{{": "s"}

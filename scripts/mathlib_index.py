@@ -232,7 +232,8 @@ class FileReader:
         self.frames.append(Frame("mutual", ""))
 
     def on_end(self, rest, line, ends_in, attrs, modifiers) -> None:
-        if len(self.frames) > 1:
+        name = rest[0].text if rest and rest[0].kind == "ident" else ""
+        for _ in range(L.scopes_closed_by_end(name, [f.name for f in self.frames[1:]])):
             self.frames.pop()
 
     def on_variable(self, rest, line, ends_in, attrs, modifiers) -> None:
@@ -289,11 +290,13 @@ class FileReader:
             names = [t.text for t in rest[1:close] if t.kind == "ident"]
             for name in names:  # the two directions of an `↔`: arity unknown
                 self.out.decls.append(Decl(self.qualify(name), self.out.module, line, flags, None))
+                self.apply_attributes(self.qualify(name), attrs, line)
             return
         idents = [t.text for t in rest if t.kind == "ident"]
         if len(idents) >= 2:
             self.out.decls.append(Decl(self.qualify(idents[0]), self.out.module, line, flags,
                                        alias_of=self.candidates(idents[1])))
+            self.apply_attributes(self.qualify(idents[0]), attrs, line)
 
     def on_export(self, rest, line, ends_in, attrs, modifiers) -> None:
         if len(rest) < 2 or rest[0].kind != "ident":
@@ -517,12 +520,10 @@ def read_module(module: str, text: str) -> ModuleIndex:
 
 
 def finish(modules: list[ModuleIndex]) -> list[ModuleIndex]:
-    """Resolve aliases and exports, and add the names ``to_additive``/``to_dual`` generate."""
-    table: dict[str, Decl] = {}
-    for m in modules:
-        for d in m.decls:
-            table.setdefault(d.name, d)
-    translations = {"additive": {}, "dual": {}}
+    """Resolve aliases and exports, and add the names ``to_additive``/``to_dual`` generate (from
+    the source's resolved binders); aliases of generated names are resolved after them."""
+    table = _resolve_aliases(modules)
+    translations: dict[str, dict[str, str]] = {"additive": {}, "dual": {}}
     requests = sorted((r for m in modules for r in m.requests),
                       key=lambda r: (r.src.count("."), r.module, r.line))
     by_module = {m.module: m for m in modules}
@@ -539,22 +540,40 @@ def finish(modules: list[ModuleIndex]) -> list[ModuleIndex]:
         flags = "g" + ("d" if "deprecated" in r.nested else "") + (
             "p" if src and "p" in src.flags else "")
         decl = Decl(tgt, r.module, r.line, flags, src.binders if src else None,
-                    src.extra if src else None)
+                    src.extra if src else None, src.alias_of if src else ())
         table[tgt] = decl
         by_module[r.module].decls.append(decl)
         if "simps" in r.nested:
             by_module[r.module].wildcards.append((f"{tgt}_", r.line))
-    for m in modules:
-        m.decls = [_resolve_alias(d, table) for d in m.decls]
+    _resolve_aliases(modules)
     return modules
 
 
+def _resolve_aliases(modules: list[ModuleIndex]) -> dict[str, Decl]:
+    """Give every alias whose target is declared its target's binders; the name table after."""
+    table = _name_table(modules)
+    for m in modules:
+        m.decls = [_resolve_alias(d, table) for d in m.decls]
+    return _name_table(modules)
+
+
+def _name_table(modules: list[ModuleIndex]) -> dict[str, Decl]:
+    table: dict[str, Decl] = {}
+    for m in modules:
+        for d in m.decls:
+            table.setdefault(d.name, d)
+    return table
+
+
 def _resolve_alias(decl: Decl, table: dict[str, Decl]) -> Decl:
+    """An alias with its target's binders; unresolved (binders unknown) while its target is not
+    declared yet, and for good after the last pass (``serialize`` writes ``?``)."""
     if not decl.alias_of:
         return decl
-    target = next((table[c] for c in decl.alias_of if c in table and c != decl.name), None)
+    target = next((table[c] for c in decl.alias_of if c in table and c != decl.name
+                   and not table[c].alias_of), None)
     if target is None:
-        return replace(decl, binders=None, extra=None, alias_of=())
+        return replace(decl, binders=None, extra=None)
     return replace(decl, binders=target.binders, extra=target.extra, alias_of=())
 
 
