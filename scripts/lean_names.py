@@ -57,7 +57,22 @@ HEAD_PRECEDERS = {"(", "⟨", "[", ",", ":=", "=>", "<|", "←", "exact", "refin
 ARG_STOPS = {",", ":=", ":", "|>", "|>.", "at", "with", "using", "then", "else", "in", "from",
              "generalizing", "<;>", ";", "=>", "↦", "|", "do", "only", "..", "$"}
 COMMAND_WORDS = {"import", "namespace", "section", "end", "open", "universe", "set_option",
-                 "variable", "include", "omit", "mutual", "module"}
+                 "variable", "include", "omit", "mutual", "module", "assert_not_exists"}
+# Tactics whose names are also declarations (`lift`, `ring`, ...): not references where a tactic
+# starts (the first token of a line or after `by`, `·`, `;`, `<;>`).
+TACTICS = {"lift", "ring", "ring_nf", "abel", "group", "field_simp", "simp", "simp_all", "simpa",
+           "dsimp", "norm_num", "positivity", "linarith", "nlinarith", "omega", "decide", "rfl",
+           "exact", "apply", "intro", "intros", "cases", "rcases", "obtain", "induction",
+           "constructor", "use", "refine", "rw", "rwa", "calc", "show", "congr", "ext", "funext",
+           "gcongr", "bound", "aesop", "tauto", "trivial", "contradiction", "exfalso", "left",
+           "right", "subst", "unfold", "set", "filter_upwards", "push_cast", "norm_cast",
+           "exact_mod_cast", "convert", "specialize", "change", "symm", "trans", "measurability",
+           "continuity", "fun_prop", "finiteness", "by_contra", "by_cases", "choose",
+           "interval_cases", "mono", "nth_rw", "nth_rewrite", "infer_instance", "exists", "clear",
+           "revert", "generalize", "apply_fun", "wlog", "linear_combination", "peel", "order",
+           "grind", "split", "classical", "haveI", "letI", "assumption", "norm_num1", "zify",
+           "qify", "push_neg", "lia", "module", "compute_degree", "split_ifs"}
+_TACTIC_STARTS = {"by", "·", ";", "<;>"}
 
 
 @dataclass(frozen=True)
@@ -342,11 +357,13 @@ def check_file(module: str, path: Path, universe: Universe, rel: str) -> list[st
     project_vis, index_vis = visible_modules(module, universe)
     reported: set[tuple[int, str]] = set()
     for command, tokens, scope in walk_commands(code):
-        if tokens[0].text in COMMAND_WORDS:
+        if _command_word(tokens) in COMMAND_WORDS:
             continue
         bound = bound_names(tokens)
+        declared = _declared_positions(tokens) | _attribute_positions(tokens)
         for k, t in enumerate(tokens):
-            if t.kind != "ident" or t.text in bound or _is_projection(tokens, k):
+            if (t.kind != "ident" or t.text in bound or k in declared or _is_projection(tokens, k)
+                    or _is_field_name(tokens, k) or _is_tactic(tokens, k)):
                 continue
             line = command.line + t.line - 1
             for problem in _token_problems(tokens, k, scope, universe, project_vis, index_vis):
@@ -356,9 +373,79 @@ def check_file(module: str, path: Path, universe: Universe, rel: str) -> list[st
     return problems
 
 
+_DECLARING = {"theorem", "lemma", "def", "abbrev", "instance", "structure", "class", "inductive",
+              "opaque", "axiom", "irreducible_def", "alias", "example"}
+
+
+def _declared_positions(tokens: list[L.Token]) -> set[int]:
+    """Indices of the names a command declares (after ``theorem``, ``def``, ``alias``, the names of
+    ``alias ⟨mp, mpr⟩``): declarations, not references."""
+    k = 0
+    while k < len(tokens) and (tokens[k].text in ("@",) or tokens[k].text in L._MODIFIER_WORDS):
+        k = L.matching_close(tokens, k + 1) + 1 if tokens[k].text == "@" else k + 1
+    if k >= len(tokens) or tokens[k].text not in _DECLARING:
+        return set()
+    j = k + 1
+    if j < len(tokens) and tokens[j].text in ("abbrev", "inductive"):
+        j += 1
+    if j < len(tokens) and tokens[j].text == "⟨":
+        return {i for i in range(j, L.matching_close(tokens, j)) if tokens[i].kind == "ident"}
+    return {j} if j < len(tokens) and tokens[j].kind == "ident" else set()
+
+
+def _attribute_positions(tokens: list[L.Token]) -> set[int]:
+    """Indices inside ``@[...]``: attribute names and their arguments (``simps map``, the target
+    of ``to_additive``), not references to declarations."""
+    inside: set[int] = set()
+    for k in range(len(tokens) - 1):
+        if tokens[k].text == "@" and tokens[k + 1].text == "[":
+            inside.update(range(k + 1, L.matching_close(tokens, k + 1)))
+    return inside
+
+
+def _is_field_name(tokens: list[L.Token], k: int) -> bool:
+    """A name followed by ``:=`` (a field, a named argument, a local definition), or a line
+    ``name args := value`` of a ``where`` block (a field defined with arguments): not a use."""
+    if k + 1 < len(tokens) and tokens[k + 1].text == ":=":
+        return True
+    t = tokens[k]
+    if t.col != t.line_col:
+        return False
+    j = k + 1
+    while j < len(tokens) and tokens[j].line == t.line:
+        if tokens[j].text == ":=":
+            return True
+        if tokens[j].text in L.BINDER_KINDS:
+            j = L.matching_close(tokens, j) + 1
+        elif tokens[j].kind == "ident" or tokens[j].text == "_":
+            j += 1
+        else:
+            return False
+    return False
+
+
+def _is_tactic(tokens: list[L.Token], k: int) -> bool:
+    """A tactic name where a tactic starts (``lift x to ℕ``), not a reference to a lemma."""
+    t = tokens[k]
+    if t.text not in TACTICS:
+        return False
+    return t.col == t.line_col or (k > 0 and tokens[k - 1].text in _TACTIC_STARTS)
+
+
+def _command_word(tokens: list[L.Token]) -> str:
+    """The command's keyword after attributes and modifiers (``public import`` is ``import``)."""
+    k = 0
+    while k < len(tokens) and tokens[k].text in ("public", "private", "meta", "noncomputable"):
+        k += 1
+    return tokens[k].text if k < len(tokens) else ""
+
+
 def _is_projection(tokens: list[L.Token], k: int) -> bool:
-    """``x.foo``/``(e).foo``/``.inl``: a name looked up in a type's namespace, not in scope."""
+    """``x.foo``/``(e).foo``/``.inl``/``e |>.foo``: a name looked up in a type's namespace, not
+    in scope."""
     prev = tokens[k - 1] if k else None
+    if prev is not None and prev.text == "|>.":
+        return True
     return bool(prev and prev.text == "." and prev.line == tokens[k].line and
                 prev.col + 1 == tokens[k].col)
 
@@ -431,6 +518,10 @@ def _token_problems(tokens, k, scope, universe, project_vis, index_vis) -> list[
         return []
     if not res.known:
         return []
+    if res.has_tail and all("T" in h.flags for h in res.known):
+        # `Finset.sum_div_nonexistent`: no field notation applies to a type, so the whole dotted
+        # name had to be declared
+        return [f"`{t.text}` is not declared at the pin (nor in formal/ or core Lean)"]
     visible = [h for h in res.known if _is_visible(h, project_vis, index_vis)]
     if not visible:
         where = ", ".join(sorted({f"{h.name} ({h.module}:{h.line})" for h in res.known}))

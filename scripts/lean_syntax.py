@@ -327,7 +327,7 @@ def header_binders(tokens: list[Token], i: int) -> tuple[list[Binder], int]:
             j = matching_close(tokens, i)
             binders += binder_group(tokens[i:j + 1])
             i = j + 1
-        elif t.kind == "ident" and t.text not in ("where",) or t.text == "_":
+        elif t.kind == "ident" and t.text not in ("where", "extends", "deriving") or t.text == "_":
             binders.append(Binder(t.text, "e", ""))
             i += 1
         else:
@@ -369,7 +369,12 @@ _BINDER_NOTATION = {"fun", "λ", "∃", "∃!", "∀", "Π", "∀ᶠ", "∃ᶠ",
 # A statement whose top-level relation is one of these is a proposition that is not a function:
 # applying a proof of it to one more argument is an error ("function expected"). `≠`, `¬`,
 # `∈`, `⊆` and predicates (`Monotone f`, `Tendsto ...`) may unfold to a `∀` and are left open.
-_CLOSED_RELATIONS = {"=", "≤", "<", "≥", ">", "↔", "∧", "∨", "∣", "≡", "≃", "≪"}
+_CLOSED_RELATIONS = {"=", "≤", "<", "≥", ">", "↔", "∧", "∨", "∣", "≡"}
+# Orders that unfold to a `∀` on functions, sets, filters, measures (`f ≤ g`, `pure ≤ 𝓝`):
+# closed only when each side is known to live in a scalar type (``_order_sides_closed``).
+_ORDERS = {"≤", "<", "≥", ">"}
+SCALAR_TYPES = {"ℝ", "ℕ", "ℤ", "ℚ", "ℂ", "ℝ≥0", "ℝ≥0∞", "Real", "Nat", "Int", "Rat", "NNReal",
+                "ENNReal", "EReal"}
 
 
 _BIG_OPERATORS = {"∑", "∏", "⋃", "⋂", "⨆", "⨅", "∫", "∫⁻", "∮", "∑'", "∏'"}
@@ -377,12 +382,13 @@ _RELATION_RANK = {"↔": 0, "∨": 1, "∧": 2, "¬": 3}
 _OPEN_RELATIONS = {"≠", "∈", "∉", "⊆", "⊂", "¬"}
 
 
-def _relation_head(tokens: list[Token]) -> str | None:
-    """The top-level relation of a proposition's tokens (the one of lowest precedence: ``↔``,
-    then ``∨``, ``∧``, ``¬``, then the comparisons), skipping the binders of big operators
-    (the ``∈`` of ``∑ i ∈ s,``) and stopping at a binder notation that takes the rest."""
+def _relation_head(tokens: list[Token]) -> tuple[str, int] | None:
+    """The top-level relation of a proposition's tokens and its index (the one of lowest
+    precedence: ``↔``, then ``∨``, ``∧``, ``¬``, then the comparisons), skipping the binders of
+    big operators (the ``∈`` of ``∑ i ∈ s,``) and stopping at a binder notation that takes the
+    rest."""
     depth, i = 0, 0
-    found: tuple[int, str] | None = None
+    found: tuple[int, str, int] | None = None
     while i < len(tokens):
         t = tokens[i].text
         if t in OPENERS:
@@ -397,9 +403,9 @@ def _relation_head(tokens: list[Token]) -> str | None:
             if t in _CLOSED_RELATIONS or t in _OPEN_RELATIONS:
                 rank = _RELATION_RANK.get(t, 4)
                 if found is None or rank < found[0]:
-                    found = (rank, t)
+                    found = (rank, t, i)
         i += 1
-    return found[1] if found else None
+    return (found[1], found[2]) if found else None
 
 
 def _next_top_comma(tokens: list[Token], i: int) -> int:
@@ -418,12 +424,18 @@ def _next_top_comma(tokens: list[Token], i: int) -> int:
     return len(tokens)
 
 
-def extra_explicit_arity(tokens: list[Token]) -> int | None:
-    """How many more explicit arguments a term of this type (a declaration's statement after
-    its binders) accepts: the explicit ``∀`` binders and ``→`` premises in front of a closed
-    conclusion (``=``, ``≤``, ``↔``, ``∧``, ``∃``, ...). ``None`` when unknown (the conclusion
-    may unfold to a function: ``¬``, ``≠``, ``⊆``, a predicate), so no over-application is
-    ever reported for it."""
+def extra_explicit_arity(tokens: list[Token], kinds: dict[str, str] | None = None,
+                         explicit_before: int = 0) -> int | None:
+    """How many more explicit arguments a proof of this statement (a theorem's type after its
+    binders) accepts: the explicit ``∀`` binders and ``→`` premises in front of a closed
+    conclusion (``=``, ``↔``, ``∧``, ``∃``, or an order between scalars). ``None`` when unknown:
+    the conclusion may unfold to a function (``¬``, ``≠``, ``⊆``, a predicate, an order on
+    functions, sets, filters or measures), so no over-application is ever reported for it.
+
+    ``kinds`` maps binder names to ``scalar`` (a type of ``SCALAR_TYPES``) or ``typevar`` (a
+    type variable); an order is closed when each side is a numeral, a compound term, a scalar
+    binder, or a type-variable binder of a lemma whose earlier explicit arguments cannot fix that
+    type to a function type (``explicit_before`` of them, none: ``zero_le : 0 ≤ a``)."""
     count = 0
     while tokens:
         first = tokens[0].text
@@ -448,10 +460,45 @@ def extra_explicit_arity(tokens: list[Token]) -> int | None:
     if tokens[0].text in ("∃", "∃!", "True"):
         return count
     if tokens[0].text == "(" and matching_close(tokens, 0) == len(tokens) - 1:
-        inner = extra_explicit_arity(tokens[1:-1])
+        inner = extra_explicit_arity(tokens[1:-1], kinds, explicit_before + count)
         return None if inner is None else count + inner
-    head = _relation_head(tokens)
-    return count if head in _CLOSED_RELATIONS else None
+    found = _relation_head(tokens)
+    if found is None or found[0] not in _CLOSED_RELATIONS:
+        return None
+    relation, at = found
+    if relation in _ORDERS and not _order_sides_closed(tokens[:at], tokens[at + 1:], kinds or {},
+                                                       explicit_before + count):
+        return None
+    return count
+
+
+def _order_sides_closed(left: list[Token], right: list[Token], kinds: dict[str, str],
+                        explicit_before: int) -> bool:
+    """Whether both sides of an order are known not to be functions, sets, filters, measures."""
+    for side in (left, right):
+        if len(side) != 1 or side[0].kind == "num":
+            continue
+        kind = kinds.get(side[0].text)
+        if kind == "scalar" or (kind == "typevar" and explicit_before == 0):
+            continue
+        return False
+    return True
+
+
+def binder_kinds_of_types(binders: list[Binder]) -> dict[str, str]:
+    """``scalar``/``typevar`` for the binders whose type is a scalar type or a type variable."""
+    typevars = {b.name for b in binders if b.name and
+                b.type_text.split(" ")[0] in ("Type", "Type*", "Sort", "Sort*")}
+    kinds = {}
+    for b in binders:
+        if not b.name:
+            continue
+        text = b.type_text.replace(" ", "")
+        if text in SCALAR_TYPES:
+            kinds[b.name] = "scalar"
+        elif text in typevars:
+            kinds[b.name] = "typevar"
+    return kinds
 
 
 def _inside_brackets(tokens: list[Token], k: int) -> bool:

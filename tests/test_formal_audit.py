@@ -7,6 +7,10 @@ hand-written Lean snippets with known declarations and import graphs (the scope 
 exactly the uses Lean could not resolve), and the real tree with its one historical scope bug
 re-introduced. Domain: every ``*.lean`` file under ``formal/``. Tolerance: exact.
 
+The check against the pinned Mathlib (``scripts/lean_names.py``) has its own tests,
+``tests/test_lean_names.py``; here ``scripts/lean_check.sh`` is checked to run it, and the theorem
+map to say per theorem which checks it has passed.
+
 The build pins (``scripts/lean_pins.py``): no bare ``import Mathlib``, and ``lake-manifest.json``
 pinning Mathlib and its dependencies at the revisions of Mathlib's own manifest (oracle: the two
 JSON files read directly, and copies of the tree with one pin broken at a time).
@@ -318,7 +322,21 @@ def test_lean_check_script_passes_without_lake():
     )
     lines = result.stdout.splitlines()
     assert "Lean proofs were NOT checked: lake not found on PATH" in lines
+    assert any(line.startswith("lean_names: ok (") for line in lines), result.stdout
     assert result.returncode == 0, result.stderr
+
+
+def test_theorem_map_says_which_checks_each_theorem_passed():
+    # oracle: the registry's lean_checks; a theorem without a forge build is "never compiled"
+    text = GEN.MAP_PATH.read_text(encoding="utf-8")
+    for row in REGISTRY.THEOREMS:
+        line = next(l for l in text.splitlines() if l.startswith(f"| {row.key} |"))
+        if row.lean is None:
+            assert "static check" not in line
+            continue
+        assert REGISTRY.STATIC_CHECK in row.lean_checks, row.key
+        assert REGISTRY.STATIC_CHECK in line
+        assert ("never compiled" in line) == (REGISTRY.FORGE_BUILD not in row.lean_checks)
 
 
 # --- the build pins: targeted imports and the committed manifest (scripts/lean_pins.py) ----------
