@@ -50,10 +50,10 @@ theorem measure_selected_lt_le {Ω ι : Type*} [MeasurableSpace Ω] [Fintype ι]
     _ ≤ δtot := measure_iUnion_le_of_sum_le μ (fun r => {ω | B r ω < T ω}) δ hB hδ
 
 /-- **Uniform split.** `R` rounds at `δ / R` each spend at most `δ`. -/
-theorem sum_uniform_round_budget_le (R : ℕ) {δ : ℝ} (hδ : 0 ≤ δ) :
+theorem sum_uniform_round_budget_le (R : ℕ) (δ : ℝ) :
     ∑ _r : Fin R, ENNReal.ofReal (δ / R) ≤ ENNReal.ofReal δ := by
   rw [Finset.sum_const, Finset.card_univ, Fintype.card_fin, nsmul_eq_mul]
-  exact natCast_mul_ofReal_div_le R hδ
+  exact natCast_mul_ofReal_div_le R δ
 
 /-- **`6 / (π² r²)` split.** Round `r + 1` at `δ * 6 / (π² (r + 1)²)`: any number `R` of rounds
 spends at most `δ` (`WitCert.sum_range_ofReal_step_budget_le`). -/
@@ -72,11 +72,11 @@ theorem sum_zeta_round_budget_le (R : ℕ) {δ : ℝ} (hδ : 0 ≤ δ) :
 /-- The reported round's bound with the uniform split: `R` rounds, each failing with probability
 at most `δ / R`, report a bound that fails with probability at most `δ`. -/
 theorem measure_selected_lt_le_uniform {Ω : Type*} [MeasurableSpace Ω] (μ : Measure Ω) {R : ℕ}
-    (B : Fin R → Ω → ℝ) (T : Ω → ℝ) (ρ : Ω → Fin R) {δ : ℝ} (hδ : 0 ≤ δ)
+    (B : Fin R → Ω → ℝ) (T : Ω → ℝ) (ρ : Ω → Fin R) {δ : ℝ}
     (hB : ∀ r, μ {ω | B r ω < T ω} ≤ ENNReal.ofReal (δ / R)) :
     μ {ω | B (ρ ω) ω < T ω} ≤ ENNReal.ofReal δ :=
   measure_selected_lt_le μ B T ρ (fun _ => ENNReal.ofReal (δ / R)) hB
-    (sum_uniform_round_budget_le R hδ)
+    (sum_uniform_round_budget_le R δ)
 
 /-- The reported round's bound with the `6 / (π² r²)` split: round `r + 1` failing with
 probability at most `δ * 6 / (π² (r + 1)²)` for every round of any number `R`, the reported bound

@@ -58,9 +58,9 @@ theorem measure_iUnion_le_of_sum_le {Ω ι : Type*} [MeasurableSpace Ω] [Fintyp
     _ ≤ ∑ k, δ k := Finset.sum_le_sum fun k _ => hE k
     _ ≤ δreq := hδ
 
-/-- An even split of a nonnegative budget `x` over `n` events spends at most `x`:
+/-- An even split of a budget `x` over `n` events spends at most `x`:
 `n * ofReal (x / n) ≤ ofReal x` (equality for `n > 0`; nothing is spent for `n = 0`). -/
-theorem natCast_mul_ofReal_div_le (n : ℕ) {x : ℝ} (hx : 0 ≤ x) :
+theorem natCast_mul_ofReal_div_le (n : ℕ) (x : ℝ) :
     (n : ℝ≥0∞) * ENNReal.ofReal (x / n) ≤ ENNReal.ofReal x := by
   rcases Nat.eq_zero_or_pos n with hn | hn
   · have h0 : (n : ℝ≥0∞) = 0 := by rw [hn, Nat.cast_zero]
@@ -77,10 +77,10 @@ theorem natCast_mul_ofReal_div_le (n : ℕ) {x : ℝ} (hx : 0 ≤ x) :
 
 /-- A budget split evenly over the `n` elements of a finite type spends at most the budget:
 `∑ i, ofReal (x / n) ≤ ofReal x` for `n = card ι`. -/
-theorem sum_ofReal_div_card_le {ι : Type*} [Fintype ι] {x : ℝ} (hx : 0 ≤ x) :
+theorem sum_ofReal_div_card_le {ι : Type*} [Fintype ι] (x : ℝ) :
     ∑ _i : ι, ENNReal.ofReal (x / Fintype.card ι) ≤ ENNReal.ofReal x := by
   rw [Finset.sum_const, Finset.card_univ, nsmul_eq_mul]
-  exact natCast_mul_ofReal_div_le (Fintype.card ι) hx
+  exact natCast_mul_ofReal_div_le (Fintype.card ι) x
 
 /-- The shares `6 / π² * (1 / (k + 1)²)` of steps `1, 2, …, n` sum to at most `1`: the `k = 0`
 term of `WitCert.sum_step_allocation_le` (`1 / 0² = 0`) is dropped and the rest shifted. -/
@@ -142,7 +142,7 @@ theorem measure_iUnion_steps_le {Ω : Type*} [MeasurableSpace Ω] (μ : Measure 
   have hstep : ∀ k, μ (⋃ c, E k c)
       ≤ ENNReal.ofReal (δreq * (6 / Real.pi ^ 2 * ((1 : ℝ) / ((k + 1 : ℕ) : ℝ) ^ 2))) :=
     fun k => measure_iUnion_le_of_sum_le μ (E k) _ (hE k)
-      (sum_ofReal_div_card_le (mul_nonneg hδ (step_share_nonneg k)))
+      (sum_ofReal_div_card_le _)
   exact measure_iUnion_le_of_tsum_le μ (fun k => ⋃ c, E k c) _ hstep
     (tsum_ofReal_step_budget_le hδ)
 
