@@ -2,8 +2,9 @@
 
 Every bound the meter forms grows with each stored band norm: ``c_t = sm_scale sum_b ||q_b|| w_{t,b}``
 is monotone in ``w`` (Theorem 2 ``T2`` needs ``w_{t,b} >= ||r_{t,b}||``), and so is the T1 meter in
-``c`` (registry ``MW``, Lean ``WitCert.band_bound_mono_witness``). So a stored value at or above the
-band norm keeps every bound sound, and one below it is unsound: each code here only rounds up.
+``c`` (registry ``MW``: Lean ``WitCert.tv_le_eform_of_rounded_witness``, from ``WitCert.bandBound_mono``
+and ``WitCert.eform_meter_mono``). So a stored value at or above the band norm keeps every bound
+sound, and one below it is unsound: each code here only rounds up.
 
 Two codes (:class:`WitnessCode`, ``bits``):
 
