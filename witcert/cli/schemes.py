@@ -38,11 +38,12 @@ def run(args) -> int:
     rows = [(name, _first_line(get_scheme(name).__doc__), True) for name in list_schemes()]
     rows += [(name, f"plugin {plugins[name]} (loaded when used)", False) for name in plugin_names()]
     rows += [(name, f"[cache] {about}", True) for name, about in CACHE_SCHEMES.items()]
-    memory = args.memory and not args.names
+    memory = getattr(args, "memory", False) and not args.names  # (a caller's namespace may predate --memory)
+    head_dim = getattr(args, "head_dim", 128)
     if memory:
-        print(f"{'':<18} {MEMORY_HEAD}  (bytes per token and kv head at head dim {args.head_dim}, bf16)")
+        print(f"{'':<18} {MEMORY_HEAD}  (bytes per token and kv head at head dim {head_dim}, bf16)")
     for name, about, loaded in rows:
-        columns = f"{_memory_columns(name, args.head_dim) if loaded else 'n/a':<{len(MEMORY_HEAD)}}  " if memory else ""
+        columns = f"{_memory_columns(name, head_dim) if loaded else 'n/a':<{len(MEMORY_HEAD)}}  " if memory else ""
         print(name if args.names else f"{name:<18} {columns}{about}")
     if not args.names:
         print("\nAny fn(x) -> x_hat of your own: --scheme module:function (checked before the model loads).")
