@@ -12,7 +12,11 @@ request): with it and ``request`` a run can be replayed. Cells of a gated monito
 ``paged_fraction`` (fraction of the cell's visible tokens paged in), ``bytes_paged``,
 ``meter_after`` (the meter of the repaired attention: recomputed where the gate fired, the cell's
 own meter elsewhere) and ``true_tv_after`` (its TV against the exact logits; ``null`` when the
-exact keys were not kept).
+exact keys were not kept). ``tier_b_delta`` is the failure probability of Tier B's probabilistic
+branch per cell where it was used (0 elsewhere). Every table also carries the two label columns of
+:mod:`witcert.integrations.hf.bound_kind`: ``bound_kind`` (``"proved"``, ``"probabilistic"``, or
+``"none"`` for a cell without a meter) and ``bound_delta`` (the probability that the cell's bound
+fails: 0 when proved).
 """
 from __future__ import annotations
 
@@ -22,6 +26,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from witcert.integrations.hf import bound_kind
 
 _FLOATS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "c_max")
 _BOOLS = ("joint", "repaired")
@@ -52,8 +58,8 @@ def cell_table(batches, case: int = 0) -> CellTable:
     """Flatten a list of ``CellBatch`` into a :class:`CellTable` (``case`` fills the case column)."""
     extras = sorted(batches[0].extra) if batches else []
     dithered = bool(batches) and all(batch.seed is not None for batch in batches)
-    cols = {k: [] for k in ("case", "request", "layer", "head", "pos", "batch", "tier", "adaptive", *_FLOATS, *_BOOLS,
-                            *extras, *(("seed",) if dithered else ()))}
+    cols = {k: [] for k in ("case", "request", "layer", "head", "pos", "batch", "tier", "adaptive", "tier_b_delta",
+                            *_FLOATS, *_BOOLS, *extras, *(("seed",) if dithered else ()))}
     for batch in batches:
         b, hq, tq = batch.meter.shape
         grid_b, grid_h, grid_t = np.meshgrid(np.arange(b), np.arange(hq), np.arange(tq), indexing="ij")
@@ -66,6 +72,7 @@ def cell_table(batches, case: int = 0) -> CellTable:
         cols["batch"].append(grid_b.ravel())
         cols["tier"].append(np.full(n, batch.tier))
         cols["adaptive"].append(np.full(n, batch.adaptive))
+        cols["tier_b_delta"].append(np.full(n, batch.tier_b_delta))
         for name in (*_FLOATS, *_BOOLS):
             cols[name].append(getattr(batch, name).numpy().ravel())
         for name in extras:
@@ -73,8 +80,9 @@ def cell_table(batches, case: int = 0) -> CellTable:
         if dithered:
             cols["seed"].append(np.full(n, batch.seed, dtype=np.uint64))
     if not cols["layer"]:
-        return CellTable({k: np.array([]) for k in cols})
-    return CellTable({k: np.concatenate(v) for k, v in cols.items()})
+        return CellTable({k: np.array([]) for k in (*cols, bound_kind.KIND, bound_kind.DELTA)})
+    columns = {k: np.concatenate(v) for k, v in cols.items()}
+    return CellTable({**columns, **bound_kind.label_columns(columns)})
 
 
 def concat(tables) -> CellTable:
