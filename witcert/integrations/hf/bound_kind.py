@@ -91,13 +91,12 @@ class BoundCounts:
         return self.proved + self.probabilistic
 
     def describe(self) -> str:
-        """``"370 proved, 3,950 with probability >= 1 - 1e-06 each (spot check)"``."""
+        """``"370 proved, 3,950 hold with probability >= 1 - 1e-06 (spot check)"`` (the largest delta of any cell)."""
         if not self.probabilistic:
             return f"{self.proved:,d} proved"
-        sources = [name for name, count in (("spot check", self.spot), ("Tier B, non-adaptive queries", self.tier_b))
-                   if count]
-        return (f"{self.proved:,d} proved, {self.probabilistic:,d} with probability >= 1 - delta, delta <= "
-                f"{self.max_delta:.3g} per cell ({', '.join(sources)})")
+        sources = [name for name, count in (("spot check", self.spot), ("Tier B", self.tier_b)) if count]
+        return (f"{self.proved:,d} proved, {self.probabilistic:,d} hold with probability >= 1 - {self.max_delta:.2g} "
+                f"({', '.join(sources)})")
 
 
 def counts(table) -> BoundCounts:
