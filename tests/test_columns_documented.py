@@ -1,7 +1,7 @@
 """Every column a monitored run produces is documented, and the documented list holds nothing else (issue 41 item 6).
 
 Implementation: ``witcert.integrations.hf.telemetry.COLUMNS`` (the column reference is generated from it,
-``scripts/gen_columns_reference.py``). Oracle: the columns of real cell tables of the tiny Llama under every
+``scripts/gen_cli_reference.py``). Oracle: the columns of real cell tables of the tiny Llama under every
 option that adds columns: the spot check with the spot-certified gate, a production gate, the dithered cache
 with a Tier B delta sweep (as ``witcert observe`` records), sampled metering. Tolerance: exact names
 (``meter_delta=<d>`` stands for every swept budget).
@@ -56,7 +56,7 @@ RUNS = {
 def test_every_column_of_a_run_is_documented(options):
     columns = _columns(**dict(options))
     missing = sorted(c for c in columns if not _documented(c))
-    assert not missing, f"document these in telemetry.COLUMNS (and run scripts/gen_columns_reference.py): {missing}"
+    assert not missing, f"document these in telemetry.COLUMNS (and run scripts/gen_cli_reference.py): {missing}"
 
 
 def test_the_documented_list_names_each_column_once_and_every_one_is_produced():

@@ -2,7 +2,7 @@
 
 Implementation under test: ``mkdocs.yml`` and ``docs/`` (built with ``mkdocs build --strict``, which
 fails on any broken link, missing anchor or docstring mkdocstrings cannot render), the command-line
-reference (``scripts/gen_cli_reference.py``), the column reference (``scripts/gen_columns_reference.py``),
+and the column references (``scripts/gen_cli_reference.py``),
 the results page and the README's results table (``scripts/gen_results_page.py``), the pictures drawn
 from the benchmark records (``scripts/docs_pictures.py --check``), the stylesheet that wraps long code
 lines. Oracles: the build's exit status; the generators' output equal
@@ -49,13 +49,8 @@ def test_the_site_builds_strict(tmp_path):
     assert (tmp_path / "site" / "reference" / "columns" / "index.html").is_file()
 
 
-def test_the_cli_reference_is_generated_from_the_parsers():
+def test_the_cli_and_column_references_are_generated_from_the_parsers_and_the_column_list():
     done = _run(sys.executable, "scripts/gen_cli_reference.py", "--check")
-    assert done.returncode == 0, done.stderr
-
-
-def test_the_column_reference_is_generated_from_the_column_list():
-    done = _run(sys.executable, "scripts/gen_columns_reference.py", "--check")
     assert done.returncode == 0, done.stderr
 
 

@@ -127,10 +127,15 @@ def test_the_plan_is_printed_with_the_gate_steps_and_the_full_sweep():
     assert kinds == ["reference", "spot", "spot gated", "spot", "spot gated"]
     production = ObserveConfig(schemes=("rtn-int4",), gate=True, keep_exact=False)
     assert [s.kind for s in plan.steps(production, 2)] == ["reference"] * 2 + ["metered"] * 2 + ["gated"] * 2
-    lines = plan.describe(ObserveConfig(schemes=observe.DEMO_SCHEMES, certificate="spot", cases=1), 1, 2, demo=True)
-    text = "\n".join(lines)
+    demo = ObserveConfig(schemes=observe.DEMO_SCHEMES, certificate="spot", cases=1)
+    text = "\n".join(plan.describe(demo, 1, 2, demo=True, share=1.0))
     assert text.startswith("plan: 4 scheme(s)") and "spot-checked (256 exact keys" in text
-    assert "--demo --cases 4 --gate" in text and "time: about" in text
+    assert "--demo --cases 4 --gate" in text and "time: about" in text and "busy" not in text
+    idle = plan.prior_seconds(plan.steps(demo, 1), 512, 2)
+    busy = "\n".join(plan.describe(demo, 1, 2, demo=True, share=0.25))
+    assert f"busy (about 25% of a core for each thread now): expect {plan.minutes(idle / 0.25)}" in busy
+    assert plan.share_of_machine(1, load=11.0, cpus=2) == pytest.approx(2 / 12)
+    assert plan.share_of_machine(1, load=0.1, cpus=2) == 1.0
 
 
 # ----------------------------------------------------------------------------- the printed table

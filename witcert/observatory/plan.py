@@ -12,6 +12,7 @@ not seen yet from its cost relative to the uncompressed case (:data:`RELATIVE_CO
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import dataclass, field
 
 # seconds per case of a kind / seconds of an uncompressed case (SmolLM2, 512 tokens, the full meter, 1 thread)
@@ -83,8 +84,26 @@ def minutes(seconds: float) -> str:
     return f"about {seconds:.0f} s" if seconds < 90 else f"about {seconds / 60:.0f} min"
 
 
-def describe(config, n_cases: int, threads: int, demo: bool = False) -> list[str]:
-    """The plan printed before the model loads: what runs, how many cases rest on, the a-priori time."""
+def share_of_machine(threads: int, load: float | None = None, cpus: int | None = None) -> float:
+    """The fraction of its ``threads`` a run can expect on a machine with ``load`` runnable tasks on ``cpus``.
+
+    With more runnable tasks than CPUs each gets about ``cpus / (load + threads)`` of one; default: the
+    one-minute load average and the CPU count of this machine.
+    """
+    if load is None or cpus is None:
+        try:
+            load, cpus = os.getloadavg()[0], os.cpu_count() or 1
+        except OSError:  # no load average on this platform
+            return 1.0
+    return min(1.0, cpus / max(load + threads, 1e-9))
+
+
+def describe(config, n_cases: int, threads: int, demo: bool = False, share: float | None = None) -> list[str]:
+    """The plan printed before the model loads: what runs, how many cases rest on, the a-priori time.
+
+    ``share``: :func:`share_of_machine` (measured now by default); below one half the time is also
+    given at that share, since a shared machine stretches every case alike.
+    """
     plan = steps(config, n_cases)
     what = {"metered": "metered", "spot": f"metered and spot-checked ({config.spot_keys} exact keys per cell above tau)",
             "gated": "behind the certified gate", "spot gated": "behind the spot-certified gate"}
@@ -97,6 +116,10 @@ def describe(config, n_cases: int, threads: int, demo: bool = False) -> list[str
              f"  each case runs uncompressed once, then per scheme: " + "; ".join(what[k] for k in kinds)]
     if demo and (n_cases == 1 or not config.gate):
         lines.append("  the full sweep: --demo --cases 4 --gate (4 cases per scheme, each also behind the gate)")
-    lines.append(f"  time: {minutes(prior_seconds(plan, config.context_tokens, threads))} on an idle 2-core machine; "
-                 "longer on a shared one (re-estimated as cases finish)")
+    idle = prior_seconds(plan, config.context_tokens, threads)
+    share = share_of_machine(threads) if share is None else share
+    lines.append(f"  time: {minutes(idle)} on an idle 2-core machine (re-estimated as cases finish)")
+    if share < 0.5:
+        lines.append(f"  this machine is busy (about {share:.0%} of a core for each thread now): expect "
+                     f"{minutes(idle / share)}")
     return lines

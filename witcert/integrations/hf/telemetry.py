@@ -31,7 +31,7 @@ import numpy as np
 from witcert.integrations.hf import bound_kind
 
 # Every column a cell table (and its JSONL line) can carry: (name, when present, meaning). The one source of
-# the column list: docs/reference/columns.md is generated from it (scripts/gen_columns_reference.py), and
+# the column list: docs/reference/columns.md is generated from it (scripts/gen_cli_reference.py), and
 # tests/test_columns_documented.py checks every column a monitored run produces is here.
 COLUMNS = (
     ("case", "always", "the observatory's workload case (0 outside `witcert observe`)"),
