@@ -19,8 +19,10 @@ $(STAMP): requirements.txt pyproject.toml
 	DISABLE_CUDA=1 $(PIP) --no-deps --no-build-isolation -r requirements-quant.txt && { $(PY) -c "from optimum.quanto.library.extensions import get_extension as g; g('quanto_cpp').lib" >/dev/null || echo "optimum-quanto: C++ extension not prebuilt (compiled on first use)"; }
 	touch $(STAMP)
 
-# every core the machine has (`witcert observe` defaults to 1 thread for stable measurements)
-DEMO_THREADS ?= $(shell nproc 2>/dev/null || echo 1)
+# one torch thread: on 2 shared cores a second thread oversubscribes (2026-12-06, Intel Xeon, 2 CPUs shared with
+# other work at load 10-15: one spot-checked fp8-e4m3 needle case, `witcert observe --scheme fp8-e4m3 --certificate
+# spot --cases 1 --threads N`, took 149 s and 211 s with 1 thread, over 600 s (stopped) twice with 2)
+DEMO_THREADS ?= 1
 
 demo: $(STAMP)
 	$(VENV)/bin/witcert observe --demo --threads $(DEMO_THREADS)

@@ -202,3 +202,15 @@ def test_a_prompt_in_production_with_the_spot_check_runs_and_labels_every_cell(t
     assert all(r["true_tv"] is None for r in rows)  # production: no exact cache
     assert {r["bound_kind"] for r in rows} <= {"proved", "probabilistic"}
     assert "bounds, rtn-int4: " in out
+
+
+def test_the_report_documents_the_spot_and_bounds_columns(tmp_path):
+    results = [_spot_result("rtn-int4")]
+    config = ObserveConfig(schemes=("rtn-int4",), cases=1, certificate="spot")
+    text = report.write_report(tmp_path, results, config, {"needle_acc": 1.0}, "synthetic", 1.0).read_text()
+    header, rows = report.table_rows(results, 0.2, {"needle_acc": 1.0}, cases=1)
+    docs = "\n".join(report.COLUMN_DOCS)
+    for name in header:
+        assert name.rstrip(report.ONE_CASE).replace("@0.2", "@tau").replace(" (mean TV)", "") in docs, name
+    assert rows[0][header.index("bounds")].endswith("p >= 1 - 1e-06") and "spot certified@0.2" in header
+    assert "- bounds, rtn-int4: " in text and "spot check on the cells above tau: 256 exact keys" in text
