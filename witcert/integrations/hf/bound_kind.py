@@ -14,7 +14,7 @@ columns the monitor records:
 - ``bound_delta``: the failure probability of the cell's statement (0 for a proved bound, NaN for
   ``"none"``): the sum of the budgets of every probabilistic statement the reported value may rest
   on (``spot_delta``, which includes a spot-certified gate's checks, plus ``tier_b_delta``): a union
-  bound, since the meter is a minimum of the two.
+  bound (the reasoning of ``L3``), since the meter is a minimum of the two and fails only if one fails.
 
 A probabilistic bound is still an upper bound on the true TV, on an event of probability at least
 ``1 - bound_delta`` (Tier B: queries that do not depend on the dither; the spot check: any query).
