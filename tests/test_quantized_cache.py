@@ -399,14 +399,15 @@ def test_monitor_names_the_missing_extra_before_any_forward_call(monkeypatch):
 @NEEDS["quanto"]
 def test_metering_an_already_quantized_cache_as_exact_raises():
     """The misuse of the issue: WitCert attention over transformers' QuantizedCache built outside the
-    monitor (its "exact" keys are the quantized ones) raises before any cell is reported."""
+    monitor (its "exact" keys are the quantized ones) raises before any cell is reported, and names the
+    scheme that meters it (scheme="hf-quanto-int4")."""
     import witcert
     from tests.tiny_models import prompts, tiny
 
     model = tiny("llama")
     ids, mask = prompts(1, length=8)
     with torch.no_grad(), witcert.monitor(model, "rtn-int4") as mon:
-        with pytest.raises(ValueError, match="QuantoQuantizedLayer.*not the exact keys"):
+        with pytest.raises(ValueError, match='QuantoQuantizedLayer.*not the exact keys.*scheme="hf-quanto-int4"'):
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0,
                            cache_implementation="quantized", cache_config={"backend": "quanto", "nbits": 4})
     assert len(mon.batches) == 0

@@ -165,7 +165,7 @@ class Gate:
     Parameters
     ----------
     tau : float
-        Threshold, ``>= 0``. ``tau < 1``: certified; ``tau >= 1``: risk-ranked.
+        Threshold, finite and ``> 0``. ``0 < tau < 1``: certified; ``tau >= 1``: risk-ranked.
     mode : {"certified", "risk"}, optional
         Must agree with ``tau`` (inferred when omitted).
     granularity : {"head", "request"}
@@ -185,8 +185,9 @@ class Gate:
     def __post_init__(self):
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or math.isnan(self.tau):
             raise ValueError(f"tau must be a number, got {self.tau!r}")
-        if self.tau < 0 or math.isinf(self.tau):
-            raise ValueError(f"tau must be finite and >= 0, got {self.tau!r}")
+        if self.tau <= 0 or math.isinf(self.tau):  # tau = 0 certifies only a lossless cache: refused, as the docs say
+            raise ValueError(f"tau must be finite and > 0 (0 < tau < 1: certified; tau >= 1: risk-ranked), "
+                             f"got {self.tau!r}")
         implied = "certified" if self.tau < 1 else "risk"
         if self.mode is None:
             object.__setattr__(self, "mode", implied)

@@ -247,6 +247,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     batch = cells.CellBatch(
         layer=layer.layer_idx, positions=positions, requests=scope.rows,
         tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
+        tier_b_delta=scope.delta_loc if scope.tier == "B" and not scope.adaptive else 0.0,
         **fields,
     )
     return output, batch

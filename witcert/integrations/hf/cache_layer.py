@@ -147,7 +147,9 @@ def check_exact_layers(cache) -> None:
             f"past_key_values layer {index} is a {type(layer).__name__}: WitCert attention runs only over a cache "
             "whose writes it sees exactly (a DynamicCache). A quantized cache (QuantizedCache, quanto/HQQ/fp8 "
             "layers) holds keys that are not the exact keys, so a meter and a 'true TV' against them would "
-            "certify nothing; let witcert.monitor compress the cache itself (scheme=...) instead")
+            "certify nothing; let witcert.monitor compress the cache itself instead: to meter transformers' own "
+            "QuantizedCache, pass its configuration as the scheme (scheme=\"hf-quanto-int4\", \"hf-hqq-int8\", ...; "
+            "witcert schemes lists them) and no past_key_values")
 
 
 def adopt(cache, make_store, n_layers: int) -> list[MonitoredLayer]:

@@ -45,7 +45,9 @@ class CellBatch:
     ``repaired`` marks the cells the gate fired on (their output was recomputed). ``tier`` is
     the certificate actually used (``"A"``, or ``"B"`` for the dithered cache with the Tier A
     minimum); ``adaptive`` says Tier B used only its deterministic branch (the queries may depend
-    on the dither: inside ``generate``, or not declared non-adaptive).
+    on the dither: inside ``generate``, or not declared non-adaptive); ``tier_b_delta`` is the
+    per-cell failure probability of Tier B's probabilistic branch where it was used (``delta_loc``
+    of a non-adaptive Tier B call), 0 where every radius is deterministic.
     """
 
     layer: int
@@ -63,6 +65,7 @@ class CellBatch:
     adaptive: bool = True
     extra: dict = field(default_factory=dict)  # name -> (B, Hq, Tq), e.g. Tier B meters at other deltas
     seed: int | None = None  # Philox seed of a dithered cache (None: no dither), for replay
+    tier_b_delta: float = 0.0  # failure probability of Tier B's probabilistic branch per cell (0: not used)
 
     def __post_init__(self):
         shape = self.meter.shape
@@ -80,6 +83,8 @@ class CellBatch:
             raise ValueError(f"tier must be one of {TIERS} (the tier used, never 'auto'), got {self.tier!r}")
         if self.tier == "B" and self.seed is None:
             raise ValueError("a Tier B batch must record the dither seed of its cache (replay)")
+        if not 0.0 <= self.tier_b_delta < 1.0 or (self.tier_b_delta and self.tier != "B"):
+            raise ValueError(f"tier_b_delta must lie in [0, 1) and be 0 outside Tier B, got {self.tier_b_delta!r}")
 
 
 @dataclass(frozen=True)
