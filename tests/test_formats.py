@@ -237,3 +237,14 @@ def test_engine_names_name_the_scheme_or_refuse():
     for fmt in (Int4PerTokenHead(), TurboQuant()):
         with pytest.raises(ValueError, match="not a power of two"):
             fmt(torch.ones(2, 48))
+
+
+def test_witcert_schemes_lists_each_format_with_its_bytes_per_token(capsys):
+    from witcert.cli import main
+
+    assert main(["schemes"]) == 0
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line.strip()}
+    for name, fmt in FORMATS.items():
+        cost = fmt.bytes_per_token(64, 16)
+        assert f"[{cost['codes']} B + witness {cost['witness']} B per token per kv head at d=64" in lines[name]
+    assert "4-bit Lloyd-Max keys" in lines["turboquant-4bit-nc"] and "3-bit uniform values" in lines["turboquant-3bit-nc"]

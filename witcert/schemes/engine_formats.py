@@ -64,6 +64,17 @@ def format_of(scheme) -> KVFormat | None:
     return None
 
 
+def listing(name: str, head_dim: int = 64, bands: int = 16) -> str | None:
+    """``witcert schemes``' line of an engine format (``None`` for any other scheme): what it is, and what a token
+    of one kv head costs, keys and values, at ``head_dim`` channels and ``bands`` witness bands, beside bf16."""
+    fmt = format_of(name)
+    if fmt is None:
+        return None
+    cost = fmt.bytes_per_token(head_dim, bands)
+    return (f"{fmt.summary} [{cost['codes']} B + witness {cost['witness']} B per token per kv head at d={head_dim}, "
+            f"{bands} bands; bf16 {cost['bf16']} B]")
+
+
 def engine_name_note(name) -> str | None:
     """What to say about an engine's ``--kv-cache-dtype`` spelling used as a scheme name (``None``: not one)."""
     if not isinstance(name, str) or name not in ENGINE_NAMES:

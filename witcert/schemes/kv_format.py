@@ -39,6 +39,11 @@ class KVFormat:
         """The reconstruction the engine's attention reads, same shape and dtype as ``x`` (..., S, d)."""
         return self.decode(self.encode(x, role), x.dtype)
 
+    @property
+    def summary(self) -> str:
+        """One line: what the engine stores (the class docstring's first line)."""
+        return (type(self).__doc__ or "").strip().splitlines()[0]
+
     def nbytes(self, packed: tuple) -> int:
         """Bytes the packed chunk occupies (codes and scales as the engine stores them)."""
         return sum(p.numel() * p.element_size() for p in packed if isinstance(p, torch.Tensor))

@@ -59,6 +59,11 @@ class TurboQuant(KVFormat):
             if getattr(self, name) not in (3, 4):
                 raise ValueError(f"turboquant: {name} must be 3 or 4 (vLLM's MSE presets), got {getattr(self, name)!r}")
 
+    @property
+    def summary(self) -> str:
+        return (f"vLLM TurboQuant: Hadamard rotation, {self.key_bits}-bit Lloyd-Max keys"
+                f"{' with norm correction' if self.norm_correction else ''}, {self.value_bits}-bit uniform values")
+
     def check_head_dim(self, head_dim: int) -> None:
         check_power_of_two(head_dim, "turboquant")
         if head_dim < 8:
