@@ -51,48 +51,47 @@ def dynamic_scale(amax: torch.Tensor, qmax: float) -> torch.Tensor:
     return torch.maximum(amax / qmax, SCALE_FLOOR.to(amax.device))
 
 
+class _AbsmaxPerTokenHead(KVFormat):
+    """INT8 and FP8 per token and kv head: ``scale = max(amax / qmax, 1e-6)``, codes of ``x * (1 / scale)``."""
+
+    qmax: float = 1.0
+    token_axes = (-2, -2)
+    roles_alike = True  # per head, keys and values alike: a store codes both in one call
+    source = f"{_SOURCE} vllm/v1/attention/ops/triton_reshape_and_cache_flash.py (_reshape_cache_per_token_head)"
+
+    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+        x32 = x.to(torch.float32)
+        scale = dynamic_scale(x32.abs().amax(-1, keepdim=True), self.qmax)  # (..., T, 1)
+        return self.codes(x32 * (1.0 / scale)), scale
+
+    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        codes, scale = packed
+        return exact_product(codes, scale).to(dtype)
+
+    def code_bytes(self, head_dim: int, role: str) -> int:
+        return head_dim + 4
+
+
 @dataclass(frozen=True)
-class Int8PerTokenHead(KVFormat):
+class Int8PerTokenHead(_AbsmaxPerTokenHead):
     """vLLM int8_per_token_head: int8 codes, one fp32 absmax scale per token and kv head (d + 4 bytes per token)."""
 
-    token_axes = (-2, -2)
-    roles_alike = True  # per head, keys and values alike: a store codes both in one call
-    source = f"{_SOURCE} vllm/v1/attention/ops/triton_reshape_and_cache_flash.py (_reshape_cache_per_token_head)"
+    qmax = 127.0
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
-        x32 = x.to(torch.float32)
-        scale = dynamic_scale(x32.abs().amax(-1, keepdim=True), 127.0)  # (..., T, 1)
-        codes = round_half_away(x32 * (1.0 / scale)).clamp_(-128, 127).to(torch.int8)
-        return codes, scale
-
-    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
-        codes, scale = packed
-        return exact_product(codes, scale).to(dtype)
-
-    def code_bytes(self, head_dim: int, role: str) -> int:
-        return head_dim + 4
+    def codes(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Round half away from zero in fp32, clamp to the int8 range, truncate (the int8 store)."""
+        return round_half_away(scaled).clamp_(-128, 127).to(torch.int8)
 
 
 @dataclass(frozen=True)
-class Fp8PerTokenHead(KVFormat):
+class Fp8PerTokenHead(_AbsmaxPerTokenHead):
     """vLLM fp8_per_token_head: FP8 E4M3 codes, one fp32 absmax scale per token and kv head (d + 4 bytes per token)."""
 
-    token_axes = (-2, -2)
-    roles_alike = True  # per head, keys and values alike: a store codes both in one call
-    source = f"{_SOURCE} vllm/v1/attention/ops/triton_reshape_and_cache_flash.py (_reshape_cache_per_token_head)"
+    qmax = E4M3_MAX
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
-        x32 = x.to(torch.float32)
-        scale = dynamic_scale(x32.abs().amax(-1, keepdim=True), E4M3_MAX)
-        codes = (x32 * (1.0 / scale)).clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
-        return codes, scale
-
-    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
-        codes, scale = packed
-        return exact_product(codes, scale).to(dtype)
-
-    def code_bytes(self, head_dim: int, role: str) -> int:
-        return head_dim + 4
+    def codes(self, scaled: torch.Tensor) -> torch.Tensor:
+        """Clamp to +-448 and cast to E4M3, round to nearest even."""
+        return scaled.clamp_(-E4M3_MAX, E4M3_MAX).to(torch.float8_e4m3fn)
 
 
 @dataclass(frozen=True)
