@@ -248,3 +248,14 @@ def test_witcert_schemes_lists_each_format_with_its_bytes_per_token(capsys):
         cost = fmt.bytes_per_token(64, 16)
         assert f"[{cost['codes']} B + witness {cost['witness']} B per token per kv head at d=64" in lines[name]
     assert "4-bit Lloyd-Max keys" in lines["turboquant-4bit-nc"] and "3-bit uniform values" in lines["turboquant-3bit-nc"]
+
+
+def test_a_reconstruction_beyond_the_model_dtype_is_refused_by_name():
+    x = torch.zeros(1, 64, dtype=torch.float16)
+    x[0, 0] = 65000.0  # MXFP4: 65000 / 2^14 = 3.97 -> 4 -> 65536, beyond fp16
+    for use in (lambda fmt: fmt(x), lambda fmt: fmt.encode(x, "key")):  # the scheme and the codec's write
+        with pytest.raises(ValueError, match="mxfp4: a reconstructed value overflows torch.float16"):
+            use(FORMATS["mxfp4"])
+    spread = torch.full((1, 64), 30000.0, dtype=torch.float16)  # H (s x) grows a coordinate up to 64 x 30000
+    with pytest.raises(ValueError, match="int4-per-token-head: the rotated head overflows torch.float16"):
+        FORMATS["int4-per-token-head"].encode(spread, "key")

@@ -53,6 +53,7 @@ class Nvfp4(KVFormat):
     k_scale: float = 1.0
     v_scale: float = 1.0
     token_axes = (-2, -2, None)
+    label = "nvfp4"
     source = ("vLLM c46deb951c247ef75c719e72f1a8b781df5e0f00 csrc/libtorch_stable/quantization/fp4/"
               "nvfp4_kv_cache_kernels.cu (reshape_and_cache_nvfp4_kernel, DEFAULT scale search)")
 
@@ -70,7 +71,7 @@ class Nvfp4(KVFormat):
     def check_head_dim(self, head_dim: int) -> None:
         check_blocks(head_dim, "nvfp4")
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+    def pack(self, x: torch.Tensor, role: str = "key") -> tuple:
         self.check_head_dim(x.shape[-1])
         tensor_scale = torch.tensor(self.k_scale if role == "key" else self.v_scale, dtype=torch.float32)
         g = 1.0 / tensor_scale  # global_scale = 1.0f / *k_scale_ptr
@@ -97,13 +98,14 @@ class Mxfp4Block16(KVFormat):
 
     token_axes = (-2, -2)
     roles_alike = True
+    label = "mxfp4"
     source = ("sglang 0dae407b3cee5c310cdeeae348b6d42c025788b2 python/sglang/srt/layers/quantization/"
               "kvfp4_tensor.py (FP4MXBlock16KVQuantizeUtil)")
 
     def check_head_dim(self, head_dim: int) -> None:
         check_blocks(head_dim, "mxfp4")
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+    def pack(self, x: torch.Tensor, role: str = "key") -> tuple:
         self.check_head_dim(x.shape[-1])
         x32 = blocks(x.to(torch.float32), BLOCK)
         block_max = x32.abs().amax(-1, keepdim=True)

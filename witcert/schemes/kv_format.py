@@ -24,9 +24,9 @@ VALUE_STATISTICS_BYTES = 8  # fp32 value residual norm and fp32 value norm per t
 
 
 class KVFormat:
-    """Base of the engine formats: ``__call__`` from ``encode``/``decode``; subclasses are frozen dataclasses.
+    """Base of the engine formats: the scheme and the codec from ``pack``/``decode``; subclasses are frozen dataclasses.
 
-    Subclasses define ``encode(x, role, start=0) -> tuple``, ``decode(packed, dtype) -> Tensor``,
+    Subclasses define ``pack(x, role) -> tuple`` (the engine's codes and scales), ``decode(packed, dtype) -> Tensor``,
     ``token_axes`` (one axis per packed part, ``None`` for a part that is not per token),
     ``code_bytes(head_dim, role) -> int`` (bytes the engine stores per token per kv head) and
     ``source`` (the engine file and revision followed).
@@ -34,10 +34,24 @@ class KVFormat:
 
     token_axes: tuple = ()
     source: str = ""
+    label: str = "KV format"  # the name errors give (the registered scheme's)
 
     def __call__(self, x: torch.Tensor, role: str = "key") -> torch.Tensor:
         """The reconstruction the engine's attention reads, same shape and dtype as ``x`` (..., S, d)."""
-        return self.decode(self.encode(x, role), x.dtype)
+        return self._checked(x, self.pack(x, role))[1]
+
+    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+        """The codec's write: :meth:`pack`, refused (``ValueError``) where the engine would read back ``inf``."""
+        return self._checked(x, self.pack(x, role))[0]
+
+    def _checked(self, x: torch.Tensor, packed: tuple) -> tuple:
+        """``(packed, its decode in x's dtype)``; ``ValueError`` naming the format when the decode is not finite (a
+        reconstruction beyond the model dtype's range: the engine's dequantized key would be ``inf``)."""
+        decoded = self.decode(packed, x.dtype)
+        if not bool(torch.isfinite(decoded).all()):
+            raise ValueError(f"{self.label}: a reconstructed value overflows {x.dtype} (the engine "
+                             "would read inf): this format cannot hold this tensor")
+        return packed, decoded
 
     @property
     def summary(self) -> str:

@@ -59,7 +59,7 @@ class _AbsmaxPerTokenHead(KVFormat):
     roles_alike = True  # per head, keys and values alike: a store codes both in one call
     source = f"{_SOURCE} vllm/v1/attention/ops/triton_reshape_and_cache_flash.py (_reshape_cache_per_token_head)"
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+    def pack(self, x: torch.Tensor, role: str = "key") -> tuple:
         x32 = x.to(torch.float32)
         scale = dynamic_scale(x32.abs().amax(-1, keepdim=True), self.qmax)  # (..., T, 1)
         return self.codes(x32 * (1.0 / scale)), scale
@@ -77,6 +77,7 @@ class Int8PerTokenHead(_AbsmaxPerTokenHead):
     """vLLM int8_per_token_head: int8 codes, one fp32 absmax scale per token and kv head (d + 4 bytes per token)."""
 
     qmax = 127.0
+    label = "int8-per-token-head"
 
     def codes(self, scaled: torch.Tensor) -> torch.Tensor:
         """Round half away from zero in fp32, clamp to the int8 range, truncate (the int8 store)."""
@@ -88,6 +89,7 @@ class Fp8PerTokenHead(_AbsmaxPerTokenHead):
     """vLLM fp8_per_token_head: FP8 E4M3 codes, one fp32 absmax scale per token and kv head (d + 4 bytes per token)."""
 
     qmax = E4M3_MAX
+    label = "fp8-per-token-head"
 
     def codes(self, scaled: torch.Tensor) -> torch.Tensor:
         """Clamp to +-448 and cast to E4M3, round to nearest even."""
@@ -101,14 +103,18 @@ class Int4PerTokenHead(KVFormat):
 
     token_axes = (-2, -2)
     roles_alike = True  # per head, keys and values alike: a store codes both in one call
+    label = "int4-per-token-head"
     source = f"{_SOURCE} vllm/v1/attention/ops/int4_per_token_head.py (reshape_and_cache_int4, single_rht)"
 
     def check_head_dim(self, head_dim: int) -> None:
         check_power_of_two(head_dim, "int4-per-token-head")
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+    def pack(self, x: torch.Tensor, role: str = "key") -> tuple:
         self.check_head_dim(x.shape[-1])
         y = rht(x).to(x.dtype).to(torch.float32)  # single_rht(key.float()).to(key.dtype), loaded as fp32
+        if not bool(torch.isfinite(y).all()):
+            raise ValueError(f"int4-per-token-head: the rotated head overflows {x.dtype} (its Hadamard rotation "
+                             "grows a head by up to sqrt(d)): this format cannot hold this tensor")
         low, high = y.amin(-1, keepdim=True), y.amax(-1, keepdim=True)
         scale = dynamic_scale(high - low, 15.0)
         zero = round_half_away(-low / scale).clamp_(0, 15)

@@ -60,6 +60,12 @@ class TurboQuant(KVFormat):
                 raise ValueError(f"turboquant: {name} must be 3 or 4 (vLLM's MSE presets), got {getattr(self, name)!r}")
 
     @property
+    def label(self) -> str:
+        """The registered name of a preset (``turboquant-4bit-nc``, ``turboquant-k3v4-nc``, ...)."""
+        bits = f"{self.key_bits}bit" if self.key_bits == self.value_bits else f"k{self.key_bits}v{self.value_bits}"
+        return f"turboquant-{bits}{'-nc' if self.norm_correction else ''}"
+
+    @property
     def summary(self) -> str:
         return (f"vLLM TurboQuant: Hadamard rotation, {self.key_bits}-bit Lloyd-Max keys"
                 f"{' with norm correction' if self.norm_correction else ''}, {self.value_bits}-bit uniform values")
@@ -69,7 +75,7 @@ class TurboQuant(KVFormat):
         if head_dim < 8:
             raise ValueError(f"turboquant: head_dim {head_dim} is below 8 (codes are packed eight at a time)")
 
-    def encode(self, x: torch.Tensor, role: str = "key", start: int = 0) -> tuple:
+    def pack(self, x: torch.Tensor, role: str = "key") -> tuple:
         self.check_head_dim(x.shape[-1])
         return self._encode_key(x) if role == "key" else self._encode_value(x)
 
