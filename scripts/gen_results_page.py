@@ -196,19 +196,20 @@ def formats_glance(link: str) -> str | None:
         return None
     setup, rows = record["setup"], _needle_rows(record)
     tau = setup["tau"]
-    lines = ["| engine format | meter | spot check | median TV | needle raw / gated | bytes vs bf16 |",
+    cases = setup["needle"]["cases"]
+    lines = ["| format | meter | spot | median TV | needle raw / gated | bytes / bf16 |",
              "|---|---|---|---|---|---|"]
     violations = record["needle"]["soundness"]["violations"] + record["needle"]["soundness"]["violations_after_repair"]
     for scheme, s in record["schemes"].items():
         violations += s["violations"]
         b = s["bytes"]
         lines.append(f"| {scheme} | {s['coverage_deterministic']:.2f} | {s['coverage_spot']:.2f} | "
-                     f"{s['median_true_tv']:.3f} | {_hits(rows[scheme])} / {_hits(rows[f'{scheme} gated tau={tau:g}'])} "
+                     f"{s['median_true_tv']:.3f} | {rows[scheme]['correct']} / {rows[f'{scheme} gated tau={tau:g}']['correct']} "
                      f"| {(b['codes'] + b['witness']) / b['bf16']:.2f} |")
     base = rows["uncompressed"]
-    return ("\n".join(lines) + f"\n\nEngine KV formats (vLLM, SGLang): certified at tau = {tau:g}, median true TV, "
-            f"needle answers raw and gated (uncompressed {_hits(base)}), bytes with the witness against bf16; "
-            f"{violations} true TV above its bound; measured {setup['date'][:10]} ([the formats table]({link})).")
+    return ("\n".join(lines) + f"\n\nEngine KV formats (vLLM, SGLang), same model and tau; needle answers of {cases} "
+            f"(uncompressed {base['correct']}); bytes with witness over bf16; {violations} violations; "
+            f"{setup['date'][:10]} ([table]({link})).")
 
 
 def spot_cost_lines(cost: list | None) -> list[str]:
