@@ -142,6 +142,8 @@ def query_radius(q: torch.Tensor, q_read: torch.Tensor, k_hat: torch.Tensor, sm_
     sm_scale : float
         The softmax scale.
 
+    Notes
+    -----
     ``|s' - s| + delta' + delta`` with ``s, s'`` the fp64 logits of ``q, q'`` and ``delta, delta'`` their rounding
     bounds (:func:`witcert.tier_a.score_rounding.score_rounding_from`).
     """
