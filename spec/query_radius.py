@@ -1,5 +1,5 @@
-"""Spec mirror of the query-side radius (registry key ``QR``; Lean ``WitCert.logit_error_le_query_key_bound``,
-planned).
+"""Spec mirror of the query-side radius (registry key ``QR``; Lean statement planned:
+logit_error_le_query_key_bound in the WitCert namespace).
 
 Pure Python + mpmath at ``SPEC_DPS`` digits, no torch; floats convert exactly (``mpf(float)``). With the exact
 query ``q``, the query the kernel reads ``q' = q + e``, exact keys ``k`` and stored keys ``k^``:
@@ -43,7 +43,7 @@ def logit_error_split(q: Sequence[Real], q_read: Sequence[Real], k: Sequence[Rea
 
 def bound_query_key(q: Sequence[Real], q_read: Sequence[Real], k_hat: Sequence[Real], witness: Sequence[Real],
                     sm_scale: Real, bands: int, rope: str = "rotate_half") -> mpf:
-    """``sm sum_b ||q_b|| w_b + |sm (q' - q) . k^|`` (Lean ``WitCert.logit_error_le_query_key_bound``, planned):
+    """``sm sum_b ||q_b|| w_b + |sm (q' - q) . k^|`` (its Lean statement is planned):
     bounds ``|sm q' . k^ - sm q . k|`` whenever ``w_b >= ||(k^ - k)_b||`` for every band (Theorem 2's premise)."""
     with mp.workdps(SPEC_DPS):
         key_side = bound_band_witness(q, witness, bands, rope, sm_scale)
