@@ -7,6 +7,8 @@ worked by hand in each test from the engine's arithmetic (vLLM's and SGLang's so
 fp32 constants they start from (``numpy.float32``), and the formats' own byte formulas. Domain: heads of 4 to 64
 channels, fp32/bf16/fp16/fp64, zeros, ties, saturation, subnormals, negative zero. Tolerance: none (bit for bit).
 """
+import math
+
 import numpy as np
 import pytest
 import torch
@@ -143,7 +145,9 @@ def test_turboquant_key_codes_by_hand():
     assert unpack_bits(codes, 4, 8).tolist() == [[15, 8, 8, 8, 8, 8, 8, 8]]
     assert norm.dtype == torch.float16 and norm.item() == float(np.float16(f32(8**0.5)))
     c = torch.tensor(centroids(8, 4), dtype=torch.float64)[[15] + [8] * 7]
-    rotated = norm.double() * c / c.norm()  # norm correction, then back to the model's frame (H / sqrt(8))
+    c8, c15 = centroids(8, 4)[8], centroids(8, 4)[15]
+    corrected = c / math.sqrt(7 * (c8 * c8) + c15 * c15 + 1e-16)  # sum c^2 by level (8 seven times, then 15)
+    rotated = norm.double() * corrected  # then back to the model's frame (H / sqrt(8))
     from witcert.schemes.hadamard import orthonormal_hadamard
     assert torch.equal(TurboQuant().decode((codes, norm), torch.float64), orthonormal_hadamard(rotated))
 

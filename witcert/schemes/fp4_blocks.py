@@ -18,10 +18,12 @@ block 16, not the OCP MX block of 32 ("Similar to MXFP4 but uses block_size=16")
 ``e = ceil(log2(clamp(max|x| / 6, min=1e-10)))``, stored as the biased exponent ``e + 127`` (uint8, E8M0), so the
 scale ``2^e`` is a power of two at least ``max|x| / 6`` (nothing clips); codes round ``x / 2^e`` half away from
 zero (:func:`~witcert.schemes.e2m1.round_half_up`). SGLang runs this under ``torch.compile``, which evaluates a
-bf16 block's chain in fp32; here every input is widened to fp32 first.
+bf16 block's chain in fp32; here every input is widened to fp32 first, and the fp32 ``log2`` is taken correctly
+rounded (:func:`ceil_log2_fp32`).
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -39,6 +41,28 @@ def check_blocks(head_dim: int, name: str) -> None:
     if head_dim % BLOCK:
         raise ValueError(f"{name}: head_dim {head_dim} is not a multiple of {BLOCK}; the engine scales blocks of "
                          f"{BLOCK} channels of one head")
+
+
+def ceil_log2_fp32(m: torch.Tensor) -> torch.Tensor:
+    """``ceil(fl32(log2 m))`` (int64) for normal fp32 ``m > 0``, as the fp32 ``torch.log2`` SGLang calls gives it when
+    correctly rounded, computed without a library ``log2``: a vectorized and a scalar ``log2`` can differ by an ulp
+    (so one value could take two scales in one process), ``frexp`` cannot.
+
+    With ``m = f 2^e``, ``f`` in ``[1/2, 1)``: ``log2 m = (e - 1) + log2(2 f)``, ``log2(2 f)`` in ``[0, 1)``. Its
+    ceiling is ``e``, except that the fp32 value is ``e - 1`` when ``2 f = 1`` or ``log2(2 f)`` is within half an
+    fp32 ulp above ``e - 1`` (``m`` just above a power of two, ``|e - 1| >= 2``): then the ceiling is ``e - 1``. The
+    fraction is ``log1p(2 f - 1) / ln 2`` in fp64, far from that threshold except within ``1e-16`` of it."""
+    f, e = torch.frexp(m)
+    below = (e - 1).to(torch.float32)
+    fraction = torch.log1p(2 * f.to(torch.float64) - 1) / math.log(2)  # log2(2 f), 0 exactly when 2 f = 1
+    half_ulp = (torch.nextafter(below, torch.full_like(below, math.inf)) - below).to(torch.float64) / 2
+    rounds_down = (fraction == 0) | ((below != 0) & (fraction <= half_ulp))
+    return torch.where(rounds_down, e - 1, e).to(torch.int64)
+
+
+def power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """``2^e`` in fp32 for integer ``e`` in the normal range ``[-126, 127]``, built from its bits (exact)."""
+    return ((exponent.to(torch.int32) + 127) << 23).view(torch.float32)
 
 
 def _unpack(payload: torch.Tensor) -> torch.Tensor:
@@ -109,13 +133,13 @@ class Mxfp4Block16(KVFormat):
         self.check_head_dim(x.shape[-1])
         x32 = blocks(x.to(torch.float32), BLOCK)
         block_max = x32.abs().amax(-1, keepdim=True)
-        exponent = torch.ceil(torch.log2(torch.clamp(block_max / 6.0, min=1e-10)))
-        codes = e2m1.round_half_up(x32 / torch.exp2(exponent)).flatten(-2)
+        exponent = ceil_log2_fp32(torch.clamp(block_max / 6.0, min=1e-10))
+        codes = e2m1.round_half_up(x32 / power_of_two(exponent)).flatten(-2)
         return pack_bits(codes, 4), (exponent.squeeze(-1) + 127).to(torch.uint8)
 
     def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
         payload, biased = packed
-        scale = torch.exp2(biased.to(torch.float64) - 127)[..., None]
+        scale = power_of_two(biased.to(torch.int64) - 127).to(torch.float64)[..., None]
         return exact_product(e2m1.values(_unpack(payload)), scale).flatten(-2).to(dtype)
 
     def code_bytes(self, head_dim: int, role: str) -> int:

@@ -21,7 +21,8 @@ Per token and kv head, in fp32 as the store does: ``n = ||k||``, ``u = k / (n + 
 (:func:`~witcert.schemes.kv_format.pack_bits`: two per byte at 4 bits, eight per three bytes at 3 bits).
 
 Not the engine bit for bit: ``||k||`` and ``u PiT`` are an fp32 reduction and an fp32 GEMM whose order vLLM does
-not fix; here they are computed exactly and rounded once to fp32, so a coordinate within an ulp of a midpoint
+not fix; here the norm is an fp64 sum of the exact squares in channel order and the rotation is exact, each
+rounded once to fp32, so a coordinate within an ulp of a midpoint
 can take the neighbouring centroid. The reconstruction is the exact real value the decode denotes
 (``fp16 norm * corrected centroid``, turned back by ``Pi``), rounded once to the model's dtype. A norm, value or
 scale beyond fp16's range is refused (the engine would store ``inf``).
@@ -84,9 +85,16 @@ class TurboQuant(KVFormat):
         if side.shape[-1] == 1:
             d = codes.shape[-1] * 8 // self.key_bits
             table = torch.tensor(lloyd_max.centroids(d, self.key_bits), dtype=torch.float64, device=codes.device)
-            c = table[unpack_bits(codes, self.key_bits, d)]
-            if self.norm_correction:
-                c = c / torch.sqrt((c * c).sum(-1, keepdim=True) + CENTROID_EPS)
+            idx = unpack_bits(codes, self.key_bits, d)
+            c = table[idx]
+            if self.norm_correction:  # sum c^2 from the code counts, levels in a fixed order: the same on every CPU
+                counts = torch.zeros(*idx.shape[:-1], len(table), dtype=torch.float64, device=idx.device)
+                counts.scatter_add_(-1, idx, torch.ones_like(c))
+                squares = table * table
+                total = torch.zeros_like(counts[..., :1])
+                for level in range(len(table)):
+                    total = total + counts[..., level:level + 1] * squares[level]
+                c = c / torch.sqrt(total + CENTROID_EPS)
             return orthonormal_hadamard(exact_product(c, side)).to(dtype)
         d = codes.shape[-1] * 8 // self.value_bits
         q = unpack_bits(codes, self.value_bits, d).to(torch.float64)
@@ -98,7 +106,7 @@ class TurboQuant(KVFormat):
 
     def _encode_key(self, x: torch.Tensor) -> tuple:
         k32 = x.to(torch.float32)
-        norm = torch.linalg.vector_norm(k32.to(torch.float64), dim=-1, keepdim=True).to(torch.float32)
+        norm = torch.sqrt(_sum_in_order(k32.to(torch.float64) ** 2)).to(torch.float32)  # squares exact in fp64
         unit = k32 / (norm + NORM_EPS)
         rotated = orthonormal_hadamard(unit).to(torch.float32)  # u @ PiT, rounded once
         mids = lloyd_max.midpoints(x.shape[-1], self.key_bits).to(x.device)
@@ -114,6 +122,15 @@ class TurboQuant(KVFormat):
         q = ((v32 - low) / scale + 0.5).trunc().clamp_(0, levels)
         side = torch.cat([_fp16(scale, "a value scale"), _fp16(low, "a value minimum")], dim=-1)
         return pack_bits(q.to(torch.int64), self.value_bits), side
+
+
+def _sum_in_order(x: torch.Tensor) -> torch.Tensor:
+    """``x`` (..., d) summed over the last axis left to right, (..., 1): one order on every CPU and shape (a library
+    reduction may pair terms differently for one token and for many, and round differently)."""
+    total = x[..., :1]
+    for j in range(1, x.shape[-1]):
+        total = total + x[..., j:j + 1]
+    return total
 
 
 def _fp16(x: torch.Tensor, what: str) -> torch.Tensor:
