@@ -162,6 +162,74 @@ def spot_section() -> str:
     return "\n".join(lines + spot_cost_lines(spot.get("cost")))
 
 
+def _needle_rows(record: dict) -> dict:
+    """The formats record's needle rows by configuration name."""
+    return {row["name"]: row for row in record["needle"]["rows"]}
+
+
+def _hits(row: dict) -> str:
+    return f"{row['correct']}/{row['cases']}"
+
+
+def formats_section() -> str | None:
+    """The engine KV formats on SmolLM2 (``benchmarks/results/formats.json``, ``python -m benchmarks.formats``)."""
+    record = _load("formats.json")
+    if record is None:
+        return None
+    setup, rows = record["setup"], _needle_rows(record)
+    cov, tau, keys = setup["coverage"], setup["tau"], setup["coverage"]["spot_keys"]
+    base, sound = rows["uncompressed"], record["needle"]["soundness"]
+    lines = ["## Engine KV formats", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             f"The KV formats serving engines ship ([the formats guide](guides/formats.md)) on "
+             f"{setup['model'].split(';')[0]}. "
+             f"Coverage: one {cov['context_tokens']}-token case per task ({', '.join(cov['tasks'])}), "
+             f"{cov['cells_per_call']} cells sampled per attention call, each against its true TV; the spot check "
+             f"reads {keys} exact keys at failure probability {cov['delta_per_cell']:g} per checked cell. Needle: "
+             f"{setup['needle']['cases']} cases of the study's family at {setup['needle']['context_tokens']} tokens, "
+             f"raw and behind the certified gate at tau = {tau:g} (exact binomial 95% intervals; uncompressed "
+             f"{_hits(base)} = {base['accuracy']:.3f} [{base['low']:.3f}, {base['high']:.3f}]). Bytes: what the engine "
+             f"stores per token and kv head (keys and values) and the monitor's witness, against bf16, at head "
+             f"dimension {setup['head_dim']} and {setup['bands']} bands.", "",
+             f"| format | cells | certified at tau = {tau:g}: meter | with the spot check | median true TV "
+             "| needle raw | needle gated (tokens paged) | bytes per token: codes + witness (bf16) | violations |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for scheme, s in record["schemes"].items():
+        raw, gated = rows[scheme], rows[f"{scheme} gated tau={tau:g}"]
+        b = s["bytes"]
+        violations = s["violations"] + raw["violations"] + gated["violations"] + gated.get("violations_after_repair", 0)
+        lines.append(f"| {scheme} | {s['cells']} | {_fraction(s['coverage_deterministic'])} | "
+                     f"{_fraction(s['coverage_spot'])} | {s['median_true_tv']:.4f} | {_hits(raw)} [{raw['low']:.2f}, "
+                     f"{raw['high']:.2f}] | {_hits(gated)} [{gated['low']:.2f}, {gated['high']:.2f}] "
+                     f"({gated['paged_fraction']:.2f}) | {b['codes']} + {b['witness']} ({b['bf16']}) | {violations} |")
+    lines += ["", f"Needle runs: {sound['cells']:,} metered cells, {sound['violations']} with true TV above the meter, "
+              f"{sound['violations_after_repair']} above their meter after repair. Each format's engine source "
+              "(file and revision) is recorded with it in `benchmarks/results/formats.json`."]
+    return "\n".join(lines)
+
+
+def formats_glance(link: str) -> str | None:
+    """The README's table of the engine formats (``None`` without ``formats.json``)."""
+    record = _load("formats.json")
+    if record is None:
+        return None
+    setup, rows = record["setup"], _needle_rows(record)
+    tau = setup["tau"]
+    cases = setup["needle"]["cases"]
+    lines = ["| format | meter | spot | median TV | needle raw / gated | bytes / bf16 |",
+             "|---|---|---|---|---|---|"]
+    violations = record["needle"]["soundness"]["violations"] + record["needle"]["soundness"]["violations_after_repair"]
+    for scheme, s in record["schemes"].items():
+        violations += s["violations"]
+        b = s["bytes"]
+        lines.append(f"| {scheme} | {s['coverage_deterministic']:.2f} | {s['coverage_spot']:.2f} | "
+                     f"{s['median_true_tv']:.3f} | {rows[scheme]['correct']} / {rows[f'{scheme} gated tau={tau:g}']['correct']} "
+                     f"| {(b['codes'] + b['witness']) / b['bf16']:.2f} |")
+    base = rows["uncompressed"]
+    return ("\n".join(lines) + f"\n\nEngine KV formats (vLLM, SGLang), same model and tau; needle answers of {cases} "
+            f"(uncompressed {base['correct']}); bytes with witness over bf16; {violations} violations; "
+            f"{setup['date'][:10]} ([table]({link})).")
+
+
 def spot_cost_lines(cost: list | None) -> list[str]:
     """One check against the attention it certifies (``benchmarks.spot_cost``, recorded with the coverage)."""
     if not cost:
@@ -522,8 +590,8 @@ def page() -> str:
         if glance:
             head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
-                study_section(), spot_gate_section(), generation_section(), long_context_section(), capacity_section(),
-                witness_size_section(), vllm_section(), bench_section()]
+                formats_section(), study_section(), spot_gate_section(), generation_section(), long_context_section(),
+                capacity_section(), witness_size_section(), vllm_section(), bench_section()]
     return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
 
 
@@ -570,7 +638,8 @@ def generation_glance(link: str) -> str | None:
 def readme_with_table(readme: str) -> str:
     begin, end = README_MARKERS
     start, stop = readme.index(begin) + len(begin), readme.index(end)
-    glances = [g for g in (spot_gate_glance("docs/results.md#the-spot-certified-gate"),
+    glances = [g for g in (formats_glance("docs/results.md#engine-kv-formats"),
+                           spot_gate_glance("docs/results.md#the-spot-certified-gate"),
                            generation_glance("docs/results.md#monitored-generation"),
                            vllm_glance("docs/results.md#serving-with-vllm")) if g]
     return readme[:start] + "\n" + results_table() + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]

@@ -9,6 +9,7 @@ import argparse
 
 from witcert.cli._args import positive_int
 from witcert.schemes.catalog import CACHE_SCHEMES, entry_points, plugin_names
+from witcert.schemes.engine_formats import listing
 from witcert.schemes.registry import get_scheme, list_schemes
 
 HELP = "list the registered KV-cache compression schemes (Tier A: any cache-preserving quantizer) and installed plugins"
@@ -35,16 +36,16 @@ def even_head_dim(text: str) -> int:
 
 def run(args) -> int:
     plugins = entry_points()
-    rows = [(name, _first_line(get_scheme(name).__doc__), True) for name in list_schemes()]
+    rows = [(name, _described(name), True) for name in list_schemes()]
     rows += [(name, f"plugin {plugins[name]} (loaded when used)", False) for name in plugin_names()]
     rows += [(name, f"[cache] {about}", True) for name, about in CACHE_SCHEMES.items()]
     memory = getattr(args, "memory", False) and not args.names  # (a caller's namespace may predate --memory)
     head_dim = getattr(args, "head_dim", 128)
     if memory:
-        print(f"{'':<18} {MEMORY_HEAD}  (bytes per token and kv head at head dim {head_dim}, bf16)")
+        print(f"{'':<19} {MEMORY_HEAD}  (bytes per token and kv head at head dim {head_dim}, bf16)")
     for name, about, loaded in rows:
         columns = f"{_memory_columns(name, head_dim) if loaded else 'n/a':<{len(MEMORY_HEAD)}}  " if memory else ""
-        print(name if args.names else f"{name:<18} {columns}{about}")
+        print(name if args.names else f"{name:<19} {columns}{about}")
     if not args.names:
         print("\nAny fn(x) -> x_hat of your own: --scheme module:function (checked before the model loads).")
         if not memory:
@@ -60,6 +61,11 @@ def _memory_columns(name: str, head_dim: int) -> str:
     except ImportError:
         return "n/a (extra 'quant')"
     return f"{f.raw:5.0f}  {f.monitored:8.0f}  {f.capacity():5.2f}x"
+
+
+def _described(name: str) -> str:
+    """The scheme's first docstring line; an engine format's summary and what a token costs, witness included."""
+    return listing(name) or _first_line(get_scheme(name).__doc__)
 
 
 def _first_line(doc: str | None) -> str:

@@ -100,6 +100,7 @@ class CallScope:
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
     sample: MeterSampling | None = None  # sampled metering (None: every cell)
     pending: object = None  # witcert.integrations.hf.pending.PendingCells: meter the call later (None: now)
+    query_format: object = None  # witcert.tier_a.query_radius.QueryFormat: the kernel reads q' (None: q)
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -136,7 +137,8 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         raise ValueError(f"dropout={dropout!r}: attention with dropout (a model in training mode) is random, the meter "
                          "covers eval-mode attention (call model.eval())")
     scores_mask = _scores_mask(module, query, key, attention_mask, kwargs)
-    output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+    kernel_query = query if scope.query_format is None else scope.query_format.read(query).to(query.dtype)
+    output, weights = sdpa_attention_forward(module, kernel_query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
     scale = float(module.scaling if scaling is None else scaling)
     if scope.pending is not None and scope.pending.defer(module.layer_idx, query, scores_mask, key.shape[-2], scale,
@@ -191,15 +193,17 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     if chosen is not None and chosen.empty:  # sampled metering: no cell of these calls is metered
         return output, _unmetered(scope, layer, (b, hq, tq), positions)
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
+    # the query the kernel read (QR): the model's attention ran with it; the exact reference keeps `query`
+    query_read = None if scope.query_format is None else scope.query_format.read(query)
     if chosen is not None:  # sampled metering: the chosen queries and query heads only, every kv head
-        query = chosen.pick(query)
-        visible, bias = (None if x is None else chosen.pick(x) for x in (visible, bias))
+        query, query_read, visible, bias = (None if x is None else chosen.pick(x)
+                                            for x in (query, query_read, visible, bias))
     if bias is not None and scope.gate is not None and not scope.truth:
         raise ValueError("attention_mask: an additive mask with soft values (or a position_bias) and a production "
                          "gate (keep_exact=False): the backing store's page-ins do not carry the bias; use "
                          "keep_exact=True or a bool / minimum-value mask")
     math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused,
-                         bias=bias)
+                         bias=bias, query_read=query_read)
     extra = {}
     deterministic_c = math.c  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
     if scope.tier == "B":

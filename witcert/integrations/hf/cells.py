@@ -130,7 +130,7 @@ def mask_terms(attention_mask, q_len: int, kv_len: int, device) -> tuple[torch.T
 
 
 def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True, fused: bool = True,
-            bias: torch.Tensor | None = None) -> CallMath:
+            bias: torch.Tensor | None = None, query_read: torch.Tensor | None = None) -> CallMath:
     """Tier A observation of every (row, query head, query) of one call, in one batched pass.
 
     ``query`` (B, Hq, Tq, d) post-RoPE; ``store`` the layer's
@@ -138,7 +138,8 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
     attention read (B, Hkv, S, d); ``visible`` bool, broadcastable to (B, Hq, Tq, S); ``truth``:
     also the true TV, when the store keeps the exact keys; ``fused``: the fast path's cells
     (:func:`~witcert.tier_a.observation.observe_stored`), else the full eager meter; ``bias`` the fp64
-    additive term of both logits (:func:`mask_terms`), broadcastable to (B, Hq, Tq, S).
+    additive term of both logits (:func:`mask_terms`), broadcastable to (B, Hq, Tq, S); ``query_read`` the query
+    the attention kernel read when it quantizes the query (``QR``; ``None``: it read ``query``).
     """
     k_hat, v_hat = read
     b, hq, tq, _ = query.shape
@@ -150,7 +151,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         mask = visible | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
-                         truth=None if exact is None else (*exact, v_hat), fused=fused, bias=bias)
+                         truth=None if exact is None else (*exact, v_hat), fused=fused, bias=bias, q_read=query_read)
     c = obs.c.masked_fill(blank[..., None], 0.0) if any_blank else obs.c  # 0 on masked tokens already
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {

@@ -16,6 +16,8 @@ What saves memory, honestly:
   rest of a chunk exact; values: per token over 32 channels); bit-identical to the registered scheme;
 - :class:`ScaledFloat8`: the built-in ``fp8-e4m3-scaled`` as fp8 codes plus one fp32 scale per
   chunk; bit-identical to the registered scheme;
+- the engine formats (:mod:`witcert.schemes.engine_formats`: per-token-head INT8/FP8/INT4, NVFP4, MXFP4,
+  TurboQuant): each format object is its own codec, storing the engine's packed codes and scales;
 - :class:`Dither`: the Tier B dithered INT8 store (int8 payload, fp16 scales; the dither is
   regenerated from its counter, never stored);
 - :class:`Reconstruction`: any other scheme, including a plain user callable. A callable
@@ -47,6 +49,8 @@ from dataclasses import dataclass, field
 import torch
 
 from witcert.schemes import builtin
+from witcert.schemes.engine_formats import format_of
+from witcert.schemes.kv_format import KVFormat
 from witcert.schemes.registry import apply_scheme, get_scheme
 
 NARROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16)  # narrowest first
@@ -353,7 +357,8 @@ class OwnedCodec:
 def owned_codec(codec):
     """``codec`` as a store holds it: a built-in codec as it is (fresh outputs, concatenating join), any
     other wrapped in :class:`OwnedCodec`."""
-    return codec if type(codec) in _BUILTIN_CODECS or isinstance(codec, OwnedCodec) else OwnedCodec(codec)
+    held = type(codec) in _BUILTIN_CODECS or isinstance(codec, (OwnedCodec, KVFormat))  # fresh outputs, no join
+    return codec if held else OwnedCodec(codec)
 
 
 def _copied(packed):
@@ -379,6 +384,8 @@ def codec_for(scheme, packed: bool):
         return scheme
     if isinstance(scheme, str):
         registered = getattr(get_scheme(scheme), "__wrapped__", None)  # raises on an unknown name
+        if packed and format_of(registered) is not None:  # an engine format is its own codec: the engine's bytes
+            return registered
         for fn, codec in _PACKED_BUILTINS.items():
             if packed and registered is fn:
                 return codec

@@ -67,6 +67,7 @@ from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
 from witcert.spot.cells import SPOT_BLOCK_SIZE, spot_settings
+from witcert.tier_a.query_radius import query_format_of
 from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS, WitnessCode
 from witcert.tier_b.counters import check_seed, fresh_seed
 
@@ -77,7 +78,8 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
             backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
             certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
-            sample: MeterSampling | None = None, witness_bits: int | None = None) -> "Monitor":
+            sample: MeterSampling | None = None, witness_bits: int | None = None,
+            query_format=None) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -143,11 +145,18 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         ``heads`` fraction of each kv head's query heads (:mod:`witcert.integrations.hf.sampling`). The
         cells left out are reported with NaN measurements and ``metered=False``, never as certified. Not
         with a gate or a spot check (they need every cell's meter).
+    query_format : str, QueryFormat or callable, optional
+        The attention kernel quantizes the query (default ``None``: it reads the exact query). ``"fp8-e4m3"``:
+        vLLM's static per-tensor FP8 query (scale 1.0; ``witcert.tier_a.query_radius.Fp8Query(scale)`` for a
+        calibrated one), as FlashAttention-3 reads it with an fp8 cache; or any ``fn(q) -> q'``. The model's
+        attention then runs with ``q'`` (the kernel, simulated), every cell's compressed logits are ``q'``'s and
+        its radius gains ``|sm (q' - q) . k^_t|`` (``QR``, :mod:`witcert.tier_a.query_radius`); the exact
+        reference and the true TV keep ``q``. Not with the Tier B certificate (refused).
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
                    delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
                    certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample,
-                   witness_bits=witness_bits)
+                   witness_bits=witness_bits, query_format=query_format)
 
 
 @dataclass
@@ -199,7 +208,8 @@ class Monitor:
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
                  backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
                  certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
-                 sample: MeterSampling | None = None, witness_bits: int | None = None):
+                 sample: MeterSampling | None = None, witness_bits: int | None = None,
+                 query_format=None):
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
@@ -215,6 +225,10 @@ class Monitor:
         if tier == "B" and not self.dithered:
             raise ValueError(f"tier B certifies the {DITHERED!r} cache only, not scheme {scheme!r}")
         self.tier = "B" if self.dithered and tier != "A" else "A"  # the tier used, never "auto"
+        self.query_format = query_format_of(query_format)
+        if self.query_format is not None and self.tier == "B":
+            raise ValueError("query_format: a quantized query is metered with Tier A radii (QR); the Tier B "
+                             f"certificate of {DITHERED!r} does not carry the query term (use tier='A')")
         if self.hf_cache is not None:
             self.hf_cache.layer()  # ImportError naming the extra, now rather than at the first forward call
         elif not self.dithered:
@@ -241,6 +255,8 @@ class Monitor:
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
         # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check
         self.defer = self.tier == "A" and gate is None and self.spot is None
+        # a query format that is not elementwise (a scale over the whole call) gives another q' over a fold of calls
+        self.defer &= self.query_format is None or self.query_format.elementwise
         self._batches: list = []
         self._unflushed: list[_Live] = []  # requests with recorded calls (held until metered)
         self.requests: list[RequestRecord] = []
@@ -353,6 +369,7 @@ class Monitor:
             layout=self.layout, tier=self.tier, adaptive=adaptive,
             truth=self.keep_exact, record=self._batches.append, gate=self.gate, delta_loc=self.delta_loc,
             delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused", spot=self.spot, sample=self.sample,
+            query_format=self.query_format,
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
