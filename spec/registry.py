@@ -298,15 +298,26 @@ THEOREMS: tuple[Theorem, ...] = (
         note="NOT proved in Lean. Betting: Waudby-Smith and Ramdas, Estimating means of bounded random variables by betting, JRSS-B 86(1), 2023 (predictable plug-in bets, capital a nonnegative supermartingale under E X >= m, Ville/Markov). Empirical Bernstein: Maurer and Pontil, Empirical Bernstein bounds and sample variance penalization, COLT 2009, Theorem 4 (E X <= mean + sqrt(2 V ln(2/delta)/n) + 7 ln(2/delta)/(3(n-1))). Assumptions: sampling with replacement from a known distribution fixed before the draw, values in [0, 1]. The minimum of the two costs a union: delta/2 each. Checked by an empirical failure-rate test at large delta over many seeds and adversarial cells (tests/test_spot_check.py).",
     ),
     Theorem(
+        key="SCR",
+        paper="spot-check adaptive key budgets (beyond the paper; docs/design.md \"Spot-check certificate\")",
+        statement="rounds r = 1..R with statements failing w.p. <= delta_r conditionally on the rounds before, sum_r delta_r <= delta  =>  P(some round run fails) <= delta, for any stopping rule; delta_r = delta/R or delta 6/(pi^2 r^2)",
+        lean=None,
+        note="Lean: the union bound over a finite family of rounds with the two split lemmas (uniform delta/R, and delta 6/(pi^2 r^2) from `WitCert.sum_step_allocation_le`) is the formal engineer's; its declaration names are filled in at merge. Round r may read up to B_r = 32 2^(r-1) distinct exact keys in all (the last B_R = keys), every key read before known exactly; a cell stops at its first bound <= tau and reports the least bound over its rounds. The monitor uses the uniform split (measured: docs/guides/spot-check.md). witcert.spot.batched.check_cells runs the same rounds for every cell of a layer-step at once (tests/test_spot_batched.py replays one form's draws in the other).",
+        spec="witcert.spec.spot_check.round_shares",
+        torch="witcert.spot.rounds.round_shares",
+        kernel=None,
+        tests=("tests/test_spot_rounds.py", "tests/test_spot_batched.py"),
+    ),
+    Theorem(
         key="SCD",
         paper="spot-check request budget (beyond the paper)",
         statement="sum_{k >= 1} 6/(pi^2 k^2) <= 1, so delta_k = delta_req 6/(pi^2 k^2) / cells_per_step keeps an open-ended generation within delta_req",
         lean="WitCert.sum_step_allocation_le",
-        note="From Mathlib `hasSum_zeta_two` (`WitCert.sum_range_one_div_sq_le`); with cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell.",
+        note="From Mathlib `hasSum_zeta_two` (`WitCert.sum_range_one_div_sq_le`); with cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell. The monitor spends a request budget this way (spot_delta=witcert.spot.RequestBudget(delta_req): step k of a request, its layers x heads x queries cells); the spot-certified gate gives half of a cell's delta to the check before repair and spends the other half over its re-checks i = 1, 2, ... at 6/(pi^2 i^2) each.",
         spec="witcert.spec.spot_check.delta_at_step",
         torch="witcert.spot.budget.delta_at_step",
         kernel=None,
-        tests=("tests/test_spot_check.py",),
+        tests=("tests/test_spot_check.py", "tests/test_spot_rounds.py", "tests/test_spot_gate.py"),
     ),
 )
 

@@ -61,16 +61,16 @@ def test_backed_keys_are_content_checked():
 def test_dithered_cache_non_adaptive_spot_check_relies_on_deterministic_radii(monkeypatch):
     """Under Tier B's probabilistic branch (a declared non-adaptive prefill) the spot check is handed Tier A's
     radii, which hold for every query, so its ``spot_delta`` is the cell's whole failure probability."""
-    from witcert.spot import cells as spot_cells
+    from witcert.spot.deferred import PendingChecks
 
     seen = []
-    original = spot_cells.SpotSettings.apply
+    original = PendingChecks.add
 
-    def spy(self, math, query, exact_keys, scale, tau_k, tau_v, radii=None):
+    def spy(self, math, query, exact_keys, scale, radii, layers):
         seen.append((bool((radii >= math.c).all()), not torch.equal(radii, math.c)))
-        return original(self, math, query, exact_keys, scale, tau_k, tau_v, radii=radii)
+        return original(self, math, query, exact_keys, scale, radii, layers)
 
-    monkeypatch.setattr(spot_cells.SpotSettings, "apply", spy)
+    monkeypatch.setattr(PendingChecks, "add", spy)
     model = tiny("llama")
     ids, mask = prompts(2, length=40)
     with torch.no_grad(), witcert.monitor(model, "dithered-int8", seed=5, certificate="spot", spot_keys=16,
