@@ -33,12 +33,14 @@ from witcert.spot.cells import SpotSettings
 
 SCHEMES = ("rtn-int8", "fp8-e4m3", "rtn-int4", "kivi-2bit", "hf-quanto-int4")
 TASKS = ("text", "code", "needle")
-CONFIGS = {  # name -> check_cells keywords (keys, tau: rounds when set, split, stage shares)
-    "adaptive 512": dict(keys=512, adaptive=True, split="uniform"),
-    "adaptive 512, inverse-square split": dict(keys=512, adaptive=True, split="inverse-square"),
-    "adaptive 512, exact 1/4": dict(keys=512, adaptive=True, split="uniform", exact_share=1 / 4),
-    "adaptive 512, exact 1/2": dict(keys=512, adaptive=True, split="uniform", exact_share=1 / 2),
-    "adaptive 512, Z keys 0.7": dict(keys=512, adaptive=True, split="uniform", z_keys_share=0.7),
+CONFIGS = {  # name -> check_cells keywords (keys, tau: rounds when set, split, growth, stage shares)
+    "adaptive 512": dict(keys=512, adaptive=True),
+    "adaptive 512 doubling": dict(keys=512, adaptive=True, growth=2),
+    "adaptive 512 inverse-square split": dict(keys=512, adaptive=True, split="inverse-square"),
+    "adaptive 512 exact 1/4": dict(keys=512, adaptive=True, exact_share=1 / 4),
+    "adaptive 512 exact 1/2": dict(keys=512, adaptive=True, exact_share=1 / 2),
+    "adaptive 512 Z keys 0.7": dict(keys=512, adaptive=True, z_keys_share=0.7),
+    "adaptive 1024": dict(keys=1024, adaptive=True),
     "fixed 256": dict(keys=256, adaptive=False),
     "fixed 512": dict(keys=512, adaptive=False),
 }
@@ -165,7 +167,7 @@ def run(schemes=SCHEMES, args=None, argv=None) -> dict:
     results = dict(setup=dict(model=loaded.source, context_tokens=args.context, tasks=list(TASKS),
                               cells_per_call=args.per_call, delta_per_cell=args.delta, tau=args.tau,
                               configs={name: CONFIGS[name] for name in args.configs.split(",")}, threads=args.threads,
-                              estimator="one-sided, batched (witcert.spot.check_cells, registry SCO, SCR): per round 3/8 of its keys exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean, delta 0.8 / 0.2 (unless a configuration sets other shares); adaptive: rounds of 32, 64, ... keys, stopping at a bound <= tau",
+                              estimator="one-sided, batched (witcert.spot.check_cells, registry SCO, SCR): per round 3/8 of its keys exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean, delta 0.8 / 0.2 (unless a configuration sets other shares); adaptive: rounds of 32, 128, 512 keys (growth 4) unless a configuration sets another growth, stopping at a bound <= tau",
                               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               machine=machine(args.threads) + " (shared with other engineers' jobs)",
                               command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)])),

@@ -1,6 +1,6 @@
 """Adaptive key budgets (``witcert.spot.rounds``; registry SCR) and the request budget (``RequestBudget``, SCD).
 
-Implementations: ``witcert.spot.spot_check(..., tau=)`` (rounds of 32, 64, ... keys, each at ``delta share_r``),
+Implementations: ``witcert.spot.spot_check(..., tau=)`` (rounds of 32, 128, ... keys, each at ``delta share_r``),
 ``witcert.spot.rounds``, ``witcert.monitor(certificate="spot", spot_delta=RequestBudget(...))``. Oracles: exact
 rationals for the delta split (sums at most 1), the true TV of each synthetic cell (30 digits) and the binomial
 law of failures at large delta (scipy), including a threshold at the true TV itself, where the stopping rule
@@ -34,12 +34,15 @@ def test_round_shares_sum_to_at_most_one(split):
     assert round_shares(1, "uniform") == [1.0]
 
 
-def test_budgets_double_up_to_the_key_budget():
-    assert budgets(512, True) == [32, 64, 128, 256, 512] and budgets(100, True) == [32, 64, 100]
+def test_budgets_grow_up_to_the_key_budget():
+    assert budgets(512, True) == [32, 128, 512] and budgets(100, True) == [32, 100]
+    assert budgets(512, True, growth=2) == [32, 64, 128, 256, 512]
     assert budgets(16, True) == [16] and budgets(256, False) == [256]
     assert schedule(256, None) == [(256, 1.0)]
     with pytest.raises(ValueError, match="split"):
         round_shares(3, "geometric")
+    with pytest.raises(ValueError, match="growth"):
+        budgets(512, True, growth=1)
 
 
 @pytest.mark.parametrize("split", SPLITS)
@@ -73,7 +76,7 @@ def test_easy_cells_stop_early_and_hard_ones_read_the_budget():
     easy = run(scores, c, eps, keys=256, delta=1e-6, tau=0.5, generator=spot_randomness(0).generator)
     assert easy.rounds == 1 and easy.keys_read <= 32 and easy.bound <= 0.5 and 0 < easy.delta < 1e-6
     hard = run(scores, c * 40, eps, keys=256, delta=1e-6, tau=1e-4, generator=spot_randomness(0).generator)
-    assert hard.rounds == 4 and 128 < hard.keys_read <= 256 and hard.delta == pytest.approx(1e-6, rel=1e-9)
+    assert hard.rounds == 3 and 128 < hard.keys_read <= 256 and hard.delta == pytest.approx(1e-6, rel=1e-9)
 
 
 @pytest.mark.usefixtures("one_thread")

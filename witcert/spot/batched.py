@@ -24,12 +24,13 @@ from dataclasses import dataclass
 
 import torch
 
+from witcert.fastpath.compiled import pick
 from witcert.gate.blocks import log_expm1
 from witcert.spot.cell import ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, Z_FLOOR, exact_order, unit_ratio
 from witcert.spot.confidence import ONE_SIDED_CAP, row_betting_upper
 from witcert.spot.one_sided import EXACT_SHARE, ROUNDING, SMALL, Z_KEYS_SHARE, Z_SHARE_OF_DELTA, exact_keys
 from witcert.spot.randomness import MultinomialSampler, draw_until_new, spot_randomness
-from witcert.spot.rounds import DEFAULT_SPLIT, schedule
+from witcert.spot.rounds import DEFAULT_SPLIT, ROUND_GROWTH, schedule
 
 
 @dataclass(frozen=True)
@@ -51,7 +52,7 @@ class CellChecks:
 def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = None,
                 generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
                 exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
-                z_share: float = Z_SHARE_OF_DELTA) -> CellChecks:
+                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH) -> CellChecks:
     """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
 
     Parameters
@@ -72,6 +73,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         The draws' randomness (default: a fresh one seeded from the operating system).
     split : str
         How ``delta`` divides over the rounds (:data:`witcert.spot.rounds.SPLITS`).
+    growth : int
+        Each round's key budget is ``growth`` times the last one's (:func:`witcert.spot.rounds.budgets`).
     sampler : optional
         Draws the tokens (default: a :class:`~witcert.spot.randomness.MultinomialSampler` of ``generator``).
     exact_share, z_keys_share, z_share : float
@@ -92,7 +95,7 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
     active = torch.ones(n, dtype=torch.bool)
-    for budget, share in schedule(keys, tau, split):
+    for budget, share in schedule(keys, tau, split, growth):
         rows = active.nonzero().reshape(-1)
         if not rows.numel():
             break
@@ -150,6 +153,62 @@ def _inflated(value: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(value) | (value >= 1), 1.0, up)
 
 
+def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What no round changes, per (cell, token): ``visible``, ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the
+    small radii (``e^c - 1 < SMALL``), per cell ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` (every term in log space),
+    and each token's ``log p~ (e^c - 1)`` (``+inf`` for an infinite radius). Tensors only: ``WITCERT_COMPILE=1``
+    compiles it."""
+    visible = torch.isfinite(scores)
+    log_p = scores - torch.logsumexp(scores, -1, keepdim=True)
+    log_u = log_expm1(c)
+    a_minus = torch.exp(log_p - c).sum(-1)  # masked: exp(-inf) = 0
+    a_plus = torch.exp(torch.where(visible, log_p + c, -torch.inf)).sum(-1)  # Z in [A-, A]
+    contribution = torch.where(visible & torch.isinf(c), torch.inf, log_p + log_u)
+    return (visible, log_p, torch.exp(log_p), log_u, torch.exp(-c), torch.expm1(c) < SMALL, a_minus, a_plus,
+            contribution)
+
+
+def _z_terms(log_p, c, log_u, visible, known, small, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(z_known, G, weights)`` of every row: ``z_known = sum_visible p~ e^{o}`` with ``o = l - l~`` on known
+    tokens, ``c`` on small unknown ones, 0 on the sampled ones; the sampling weights ``p~ (e^c - 1)`` on the sampled
+    ones, in log space, and their total (:func:`_row_weights`). Tensors only: compiled with ``WITCERT_COMPILE=1``."""
+    sampled = visible & ~known & ~small
+    offset = torch.where(known, x, torch.where(small, c, 0.0))
+    z_known = torch.exp(log_p + offset).sum(-1)  # masked: exp(-inf) = 0
+    g_total, weights = _row_weights(torch.where(sampled, log_p + log_u, -torch.inf))
+    return z_known, g_total, weights
+
+
+def _h_terms(p, e_minus, visible, known, x, z_upper) -> tuple[torch.Tensor, ...]:
+    """``(total, H, weights, h)`` of every row of the one-sided stage: the known terms ``p~ (1 - W/Z_U)^+`` and the
+    small ``p~ h`` (each at most ``h``), the sampling weights ``p~ h`` on the others and their total ``H``, and
+    ``h = (1 - e^{-c} / Z_U)^+``. Tensors only: compiled with ``WITCERT_COMPILE=1``."""
+    log_z = torch.log(z_upper)[:, None]
+    h = (1 - e_minus / z_upper[:, None]).clamp_min(0)
+    rest = visible & ~known
+    small = rest & (h < SMALL)
+    known_terms = torch.where(known, (1 - torch.exp(x - log_z)).clamp_min(0), 0.0)
+    total = (p * torch.where(small, h, known_terms)).sum(-1)
+    weights = torch.where(rest & ~small, p * h, 0.0)  # a term p~ h <= p~: the rounded p~ serves
+    return total, weights.sum(-1), weights, h
+
+
+def _prepared_probe() -> tuple:
+    return torch.zeros(2, 3, dtype=torch.float64), torch.full((2, 3), 0.5, dtype=torch.float64)
+
+
+def _z_terms_probe() -> tuple:
+    f = torch.zeros(2, 3, dtype=torch.float64)
+    b = torch.zeros(2, 3, dtype=torch.bool)
+    return f, f, f, ~b, b, b, f
+
+
+def _h_terms_probe() -> tuple:
+    f = torch.full((2, 3), 0.5, dtype=torch.float64)
+    b = torch.zeros(2, 3, dtype=torch.bool)
+    return f, f, ~b, b, f, torch.ones(2, dtype=torch.float64)
+
+
 class _Cells:
     """``N`` cells in log space (:class:`witcert.spot.cell.CellWeights` as rows) and the exact logits read so far.
 
@@ -161,16 +220,10 @@ class _Cells:
     def __init__(self, scores: torch.Tensor, c: torch.Tensor, source, sampler, shares: tuple, keys: int):
         self.scores, self.c, self.source, self.sampler = scores, c, source, sampler
         self.exact_share, self.z_keys_share, self.z_share = shares
-        most_exact = exact_keys(keys, self.exact_share)
-        self.visible = torch.isfinite(scores)
-        self.log_p = scores - torch.logsumexp(scores, -1, keepdim=True)
-        self.p, self.log_u, self.e_minus = torch.exp(self.log_p), log_expm1(c), torch.exp(-c)
-        self.small = torch.expm1(c) < SMALL  # bounded by p~ e^c in the Z stage, not sampled
+        (self.visible, self.log_p, self.p, self.log_u, self.e_minus, self.small, self.a_minus, self.a_plus,
+         contribution) = pick(_prepared, _prepared_probe)(scores, c)
         self.n_visible = self.visible.sum(-1)
-        self.a_minus = torch.exp(self.log_p - c).sum(-1)  # masked: exp(-inf) = 0
-        self.a_plus = torch.exp(torch.where(self.visible, self.log_p + c, -torch.inf)).sum(-1)  # Z in [A-, A]
-        contribution = torch.where(self.visible & torch.isinf(c), torch.inf, self.log_p + self.log_u)
-        self.order = exact_order(contribution, self.visible, most_exact)  # every round's exact set is a prefix
+        self.order = exact_order(contribution, self.visible, exact_keys(keys, self.exact_share))  # rounds: prefixes
         self.known = torch.zeros_like(self.visible)
         self.x = torch.zeros_like(scores)  # l - l~ where known
 
@@ -242,15 +295,11 @@ class _Cells:
         self.read(rows[:, None].expand_as(candidates)[keep], candidates[keep])
 
     def _z_upper(self, rows: torch.Tensor, budget: int, delta_z: torch.Tensor) -> torch.Tensor:
-        """:func:`witcert.spot.one_sided._z_upper` of every row: ``Z_U`` (M,).
-
-        ``z_known = sum_visible p~ e^{o}`` with ``o = l - l~`` on known tokens, ``c`` on small unknown ones and 0
-        on the sampled ones (one exponential per token)."""
-        log_p, known, small = self.take(self.log_p, rows), self.take(self.known, rows), self.take(self.small, rows)
-        sampled = self.take(self.visible, rows) & ~known & ~small
-        offset = torch.where(known, self.take(self.x, rows), torch.where(small, self.take(self.c, rows), 0.0))
-        z_known = torch.exp(log_p + offset).sum(-1)  # masked: exp(-inf) = 0
-        g_total, weights = _row_weights(torch.where(sampled, log_p + self.take(self.log_u, rows), -torch.inf))
+        """:func:`witcert.spot.one_sided._z_upper` of every row: ``Z_U`` (M,) (dense terms: :func:`_z_terms`)."""
+        z_known, g_total, weights = pick(_z_terms, _z_terms_probe)(
+            self.take(self.log_p, rows), self.take(self.c, rows), self.take(self.log_u, rows),
+            self.take(self.visible, rows), self.take(self.known, rows), self.take(self.small, rows),
+            self.take(self.x, rows))
         a_minus, a_plus = self.a_minus[rows], self.a_plus[rows]
         z_keys = torch.round((budget - self.keys_read(rows)).to(torch.float64) * self.z_keys_share).to(torch.int64)
         z_upper = torch.where(g_total == 0, z_known, a_plus)
@@ -267,17 +316,13 @@ class _Cells:
         return torch.maximum(torch.minimum(z_upper, a_plus), a_minus) * (1 + ROUNDING)
 
     def _one_sided(self, rows: torch.Tensor, budget: int, z_upper: torch.Tensor, delta_f: torch.Tensor) -> torch.Tensor:
-        """:func:`witcert.spot.one_sided._one_sided_mean` of every row: the bound before rounding up (M,)."""
+        """:func:`witcert.spot.one_sided._one_sided_mean` of every row: the bound before rounding up (M,) (dense terms:
+        :func:`_h_terms`)."""
         new_keys = budget - self.keys_read(rows)  # fixed before the stage's draws: predictable bets
-        p, known = self.take(self.p, rows), self.take(self.known, rows)
         log_z = torch.log(z_upper)[:, None]
-        h = (1 - self.take(self.e_minus, rows) / z_upper[:, None]).clamp_min(0)
-        rest = self.take(self.visible, rows) & ~known
-        small = rest & (h < SMALL)
-        known_terms = torch.where(known, (1 - torch.exp(self.take(self.x, rows) - log_z)).clamp_min(0), 0.0)
-        total = (p * torch.where(small, h, known_terms)).sum(-1)  # small: each term is at most h
-        weights = torch.where(rest & ~small, p * h, 0.0)  # a term p~ h <= p~: the rounded p~ serves
-        h_total = weights.sum(-1)
+        total, h_total, weights, h = pick(_h_terms, _h_terms_probe)(
+            self.take(self.p, rows), self.take(self.e_minus, rows), self.take(self.visible, rows),
+            self.take(self.known, rows), self.take(self.x, rows), z_upper)
         bound = total + h_total  # no draws: E X <= 1
         drawn = (h_total > 0) & (new_keys >= 1)
         if bool(drawn.any()):

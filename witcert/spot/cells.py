@@ -3,7 +3,7 @@
 ``witcert.monitor(..., certificate="spot", spot_keys=m, spot_delta=delta)`` builds a
 :class:`SpotSettings`; the ``"witcert"`` attention calls :meth:`SpotSettings.apply` on each
 call's fp64 cells, which checks every cell above ``tau`` at once (:func:`witcert.spot.check_cells`:
-adaptive rounds of 32, 64, ... up to ``spot_keys`` exact keys, stopping at a bound ``<= tau``). The
+adaptive rounds of 32, 128, 512, ... up to ``spot_keys`` exact keys, stopping at a bound ``<= tau``). The
 reported meter becomes ``min(meter before the check, spot bound)``, and the output bound and the joint
 pass are recomputed from it. Extra columns:
 
@@ -58,7 +58,7 @@ class SpotSettings:
     delta: float | Callable[[int, int], float] = 1e-6  # per checked cell, or a request budget (step, cells) -> delta
     tau: float = 0.2  # cells with a meter above tau are checked; a check stops at a bound <= tau
     seed: int | None = None  # replay opt-in; None: the OS's cryptographic source
-    adaptive: bool = True  # read in rounds of 32, 64, ... keys (witcert.spot.rounds); False: all keys at once
+    adaptive: bool = True  # read in rounds of 32, 128, 512, ... keys (witcert.spot.rounds); False: all keys at once
     split: str = DEFAULT_SPLIT  # how a cell's delta divides over its rounds
     gated: bool = False  # a gate repairs after the check: the check spends 1 - GATE_SHARE of each cell's delta
     randomness: SpotRandomness = field(init=False)

@@ -21,6 +21,8 @@ import math
 
 import torch
 
+from witcert.fastpath.compiled import pick
+
 BETTING_CAP = 0.9
 """Largest ``lambda (1 - m)`` by default: every capital factor ``1 + lambda (m - X)`` stays >= 0.1 for X in [0, 1]."""
 ONE_SIDED_CAP = 0.99
@@ -111,32 +113,47 @@ def row_betting_upper(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor,
     is non-decreasing in ``j``: each ``b(m) (m - X)`` is (for ``m >= X`` a product of non-negative non-decreasing
     factors; for ``m < X``, ``-min(lambda (X - m), cap (X - m) / (1 - m))`` with both non-increasing in ``m``).
     So the cells rejected (``L_j >= log(1/delta) + LOG_MARGIN``) are those from the first rejected one up, found by
-    bisection in ``log2 GRID_CELLS`` evaluations; the bound is that cell's left end ``m_{j*-1} = j*/G`` (1 when
+    bisection in ``log2 GRID_CELLS + 1`` evaluations; the bound is that cell's left end ``m_{j*-1} = j*/G`` (1 when
     none is rejected, 0 when all are). Wherever fp64 breaks the monotonicity by a rounding, the cell found is
     rejected by ``LOG_MARGIN`` (so by the exact capital too) and every cell above it is by the exact monotone
-    ``L``: the bound is still valid. Rows without a valid sample give 1.
+    ``L``: the bound is still valid. Rows without a valid sample give 1. Compiled with ``WITCERT_COMPILE=1``
+    (:func:`witcert.fastpath.compiled.pick`; the same operations, any order of the sums).
     """
+    cap_t = torch.tensor(float(cap), dtype=torch.float64)
+    return pick(_bisection, _bisection_probe)(x.to(torch.float64), valid, delta.to(torch.float64),
+                                             planned.to(torch.float64), cap_t)
+
+
+_STEPS = GRID_CELLS.bit_length()  # bisection steps over GRID_CELLS + 1 outcomes
+
+
+def _bisection(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, planned: torch.Tensor,
+               cap: torch.Tensor) -> torch.Tensor:
+    """:func:`row_betting_upper`'s computation, tensors only (what ``WITCERT_COMPILE=1`` compiles)."""
     x = torch.where(valid, x, 0.0)  # past a row's prefix: any value, its bet is 0
     lambdas = row_lambdas(x, valid, delta, planned)  # (R, T)
     threshold = torch.log(1 / delta) + LOG_MARGIN  # (R,)
-
-    def rejected(j: torch.Tensor) -> torch.Tensor:  # (R,) cell indices -> bool
-        m = (j.to(torch.float64) / GRID_CELLS)[:, None]
+    low = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)  # invariant: cells < low are not rejected
+    high = torch.full_like(low, GRID_CELLS)  # invariant: cells >= high are rejected (GRID_CELLS: none known)
+    for _ in range(_STEPS):
+        middle = (low + high) // 2
+        m = (middle.clamp(max=GRID_CELLS - 1).to(torch.float64) / GRID_CELLS)[:, None]
         bets = torch.minimum(lambdas, cap / (1 - m))
         # log(1 + z), not log1p (vectorised, ~20x faster here): 1 + z >= 1 - cap is rounded by 2^-53, so each term is
         # off by < 2^-53 / (1 - cap) = 1.2e-14 and a sum of 8 x 2^11 draws by < 2.1e-10, inside LOG_MARGIN
-        return torch.log(1 + bets * (m - x)).sum(-1) >= threshold  # bets are 0 past the prefix: log(1) = 0
-
-    low = torch.zeros(x.shape[0], dtype=torch.int64)  # invariant: cells < low are not rejected
-    high = torch.full_like(low, GRID_CELLS)  # invariant: cells >= high are rejected (GRID_CELLS: none known)
-    while bool((low < high).any()):
-        middle = (low + high) // 2
-        hit = rejected(middle.clamp(max=GRID_CELLS - 1))
+        hit = torch.log(1 + bets * (m - x)).sum(-1) >= threshold  # bets are 0 past the prefix: log(1) = 0
         open_ = low < high
         high = torch.where(open_ & hit, middle, high)
         low = torch.where(open_ & ~hit, middle + 1, low)
     bound = high.to(torch.float64) / GRID_CELLS  # the first rejected cell's left end; GRID_CELLS -> 1
     return torch.where(valid.any(-1), bound, 1.0)
+
+
+def _bisection_probe() -> tuple:
+    """Arguments that compile :func:`_bisection` (sizes >= 2)."""
+    x = torch.full((2, 4), 0.5, dtype=torch.float64)
+    return (x, torch.ones_like(x, dtype=torch.bool), torch.full((2,), 0.1, dtype=torch.float64),
+            torch.full((2,), 4.0, dtype=torch.float64), torch.tensor(0.9, dtype=torch.float64))
 
 
 def mean_upper(xs: torch.Tensor, delta: float) -> float:

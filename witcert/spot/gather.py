@@ -34,7 +34,8 @@ class BackedKeys:
     """One layer's exact keys in the content-checked backing store, paged in by verified blocks.
 
     ``length`` is the number of keys the call attends; the store must hold exactly those (a scheme
-    that drops or reorders tokens would make the store's positions mean other keys).
+    that drops or reorders tokens would make the store's positions mean other keys). Each (row, kv head)
+    keeps the blocks paged so far in one fp64 buffer, so a read of any tokens already paged is one indexing.
     """
 
     def __init__(self, backing, layer: int, length: int):
@@ -44,34 +45,36 @@ class BackedKeys:
         if held != length:
             raise ValueError(f"backing store: layer {layer} holds {held} exact keys, the call attends {length}: "
                              "its positions would not be the call's tokens")
-        self.backing, self.layer, self.kv_heads = backing, layer, backing.lead_shape(layer)[1]
-        self._blocks: dict[tuple[int, int, int], torch.Tensor] = {}
+        self.backing, self.layer, self.length = backing, layer, length
+        self.kv_heads = backing.lead_shape(layer)[1]
+        self._keys: dict[tuple[int, int], torch.Tensor] = {}  # (row, kv head) -> (length, d) fp64, paged blocks
+        self._paged: dict[tuple[int, int], torch.Tensor] = {}  # (row, kv head) -> (n_blocks,) bool
 
     def rows(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
         """``(k, d)`` fp64 exact keys of tokens ``index`` of row ``b``, kv head ``kv`` (each block paged once)."""
         self.page(b, kv, index)
-        size = self.backing.block_size
-        return torch.stack([self._blocks[b, kv, t // size][t % size] for t in index.tolist()])
+        return self._keys[b, kv][index]
 
     def page(self, b: int, kv: int, index: torch.Tensor) -> list[tuple[int, int]]:
         """Page in (verified) every block of ``index`` not held yet; ``[(block, bytes)]`` of those paged now."""
-        size, paged = self.backing.block_size, []
-        for block in sorted(set((index // size).tolist())):
-            if (b, kv, block) not in self._blocks:
-                before = self.backing.bytes_paged
-                self._blocks[b, kv, block] = self.backing.page_in(self.layer, (b, kv), block).k.to(torch.float64)
-                paged.append((block, self.backing.bytes_paged - before))
+        size = self.backing.block_size
+        if (b, kv) not in self._paged:
+            self._paged[b, kv] = torch.zeros(-(-self.length // size), dtype=torch.bool)
+        paged, done = [], self._paged[b, kv]
+        wanted = torch.unique(index // size)
+        for block in wanted[~done[wanted]].tolist():
+            before = self.backing.bytes_paged
+            keys = self.backing.page_in(self.layer, (b, kv), block).k.to(torch.float64)
+            if (b, kv) not in self._keys:
+                self._keys[b, kv] = torch.empty(self.length, keys.shape[-1], dtype=torch.float64)
+            self._keys[b, kv][block * size:block * size + keys.shape[0]] = keys
+            done[block] = True
+            paged.append((block, self.backing.bytes_paged - before))
         return paged
 
     def gather(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
         """``(k, d)`` fp64 keys of ``index`` from blocks already paged (:meth:`page`), in one indexing."""
-        size = self.backing.block_size
-        blocks = sorted({int(t) // size for t in index.tolist()})
-        held = torch.cat([self._blocks[b, kv, block] for block in blocks])  # (n_blocks * size, d), the last partial
-        offset = torch.zeros(max(blocks) + 1, dtype=torch.int64)
-        starts = torch.cumsum(torch.tensor([0] + [self._blocks[b, kv, block].shape[0] for block in blocks[:-1]]), 0)
-        offset[torch.tensor(blocks)] = starts
-        return held[offset[index // size] + index % size]
+        return self._keys[b, kv][index]
 
 
 class KeyGather:
@@ -96,6 +99,7 @@ class KeyGather:
             self.row_bytes = keys.shape[-1] * keys.element_size()
         self.bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
         self._read = torch.zeros(0, dtype=torch.int64)  # flat (row, kv, token) keys read in this call
+        self._first_cell = None  # (row, kv head) -> first cell asking for it (block charges)
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``(q_cell . k_token) scale + bias`` fp64 for every pair, (M,)."""
@@ -139,5 +143,9 @@ class KeyGather:
 
     def _charge_block(self, head: int, block: int, nbytes: int) -> None:
         """Charge a verified block paged now to the first cell of its (row, kv head) in this call."""
-        cells = ((self.rows * self.kv_heads + self.kv) == head).nonzero()
-        self.bytes_read[int(cells[0, 0])] += nbytes
+        if self._first_cell is None:
+            heads = (self.rows * self.kv_heads + self.kv).tolist()
+            self._first_cell = {}
+            for cell, h in enumerate(heads):
+                self._first_cell.setdefault(h, cell)
+        self.bytes_read[self._first_cell[head]] += nbytes

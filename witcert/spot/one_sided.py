@@ -21,7 +21,8 @@ stage 2 (which fixes the known set and ``h``), ``E X > U'`` (probability ``<= (1
 distinct keys, or ``MAX_DRAWS_PER_KEY`` times as many draws: a stopping time, valid for the betting
 bound by Ville's inequality with the planned count in the bets (:mod:`witcert.spot.confidence`).
 
-With ``tau`` the check reads keys in rounds (:mod:`witcert.spot.rounds`): round ``r`` is the check above with the
+With ``tau`` the check reads keys in rounds of 32, 128, 512, ... keys (:mod:`witcert.spot.rounds`): round ``r`` is the
+check above with the
 cumulative budget ``B_r`` and ``delta_r``, every key read in earlier rounds known exactly (the exact set takes the
 heaviest contributions up to the budget left); the cell stops at the first round whose bound is ``<= tau``. A round
 whose budget covers every visible token reads the cell whole (its true TV, no draws). :mod:`witcert.spot.batched`
@@ -34,7 +35,7 @@ from witcert.spot.cell import (CellWeights, ExactRatios, Reader, SpotCheck, infl
 from witcert.spot.confidence import ONE_SIDED_CAP, betting_upper
 from witcert.spot.randomness import MAX_DRAWS_PER_KEY, MultinomialSampler
 from witcert.spot.randomness import draw_until_new as draw_rows
-from witcert.spot.rounds import DEFAULT_SPLIT, schedule
+from witcert.spot.rounds import DEFAULT_SPLIT, ROUND_GROWTH, schedule
 
 EXACT_SHARE = 3 / 8
 """Share of the key budget read deterministically (the heaviest witness contributions)."""
@@ -104,7 +105,7 @@ def _one_sided_mean(cell: CellWeights, known, reader: ExactRatios, z_upper: floa
     p, log_z = cell.p, torch.log(torch.tensor(z_upper, dtype=torch.float64))
     index = known.nonzero().reshape(-1)
     total = float((p[index] * (1 - torch.exp(reader.log_ratios(index) - log_z)).clamp_min(0)).sum())
-    h = (1 - torch.exp(-cell.c - log_z)).clamp_min(0)
+    h = (1 - torch.exp(-cell.c) / z_upper).clamp_min(0)
     rest = cell.visible & ~known
     small = rest & (h < SMALL)
     total += float((p[small] * h[small]).sum())  # each term is at most h
@@ -159,14 +160,14 @@ def _round(cell: CellWeights, reader: ExactRatios, known: torch.Tensor, budget: 
 def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float,
                generator: torch.Generator | None = None, meter: float | None = None, tau: float | None = None,
                split: str = DEFAULT_SPLIT, exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
-               z_share: float = Z_SHARE_OF_DELTA, sampler=None) -> SpotCheck:
+               z_share: float = Z_SHARE_OF_DELTA, sampler=None, growth: int = ROUND_GROWTH) -> SpotCheck:
     """One-sided spot-check bound on ``TV(p, p~)`` for one cell (registry SCO with SCB; rounds SCR).
 
     Same arguments and result as :func:`witcert.spot.spot_check_two_sided` (``z_prime`` holds ``Z_U``,
     ``pilot`` the ``Z`` stage's draws, ``draws`` the one-sided stage's, of the last round run). ``keys``
     bounds the distinct exact keys read (``keys_read`` is what was read); with ``tau`` the cell reads them
-    in rounds and stops at the first bound ``<= tau`` (``split`` divides ``delta`` over the rounds,
-    :mod:`witcert.spot.rounds`; ``delta`` in the result is what the rounds run spent, 0 for a cell read
+    in rounds (32, 128, 512, ...: ``growth``) and stops at the first bound ``<= tau`` (``split`` divides ``delta``
+    over the rounds, :mod:`witcert.spot.rounds`; ``delta`` in the result is what the rounds run spent, 0 for a cell read
     whole). ``exact_share``, ``z_keys_share`` and ``z_share`` split each round's keys and ``delta`` between
     the stages. ``sampler`` (default: a :class:`~witcert.spot.randomness.MultinomialSampler` of ``generator``)
     draws the tokens: a replay of recorded draws is one.
@@ -182,7 +183,7 @@ def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float,
     known = torch.zeros_like(cell.visible)
     visible = int(cell.visible.sum())
     best, spent, rounds, last = 1.0, 0.0, 0, (1.0, empty, empty, empty)
-    for budget, share in schedule(keys, tau, split):
+    for budget, share in schedule(keys, tau, split, growth):
         rounds += 1
         if visible <= budget:  # the round can read the cell whole: its true TV, no draws, no delta
             whole, every = whole_bound(cell, reader)

@@ -120,7 +120,7 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         per cell). Both are sound.
     certificate : {"deterministic", "spot"}
         ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked, all cells of a layer-step at
-        once, reading up to ``spot_keys`` exact keys in rounds (32, 64, ...) drawn with the monitor's own
+        once, reading up to ``spot_keys`` exact keys in rounds (32, 128, 512, ...) drawn with the monitor's own
         randomness (OS-seeded) and stopping at a bound ``<= tau``; its reported meter is
         ``min(meter, spot bound)``, valid with probability ``1 - spot_delta`` per checked cell for
         adaptive queries and any scheme (:mod:`witcert.spot`). Exact keys come from the exact cache
