@@ -8,9 +8,16 @@ generated from it.
 
 Fields hold dotted names (``module:attribute`` is not used; the last dot splits module and
 attribute). ``lean`` is ``None`` only for statements that are not theorems (the known-false
-form) and then ``note`` says why.
+form) and then ``note`` says why. ``lean_checks`` says which checks the Lean declaration has
+passed: ``STATIC_CHECK`` (``scripts/lean_check.sh`` without a toolchain: the audit and the check
+against the pinned Mathlib, run by CI on every commit) and, once a forge run of
+``.github/workflows/lean.yml`` has built it, ``FORGE_BUILD``; a row without ``FORGE_BUILD`` has
+never been compiled.
 """
 from dataclasses import dataclass, field
+
+STATIC_CHECK = "static check (here)"
+FORGE_BUILD = "lake build on a forge (workflow)"
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class Theorem:
     kernel: str | None  # dotted name of the Triton kernel entry point, or None ("none yet")
     tests: tuple[str, ...] = field(default_factory=tuple)  # test files that check it
     note: str = ""
+    lean_checks: tuple[str, ...] = (STATIC_CHECK,)  # checks the Lean declaration has passed
 
 
 THEOREMS: tuple[Theorem, ...] = (
@@ -269,7 +277,7 @@ THEOREMS: tuple[Theorem, ...] = (
         paper='spot-check certificate, deterministic inequality (beyond the paper; docs/design.md "Spot-check certificate")',
         statement="W_t = e^{-eps_t}, Z = E_p~ W, any Z' > 0  =>  TV(p, p~) <= (1/2 E_p~|W - Z'| + 1/2 |Z' - Z|) / Z'",
         lean="WitCert.tv_le_spot_identity",
-        note="Pointwise `WitCert.mul_abs_sub_le_spot` (z |w - Z| <= Z |w - z| + w |z - Z|). The two means are estimated from an exact set (the heaviest witness contributions, read exactly) and draws with replacement from q ~ p~ (e^c - 1 + |1 - Z'|) on the rest, ratios in [0, 1] and [-1, 1] because |e^{-eps} - 1| <= e^c - 1 (`WitCert.abs_exp_neg_sub_one_le`); three one-sided confidence statements (SCB) at delta/3 each. The draw uses the meter's own randomness after the query is fixed and never feeds the model, so the bound holds with probability 1 - delta per cell for adaptive queries and any scheme. The fp64 evaluation is inflated a priori and every weighted term is formed in log space, exp(log p~ + x), so a visible token whose p~ underflows keeps its p~ W; a Z' below S 2^-1000 gives the trivial bound (witcert/spot/cell.py), not a Lean statement.",
+        note="Pointwise `WitCert.mul_abs_sub_le_spot` (z |w - Z| <= Z |w - z| + w |z - Z|). The two means are estimated from an exact set (the heaviest witness contributions, read exactly) and draws with replacement from q ~ p~ (e^c - 1 + |1 - Z'|) on the rest, ratios in [0, 1] and [-1, 1] because |e^{-eps} - 1| <= e^c - 1 (`WitCert.abs_exp_neg_sub_one_le`); three one-sided confidence statements (SCB) at delta/3 each, combined by the finite union bound against a budget (`WitCert.measure_iUnion_le_of_sum_le`). The draw uses the meter's own randomness after the query is fixed and never feeds the model, so the bound holds with probability 1 - delta per cell for adaptive queries and any scheme. The fp64 evaluation is inflated a priori and every weighted term is formed in log space, exp(log p~ + x), so a visible token whose p~ underflows keeps its p~ W; a Z' below S 2^-1000 gives the trivial bound (witcert/spot/cell.py), not a Lean statement.",
         spec="witcert.spec.spot_check.bound_spot_check",
         torch="witcert.spot.certificate.spot_check_two_sided",
         kernel=None,
@@ -280,7 +288,7 @@ THEOREMS: tuple[Theorem, ...] = (
         paper='spot-check certificate, one-sided form (beyond the paper; docs/design.md "Spot-check certificate")',
         statement="p~ a probability vector, W_t = e^{-eps_t}, Z = E_p~ W, any Z_U >= Z  =>  TV(p, p~) <= E_p~ (1 - W / Z_U)^+",
         lean="WitCert.tv_le_spot_one_sided",
-        note="TV = sum_t (p~_t - p_t)^+ because both sum to one (`WitCert.abs_le_add_two_mul` summed), and p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U). Two confidence statements: an upper bound Z_U on Z from draws ~ p~ (e^c - 1) on the rest of an exact set (ratios (W - 1)/(e^c - 1) in [-1, 1], `WitCert.exp_neg_sub_one_mem`), then draws ~ p~ (1 - e^{-c}/Z_U)^+ bound the one-sided mean (ratios in [0, 1], `WitCert.spot_one_sided_term_le`); betting bounds (SCB) at delta 8/10 and 2/10, drawn until a planned number of distinct keys is read (a stopping time: Ville's inequality keeps the betting bound valid with the planned count in the bets). The library's default spot estimator. Visibility comes from the finite logits, every weighted term is formed in log space (a token whose fp64 p~ underflows keeps its p~ W and p~ (e^c - 1)), a Z_U below S 2^-1000 gives the trivial bound, and the fp64 evaluation is inflated a priori (witcert/spot/cell.py): not a Lean statement.",
+        note="TV = sum_t (p~_t - p_t)^+ because both sum to one (`WitCert.abs_le_add_two_mul` summed), and p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U). Two confidence statements: an upper bound Z_U on Z from draws ~ p~ (e^c - 1) on the rest of an exact set (ratios (W - 1)/(e^c - 1) in [-1, 1], `WitCert.exp_neg_sub_one_mem`), then draws ~ p~ (1 - e^{-c}/Z_U)^+ bound the one-sided mean (ratios in [0, 1], `WitCert.spot_one_sided_term_le`); betting bounds (SCB) at delta 8/10 and 2/10 (their union, `WitCert.measure_iUnion_le_of_sum_le`), drawn until a planned number of distinct keys is read (a stopping time: Ville's inequality keeps the betting bound valid with the planned count in the bets). The library's default spot estimator. Visibility comes from the finite logits, every weighted term is formed in log space (a token whose fp64 p~ underflows keeps its p~ W and p~ (e^c - 1)), a Z_U below S 2^-1000 gives the trivial bound, and the fp64 evaluation is inflated a priori (witcert/spot/cell.py): not a Lean statement.",
         spec="witcert.spec.spot_check.bound_spot_one_sided",
         torch="witcert.spot.one_sided.spot_check",
         kernel=None,
@@ -301,8 +309,8 @@ THEOREMS: tuple[Theorem, ...] = (
         key="SCR",
         paper="spot-check adaptive key budgets (beyond the paper; docs/design.md \"Spot-check certificate\")",
         statement="rounds r = 1..R with statements failing w.p. <= delta_r conditionally on the rounds before, sum_r delta_r <= delta  =>  P(some round run fails) <= delta, for any stopping rule; delta_r = delta/R or delta 6/(pi^2 r^2)",
-        lean=None,
-        note="Lean: the union bound over a finite family of rounds with the two split lemmas (uniform delta/R, and delta 6/(pi^2 r^2) from `WitCert.sum_step_allocation_le`) is the formal engineer's; its declaration names are filled in at merge. Round r may read up to B_r = 32 4^(r-1) distinct exact keys in all (the last B_R = keys), every key read before known exactly; a cell stops at its first bound <= tau and reports the least bound over its rounds. The monitor uses the uniform split and fourfold budgets (measured: witcert/spot/rounds.py, docs/guides/spot-check.md). witcert.spot.batched.check_cells runs the same rounds for every cell of a layer-step at once (tests/test_spot_batched.py replays one form's draws in the other).",
+        lean="WitCert.measure_selected_lt_le_uniform",
+        note="`WitCert.measure_selected_lt_le`: the bound of any selected round (here the least bound over the rounds run; a round not run holds the trivial bound 1) fails with probability at most delta when round r's fails with probability at most delta_r and sum_r delta_r <= delta (a round's conditional guarantee given the rounds before implies the unconditional one). Splits: uniform `WitCert.sum_uniform_round_budget_le` (the default; `WitCert.measure_selected_lt_le_uniform`) and 6/(pi^2 r^2) `WitCert.sum_zeta_round_budget_le` (`WitCert.measure_selected_lt_le_zeta`). Round r may read up to B_r = 32 4^(r-1) distinct exact keys in all (the last B_R = keys), every key read before known exactly; a cell stops at its first bound <= tau and reports the least bound over its rounds. The monitor uses the uniform split and fourfold budgets (measured: witcert/spot/rounds.py, docs/guides/spot-check.md). witcert.spot.batched.check_cells runs the same rounds for every cell of a layer-step at once (tests/test_spot_batched.py replays one form's draws in the other).",
         spec="witcert.spec.spot_check.round_shares",
         torch="witcert.spot.rounds.round_shares",
         kernel=None,
@@ -311,9 +319,9 @@ THEOREMS: tuple[Theorem, ...] = (
     Theorem(
         key="SCD",
         paper="spot-check request budget (beyond the paper)",
-        statement="sum_{k >= 1} 6/(pi^2 k^2) <= 1, so delta_k = delta_req 6/(pi^2 k^2) / cells_per_step keeps an open-ended generation within delta_req",
-        lean="WitCert.sum_step_allocation_le",
-        note="From Mathlib `hasSum_zeta_two` (`WitCert.sum_range_one_div_sq_le`); with cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell. The monitor spends a request budget this way (spot_delta=witcert.spot.RequestBudget(delta_req): step k of a request, its layers x heads x queries cells); the spot-certified gate gives half of a cell's delta to the check before repair and spends the other half over its re-checks i = 1, 2, ... at 6/(pi^2 i^2) each.",
+        statement="cell c of step k >= 1 fails with probability <= delta_req 6/(pi^2 k^2) / cells_k  =>  P(some cell of some step fails) <= delta_req, over any number of steps",
+        lean="WitCert.measure_iUnion_steps_le",
+        note="The union bound over a countable family of events against a budget (`WitCert.measure_iUnion_le_of_tsum_le`, Mathlib `measure_iUnion_le`), per step over its cells (`WitCert.measure_iUnion_le_of_sum_le`, even split `WitCert.sum_ofReal_div_card_le`), and the budgets summing to at most delta_req (`WitCert.tsum_ofReal_step_budget_le`, from `WitCert.sum_step_allocation_le`: sum_{k >= 1} 6/(pi^2 k^2) <= 1, Mathlib `hasSum_zeta_two` via `WitCert.sum_range_one_div_sq_le`). With cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell. The monitor spends a request budget this way (spot_delta=witcert.spot.RequestBudget(delta_req): step k of a request, its layers x heads x queries cells); the spot-certified gate gives half of a cell's delta to the check before repair and spends the other half over its re-checks i = 1, 2, ... at 6/(pi^2 i^2) each.",
         spec="witcert.spec.spot_check.delta_at_step",
         torch="witcert.spot.budget.delta_at_step",
         kernel=None,
