@@ -13,14 +13,13 @@ runs every round up to ``keys``: the worst case of the adaptive check. Median of
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import sys
 from pathlib import Path
 
 import torch
 
-from benchmarks import machine
+from benchmarks import spot_records
 from benchmarks.timing import time_interleaved
 from witcert.spot import KeyGather, check_cells, spot_check, spot_randomness
 
@@ -100,15 +99,9 @@ def main(argv=None) -> int:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    info = machine.describe(1)
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{info['cpu']} ({info['logical_cpus']} logical CPUs, shared with other engineers' jobs), "
-                         "1 torch thread",
-              "command": "python -m benchmarks.spot_cost " + " ".join(sys.argv[1:] if argv is None else argv),
-              "runs": run(keys=args.keys, reps=args.reps)}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
+    record = spot_records.provenance("benchmarks.spot_cost", argv) | {"runs": run(keys=args.keys, reps=args.reps)}
     print(json.dumps(record["runs"], indent=1))
+    spot_records.write(record, args.out)
     return 0
 
 

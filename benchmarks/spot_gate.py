@@ -12,8 +12,6 @@ cells the gate fired on, and the share of cells certified after repair (``meter_
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import sys
 import time
 from pathlib import Path
@@ -22,7 +20,7 @@ import numpy as np
 import torch
 
 import witcert
-from benchmarks import machine
+from benchmarks import spot_records
 from witcert.observatory import stats
 from witcert.observatory.runner import ObserveConfig, build_cases, run_case
 
@@ -86,11 +84,7 @@ def main(argv=None) -> int:
     model, tokenizer = loaded.model, loaded.tokenizer
     config = ObserveConfig(schemes=SCHEMES, task="needle", context_tokens=args.context, cases=args.cases)
     cases = build_cases(tokenizer, config)
-    info = machine.describe(1)
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{info['cpu']} ({info['logical_cpus']} logical CPUs, shared with other engineers' jobs), "
-                         "1 torch thread",
-              "command": "python -m benchmarks.spot_gate " + " ".join(sys.argv[1:] if argv is None else argv),
+    record = spot_records.provenance("benchmarks.spot_gate", argv) | {
               "model": loaded.source, "cases": len(cases), "context_tokens": args.context, "tau": args.tau,
               "spot_keys": args.spot_keys, "configurations": {}}
     with torch.no_grad():
@@ -104,9 +98,7 @@ def main(argv=None) -> int:
                                         args.tau)
                 record["configurations"][name] = row
                 print(name, row, flush=True)
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    spot_records.write(record, args.out)
     return 0
 
 

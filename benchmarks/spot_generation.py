@@ -16,8 +16,6 @@ feels it), with the cells checked, their mean exact keys and the share certified
 from __future__ import annotations
 
 import argparse
-import datetime
-import json
 import statistics
 import sys
 import time
@@ -27,7 +25,7 @@ import numpy as np
 import torch
 
 import witcert
-from benchmarks import machine
+from benchmarks import spot_records
 from benchmarks.timing import compile_choice, compiled_available
 
 SCHEME = "rtn-int4"
@@ -103,16 +101,10 @@ def main(argv=None) -> int:
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
-    info = machine.describe(1)
-    record = {"date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-              "machine": f"{info['cpu']} ({info['logical_cpus']} logical CPUs, shared with other engineers' jobs), "
-                         "1 torch thread",
-              "command": "python -m benchmarks.spot_generation " + " ".join(sys.argv[1:] if argv is None else argv),
+    record = spot_records.provenance("benchmarks.spot_generation", argv) | {
               "scheme": SCHEME, "tau": TAU, "spot_keys": args.spot_keys,
               "runs": [run(c, args.new_tokens, args.reps, args.compiled, args.spot_keys) for c in args.contexts]}
-    args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(json.dumps(record, indent=1) + "\n", encoding="utf-8")
-    print(f"wrote {args.out}")
+    spot_records.write(record, args.out)
     return 0
 
 

@@ -26,7 +26,8 @@ import torch
 
 from witcert.fastpath.compiled import pick
 from witcert.gate.blocks import log_expm1
-from witcert.spot.cell import ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, Z_FLOOR, exact_order, unit_ratio
+from witcert.spot.cell import (ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, Z_FLOOR, check_keys, checked_cells,
+                               exact_order, unit_ratio)
 from witcert.spot.confidence import ONE_SIDED_CAP, row_betting_upper
 from witcert.spot.one_sided import EXACT_SHARE, ROUNDING, SMALL, Z_KEYS_SHARE, Z_SHARE_OF_DELTA, exact_keys
 from witcert.spot.randomness import MultinomialSampler, draw_until_new, spot_randomness
@@ -115,20 +116,10 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
 
 
 def _checked(scores, radii, keys: int, delta, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    if not isinstance(keys, int) or isinstance(keys, bool) or keys < 1:
-        raise ValueError(f"keys: expected a positive int, got {keys!r}")
+    check_keys(keys)
     if tau is not None and not 0 <= tau < 1:
         raise ValueError(f"tau: expected a threshold in [0, 1) or None, got {tau!r}")
-    s = torch.as_tensor(scores).detach().to(torch.float64).cpu()
-    c = torch.as_tensor(radii).detach().to(torch.float64).cpu()
-    if s.dim() != 2 or c.shape != s.shape:
-        raise ValueError(f"scores and radii: expected two (N, S) tensors, got {tuple(s.shape)} and {tuple(c.shape)}")
-    if bool(torch.isnan(s).any()) or bool((s == torch.inf).any()):
-        raise ValueError("scores: contains NaN or +inf")
-    if not bool(torch.isfinite(s).any(-1).all()):
-        raise ValueError("scores: a cell has every token masked (-inf)")
-    if bool(torch.isnan(c).any()) or bool((c < 0).any()):
-        raise ValueError("radii: must be >= 0 (NaN is not a radius)")
+    s, c = checked_cells(scores, radii, 2)
     d = torch.as_tensor(delta, dtype=torch.float64).expand(s.shape[0]).clone()
     if not bool(((d > 0) & (d < 1)).all()):
         raise ValueError(f"delta: expected probabilities in (0, 1), got {delta!r}")

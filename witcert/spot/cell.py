@@ -188,23 +188,35 @@ def unit_ratio(x: torch.Tensor, u: torch.Tensor, log_u: torch.Tensor) -> torch.T
     return torch.where(torch.isfinite(u), direct, logged).clamp(-1.0, 1.0)
 
 
-def check_inputs(scores, radii, keys: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scores, radii)`` as (S,) fp64 CPU tensors, checked with ``keys`` and ``delta``."""
+def check_keys(keys) -> None:
+    """Raise unless ``keys`` is a positive int (the most exact keys a cell may read)."""
     if not isinstance(keys, int) or isinstance(keys, bool) or keys < 1:
         raise ValueError(f"keys: expected a positive int, got {keys!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
+
+
+def checked_cells(scores, radii, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, radii)`` as fp64 CPU tensors of ``rank`` 1 (S,) or 2 (N, S), checked: no NaN or ``+inf`` logit, a
+    visible token in every cell, radii ``>= 0``."""
     s = torch.as_tensor(scores).detach().to(torch.float64).cpu()
     c = torch.as_tensor(radii).detach().to(torch.float64).cpu()
-    if s.dim() != 1 or c.shape != s.shape:
-        raise ValueError(f"scores and radii: expected two (S,) tensors, got {tuple(s.shape)} and {tuple(c.shape)}")
+    shape = "(S,)" if rank == 1 else "(N, S)"
+    if s.dim() != rank or c.shape != s.shape:
+        raise ValueError(f"scores and radii: expected two {shape} tensors, got {tuple(s.shape)} and {tuple(c.shape)}")
     if bool(torch.isnan(s).any()) or bool((s == torch.inf).any()):
         raise ValueError("scores: contains NaN or +inf")
-    if not bool(torch.isfinite(s).any()):
-        raise ValueError("scores: every token is masked (-inf)")
+    if not bool(torch.isfinite(s).any(-1).all()):
+        raise ValueError("scores: every token of a cell is masked (-inf)")
     if bool(torch.isnan(c).any()) or bool((c < 0).any()):
         raise ValueError("radii: must be >= 0 (NaN is not a radius)")
     return s, c
+
+
+def check_inputs(scores, radii, keys: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, radii)`` as (S,) fp64 CPU tensors, checked with ``keys`` and ``delta``."""
+    check_keys(keys)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
+    return checked_cells(scores, radii, 1)
 
 
 def inflated(value: float) -> float:
