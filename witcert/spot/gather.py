@@ -64,7 +64,7 @@ class BackedKeys:
         wanted = torch.unique(index // size)
         for block in wanted[~done[wanted]].tolist():
             before = self.backing.bytes_paged
-            keys = self.backing.page_in(self.layer, (b, kv), block).k.to(torch.float64)
+            keys = self.backing.page_in(self.layer, (b, kv), block, keys_only=True).k.to(torch.float64)
             if (b, kv) not in self._keys:
                 self._keys[b, kv] = torch.empty(self.length, keys.shape[-1], dtype=torch.float64)
             self._keys[b, kv][block * size:block * size + keys.shape[0]] = keys
@@ -97,9 +97,18 @@ class KeyGather:
             self.keys = keys.detach()
             self.kv_heads, self.length = keys.shape[1], keys.shape[2]
             self.row_bytes = keys.shape[-1] * keys.element_size()
-        self.bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
+        self._bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
         self._read = torch.zeros(0, dtype=torch.int64)  # flat (row, kv, token) keys read in this call
         self._first_cell = None  # (row, kv head) -> first cell asking for it (block charges)
+        self._block_bytes: dict[int, int] = {}  # cell -> bytes of the verified blocks charged to it
+
+    @property
+    def bytes_read(self) -> torch.Tensor:
+        """(N,) fp64 bytes the checks' reads cost, each charged once (see the module docstring)."""
+        out = self._bytes_read.clone()
+        for cell, nbytes in self._block_bytes.items():
+            out[cell] += nbytes
+        return out
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``(q_cell . k_token) scale + bias`` fp64 for every pair, (M,)."""
@@ -113,8 +122,9 @@ class KeyGather:
         return logits if self.bias is None else logits + self.bias[cells, tokens]
 
     def _cached(self, unique: torch.Tensor) -> torch.Tensor:
+        """Key rows ``unique`` of the exact cache, gathered where the cache lives (an accelerator too), to the host."""
         d = self.keys.shape[-1]
-        return self.keys.reshape(-1, d)[unique].to(torch.float64)
+        return self.keys.reshape(-1, d)[unique.to(self.keys.device)].to(device="cpu", dtype=torch.float64)
 
     def _backed(self, unique: torch.Tensor) -> torch.Tensor:
         """Keys of ``unique`` flat indices from the backing store: per (row, kv head), its blocks paged and checked."""
@@ -137,8 +147,8 @@ class KeyGather:
         unique, inverse = torch.unique(fresh, return_inverse=True)
         first = torch.full((unique.numel(),), fresh.numel()).scatter_reduce(0, inverse, torch.arange(fresh.numel()),
                                                                              "amin")
-        self.bytes_read.index_add_(0, fresh_cells[first], torch.full((first.numel(),), float(self.row_bytes),
-                                                                      dtype=torch.float64))
+        self._bytes_read.index_add_(0, fresh_cells[first], torch.full((first.numel(),), float(self.row_bytes),
+                                                                       dtype=torch.float64))
         self._read = torch.cat([self._read, unique])
 
     def _charge_block(self, head: int, block: int, nbytes: int) -> None:
@@ -148,4 +158,4 @@ class KeyGather:
             self._first_cell = {}
             for cell, h in enumerate(heads):
                 self._first_cell.setdefault(h, cell)
-        self.bytes_read[self._first_cell[head]] += nbytes
+        self._block_bytes[self._first_cell[head]] = self._block_bytes.get(self._first_cell[head], 0) + nbytes
