@@ -75,6 +75,7 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--spot-keys", type=int, default=128)
     p.add_argument("--tau", type=float, default=0.2)
+    p.add_argument("--gate-only", action="store_true", help="skip the spot check without a gate (halves the time)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     from witcert.integrations.hf.default_model import load_model
@@ -92,8 +93,10 @@ def main(argv=None) -> int:
                                                                      None, None, args.spot_keys, args.tau)
         print("uncompressed", record["configurations"]["uncompressed"], flush=True)
         for scheme in (s for s in args.schemes.split(",") if s):
-            for name, gate in ((f"{scheme}, production spot gate", witcert.Gate(tau=args.tau)),
-                               (f"{scheme}, spot check, no gate", None)):
+            configurations = [(f"{scheme}, production spot gate", witcert.Gate(tau=args.tau))]
+            if not args.gate_only:
+                configurations.append((f"{scheme}, spot check, no gate", None))
+            for name, gate in configurations:
                 row = run_configuration(model, tokenizer, cases, config.new_tokens, scheme, gate, args.spot_keys,
                                         args.tau)
                 record["configurations"][name] = row
