@@ -182,14 +182,15 @@ def spot_generation_lines(record: dict | None) -> list[str]:
     """Generation with the spot check in production (``benchmarks.spot_generation``)."""
     if not record:
         return []
-    names = [n for n in record["runs"][0]["ratio_to_stock"]]
+    names = list(dict.fromkeys(n for run in record["runs"] for n in run["ratio_to_stock"]))
     lines = ["", "### Generation with the spot check", "", _provenance(record["date"], record["machine"],
                                                                         record["command"]), "",
              f"SmolLM2 `generate`, {record['scheme']}, production (`keep_exact=False`), tau = {record['tau']}, at most "
              f"{record['spot_keys']} exact keys per checked cell; tokens/s against stock, prefill included, interleaved, "
              "median of the runs.", "", "| context | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
     for run in record["runs"]:
-        lines.append(f"| {run['context']:,} | " + " | ".join(f"{run['ratio_to_stock'][n]:.2f}x" for n in names) + " |")
+        lines.append(f"| {run['context']:,} | " + " | ".join(
+            f"{run['ratio_to_stock'][n]:.2f}x" if n in run["ratio_to_stock"] else "not run" for n in names) + " |")
     return lines
 
 
