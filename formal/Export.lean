@@ -216,6 +216,21 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.spot_one_sided_term_le
 #print axioms WitCert.spot_one_sided_term_le
 
+#check @WitCert.measure_selected_lt_le_uniform
+#print axioms WitCert.measure_selected_lt_le_uniform
+
+#check @WitCert.measure_selected_lt_le
+#print axioms WitCert.measure_selected_lt_le
+
+#check @WitCert.sum_uniform_round_budget_le
+#print axioms WitCert.sum_uniform_round_budget_le
+
+#check @WitCert.sum_zeta_round_budget_le
+#print axioms WitCert.sum_zeta_round_budget_le
+
+#check @WitCert.measure_selected_lt_le_zeta
+#print axioms WitCert.measure_selected_lt_le_zeta
+
 #check @WitCert.measure_iUnion_steps_le
 #print axioms WitCert.measure_iUnion_steps_le
 

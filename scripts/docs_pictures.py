@@ -66,16 +66,21 @@ def _load(name: str) -> dict:
 
 
 def spot_coverage_data() -> dict:
-    """Per scheme: the meter's coverage and the spot check's coverage at each key budget (``spot_check.json``)."""
+    """Per scheme: the meter's coverage, the spot check's at each fixed key budget and the adaptive check's at
+    the mean keys it read (``spot_check.json``)."""
     record = _load("spot_check.json")
     setup = record["setup"]
     schemes = {}
     for scheme, s in record["schemes"].items():
-        every = s["all"]
-        budgets = sorted(every["by_keys"], key=int)
-        schemes[scheme] = {"meter": every["coverage_deterministic"],
-                           "keys": [every["by_keys"][b]["mean_keys_read"] for b in budgets],
-                           "coverage": [every["by_keys"][b]["coverage"] for b in budgets]}
+        if "all" not in s:
+            continue
+        by = s["all"]["by_config"]
+        fixed = sorted((c for c in by if c.startswith("fixed ")), key=lambda c: int(c.split()[1]))
+        adaptive = [c for c in by if c.split()[0] == "adaptive" and len(c.split()) == 2]
+        schemes[scheme] = {"meter": s["all"]["coverage_deterministic"],
+                           "keys": [by[c]["mean_keys_read"] for c in fixed],
+                           "coverage": [by[c]["coverage"] for c in fixed],
+                           "adaptive": [(c, by[c]["mean_keys_read"], by[c]["coverage"]) for c in adaptive]}
     return {"tau": setup["tau"], "delta": setup["delta_per_cell"], "context": setup["context_tokens"],
             "date": setup["date"], "schemes": schemes}
 
@@ -83,17 +88,20 @@ def spot_coverage_data() -> dict:
 def draw_spot_coverage(fig, data: dict) -> None:
     ax = fig.subplots()
     for scheme, s in data["schemes"].items():
-        line = ax.plot(s["keys"], s["coverage"], marker="o", label=f"{scheme}: spot check")[0]
+        line = ax.plot(s["keys"], s["coverage"], marker="o", label=f"{scheme}: spot check, fixed keys")[0]
         ax.axhline(s["meter"], color=line.get_color(), ls=":", lw=1)
+        for _, keys, coverage in s["adaptive"]:
+            ax.plot([keys], [coverage], marker="*", ms=10, color=line.get_color(), ls="none")
     ax.plot([], [], color="grey", ls=":", label="dotted: the deterministic meter alone")
+    ax.plot([], [], color="grey", marker="*", ls="none", label="star: adaptive rounds, at the mean keys read")
     ax.set(xscale="log", xlabel="exact keys read per checked cell", ylim=(-0.02, 1.02),
            ylabel=f"fraction of cells certified at tau = {data['tau']:g}",
            title=f"Coverage against exact keys read (SmolLM2, {data['context']}-token contexts,\n"
                  f"delta = {data['delta']:g} per checked cell, measured {data['date']})")
-    ax.set_xticks(data["schemes"][next(iter(data["schemes"]))]["keys"])
+    ax.set_xticks([32, 64, 128, 256, 512, 1024])
     ax.xaxis.set_major_formatter(_plain())
     ax.xaxis.set_minor_formatter(_blank())
-    ax.legend(fontsize=7, loc="lower right")
+    ax.legend(fontsize=7, loc="center left")
 
 
 def gate_paged_data() -> dict:

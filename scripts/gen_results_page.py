@@ -25,7 +25,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 README_MARKERS = ("<!-- results-table:begin (scripts/gen_results_page.py) -->", "<!-- results-table:end -->")
-SPOT_KEYS = "256"  # the spot check's default budget (witcert.monitor's spot_keys)
+SPOT_CONFIG = "adaptive 512"  # the spot-check record's headline configuration (benchmarks.spot_check.CONFIGS)
 
 
 def _load(name: str) -> dict | None:
@@ -51,20 +51,23 @@ def _fraction(x: float) -> str:
 # -- the README's table ---------------------------------------------------------------------------
 
 def results_table() -> str:
-    """Per scheme: the deterministic meter's coverage, the spot check's, and the violations (spot-check record)."""
+    """Per scheme: the deterministic meter's coverage, the spot check's beside its ceiling, and the violations."""
     spot = _load("spot_check.json")
     setup = spot["setup"]
-    lines = [f"| scheme | cells | certified at tau = {setup['tau']}: meter | with the spot check ({SPOT_KEYS} keys) "
-             "| true TV above the reported bound |", "|---|---|---|---|---|"]
+    lines = [f"| scheme | cells | certified at tau = {setup['tau']}: meter | with the spot check ({SPOT_CONFIG} keys, "
+             "mean read) | ceiling (true TV <= tau) | true TV above the reported bound |", "|---|---|---|---|---|---|"]
     for scheme, s in spot["schemes"].items():
+        if "all" not in s:
+            continue
         every = s["all"]
-        spot_row = every["by_keys"][SPOT_KEYS]
-        violations = every["violations_deterministic"] + spot_row["violations"]
+        spot_row = every["by_config"][SPOT_CONFIG]
+        violations = every["violations_deterministic"] + max(v["violations"] for v in every["by_config"].values())
         lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} "
-                     f"| {_fraction(spot_row['coverage'])} | {violations} |")
+                     f"| {_fraction(spot_row['coverage'])} ({spot_row['mean_keys_read']:.0f}) "
+                     f"| {_fraction(every['ceiling'])} | {violations} |")
     where = (f"SmolLM2-135M-Instruct, {setup['context_tokens']}-token contexts of text, code and a needle task, "
-             f"spot-check failure probability {setup['delta_per_cell']:g} per cell; measured {setup['date']} "
-             f"(`python -m benchmarks.spot_check`).")
+             f"spot-check failure probability {setup['delta_per_cell']:g} per cell, keys read in rounds of 32, 128, "
+             f"512; measured {setup['date']} (`{setup['command']}`).")
     return "\n".join(lines) + "\n\n" + where
 
 
@@ -131,35 +134,46 @@ def ranking_spot_lines() -> list[str]:
 def spot_section() -> str:
     spot = _load("spot_check.json")
     setup = spot["setup"]
-    budgets = [str(b) for b in setup["budgets"]]
+    configs = list(setup["configs"])
+    schemes = {scheme: s["all"] for scheme, s in spot["schemes"].items() if "all" in s}
     lines = ["## The spot check", "",
-             _provenance(setup["date"], setup.get("machine", "a 2-core AMD EPYC VM (AVX2, loaded), "
-                                                  f"{setup['threads']} torch thread"),
-                         setup.get("command", "python -m benchmarks.spot_check")), "",
+             _provenance(setup["date"], setup["machine"], setup["command"]), "",
              f"{setup['model']}: one {setup['context_tokens']}-token case per task ({', '.join(setup['tasks'])}), "
              f"{setup['cells_per_call']} cells sampled per attention call, tau = {setup['tau']}, failure probability "
-             f"{setup['delta_per_cell']:g} per checked cell, every cell against its true TV. Key budget split: "
-             f"{setup['split']}.", "",
-             "| scheme | cells | meter coverage | " + " | ".join(f"spot: {b} keys" for b in budgets)
-             + f" | median reported / true TV ({SPOT_KEYS}) | ms per check ({SPOT_KEYS}) | violations |",
-             "|---|---|---|" + "---|" * len(budgets) + "---|---|---|"]
-    for scheme, s in spot["schemes"].items():
-        every = s["all"]
-        by_keys = every["by_keys"]
-        violations = every["violations_deterministic"] + sum(by_keys[b]["violations"] for b in budgets)
-        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} | "
-                     + " | ".join(_fraction(by_keys[b]["coverage"]) for b in budgets)
-                     + f" | {by_keys[SPOT_KEYS]['median_bound_over_true_tv']:.2f} "
-                       f"| {by_keys[SPOT_KEYS]['ms_per_check']:.1f} | {violations} |")
-    lines += ["", f"Coverage per task at {SPOT_KEYS} keys:", "", "| scheme | " + " | ".join(setup["tasks"]) + " |",
+             f"{setup['delta_per_cell']:g} per checked cell, every cell against its true TV. Estimator: "
+             f"{setup['estimator']}. *Ceiling*: the share of sampled cells whose true TV is at most tau, which no "
+             "sound bound exceeds.", "",
+             f"| scheme | cells | ceiling | meter coverage | {SPOT_CONFIG}: coverage | mean keys read | "
+             "fixed 256 keys | fixed 512 keys | median reported / true TV | ms per checked cell | violations |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for scheme, every in schemes.items():
+        by = every["by_config"]
+        head = by[SPOT_CONFIG]
+        violations = every["violations_deterministic"] + max(v["violations"] for v in by.values())
+        ratio = head["median_bound_over_true_tv"]
+        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['ceiling'])} | "
+                     f"{_fraction(every['coverage_deterministic'])} | {_fraction(head['coverage'])} | "
+                     f"{head['mean_keys_read']:.0f} | {_fraction(by['fixed 256']['coverage'])} | "
+                     f"{_fraction(by['fixed 512']['coverage'])} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{head['ms_per_checked_cell']:.1f} | {violations} |")
+    variants = [c for c in configs if c.startswith("adaptive") and c != SPOT_CONFIG]
+    lines += ["", "The adaptive check's split of `delta` over its rounds and its stage shares, coverage (mean keys "
+              "read) per configuration (the default first):", "",
+              "| scheme | " + " | ".join([SPOT_CONFIG, *variants]) + " |", "|---|" + "---|" * (1 + len(variants))]
+    for scheme, every in schemes.items():
+        by = every["by_config"]
+        lines.append(f"| {scheme} | " + " | ".join(
+            f"{_fraction(by[c]['coverage'])} ({by[c]['mean_keys_read']:.0f})" for c in [SPOT_CONFIG, *variants]) + " |")
+    lines += ["", f"Coverage per task, {SPOT_CONFIG}:", "", "| scheme | " + " | ".join(setup["tasks"]) + " |",
               "|---|" + "---|" * len(setup["tasks"])]
     for scheme, s in spot["schemes"].items():
-        lines.append(f"| {scheme} | " + " | ".join(
-            _fraction(s["by_task"][t]["by_keys"][SPOT_KEYS]["coverage"]) for t in setup["tasks"]) + " |")
+        if "all" in s:
+            lines.append(f"| {scheme} | " + " | ".join(
+                _fraction(s["by_task"][t]["by_config"][SPOT_CONFIG]["coverage"]) for t in setup["tasks"]) + " |")
     lines += ["", "![Coverage against exact keys read, per scheme](assets/spot-coverage.png)", "",
               "Drawn from this record by `python scripts/docs_pictures.py --records` (dotted: the deterministic "
               "meter's coverage)."]
-    return "\n".join(lines + spot_cost_lines(spot.get("cost")))
+    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
 
 
 def _needle_rows(record: dict) -> dict:
@@ -230,20 +244,39 @@ def formats_glance(link: str) -> str | None:
             f"{setup['date'][:10]} ([table]({link})).")
 
 
-def spot_cost_lines(cost: list | None) -> list[str]:
-    """One check against the attention it certifies (``benchmarks.spot_cost``, recorded with the coverage)."""
-    if not cost:
+def spot_cost_lines(record: dict | None) -> list[str]:
+    """A batched check against the attention it certifies (``benchmarks.spot_cost``)."""
+    if not record:
         return []
-    lines = ["", f"Cost of one check ({cost[0]['keys']} keys, one torch thread, the same run; "
-             "`benchmarks/spot_cost.py`): against one cell's attention (one query head, fp32) and one decode step's "
-             "attention of a whole SmolLM2 layer (9 query heads over 3 kv heads).", "",
-             "| context | spot check | attention, one cell | attention, one layer step | check / cell | "
-             "check / layer step |", "|---|---|---|---|---|---|"]
-    for row in cost:
-        ms = row["ms"]
-        lines.append(f"| {row['context']:,} | {ms['spot check']:.2f} ms | {ms['attention, one cell']:.3f} ms | "
-                     f"{ms['attention, one layer step']:.2f} ms | {row['spot_over_cell']:.1f}x | "
-                     f"{row['spot_over_layer_step']:.2f}x |")
+    rows = record["runs"]
+    lines = ["", "### Cost per checked cell", "", _provenance(record["date"], record["machine"], record["command"]), "",
+             f"One decode layer-step, every query head's cell checked at once ({rows[0]['keys']} keys at most, radii 100x "
+             "the logit error so that every round runs: the worst case), per checked cell, against one cell's "
+             "attention (fp32) and the layer step's (sdpa); the one-cell form beside it.", "",
+             "| shape | context | batched, adaptive | batched, fixed | one cell | attention, one cell | "
+             "batched adaptive / cell attention |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ms = row["ms_per_checked_cell"]
+        lines.append(f"| {row['shape']} ({row['heads']} heads over {row['kv_heads']}, d {row['head_dim']}) | "
+                     f"{row['context']:,} | {ms['batched, adaptive (tau 0.2)']:.2f} ms | {ms['batched, fixed']:.2f} ms | "
+                     f"{ms['one cell, fixed']:.2f} ms | {row['ms']['attention, one cell']:.3f} ms | "
+                     f"{row['per_checked_cell_over_cell_attention']['batched, adaptive (tau 0.2)']:.1f}x |")
+    return lines
+
+
+def spot_generation_lines(record: dict | None) -> list[str]:
+    """Generation with the spot check in production (``benchmarks.spot_generation``)."""
+    if not record:
+        return []
+    names = list(dict.fromkeys(n for run in record["runs"] for n in run["ratio_to_stock"]))
+    lines = ["", "### Generation with the spot check", "", _provenance(record["date"], record["machine"],
+                                                                        record["command"]), "",
+             f"SmolLM2 `generate`, {record['scheme']}, production (`keep_exact=False`), tau = {record['tau']}, at most "
+             f"{record['spot_keys']} exact keys per checked cell; tokens/s against stock, prefill included, interleaved, "
+             "median of the runs.", "", "| context | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for run in record["runs"]:
+        lines.append(f"| {run['context']:,} | " + " | ".join(
+            f"{run['ratio_to_stock'][n]:.2f}x" if n in run["ratio_to_stock"] else "not run" for n in names) + " |")
     return lines
 
 
@@ -273,7 +306,30 @@ def spot_gate_section() -> str | None:
     lines += ["", "![Tokens paged by gate kind](assets/gate-paged.png)"]
     table = repair_table(report)
     table[0] = "#" + table[0]  # a subsection of this one
-    return "\n".join([*lines, "", *table])
+    return "\n".join([*lines, "", *table, *production_spot_gate_lines(_load("spot_gate.json"))])
+
+
+def production_spot_gate_lines(record: dict | None) -> list[str]:
+    """The production spot-certified gate on the needle task (``benchmarks.spot_gate``)."""
+    if not record:
+        return []
+    rows = record["configurations"]
+    lines = ["", "### The production spot gate", "", _provenance(record["date"], record["machine"], record["command"]),
+             "", f"{record['cases']} needle cases of {record['context_tokens']} tokens, `keep_exact=False`: pages and "
+             f"checks read the verified host backing store; tau = {record['tau']}, at most {record['spot_keys']} exact "
+             "keys per check. Accuracy with its exact binomial 95% interval; *paged*: the mean share of a cell's "
+             "tokens paged in; *certified*: cells whose reported meter (after repair) is at most tau.", "",
+             "| configuration | accuracy | paged | fired | certified | MB paged per case | MB read by checks per case |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        acc = f"{row['accuracy']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
+        paged = f"{row['paged_fraction']:.3f}" if "paged_fraction" in row else "-"
+        fired = f"{row['fired']:.3f}" if "fired" in row else "-"
+        certified = f"{row['certified']:.3f}" if "certified" in row else "-"
+        mb_paged = f"{row['bytes_paged_per_case'] / 1e6:.1f}" if "bytes_paged_per_case" in row else "-"
+        mb_read = f"{row['check_bytes_per_case'] / 1e6:.1f}" if "check_bytes_per_case" in row else "-"
+        lines.append(f"| {name} | {acc} | {paged} | {fired} | {certified} | {mb_paged} | {mb_read} |")
+    return lines
 
 
 def study_section() -> str:

@@ -165,8 +165,9 @@ class BackingStore:
         buffer[..., start:stop, :] = rows
 
     # -- read path ----------------------------------------------------------------------
-    def page_in(self, key: Hashable, index: tuple[int, ...], block: int) -> PagedBlock:
-        """Verified copy of block ``block`` of ``stream[key][index]``.
+    def page_in(self, key: Hashable, index: tuple[int, ...], block: int, keys_only: bool = False) -> PagedBlock:
+        """Verified copy of block ``block`` of ``stream[key][index]`` (``keys_only``: the keys alone, for a reader
+        that needs no values, e.g. the spot check; only the keys' bytes are read and counted).
 
         Raises
         ------
@@ -189,7 +190,7 @@ class BackingStore:
         k = stream.k[index][tokens].clone()  # (n, d)
         _verify(k, int(stream.k_crc[index + (block,)]), f"keys of {key!r}{list(index)} block {block}")
         v = None
-        if stream.v is not None:
+        if stream.v is not None and not keys_only:
             v = stream.v[index][tokens].clone()
             _verify(v, int(stream.v_crc[index + (block,)]), f"values of {key!r}{list(index)} block {block}")
         nbytes = _nbytes(k) + (0 if v is None else _nbytes(v))

@@ -39,7 +39,7 @@ from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
 from witcert.integrations.hf.sampling import MeterSampling, selection
-from witcert.spot.cells import BackedKeys, ExactReaders
+from witcert.spot.gather import BackedKeys
 from witcert.tier_a.bands import BandLayout
 
 ATTN_NAME = "witcert"
@@ -97,6 +97,8 @@ class CallScope:
     tau_v: float = 0.05
     fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS, MS)); False: the full eager meter
     spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau
+    spot_step: int | None = None  # the request's metered decode step (a request budget's spot_delta spends by it)
+    spot_pending: object = None  # witcert.spot.deferred.PendingChecks: no gate, the call's checks run at its end
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
     sample: MeterSampling | None = None  # sampled metering (None: every cell)
     pending: object = None  # witcert.integrations.hf.pending.PendingCells: meter the call later (None: now)
@@ -215,10 +217,14 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             extra[name] = swept.cells["meter"].cpu()
         math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
                                          scope.tau_k, scope.tau_v, slack=slack)
-    if scope.spot is not None:  # witcert.spot.cells: reported meter = min(deterministic, spot bound)
-        keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
+    if scope.spot is not None:  # witcert.spot.cells: reported meter = min(meter, spot bound), one batched check
+        spot_keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
         radii = math.c if scope.tier == "A" or scope.adaptive else deterministic_c  # spot_delta is then the whole story
-        math, spot_extra = scope.spot.apply(math, query, keys, scale, scope.tau_k, scope.tau_v, radii=radii)
+        if scope.spot_pending is not None:  # nothing fed back (no gate): checked with every layer at the call's end
+            math, spot_extra = scope.spot_pending.add(math, query, spot_keys, scale, radii, len(scope.layers))
+        else:
+            math, spot_extra = scope.spot.apply(math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii,
+                                                step=scope.spot_step, layers=len(scope.layers))
         extra.update(spot_extra)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
@@ -228,10 +234,10 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat, math.bias), exact_v))
         else:
             source = dict(paging=(scope.repairer, layer.layer_idx, query, scale))
-        if scope.spot is not None and scope.truth:  # the spot-certified gate (witcert.spot.gate)
-            readers = ExactReaders(query, exact_k, scale, math.bias)
-            repair, counts = cells.spot_gated_output(math, scope.gate, scope.spot, readers, radii,
-                                                     extra["spot_bound"], source["exact"], read[1], output)
+        if scope.spot is not None:  # the spot-certified gate (witcert.spot.gate), validation or production
+            repair, counts = cells.spot_gated_output(math, scope.gate, scope.spot, query, spot_keys, scale, radii,
+                                                     extra["spot_bound"], read[1], output, step=scope.spot_step,
+                                                     layers=len(scope.layers), **source)
             extra["spot_delta"] = extra["spot_delta"] + counts.pop("added_delta")
             extra.update(counts)
         else:
@@ -254,6 +260,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         tier_b_delta=scope.delta_loc if scope.tier == "B" and not scope.adaptive else 0.0,
         **fields,
     )
+    if scope.spot is not None and scope.spot_pending is not None:
+        scope.spot_pending.attach(spot_extra, batch)
     return output, batch
 
 

@@ -294,26 +294,40 @@ def _repaired_output(math: CallMath, v_hat, exact_values, scores_after, repaired
     return torch.where(fired.transpose(1, 2)[..., None], y, output)
 
 
-def spot_gated_output(math: CallMath, gate: Gate, spot, readers, radii, spot_bound, exact: tuple, v_hat,
-                      output) -> tuple[Repair, dict]:
-    """:func:`gated_output` with the spot-certified gate (:mod:`witcert.spot.gate`; exact cache in memory).
+def spot_gated_output(math: CallMath, gate: Gate, spot, query, exact_keys, scale: float, radii, spot_bound, v_hat,
+                      output, *, exact: tuple | None = None, paging: tuple | None = None, step: int | None = None,
+                      layers: int = 1) -> tuple[Repair, dict]:
+    """:func:`gated_output` with the spot-certified gate (:mod:`witcert.spot.gate`), in either mode.
 
-    ``exact=(exact_logits, exact_values)``. Returns the :class:`Repair` (0 bytes moved) and, per
-    cell, the failure probability its repair checks added (``added_delta``), their number
-    (``spot_gate_checks``) and the exact keys they read (``spot_gate_keys``).
+    ``exact=(exact_logits, exact_values)`` in memory (validation) or ``paging=(repairer, stream, query, scale)``
+    over the verified backing store (production), as :func:`gated_output`; ``exact_keys`` what the gate's
+    checks read (the exact cache or a :class:`~witcert.spot.gather.BackedKeys`). Returns the :class:`Repair`
+    and, per cell, the failure probability the gate's checks spent (``added_delta``), their number
+    (``spot_gate_checks``), the exact keys they read (``spot_gate_keys``) and those keys' bytes
+    (``spot_gate_bytes``; the pages' bytes are the repair's ``bytes``).
     """
     from witcert.spot.gate import spot_gated
 
-    exact_scores, exact_values = exact
-    fired, scores_after, repaired, meter_after, added, checks, keys = spot_gated(
-        math, gate, spot, readers, radii, spot_bound, exact_scores)
+    if (exact is None) == (paging is None):
+        raise ValueError("give exactly one of exact=(logits, values) and paging=(repairer, stream, query, scale)")
+    if exact is not None:
+        exact_scores, exact_values = exact
+        source = gate.page_source(math.scores_hat, math.c.dtype, exact=exact_scores)
+    else:
+        repairer, stream, paging_query, paging_scale = paging
+        exact_scores, exact_values = None, v_hat.clone()  # the pager writes each paged block's exact values here
+        pager = LayerPager(repairer, stream, paging_query.to(torch.float64), paging_scale,
+                           group=paging_query.shape[1] // v_hat.shape[1], v_cache=exact_values)
+        source = gate.page_source(math.scores_hat, math.c.dtype, pager=pager)
+    result = spot_gated(math, gate, spot, query, exact_keys, scale, radii, spot_bound, source, step=step,
+                        layers=layers)
     seen = ~torch.isneginf(math.scores_hat)
-    paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
-    true_tv_after = _true_tv_after(math, fired, scores_after, exact_scores)
-    output = _repaired_output(math, v_hat, exact_values, scores_after, repaired, fired, output)
-    nothing = torch.zeros(fired.shape, dtype=torch.int64)
-    counts = {"added_delta": added, "spot_gate_checks": checks, "spot_gate_keys": keys}
-    return Repair(output, fired, paged, nothing, meter_after, true_tv_after), counts
+    paged = result.repaired.sum(-1) / seen.sum(-1).clamp(min=1)
+    true_tv_after = _true_tv_after(math, result.fired, result.scores, exact_scores)
+    output = _repaired_output(math, v_hat, exact_values, result.scores, result.repaired, result.fired, output)
+    counts = {"added_delta": result.delta, "spot_gate_checks": result.checks, "spot_gate_keys": result.keys,
+              "spot_gate_bytes": result.check_bytes}
+    return Repair(output, result.fired, paged, result.page_bytes, result.meter_after, true_tv_after), counts
 
 
 def _meter_after(math: CallMath, gate: Gate, result) -> torch.Tensor:

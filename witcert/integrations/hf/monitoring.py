@@ -77,7 +77,7 @@ TIERS = ("auto", "A", "B")
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
             backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
-            certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
+            certificate: str = "deterministic", spot_keys: int = 256, spot_delta=1e-6,
             sample: MeterSampling | None = None, witness_bits: int | None = None,
             query_format=None) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
@@ -131,15 +131,22 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         rounding and MS over twelve thresholds (as tight or a little tighter, several times slower
         per cell). Both are sound.
     certificate : {"deterministic", "spot"}
-        ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked with ``spot_keys`` exact
-        keys drawn with the monitor's own randomness (OS-seeded), and its reported meter is
+        ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked, all cells of a layer-step at
+        once, reading up to ``spot_keys`` exact keys in rounds (32, 128, 512, ...) drawn with the monitor's own
+        randomness (OS-seeded) and stopping at a bound ``<= tau``; its reported meter is
         ``min(meter, spot bound)``, valid with probability ``1 - spot_delta`` per checked cell for
         adaptive queries and any scheme (:mod:`witcert.spot`). Exact keys come from the exact cache
-        (``keep_exact=True``) or, in production, from the content-checked host backing store. Extra
-        columns: ``meter_deterministic``, ``spot_bound``, ``spot_keys``, ``spot_bytes``, ``spot_delta``.
-    spot_keys, spot_delta : int, float
-        Exact keys per checked cell and its failure probability (:func:`witcert.spot.delta_per_cell`
-        and :func:`witcert.spot.delta_at_step` turn a request budget into one).
+        (``keep_exact=True``) or, in production, from the content-checked host backing store. With a
+        gate, the gate decides on that meter and re-checks the cells it repairs (both modes). Extra
+        columns: ``meter_before_spot``, ``spot_bound``, ``spot_keys``, ``spot_rounds``, ``spot_bytes``,
+        ``spot_delta`` (:mod:`witcert.spot.cells`).
+    spot_keys : int
+        The most exact keys a checked cell reads.
+    spot_delta : float or callable
+        Each checked cell's failure probability, or a request budget ``(step, cells) -> delta`` of the
+        request's metered decode step (:class:`witcert.spot.budget.RequestBudget`: ``6 / (pi^2 k^2)`` of
+        ``delta_req`` at step ``k``, so a whole ``generate`` stays within ``delta_req``). With a gate, half goes
+        to the check before repair and half to the gate's re-checks.
     sample : witcert.MeterSampling, optional
         Meter fewer cells, by choice (default ``None``: every cell): every ``every``-th step and a random
         ``heads`` fraction of each kv head's query heads (:mod:`witcert.integrations.hf.sampling`). The
@@ -182,6 +189,7 @@ class _Live:
     repairer: Repairer | None
     backing: BackingStore | None  # production gate or spot check: the content-checked exact keys
     adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
+    steps: int = 0  # forward calls that read the compressed cache (metered steps; a spot request budget spends by them)
     pending: PendingCells | None = None  # calls recorded for deferred metering (witcert.integrations.hf.pending)
     release: weakref.finalize | None = None  # closes the backing store (files removed) when the cache is released
 
@@ -207,7 +215,7 @@ class Monitor:
     def __init__(self, model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
                  backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
-                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
+                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta=1e-6,
                  sample: MeterSampling | None = None, witness_bits: int | None = None,
                  query_format=None):
         if meter not in ("fused", "full"):
@@ -249,7 +257,7 @@ class Monitor:
         tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
-        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau)  # None: deterministic only
+        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau, gated=gate is not None)  # None: deterministic
         self.sample = _checked_sampling(sample, gate, self.spot)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
@@ -375,6 +383,11 @@ class Monitor:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
             scope.backing = live.backing
             scope.seed = live.record.seed
+            if live.layers and live.layers[0].store.length > 0:  # this call reads compressed keys: a metered step
+                live.steps += 1
+                scope.spot_step = live.steps
+            if self.spot is not None and self.gate is None:  # the call's spot checks run together at its end
+                scope.spot_pending = self.spot.pending(scope.tau_k, scope.tau_v, scope.spot_step)
             scope.pending = self._pending_of(live, scope)
         attention._ACTIVE.append(scope)
         self._thread.scopes.append(scope)
@@ -388,6 +401,8 @@ class Monitor:
             return output  # the pre-hook raised before pushing this call's scope
         scope = scopes.pop()
         attention._ACTIVE.pop()
+        if scope.spot_pending is not None:
+            scope.spot_pending.run()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
             if live is not None and (scope.pending is None or not len(scope.pending)):  # (nothing left to meter
