@@ -4,9 +4,9 @@ Implementations: ``witcert.integrations.hf.bound_kind`` (``label_columns``, ``co
 the columns ``bound_kind``/``bound_delta``/``tier_b_delta`` of ``telemetry.cell_table`` and ``write_jsonl``,
 ``Monitor.summary()``, ``witcert.observatory.run_plot.plot_run``, the observatory's printed table and report
 lines. Oracles: the rules stated in ``bound_kind``'s docstring applied by hand to synthetic columns; on monitored
-runs of the tiny Llama, the columns the monitor records (``spot_bound`` against ``meter_deterministic``,
+runs of the tiny Llama, the columns the monitor records (``spot_bound`` against ``meter_before_spot``,
 ``spot_delta``, the monitor's own ``delta_loc``), and the words each output must and must not print.
-Domain: Tier A with and without the spot check (a 10-token prompt, so every check reads every key), the
+Domain: Tier A with and without the spot check (a 62-token prompt, 64 keys: checks read whole below position 64), the
 dithered cache's Tier B inside and outside ``non_adaptive()``. Tolerance: exact.
 """
 import json
@@ -29,12 +29,12 @@ NAN = np.nan
 
 def test_each_rule_of_the_label_columns():
     columns = {
-        "meter": np.array([0.1, 0.1, 0.3, 0.05, 0.05, NAN, 0.02]),
-        "meter_deterministic": np.array([0.1, 0.4, 0.3, 0.05, 0.9, NAN, 0.5]),
-        "spot_bound": np.array([NAN, 0.1, 0.35, NAN, 0.05, NAN, 0.02]),
-        "spot_delta": np.array([0.0, 1e-6, 1e-6, 0.0, 1e-6, 0.0, 3e-6]),
-        "tier_b_delta": np.array([0.0, 0.0, 0.0, 2e-7, 2e-7, 0.0, 2e-7]),
-        "adaptive": np.array([True, True, True, False, False, True, True]),
+        "meter": np.array([0.1, 0.1, 0.3, 0.05, 0.05, NAN, 0.02, 0.01]),
+        "meter_before_spot": np.array([0.1, 0.4, 0.3, 0.05, 0.9, NAN, 0.5, 0.5]),
+        "spot_bound": np.array([NAN, 0.1, 0.35, NAN, 0.05, NAN, 0.02, 0.01]),
+        "spot_delta": np.array([0.0, 1e-6, 1e-6, 0.0, 1e-6, 0.0, 3e-6, 0.0]),
+        "tier_b_delta": np.array([0.0, 0.0, 0.0, 2e-7, 2e-7, 0.0, 2e-7, 0.0]),
+        "adaptive": np.array([True, True, True, False, False, True, True, True]),
     }
     labels = bound_kind.label_columns(columns)
     assert labels["bound_kind"].tolist() == [
@@ -45,8 +45,9 @@ def test_each_rule_of_the_label_columns():
         "probabilistic",  # both: the failure probabilities add (a union bound)
         "none",  # no meter
         "probabilistic",  # an adaptive call's tier_b_delta does not count
+        "proved",  # the check read every key: no delta spent, its bound is the cell's TV
     ]
-    np.testing.assert_array_equal(labels["bound_delta"], [0.0, 1e-6, 0.0, 2e-7, 1e-6 + 2e-7, NAN, 3e-6])
+    np.testing.assert_array_equal(labels["bound_delta"], [0.0, 1e-6, 0.0, 2e-7, 1e-6 + 2e-7, NAN, 3e-6, 0.0])
 
 
 def test_a_table_without_the_label_columns_is_labelled_from_its_columns():
@@ -67,9 +68,10 @@ def _model():
 
 @pytest.fixture(scope="module")
 def spot_run():
-    """rtn-int2 under the spot check on a 10-token prompt: every check reads every key, so it lowers the meter."""
+    """rtn-int2 under the spot check (64 keys) on a 62-token prompt: queries before position 64 are read whole
+    (no delta spent), later ones sampled; tau = 0.01 makes every cell checked."""
     model = _model()
-    ids, mask = prompts(1, length=10)
+    ids, mask = prompts(1, length=62)
     with torch.no_grad(), witcert.monitor(model, "rtn-int2", certificate="spot", spot_keys=64, spot_delta=1e-6,
                                           tau=0.01) as mon:
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=4, do_sample=False, pad_token_id=0)
@@ -78,7 +80,7 @@ def spot_run():
 
 def test_spot_checked_cells_are_labelled_probabilistic_with_their_delta(spot_run):
     table = spot_run.table()
-    lowered = ~np.isnan(table["spot_bound"]) & (table["spot_bound"] < table["meter_deterministic"])
+    lowered = ~np.isnan(table["spot_bound"]) & (table["spot_bound"] < table["meter_before_spot"])
     assert lowered.any()
     assert np.array_equal(table["bound_kind"] == "probabilistic", lowered)
     np.testing.assert_array_equal(table["bound_delta"][lowered], table["spot_delta"][lowered])

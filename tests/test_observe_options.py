@@ -151,7 +151,7 @@ def _spot_result(scheme: str, cases_marked: bool = False) -> SchemeResult:
     cols = {"layer": np.repeat(np.arange(4), 10), "head": np.tile(np.arange(10), 4), "pos": np.full(n, 100),
             "meter": meter, "true_tv": tv, "risk": det * 2, "c_max": det, "output_bound": np.ones(n),
             "true_output_error": np.zeros(n), "joint": meter <= 0.2, "repaired": np.zeros(n, bool),
-            "meter_deterministic": det, "spot_bound": spot, "spot_delta": np.where(np.isnan(spot), 0.0, 1e-6),
+            "meter_before_spot": det, "spot_bound": spot, "spot_delta": np.where(np.isnan(spot), 0.0, 1e-6),
             "spot_keys": np.where(np.isnan(spot), 0.0, 64.0)}
     return SchemeResult(scheme=scheme, task="needle", raw=CellTable(cols), quality={"kl": 0.1, "top1": 0.9,
                                                                                      "needle_acc": 1.0})

@@ -8,7 +8,7 @@ probabilistic branch gave it (each cell's ``bound_kind``, :mod:`witcert.integrat
 
 - *violation*: true TV > meter (must never happen: the meter is a proved upper bound);
 - *coverage*: fraction of cells with meter <= tau (certified safe at tau); *deterministic
-  coverage*: the same for the meter before the spot check (``meter_deterministic``; the meter
+  coverage*: the same for the meter before the spot check (``meter_before_spot``; the meter
   itself without one);
 - *danger*: true TV > tau; *danger recall*: fraction of dangerous cells with meter > tau
   (1 whenever there is no violation; reported to show it measured, not assumed);
@@ -90,7 +90,7 @@ def summarize(table, tau: float) -> Summary:
     )
 
 
-DETERMINISTIC = "meter_deterministic"  # the meter before the spot check (witcert.spot.cells)
+DETERMINISTIC = "meter_before_spot"  # the meter before the spot check (witcert.spot.cells)
 ONE_CASE = "*"  # marks a column whose unit is the case when a run has one case per scheme
 
 

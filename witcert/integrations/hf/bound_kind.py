@@ -5,9 +5,10 @@ table and report) reads the two label columns this module derives, in this one p
 columns the monitor records:
 
 - ``bound_kind``: ``"proved"`` where the reported meter is a deterministic bound (Tier A's witness,
-  Tier B's deterministic branch, or a spot check that did not lower the meter: the minimum then
-  *is* the deterministic meter); ``"probabilistic"`` where the meter rests on a statement that
-  fails with a small probability: the spot check lowered it (``spot_bound < meter_deterministic``,
+  Tier B's deterministic branch, a spot check that did not lower the meter: the minimum then
+  *is* the deterministic meter, or one that read every key and spent no delta: its bound is the
+  cell's TV evaluated in fp64 with its rounding enclosed); ``"probabilistic"`` where the meter rests on a statement that
+  fails with a small probability: the spot check lowered it (``spot_bound < meter_before_spot``,
   :mod:`witcert.spot.cells`), or Tier B's sub-Gaussian branch entered its radius (a non-adaptive
   call of the dithered cache, ``adaptive`` False, ``tier_b_delta`` > 0); ``"none"`` where no cell
   was metered (a blank row, a cell sampled metering left out).
@@ -35,11 +36,11 @@ def _floats(columns, name: str, n: int) -> np.ndarray:
 
 def _spot_lowered(columns, n: int) -> tuple[np.ndarray, np.ndarray]:
     """``(checked, lowered)``: cells the spot check ran on, and those whose meter it lowered."""
-    if "spot_bound" not in columns or "meter_deterministic" not in columns:
+    if "spot_bound" not in columns or "meter_before_spot" not in columns:
         return np.zeros(n, dtype=bool), np.zeros(n, dtype=bool)
     spot = np.asarray(columns["spot_bound"], dtype=np.float64)
     checked = ~np.isnan(spot)
-    return checked, checked & (spot < np.asarray(columns["meter_deterministic"], dtype=np.float64))
+    return checked, checked & (spot < np.asarray(columns["meter_before_spot"], dtype=np.float64))
 
 
 def _tier_b_budget(columns, n: int) -> np.ndarray:
@@ -53,15 +54,17 @@ def _tier_b_budget(columns, n: int) -> np.ndarray:
 def label_columns(columns: dict) -> dict:
     """``{"bound_kind": (n,) str, "bound_delta": (n,) float}`` of a table's columns (see the module docstring).
 
-    ``columns`` needs ``meter``; ``spot_bound``, ``meter_deterministic``, ``spot_delta``, ``adaptive``
+    ``columns`` needs ``meter``; ``spot_bound``, ``meter_before_spot``, ``spot_delta``, ``adaptive``
     and ``tier_b_delta`` are read where present (a table without them is deterministic).
     """
     meter = np.asarray(columns["meter"], dtype=np.float64)
     n = len(meter)
     checked, lowered = _spot_lowered(columns, n)
     tier_b = _tier_b_budget(columns, n)
-    probabilistic = lowered | (tier_b > 0)
-    delta = np.where(checked, _floats(columns, "spot_delta", n), 0.0) + tier_b  # a union: the meter is a minimum
+    spot_delta = np.where(checked, _floats(columns, "spot_delta", n), 0.0)
+    # a check that read every key spent no delta (its bound is the cell's TV in fp64, deterministic)
+    probabilistic = (lowered & (spot_delta > 0)) | (tier_b > 0)
+    delta = spot_delta + tier_b  # a union: the meter is a minimum
     blank = np.isnan(meter)
     kind = np.where(blank, NONE, np.where(probabilistic, PROBABILISTIC, PROVED))
     return {KIND: kind.astype("<U13"), DELTA: np.where(blank, np.nan, np.where(probabilistic, delta, 0.0))}

@@ -65,10 +65,11 @@ COLUMNS = (
     ("seed", "the dithered cache", "the secret Philox seed drawn for the request (replay with `request`)"),
     ("meter_delta=<d>", "`witcert observe`, the dithered cache", "the Tier B meter at request budget `d` "
      "(the risk-coverage plot)"),
-    ("meter_deterministic", "`certificate=\"spot\"`", "the meter before the spot check (proved; Tier B's "
+    ("meter_before_spot", "`certificate=\"spot\"`", "the meter before the spot check (proved; Tier B's "
      "probabilistic branch included on non-adaptive calls)"),
     ("spot_bound", "`certificate=\"spot\"`", "the spot check's bound, NaN where no check ran (meter <= tau)"),
     ("spot_keys", "`certificate=\"spot\"`", "exact keys the check read"),
+    ("spot_rounds", "`certificate=\"spot\"`", "rounds of exact keys the adaptive check read (0 where no check ran)"),
     ("spot_bytes", "`certificate=\"spot\"`", "bytes those reads moved (whole verified blocks in production)"),
     ("spot_delta", "`certificate=\"spot\"`", "failure probability of the cell's checks (0 where none ran; with "
      "the spot-certified gate, its checks' budgets added)"),
@@ -79,6 +80,8 @@ COLUMNS = (
     ("spot_gate_checks", "a gate with `certificate=\"spot\"`", "spot checks the spot-certified gate ran on the "
      "cell while repairing it"),
     ("spot_gate_keys", "a gate with `certificate=\"spot\"`", "distinct exact keys those checks read"),
+    ("spot_gate_bytes", "a gate with `certificate=\"spot\"`", "bytes those checks read (the pages' bytes are "
+     "`bytes_paged`)"),
     ("metered", "`sample=`", "whether sampled metering metered the cell (False: every measurement NaN)"),
 )
 """(name, when present, meaning) of every cell column, in the order of :func:`cell_table`."""
