@@ -27,8 +27,13 @@ DEMO_THREADS ?= 1
 demo: $(STAMP)
 	$(VENV)/bin/witcert observe --demo --threads $(DEMO_THREADS)
 
+# A run that dies (a signal, not a failed test) names the test it was in: the log's tail is often all one sees.
+# Inductor's compiled kernels go to this checkout's build/ (a fresh clone compiles its own, never a stale /tmp cache).
+LAST_TEST := build/pytest-last-test
 test: $(STAMP)
-	$(PY) -m pytest -q
+	mkdir -p build
+	TORCHINDUCTOR_CACHE_DIR=$(CURDIR)/build/inductor WITCERT_LAST_TEST=$(LAST_TEST) $(PY) -m pytest -q || \
+		{ rc=$$?; echo "pytest exited with $$rc; the test running at its end: $$(cat $(LAST_TEST) 2>/dev/null)"; exit $$rc; }
 	$(MAKE) test-vllm
 
 # The tests that compare two computation paths (batched against per step, compiled against eager, kernel against
