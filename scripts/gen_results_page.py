@@ -65,9 +65,9 @@ def results_table() -> str:
         lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} "
                      f"| {_fraction(spot_row['coverage'])} ({spot_row['mean_keys_read']:.0f}) "
                      f"| {_fraction(every['ceiling'])} | {violations} |")
-    where = (f"SmolLM2-135M-Instruct, {setup['context_tokens']}-token contexts of text, code and a needle task, "
-             f"spot-check failure probability {setup['delta_per_cell']:g} per cell, keys read in rounds of 32, 128, "
-             f"512; measured {setup['date']} (`{setup['command']}`).")
+    where = (f"SmolLM2-135M-Instruct, {setup['context_tokens']}-token contexts (text, code, needle), failure probability "
+             f"{setup['delta_per_cell']:g} per checked cell, keys read in rounds of 32, 128, 512; {setup['date'][:10]} "
+             f"(`{setup['command'].split(' --')[0]}`; [setup](docs/results.md#the-spot-check)).")
     return "\n".join(lines) + "\n\n" + where
 
 
@@ -339,7 +339,7 @@ def study_section() -> str:
     study = json.loads(path.read_text(encoding="utf-8"))
     sound = study["soundness"]
     lines = ["## The study", "",
-             _provenance(_committed_date(path), "a 2-core x86-64 VM (AVX2, loaded), 1 torch thread",
+             _provenance(study.get("date") or _committed_date(path), "a 2-core x86-64 VM (AVX2, loaded), 1 torch thread",
                          "make study"), "",
              f"{study['config']['cases']} needle cases per configuration ({study['config']['context_tokens']}-token "
              f"context); {sound['cells']:,} metered cells, {sound['violations']} with true TV above the meter. "
