@@ -185,6 +185,14 @@ def _hits(row: dict) -> str:
     return f"{row['correct']}/{row['cases']}"
 
 
+def _format_bytes(scheme: str, setup: dict) -> dict:
+    """An engine format's bytes per token and kv head at the record's shape, from the format's own formula and the
+    production monitor's default witness code (analytic: the current default, whatever the record's run used)."""
+    from witcert.schemes.engine_formats import FORMATS
+
+    return FORMATS[scheme].bytes_per_token(setup["head_dim"], setup["bands"])
+
+
 def formats_section() -> str | None:
     """The engine KV formats on SmolLM2 (``benchmarks/results/formats.json``, ``python -m benchmarks.formats``)."""
     record = _load("formats.json")
@@ -209,7 +217,7 @@ def formats_section() -> str | None:
              "|---|---|---|---|---|---|---|---|---|"]
     for scheme, s in record["schemes"].items():
         raw, gated = rows[scheme], rows[f"{scheme} gated tau={tau:g}"]
-        b = s["bytes"]
+        b = _format_bytes(scheme, setup)
         violations = s["violations"] + raw["violations"] + gated["violations"] + gated.get("violations_after_repair", 0)
         lines.append(f"| {scheme} | {s['cells']} | {_fraction(s['coverage_deterministic'])} | "
                      f"{_fraction(s['coverage_spot'])} | {s['median_true_tv']:.4f} | {_hits(raw)} [{raw['low']:.2f}, "
@@ -234,7 +242,7 @@ def formats_glance(link: str) -> str | None:
     violations = record["needle"]["soundness"]["violations"] + record["needle"]["soundness"]["violations_after_repair"]
     for scheme, s in record["schemes"].items():
         violations += s["violations"]
-        b = s["bytes"]
+        b = _format_bytes(scheme, setup)
         lines.append(f"| {scheme} | {s['coverage_deterministic']:.2f} | {s['coverage_spot']:.2f} | "
                      f"{s['median_true_tv']:.3f} | {rows[scheme]['correct']} / {rows[f'{scheme} gated tau={tau:g}']['correct']} "
                      f"| {(b['codes'] + b['witness']) / b['bf16']:.2f} |")
