@@ -50,7 +50,7 @@ def _fraction(x: float) -> str:
 
 # -- the README's table ---------------------------------------------------------------------------
 
-def results_table() -> str:
+def results_table(setup_link: str) -> str:
     """Per scheme: the deterministic meter's coverage, the spot check's beside its ceiling, and the violations."""
     spot = _load("spot_check.json")
     setup = spot["setup"]
@@ -67,7 +67,7 @@ def results_table() -> str:
                      f"| {_fraction(every['ceiling'])} | {violations} |")
     where = (f"SmolLM2-135M-Instruct, {setup['context_tokens']}-token contexts (text, code, needle), failure probability "
              f"{setup['delta_per_cell']:g} per checked cell, keys read in rounds of 32, 128, 512; {setup['date'][:10]} "
-             f"(`{setup['command'].split(' --')[0]}`; [setup](docs/results.md#the-spot-check)).")
+             f"(`{setup['command'].split(' --')[0]}`; [setup]({setup_link})).")
     return "\n".join(lines) + "\n\n" + where
 
 
@@ -648,7 +648,7 @@ def page() -> str:
             "Every figure on this page is a record under `benchmarks/results/`, shown with the date, the machine "
             "and the command that measured it; rerun the command to reproduce it. The machines are shared "
             "2-core VMs without a GPU: read a timing as the ratio measured in the same run, not as an absolute.",
-            "", "## At a glance", "", results_table()]
+            "", "## At a glance", "", results_table("#the-spot-check")]
     for glance in (spot_gate_glance("#the-spot-certified-gate"), generation_glance("#monitored-generation"),
                    vllm_glance("#serving-with-vllm")):
         if glance:
@@ -706,7 +706,7 @@ def readme_with_table(readme: str) -> str:
                            spot_gate_glance("docs/results.md#the-spot-certified-gate"),
                            generation_glance("docs/results.md#monitored-generation"),
                            vllm_glance("docs/results.md#serving-with-vllm")) if g]
-    return readme[:start] + "\n" + results_table() + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]
+    return readme[:start] + "\n" + results_table("docs/results.md#the-spot-check") + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]
 
 
 def main(argv=None) -> int:
