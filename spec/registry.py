@@ -308,6 +308,17 @@ THEOREMS: tuple[Theorem, ...] = (
         kernel=None,
         tests=("tests/test_spot_check.py",),
     ),
+    Theorem(
+        key="AU",
+        paper='request audit (beyond the paper; docs/design.md "The request audit")',
+        statement="cells picked independently w.p. r' >= r, X = flagged picks, M = cells with TV > tau, M_upper = max{m <= N : P(Bin(m, r) <= X) >= delta_s}  =>  P(M > M_upper) <= delta_s + sum_cells r' delta_c",
+        lean="WitCert.audit_upper_limit_valid",
+        note="The combination and the union are the Lean statement: on the event that no picked cell's spot check fails (its complement has probability at most the sum over cells of r' delta_c, a union), every picked cell with TV above tau is flagged, so X >= Y with Y ~ Binomial(M, r'), stochastically at least Binomial(M, r); m -> P(Bin(m, r) <= x) is nonincreasing, so M > M_upper forces F_M(Y) <= F_M(X) < delta_s, an event of probability at most delta_s (a distribution function at its own variable). The population is fixed because the picks and the checks never feed the model. Binomial tails from scipy.stats (double precision, the level lowered by a relative 1e-9 so a rounded tail only widens the limit); picks are Philox4x32-10 words under a secret key (distinct counters modelled as independent uniform words, as for Tier B). delta_c from the step allocation of SCD divided by r', so the union stays within delta_spot for a request of any length.",
+        spec="witcert.spec.audit.upper_limit",
+        torch="witcert.audit.limit.upper_limit",
+        kernel=None,
+        tests=("tests/test_audit_limit.py", "tests/test_audit_validity.py", "tests/test_audit_monitor.py"),
+    ),
 )
 
 

@@ -35,6 +35,7 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from witcert.audit.cells import CellSet
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
@@ -100,6 +101,7 @@ class CallScope:
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
     sample: MeterSampling | None = None  # sampled metering (None: every cell)
     pending: object = None  # witcert.integrations.hf.pending.PendingCells: meter the call later (None: now)
+    audit: object = None  # witcert.audit.AuditedRequest: meter the audit's picked cells only (None: no audit)
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -136,6 +138,8 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         raise ValueError(f"dropout={dropout!r}: attention with dropout (a model in training mode) is random, the meter "
                          "covers eval-mode attention (call model.eval())")
     scores_mask = _scores_mask(module, query, key, attention_mask, kwargs)
+    if scope.audit is not None:  # the request's step 1, fixed by the generation before any pick
+        scope.audit.start(key.shape[-2] - query.shape[-2])
     output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
     scale = float(module.scaling if scaling is None else scaling)
@@ -187,11 +191,11 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     s = read[0].shape[-2]
     spans = [(s - tq, s)] if spans is None else spans
     positions = torch.cat([torch.arange(first, end) for first, end in spans])
-    chosen = None if scope.sample is None else selection(scope.sample, layer.layer_idx, spans, hq, read[0].shape[1])
-    if chosen is not None and chosen.empty:  # sampled metering: no cell of these calls is metered
+    chosen = _metered_cells(scope, layer.layer_idx, spans, positions, (b, hq, tq), read[0].shape[1])
+    if chosen is not None and chosen.empty:  # sampled metering or an audit: no cell of these calls is metered
         return output, _unmetered(scope, layer, (b, hq, tq), positions)
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
-    if chosen is not None:  # sampled metering: the chosen queries and query heads only, every kv head
+    if chosen is not None:  # sampled metering (every kv head) or the audit's cells (witcert.audit.cells)
         query = chosen.pick(query)
         visible, bias = (None if x is None else chosen.pick(x) for x in (visible, bias))
     if bias is not None and scope.gate is not None and not scope.truth:
@@ -201,7 +205,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused,
                          bias=bias)
     extra = {}
-    deterministic_c = math.c  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
+    deterministic = math  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
+    deterministic_c = math.c
     if scope.tier == "B":
         key_stores = [store.codec.packed_store(p) for p in store.key_chunks]
         slack = cells.score_slack(query, read[0], scale)  # independent of delta: once per call
@@ -216,6 +221,9 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         radii = math.c if scope.tier == "A" or scope.adaptive else deterministic_c  # spot_delta is then the whole story
         math, spot_extra = scope.spot.apply(math, query, keys, scale, scope.tau_k, scope.tau_v, radii=radii)
         extra.update(spot_extra)
+    if scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
+        audited = deterministic if scope.tier == "B" and not scope.adaptive else math
+        extra.update(_audit_columns(scope, layer, chosen, audited, query, positions, scale))
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if scope.gate is not None:
@@ -239,7 +247,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         extra["true_tv_after"] = _reported(repair.true_tv_after, blank)
     fields = {name: _reported(t, blank) for name, t in math.cells.items()}
     fields["repaired"] = fired.cpu()
-    if scope.sample is not None:
+    if scope.sample is not None or scope.audit is not None:
         extra = {name: _reported(t, blank) for name, t in extra.items()}
         if chosen is not None:
             fields, extra = ({name: chosen.spread(t) for name, t in part.items()} for part in (fields, extra))
@@ -252,11 +260,45 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     return output, batch
 
 
+def _metered_cells(scope: CallScope, layer_idx: int, spans: list, positions: torch.Tensor, shape: tuple,
+                   kv_heads: int):
+    """The cells a pass meters: ``None`` (every one), sampled metering's ``Selection``, or with an audit the
+    :class:`~witcert.audit.cells.CellSet` of the audit's picks and the sampled cells."""
+    b, hq, tq = shape
+    chosen = None if scope.sample is None else selection(scope.sample, layer_idx, spans, hq, kv_heads)
+    if scope.audit is None:
+        return chosen
+    picked = scope.audit.picks(layer_idx, positions)
+    sampled = None if scope.sample is None else (
+        torch.ones(shape, dtype=torch.bool) if chosen is None else chosen.metered(b))
+    return CellSet.of(picked, kv_heads, sampled)
+
+
+def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, math, query, positions, scale) -> dict:
+    """The audit's columns of a pass (:class:`witcert.audit.bounding.PickedBounds`), on the gathered cells.
+
+    ``math`` holds a meter and radii valid for every query; exact keys come from the exact cache, or in
+    production from the request's host backing store, read for the checked cells only."""
+    s = math.scores_hat.shape[-1]
+
+    def readers():
+        store = layer.store
+        keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
+        return ExactReaders(query, keys, scale, math.bias)
+
+    bounds = scope.audit.bound(chosen.audited, positions[chosen.columns], math.cells["meter"], math.blank.cpu(),
+                               math.scores_hat, math.c, readers)
+    return bounds.columns()
+
+
 def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor) -> "cells.CellBatch":
-    """The :class:`CellBatch` of a call sampled metering left out: every measurement NaN, ``metered`` False."""
+    """The :class:`CellBatch` of a call sampled metering or the audit left out: every measurement NaN, ``metered``
+    (and ``audited``, ``flagged``) False."""
     nan = torch.full(shape, torch.nan, dtype=torch.float64)
     no = torch.zeros(shape, dtype=torch.bool)
     extra = {name: nan for name in scope.delta_sweep} | {"metered": no}
+    if scope.audit is not None:
+        extra |= {"audited": no, "flagged": no, "audit_bound": nan, "audit_delta": nan, "audit_keys": nan}
     return cells.CellBatch(
         layer=layer.layer_idx, positions=positions, requests=scope.rows, tier=scope.tier,
         adaptive=scope.adaptive, extra=extra, seed=scope.seed, repaired=no, joint=no,

@@ -27,6 +27,11 @@ COLUMNS = ("certified: fraction of cells with meter <= tau (their TV is proved <
 GATE_COLUMNS = ("fired: fraction of cells the gate repaired (meter over tau). paged: mean fraction of a\n"
                 "cell's visible tokens paged in exactly. cert. after / max TV after: the same figures after\n"
                 "repair (meter recomputed on the repaired cache). violations count before and after repair.")
+AUDIT_SHOWN = 8  # requests listed by the audit section (the rest: mon.audit())
+AUDIT = ("request audit: each cell picked with probability {rate:g}, only picked cells metered; a picked cell is\n"
+         "bounded by its meter, else by a spot check, and flagged above tau = {tau:g}. With probability at least\n"
+         "1 - delta = 1 - {delta:g} per request (probabilistic, not a proof): at most M_upper of its N cells have\n"
+         "TV above tau. 'flagged if all audited': estimate and exact 95% interval of the fraction the audit would flag.")
 RANKING = (f"Riskiest layers and heads, by {ranking.RANK_BY} score. The risk score is the raw e-form\n"
            "behind the meter, not clamped at 1; of the statistics measured against the true TV it ranks\n"
            "layers and heads best (docs/results.md, 'Which layers are risky'). An order for triage, not a bound.")
@@ -92,15 +97,16 @@ class LayerSummary:
     total: dict | None = None
     layers: tuple = ()
     heads: tuple = ()
+    audits: tuple = ()  # witcert.audit.RequestAudit per request, when the monitor audits
 
     @classmethod
-    def of(cls, table, tau: float, tier: str) -> "LayerSummary":
+    def of(cls, table, tau: float, tier: str, audits: tuple = ()) -> "LayerSummary":
         if not len(table):
             return cls((), tau, tier)
         rows = tuple({"layer": int(layer), **figures(table.where(table["layer"] == layer), tau)}
                      for layer in np.unique(table["layer"]))
         return cls(rows, tau, tier, figures(table, tau), tuple(ranking.riskiest(table, ("layer",), TOP)),
-                   tuple(ranking.riskiest(table, ("layer", "head"), TOP)))
+                   tuple(ranking.riskiest(table, ("layer", "head"), TOP)), tuple(audits))
 
     @property
     def gated(self) -> bool:
@@ -122,8 +128,19 @@ class LayerSummary:
                       f"  before repair: {t['coverage']:.1%} certified at tau, max true TV {_fmt(t['max_true_tv'])}",
                       f"  after repair:  {t['coverage_after']:.1%} certified at tau, max true TV "
                       f"{_fmt(t['max_true_tv_after'])}, max meter {_fmt(t['max_meter_after'])}"]
+        lines += self._audit()
         lines += ["", RANKING] + self._riskiest()
         return "\n".join(lines)
+
+    def _audit(self) -> list[str]:
+        if not self.audits:
+            return []
+        first = self.audits[0]
+        lines = ["", AUDIT.format(rate=first.rate, tau=first.tau, delta=first.delta)]
+        lines += ["  " + audit.line() for audit in self.audits[:AUDIT_SHOWN]]
+        if len(self.audits) > AUDIT_SHOWN:
+            lines.append(f"  ... {len(self.audits) - AUDIT_SHOWN} more requests: mon.audit()")
+        return lines
 
     def _table(self) -> list[str]:
         if self.gated:
