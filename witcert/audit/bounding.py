@@ -39,7 +39,7 @@ def spot_bounds(scores: torch.Tensor, radii: torch.Tensor, readers, cells: list[
 @dataclass(frozen=True)
 class PickedBounds:
     """The audit's columns of one pass, (B, H, T) each: ``audited`` (bool, a picked cell that sees a token),
-    ``flagged`` (bool, its bound exceeds ``tau``), ``audit_bound`` (NaN where not audited), ``audit_delta``
+    ``flagged`` (bool, its bound exceeds ``tau``), ``audit_bound`` (NaN where not audited), ``audit_check_delta``
     (the failure probability of its spot check; 0 where the meter certified, NaN where not audited) and
     ``audit_keys`` (exact keys its check read)."""
 
@@ -51,7 +51,7 @@ class PickedBounds:
 
     def columns(self) -> dict:
         return {"audited": self.audited, "flagged": self.flagged, "audit_bound": self.audit_bound,
-                "audit_delta": self.audit_delta, "audit_keys": self.audit_keys}
+                "audit_check_delta": self.audit_delta, "audit_keys": self.audit_keys}
 
 
 def bound_picked(picked: torch.Tensor, meter: torch.Tensor, blank: torch.Tensor, scores: torch.Tensor,

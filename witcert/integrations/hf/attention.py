@@ -298,7 +298,7 @@ def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions:
     no = torch.zeros(shape, dtype=torch.bool)
     extra = {name: nan for name in scope.delta_sweep} | {"metered": no}
     if scope.audit is not None:
-        extra |= {"audited": no, "flagged": no, "audit_bound": nan, "audit_delta": nan, "audit_keys": nan}
+        extra |= {"audited": no, "flagged": no, "audit_bound": nan, "audit_check_delta": nan, "audit_keys": nan}
     return cells.CellBatch(
         layer=layer.layer_idx, positions=positions, requests=scope.rows, tier=scope.tier,
         adaptive=scope.adaptive, extra=extra, seed=scope.seed, repaired=no, joint=no,

@@ -145,7 +145,7 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         backing store), and flagged above ``audit.tau``. :meth:`Monitor.audit` states per request, with
         probability at least ``1 - audit.delta``: at most ``M_upper`` of its ``N`` cells have TV above
         ``audit.tau``. Unpicked cells are reported unmetered, never certified. Extra columns: ``metered``,
-        ``audited``, ``flagged``, ``audit_bound``, ``audit_delta``, ``audit_keys``. Not with a gate or
+        ``audited``, ``flagged``, ``audit_bound``, ``audit_check_delta``, ``audit_keys``. Not with a gate or
         ``certificate="spot"``.
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,

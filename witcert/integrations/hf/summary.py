@@ -65,7 +65,7 @@ def figures(cells, tau: float) -> dict:
            "max_meter": _max(meter), "coverage": _fraction(meter[seen] <= tau),
            "saturated": _fraction(meter[seen] >= ranking.SATURATED), "max_true_tv": _max(tv),
            "violations": _violations(tv, meter), "repaired": _fraction(cells["repaired"][seen])}
-    if "metered" in cells.columns:  # sampled metering: the cells left out are counted, never as certified
+    if "metered" in cells.columns:  # sampled metering or the audit: the cells left out are counted, never certified
         row["unmetered"] = int(np.sum(~cells["metered"].astype(bool)))
     if "meter_after" in cells.columns:
         after, tv_after = cells["meter_after"], cells["true_tv_after"]
@@ -119,7 +119,8 @@ class LayerSummary:
             return "\n".join(lines + ["(no cell measured yet)"])
         lines += self._table() + [COLUMNS] + ([GATE_COLUMNS] if self.gated else [])
         if "unmetered" in self.total:
-            lines += ["", f"sampled metering: {self.total['unmetered']:,d} cells left unmetered (no bound, not counted "
+            why = "the audit" if self.audits else "sampled metering"
+            lines += ["", f"{why}: {self.total['unmetered']:,d} cells left unmetered (no bound, not counted "
                           "in 'cells' or 'certified'; their column 'metered' is False)"]
         if self.gated:
             t = self.total
