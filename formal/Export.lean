@@ -206,3 +206,6 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.sum_range_one_div_sq_le
 #print axioms WitCert.sum_range_one_div_sq_le
+
+#check @WitCert.audit_upper_limit_valid
+#print axioms WitCert.audit_upper_limit_valid

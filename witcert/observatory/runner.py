@@ -20,6 +20,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from witcert.audit.settings import Audit
 from witcert.core.thresholds import check_certified_tau
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import telemetry
@@ -48,6 +49,7 @@ class ObserveConfig:
     bands: int = 16
     observe: bool = True
     seed: int | None = None  # dithered cache: None draws a secret seed per case (recorded); an int replays
+    audit: float | None = None  # request audit at this pick rate (witcert.Audit(rate, tau)): one more run per scheme
 
     def __post_init__(self):
         if not self.schemes:
@@ -64,6 +66,8 @@ class ObserveConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.seed is not None:
             check_seed(self.seed)
+        if self.audit is not None:
+            Audit(rate=self.audit, tau=self.tau)  # the rate's range, named
 
     def tier_of(self, scheme: str) -> str:
         """The certificate a scheme gets: Tier B (with the Tier A minimum) for the dithered cache."""
@@ -86,6 +90,7 @@ class SchemeResult:
     raw: telemetry.CellTable
     quality: dict
     gated: telemetry.CellTable | None = None
+    audited: telemetry.CellTable | None = None  # the audited run's cells (config.audit)
     wall_s: float = 0.0
     tier: str = "A"
     extra: dict = field(default_factory=dict)
@@ -177,7 +182,7 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
     """
     model, tokenizer = loaded.model, loaded.tokenizer
     cases = build_cases(tokenizer, config)
-    steps = len(cases) * (1 + len(config.schemes) * (2 if config.gate else 1))
+    steps = len(cases) * (1 + len(config.schemes) * (1 + bool(config.gate) + (config.audit is not None)))
     tick = progress.start(steps) if progress else (lambda *_: None)
     reference = []
     for case in cases:
@@ -199,6 +204,9 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
             gated = _run_scheme(model, tokenizer, cases, config, monitor, tick)
             result.gated = _tables(gated)
             result.extra["gated_quality"] = quality(reference, gated, cases)
+        if config.audit is not None:
+            result.audited, result.extra["audit"] = _audited(model, tokenizer, cases, config, scheme, tier, result.raw,
+                                                             tick)
         result.wall_s = time.perf_counter() - start
         results.append(result)
         if on_result is not None:
@@ -211,6 +219,20 @@ def _monitor(model, scheme, config: ObserveConfig, tier: str, gate: Gate | None 
     meter (``P1r`` and ``MS`` too), as the observatory measures how tight the certificate can be."""
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=config.observe, bands=config.bands,
                    seed=config.seed, tau=config.tau, meter="full")
+
+
+def _audited(model, tokenizer, cases, config, scheme: str, tier: str, raw, tick) -> tuple:
+    """The audited run of a scheme (``config.audit``): its cells, and per case its request's audit with the true
+    fraction of cells above tau measured in the every-cell run ``raw`` (the same cells: the audit changes nothing)."""
+    monitor = Monitor(model, scheme, tier=tier, keep_exact=config.observe, bands=config.bands, seed=config.seed,
+                      tau=config.tau, audit=Audit(rate=config.audit, tau=config.tau))
+    table = _tables(_run_scheme(model, tokenizer, cases, config, monitor, tick))
+    audits = []
+    for case, audit in enumerate(monitor.audit()):
+        mine = raw["case"] == case
+        true = float(np.mean(raw["true_tv"][mine] > config.tau)) if config.observe else None
+        audits.append({**audit.as_dict(), "case": case, "true_fraction": true})
+    return table, audits
 
 
 def _run_scheme(model, tokenizer, cases, config, monitor: Monitor, tick) -> list[CaseOutput]:

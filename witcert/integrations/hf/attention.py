@@ -296,7 +296,8 @@ def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions:
     (and ``audited``, ``flagged``) False."""
     nan = torch.full(shape, torch.nan, dtype=torch.float64)
     no = torch.zeros(shape, dtype=torch.bool)
-    extra = {name: nan for name in scope.delta_sweep} | {"metered": no}
+    sweep = scope.delta_sweep if scope.tier == "B" else {}  # the columns a metered call of this tier has
+    extra = {name: nan for name in sweep} | {"metered": no}
     if scope.audit is not None:
         extra |= {"audited": no, "flagged": no, "audit_bound": nan, "audit_check_delta": nan, "audit_keys": nan}
     return cells.CellBatch(
