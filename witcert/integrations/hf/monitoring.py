@@ -232,8 +232,8 @@ class Monitor:
         if seed is not None:
             check_seed(seed)
         if backing_dir is not None and (keep_exact or (gate is None and certificate != "spot" and audit is None)):
-            raise ValueError("backing_dir is where the production gate, spot check and audit read exact keys from: it "
-                             "needs keep_exact=False and a gate, certificate='spot' or an audit")
+            raise ValueError("backing_dir is where the production gate and spot check read exact keys from, and the "
+                             "audit: it needs keep_exact=False and a gate, certificate='spot' or an audit")
         tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
