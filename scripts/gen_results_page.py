@@ -279,7 +279,15 @@ def audit_section() -> str | None:
                   "(`keep_exact=False`), the meter's passes compiled (`WITCERT_COMPILE=1`); *every cell*: every cell "
                   f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with 256 "
                   "exact keys paged from the host backing store. Tokens/s against stock in the same run, interleaved, "
-                  "the median of the runs.", "", *_ratio_table(cost["runs"], configs)]
+                  "the median of the runs; in wall time, then in the process's CPU time (one torch thread: the work "
+                  "done, which the other jobs of a shared machine stretch far less than the wall time).", "",
+                  *_ratio_table(cost["runs"], configs)]
+        if all("cpu_ratio_to_stock" in run for run in cost["runs"]):
+            lines += ["", "| context | CPU s per stock generate | " + " | ".join(f"{c}, CPU time" for c in configs) + " |",
+                      "|---|---|" + "---|" * len(configs)]
+            for run in cost["runs"]:
+                lines.append(f"| {run['context']} | {run['median_cpu_s']['stock']:.2f} | "
+                             + " | ".join(f"{run['cpu_ratio_to_stock'][c]:.2f}x" for c in configs) + " |")
     useful = record.get("usefulness")
     if useful:
         lines += ["", "### How close the statement is", "",
