@@ -189,6 +189,9 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.mul_abs_sub_le_spot
 #print axioms WitCert.mul_abs_sub_le_spot
 
+#check @WitCert.measure_iUnion_le_of_sum_le
+#print axioms WitCert.measure_iUnion_le_of_sum_le
+
 #check @WitCert.tv_le_spot_one_sided
 #print axioms WitCert.tv_le_spot_one_sided
 
@@ -201,11 +204,35 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.spot_one_sided_term_le
 #print axioms WitCert.spot_one_sided_term_le
 
+#check @WitCert.measure_iUnion_steps_le
+#print axioms WitCert.measure_iUnion_steps_le
+
+#check @WitCert.measure_iUnion_le_of_tsum_le
+#print axioms WitCert.measure_iUnion_le_of_tsum_le
+
+#check @WitCert.sum_ofReal_div_card_le
+#print axioms WitCert.sum_ofReal_div_card_le
+
+#check @WitCert.tsum_ofReal_step_budget_le
+#print axioms WitCert.tsum_ofReal_step_budget_le
+
 #check @WitCert.sum_step_allocation_le
 #print axioms WitCert.sum_step_allocation_le
 
 #check @WitCert.sum_range_one_div_sq_le
 #print axioms WitCert.sum_range_one_div_sq_le
 
-#check @WitCert.audit_upper_limit_valid
-#print axioms WitCert.audit_upper_limit_valid
+#check @WitCert.measure_auditUpper_lt_le
+#print axioms WitCert.measure_auditUpper_lt_le
+
+#check @WitCert.auditUpper_mono
+#print axioms WitCert.auditUpper_mono
+
+#check @WitCert.measure_cdf_lt_le
+#print axioms WitCert.measure_cdf_lt_le
+
+#check @WitCert.measure_audit_le
+#print axioms WitCert.measure_audit_le
+
+#check @WitCert.measure_picked_fail_le
+#print axioms WitCert.measure_picked_fail_le

@@ -3,13 +3,13 @@
 Pure Python + mpmath at the caller's working precision; no torch, no numpy, no scipy.
 
 Population: the ``N`` cells of one request, ``M`` of them with TV above ``tau``; each picked
-independently with probability ``r' >= r``; a picked cell whose spot check (failure probability
-``delta_c``) does not fail and whose TV exceeds ``tau`` is flagged, so on the event that no picked
-check fails the flagged count ``X`` is at least ``Y ~ Binomial(M, r')``, stochastically at least
-``Binomial(M, r)``. With ``F_m(x) = P(Binomial(m, r) <= x)`` (nonincreasing in ``m``)::
+independently with probability ``r'`` (the exact pick probability, :func:`pick_probability`); a
+picked cell whose spot check (failure probability ``delta_c``) does not fail and whose TV exceeds
+``tau`` is flagged, so on the event that no picked check fails the flagged count ``X`` is at least
+``Y ~ Binomial(M, r')``. With ``F_m(x) = P(Binomial(m, r') <= x)`` (nonincreasing in ``m``)::
 
     M_upper = max{ m <= N : F_m(X) >= delta_s }
-    P(M > M_upper) <= delta_s + sum_cells r' delta_c(cell)       (Lean: WitCert.audit_upper_limit_valid)
+    P(M > M_upper) <= delta_s + sum_cells r' delta_c(cell)       (Lean: WitCert.measure_auditUpper_lt_le)
 
 and the per-step allocation ``delta_c(k) = delta_spot 6 / (pi^2 k^2) / cells_per_step / r'`` keeps
 the union term at most ``delta_spot`` for a request of any length (registry SCD).
@@ -37,8 +37,8 @@ def binomial_cdf(x: int, m: int, r: Real) -> mpf:
 def upper_limit(x: int, n: int, r: Real, delta_s: Real) -> int:
     """``max{m <= n : P(Binomial(m, r) <= x) >= delta_s}`` (registry AU), by bisection over the exact tail.
 
-    Lean: ``WitCert.audit_upper_limit_valid`` (with ``M <= M_upper`` failing with probability at most
-    ``delta_s`` plus the union of the picked checks' failures).
+    Lean: ``WitCert.auditUpper`` (definition) and ``WitCert.measure_auditUpper_lt_le`` (``M <= M_upper``
+    fails with probability at most ``delta_s`` plus the union of the picked checks' failures).
     """
     if not 0 <= x <= n:
         raise ValueError(f"x: must lie in [0, n], got x={x!r}, n={n!r}")

@@ -8,9 +8,16 @@ generated from it.
 
 Fields hold dotted names (``module:attribute`` is not used; the last dot splits module and
 attribute). ``lean`` is ``None`` only for statements that are not theorems (the known-false
-form) and then ``note`` says why.
+form) and then ``note`` says why. ``lean_checks`` says which checks the Lean declaration has
+passed: ``STATIC_CHECK`` (``scripts/lean_check.sh`` without a toolchain: the audit and the check
+against the pinned Mathlib, run by CI on every commit) and, once a forge run of
+``.github/workflows/lean.yml`` has built it, ``FORGE_BUILD``; a row without ``FORGE_BUILD`` has
+never been compiled.
 """
 from dataclasses import dataclass, field
+
+STATIC_CHECK = "static check (here)"
+FORGE_BUILD = "lake build on a forge (workflow)"
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class Theorem:
     kernel: str | None  # dotted name of the Triton kernel entry point, or None ("none yet")
     tests: tuple[str, ...] = field(default_factory=tuple)  # test files that check it
     note: str = ""
+    lean_checks: tuple[str, ...] = (STATIC_CHECK,)  # checks the Lean declaration has passed
 
 
 THEOREMS: tuple[Theorem, ...] = (
@@ -269,22 +277,22 @@ THEOREMS: tuple[Theorem, ...] = (
         paper='spot-check certificate, deterministic inequality (beyond the paper; docs/design.md "Spot-check certificate")',
         statement="W_t = e^{-eps_t}, Z = E_p~ W, any Z' > 0  =>  TV(p, p~) <= (1/2 E_p~|W - Z'| + 1/2 |Z' - Z|) / Z'",
         lean="WitCert.tv_le_spot_identity",
-        note="Pointwise `WitCert.mul_abs_sub_le_spot` (z |w - Z| <= Z |w - z| + w |z - Z|). The two means are estimated from an exact set (the heaviest witness contributions, read exactly) and draws with replacement from q ~ p~ (e^c - 1 + |1 - Z'|) on the rest, ratios in [0, 1] and [-1, 1] because |e^{-eps} - 1| <= e^c - 1 (`WitCert.abs_exp_neg_sub_one_le`); three one-sided confidence statements (SCB) at delta/3 each. The draw uses the meter's own randomness after the query is fixed and never feeds the model, so the bound holds with probability 1 - delta per cell for adaptive queries and any scheme. The fp64 evaluation is inflated a priori (witcert/spot/certificate.py), not a Lean statement.",
+        note="Pointwise `WitCert.mul_abs_sub_le_spot` (z |w - Z| <= Z |w - z| + w |z - Z|). The two means are estimated from an exact set (the heaviest witness contributions, read exactly) and draws with replacement from q ~ p~ (e^c - 1 + |1 - Z'|) on the rest, ratios in [0, 1] and [-1, 1] because |e^{-eps} - 1| <= e^c - 1 (`WitCert.abs_exp_neg_sub_one_le`); three one-sided confidence statements (SCB) at delta/3 each, combined by the finite union bound against a budget (`WitCert.measure_iUnion_le_of_sum_le`). The draw uses the meter's own randomness after the query is fixed and never feeds the model, so the bound holds with probability 1 - delta per cell for adaptive queries and any scheme. The fp64 evaluation is inflated a priori and every weighted term is formed in log space, exp(log p~ + x), so a visible token whose p~ underflows keeps its p~ W; a Z' below S 2^-1000 gives the trivial bound (witcert/spot/cell.py), not a Lean statement.",
         spec="witcert.spec.spot_check.bound_spot_check",
         torch="witcert.spot.certificate.spot_check_two_sided",
         kernel=None,
-        tests=("tests/test_spot_check.py",),
+        tests=("tests/test_spot_check.py", "tests/test_spot_underflow.py"),
     ),
     Theorem(
         key="SCO",
         paper='spot-check certificate, one-sided form (beyond the paper; docs/design.md "Spot-check certificate")',
         statement="p~ a probability vector, W_t = e^{-eps_t}, Z = E_p~ W, any Z_U >= Z  =>  TV(p, p~) <= E_p~ (1 - W / Z_U)^+",
         lean="WitCert.tv_le_spot_one_sided",
-        note="TV = sum_t (p~_t - p_t)^+ because both sum to one (`WitCert.abs_le_add_two_mul` summed), and p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U). Two confidence statements: an upper bound Z_U on Z from draws ~ p~ (e^c - 1) on the rest of an exact set (ratios (W - 1)/(e^c - 1) in [-1, 1], `WitCert.exp_neg_sub_one_mem`), then draws ~ p~ (1 - e^{-c}/Z_U)^+ bound the one-sided mean (ratios in [0, 1], `WitCert.spot_one_sided_term_le`); betting bounds (SCB) at delta 7/10 and 3/10, drawn until a planned number of distinct keys is read (a stopping time: Ville's inequality keeps the betting bound valid with the planned count in the bets). The library's default spot estimator; the fp64 evaluation is inflated a priori, not a Lean statement.",
+        note="TV = sum_t (p~_t - p_t)^+ because both sum to one (`WitCert.abs_le_add_two_mul` summed), and p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U). Two confidence statements: an upper bound Z_U on Z from draws ~ p~ (e^c - 1) on the rest of an exact set (ratios (W - 1)/(e^c - 1) in [-1, 1], `WitCert.exp_neg_sub_one_mem`), then draws ~ p~ (1 - e^{-c}/Z_U)^+ bound the one-sided mean (ratios in [0, 1], `WitCert.spot_one_sided_term_le`); betting bounds (SCB) at delta 8/10 and 2/10 (their union, `WitCert.measure_iUnion_le_of_sum_le`), drawn until a planned number of distinct keys is read (a stopping time: Ville's inequality keeps the betting bound valid with the planned count in the bets). The library's default spot estimator. Visibility comes from the finite logits, every weighted term is formed in log space (a token whose fp64 p~ underflows keeps its p~ W and p~ (e^c - 1)), a Z_U below S 2^-1000 gives the trivial bound, and the fp64 evaluation is inflated a priori (witcert/spot/cell.py): not a Lean statement.",
         spec="witcert.spec.spot_check.bound_spot_one_sided",
         torch="witcert.spot.one_sided.spot_check",
         kernel=None,
-        tests=("tests/test_spot_one_sided.py",),
+        tests=("tests/test_spot_one_sided.py", "tests/test_spot_underflow.py"),
     ),
     Theorem(
         key="SCB",
@@ -300,9 +308,9 @@ THEOREMS: tuple[Theorem, ...] = (
     Theorem(
         key="SCD",
         paper="spot-check request budget (beyond the paper)",
-        statement="sum_{k >= 1} 6/(pi^2 k^2) <= 1, so delta_k = delta_req 6/(pi^2 k^2) / cells_per_step keeps an open-ended generation within delta_req",
-        lean="WitCert.sum_step_allocation_le",
-        note="From Mathlib `hasSum_zeta_two` (`WitCert.sum_range_one_div_sq_le`); with cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell.",
+        statement="cell c of step k >= 1 fails with probability <= delta_req 6/(pi^2 k^2) / cells_k  =>  P(some cell of some step fails) <= delta_req, over any number of steps",
+        lean="WitCert.measure_iUnion_steps_le",
+        note="The union bound over a countable family of events against a budget (`WitCert.measure_iUnion_le_of_tsum_le`, Mathlib `measure_iUnion_le`), per step over its cells (`WitCert.measure_iUnion_le_of_sum_le`, even split `WitCert.sum_ofReal_div_card_le`), and the budgets summing to at most delta_req (`WitCert.tsum_ofReal_step_budget_le`, from `WitCert.sum_step_allocation_le`: sum_{k >= 1} 6/(pi^2 k^2) <= 1, Mathlib `hasSum_zeta_two` via `WitCert.sum_range_one_div_sq_le`). With cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell.",
         spec="witcert.spec.spot_check.delta_at_step",
         torch="witcert.spot.budget.delta_at_step",
         kernel=None,
@@ -311,9 +319,9 @@ THEOREMS: tuple[Theorem, ...] = (
     Theorem(
         key="AU",
         paper='request audit (beyond the paper; docs/design.md "The request audit")',
-        statement="cells picked independently w.p. r' >= r, X = flagged picks, M = cells with TV > tau, M_upper = max{m <= N : P(Bin(m, r) <= X) >= delta_s}  =>  P(M > M_upper) <= delta_s + sum_cells r' delta_c",
-        lean="WitCert.audit_upper_limit_valid",
-        note="The combination and the union are the Lean statement: on the event that no picked cell's spot check fails (its complement has probability at most the sum over cells of r' delta_c, a union), every picked cell with TV above tau is flagged, so X >= Y with Y ~ Binomial(M, r'), stochastically at least Binomial(M, r); m -> P(Bin(m, r) <= x) is nonincreasing, so M > M_upper forces F_M(Y) <= F_M(X) < delta_s, an event of probability at most delta_s (a distribution function at its own variable). The population is fixed because the picks and the checks never feed the model. Binomial tails from scipy.stats (double precision, the level lowered by a relative 1e-9 so a rounded tail only widens the limit); picks are Philox4x32-10 words under a secret key (distinct counters modelled as independent uniform words, as for Tier B). delta_c from the step allocation of SCD divided by r', so the union stays within delta_spot for a request of any length.",
+        statement="cells picked independently w.p. r, X = flagged picks, X' = picked cells with TV > tau ~ Bin(M, r), X' <= X off F, M_upper = max{m <= N : P(Bin(m, r) <= X) >= delta_s}  =>  P(M > M_upper) <= delta_s + P(F), P(F) <= sum_cells delta_c(cell) P(cell picked)",
+        lean="WitCert.measure_auditUpper_lt_le",
+        note="The combination: off the event F that some picked cell's spot check fails, every picked cell with TV above tau is flagged (X' <= X); M_upper is nondecreasing (`WitCert.auditUpper_mono`), and a miss of M_upper(X') puts the binomial cdf at X' below delta_s, which a discrete cdf at its own variable does with probability at most delta_s (`WitCert.measure_cdf_lt_le`). The union: P(F) <= sum_cells delta_c(cell) P(cell picked) (Mathlib's union bound; `WitCert.measure_audit_le` is the form with one delta_c for every cell, `WitCert.measure_picked_fail_le` its union). The implementation's delta_c(k) = delta_spot 6/(pi^2 k^2) / (L Hq) / r per step k keeps the union within delta_spot for a request of any length (`WitCert.sum_step_allocation_le`, registry SCD). Assumed, not proved: the binomial law of X' (picks are Philox4x32-10 words under a secret key, distinct counters modelled as independent uniform words as for Tier B; a cell is picked when its word is below ceil(r 2^32), so r is taken as that exact probability, ceil(r 2^32) / 2^32) and a population that the audit's draws do not change. The binomial tails are scipy.stats' in double precision, each compared with its level lowered by a relative 1e-9 (a rounded tail only widens the limit).",
         spec="witcert.spec.audit.upper_limit",
         torch="witcert.audit.limit.upper_limit",
         kernel=None,

@@ -329,8 +329,8 @@ def delta_per_cell(delta_req: Real, n_cells: int) -> mpf:
 def delta_at_step(delta_req: Real, step: int, cells_per_step: int) -> mpf:
     """``delta_req 6 / (pi^2 k^2) / cells_per_step`` at decode step ``k >= 1`` (open-ended generation).
 
-    ``sum_k 6 / (pi^2 k^2) = 1`` (``WitCert.sum_inv_sq_le_zeta_two``), so the union over every
-    step of an unbounded generation stays within ``delta_req``.
+    ``sum_{k<n} 6 / (pi^2 k^2) <= 1`` (``WitCert.sum_step_allocation_le``), so the union over every
+    step of an unbounded generation stays within ``delta_req`` (``WitCert.measure_iUnion_steps_le``).
     """
     if step < 1:
         raise ValueError(f"step: must be >= 1, got {step!r}")

@@ -49,9 +49,9 @@ def brute_force_lower(x: int, n: int, r: float, alpha: float) -> int:
 
 def test_registry_row():
     row = by_key("AU")
-    assert row.lean == "WitCert.audit_upper_limit_valid"
+    assert row.lean == "WitCert.measure_auditUpper_lt_le"
     assert row.spec == "witcert.spec.audit.upper_limit" and row.torch == "witcert.audit.limit.upper_limit"
-    assert "WitCert.audit_upper_limit_valid" in spec.upper_limit.__doc__
+    assert "WitCert.measure_auditUpper_lt_le" in spec.upper_limit.__doc__ and "WitCert.auditUpper" in spec.upper_limit.__doc__
 
 
 @settings(max_examples=120)

@@ -20,6 +20,7 @@ import witcert
 from benchmarks.audit_requests import collapse_layer
 from tests.tiny_models import prompts, tiny
 from witcert.audit import requests_of
+from witcert.audit.picks import pick_probability
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
@@ -84,7 +85,8 @@ def test_each_request_gets_its_statement():
         mine = table["request"] == a.request
         assert a.N == mine.sum() == 2 * 8 * 8  # layers x query heads x the 8 decode steps that read the cache
         assert a.picked == table["audited"][mine].sum() and a.flagged == table["flagged"][mine].sum()
-        assert a.M_upper == witcert.audit.upper_limit(a.flagged, a.N, 0.3, 5e-4) and a.fraction_upper == a.M_upper / a.N
+        exact_rate = pick_probability(0.3)  # the law of the picks: ceil(0.3 2^32) / 2^32
+        assert a.M_upper == witcert.audit.upper_limit(a.flagged, a.N, exact_rate, 5e-4) and a.fraction_upper == a.M_upper / a.N
         assert (a.tau, a.delta, a.rate, a.seed) == (TAU, 1e-3, 0.3, 1)
         assert a.interval[0] <= a.estimate <= a.interval[1] <= a.fraction_upper
         flagged = table["flagged"] & mine

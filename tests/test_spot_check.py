@@ -34,10 +34,11 @@ def run(scores, c, eps, *, keys, delta, seed):
 
 
 def test_registry_rows():
-    """SC is proved in Lean; SCB is named as a published, unproved bound; SCD is the step allocation."""
+    """SC is proved in Lean; SCB is named as a published, unproved bound; SCD is the union bound over
+    the step allocation."""
     assert by_key("SC").lean == "WitCert.tv_le_spot_identity"
     assert by_key("SCB").lean is None and "Waudby-Smith" in by_key("SCB").note and "Maurer" in by_key("SCB").note
-    assert by_key("SCD").lean == "WitCert.sum_step_allocation_le"
+    assert by_key("SCD").lean == "WitCert.measure_iUnion_steps_le"
 
 
 # ----------------------------------------------------------------------------- deterministic parts vs spec

@@ -7,7 +7,7 @@ any order of calls and batch rows, replayable from the seed, and independent of 
 key and meter (none enters the counter). Distinct cells have distinct counters, and distinct
 Philox counters are modelled as independent uniform words (the generator's modelling assumption,
 as for Tier B's dither), so the picks are independent Bernoulli draws of probability
-:func:`pick_probability`, at least ``rate`` (the limit stays valid for a larger one).
+:func:`pick_probability`, within ``2^-32`` above ``rate``; the audit's limits use that exact probability.
 
 Counter layout (each field range-checked, so the packing is injective)::
 

@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 import numpy as np
 
 from witcert.audit.limit import LEVEL, flagged_interval, upper_limit
+from witcert.audit.picks import pick_probability
 from witcert.audit.settings import Audit
 
 COLUMNS = ("request", "layer", "head", "pos", "audited", "flagged")
@@ -65,7 +66,9 @@ def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[Requ
     """One :class:`RequestAudit` per request with at least one cell, in request order.
 
     ``columns``: a mapping with the :data:`COLUMNS` arrays (a :class:`~witcert.integrations.hf.telemetry.CellTable`
-    or its ``columns``); ``settings`` the :class:`~witcert.audit.settings.Audit` the cells were audited under.
+    or its ``columns``); ``settings`` the :class:`~witcert.audit.settings.Audit` the cells were audited under. The
+    binomial limits use the exact pick probability :func:`~witcert.audit.picks.pick_probability` (the law of the
+    picks, ``WitCert.measure_auditUpper_lt_le``'s hypothesis), within ``2^-32`` of ``settings.rate``.
     """
     missing = [name for name in COLUMNS if name not in columns]
     if missing:
@@ -79,8 +82,9 @@ def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[Requ
     n = np.bincount(of, minlength=ids.size)
     picks = np.bincount(of, weights=audited, minlength=ids.size).astype(np.int64)
     flags = np.bincount(of, weights=flagged, minlength=ids.size).astype(np.int64)
-    m_upper = upper_limit(flags, n, settings.rate, settings.delta_sampling)
-    estimate, low, high = flagged_interval(flags, n, settings.rate, LEVEL)
+    rate = pick_probability(settings.rate)  # the exact probability a cell is picked with (within 2^-32 of the rate)
+    m_upper = upper_limit(flags, n, rate, settings.delta_sampling)
+    estimate, low, high = flagged_interval(flags, n, rate, LEVEL)
     where = np.flatnonzero(flagged)
     cells = np.stack([np.asarray(columns[name])[where].astype(np.int64) for name in ("layer", "head", "pos")], -1)
     owner = of[where]

@@ -5,7 +5,8 @@ Valid with probability ``1 - delta`` per cell for adaptive queries and any black
 (``spot_check_two_sided``).
 """
 from witcert.spot.budget import delta_at_step, delta_per_cell
-from witcert.spot.certificate import SpotCheck, spot_check_two_sided
+from witcert.spot.cell import SpotCheck
+from witcert.spot.certificate import spot_check_two_sided
 from witcert.spot.one_sided import spot_check
 from witcert.spot import one_sided
 from witcert.spot.randomness import SpotRandomness, spot_randomness

@@ -23,7 +23,8 @@ bound by Ville's inequality with the planned count in the bets (:mod:`witcert.sp
 """
 import torch
 
-from witcert.spot.certificate import Reader, SpotCheck, _ExactLogits, _inflated, prepare_cell, read_whole
+from witcert.spot.cell import (CellWeights, ExactRatios, Reader, SpotCheck, inflated, prepare_cell, read_whole, result,
+                               sampling_weights, unit_ratio, z_resolved)
 from witcert.spot.confidence import ONE_SIDED_CAP, betting_upper
 
 EXACT_SHARE = 3 / 8
@@ -65,25 +66,27 @@ def draw_until_new(weights: torch.Tensor, new_keys: int, known: torch.Tensor, ge
     return draws[:stop]
 
 
-def _z_upper(p, u, c, known, reader: _ExactLogits, z_keys: int, delta_z: float, generator):
+def _z_upper(cell: CellWeights, known, reader: ExactRatios, z_keys: int, delta_z: float, generator):
     """``(Z_U, draws)``: the upper confidence bound on ``Z`` at level ``delta_z`` and the draws it used.
 
-    Tokens with ``u < SMALL`` are not sampled: ``p~ e^c`` bounds their share of ``Z``.
+    Tokens with ``u < SMALL`` are not sampled: ``p~ e^c`` bounds their share of ``Z``. Every term is
+    formed in log space (:mod:`witcert.spot.cell`): a token whose ``p~`` underflows keeps its ``p~ W``.
     """
-    rest = (p > 0) & ~known
-    small = rest & (u < SMALL)
+    rest = cell.visible & ~known
+    small = rest & (cell.u < SMALL)
     sampled = rest & ~small
     index = known.nonzero().reshape(-1)
-    z_known = float((p[index] * reader.ratios(index)).sum() + (p[small] * torch.exp(c[small])).sum() + p[sampled].sum())
-    weights = torch.where(sampled, p * u, torch.zeros_like(p))
-    g_total = float(weights.sum())
-    a_minus, a_plus = float((p * torch.exp(-c)).sum()), float((p * torch.exp(c)).sum())  # Z in [A-, A]
+    known_w = torch.zeros_like(cell.c)
+    known_w[index] = reader.log_ratios(index)
+    z_known = cell.mass(known, known_w) + cell.mass(small, cell.c) + cell.mass(sampled)
+    g_total, weights = sampling_weights(torch.where(sampled, cell.log_p + cell.log_u, -torch.inf))
+    a_minus, a_plus = cell.mass(cell.visible, -cell.c), cell.mass(cell.visible, cell.c)  # Z in [A-, A]
     draws = torch.empty(0, dtype=torch.int64)
     if g_total == 0:
         z_upper = z_known
     elif g_total < float("inf") and z_keys > 0:
         draws = draw_until_new(weights, z_keys, known, generator)
-        y = ((reader.ratios(draws) - 1) / u[draws]).clamp(-1.0, 1.0)  # the reader checked |W - 1| <= u
+        y = unit_ratio(reader.log_ratios(draws), cell.u[draws], cell.log_u[draws])  # the reader checked |x| <= c
         upper = betting_upper((1 + y) / 2, delta_z, cap=ONE_SIDED_CAP, planned=z_keys)
         z_upper = z_known + g_total * (2 * upper - 1) + g_total * ROUNDING
     else:
@@ -91,31 +94,34 @@ def _z_upper(p, u, c, known, reader: _ExactLogits, z_keys: int, delta_z: float, 
     return max(min(z_upper, a_plus), a_minus) * (1 + ROUNDING), draws
 
 
-def _one_sided_mean(p, c, visible, known, reader: _ExactLogits, z_upper: float, new_keys: int, delta_f: float,
+def _one_sided_mean(cell: CellWeights, known, reader: ExactRatios, z_upper: float, new_keys: int, delta_f: float,
                     generator) -> tuple[float, torch.Tensor]:
-    """``(bound on E_p~ (1 - W / Z_U)^+, draws)``: known terms, small ``h`` by ``h``, the rest sampled."""
+    """``(bound on E_p~ (1 - W / Z_U)^+, draws)``: known terms, small ``h`` by ``h``, the rest sampled.
+
+    Each term is ``p~`` times a number in ``[0, 1]``, so the rounded ``p~`` serves (:mod:`witcert.spot.cell`).
+    """
+    p, log_z = cell.p, torch.log(torch.tensor(z_upper, dtype=torch.float64))
     index = known.nonzero().reshape(-1)
-    total = float((p[index] * (1 - reader.ratios(index) / z_upper).clamp_min(0)).sum())
-    h = (1 - torch.exp(-c) / z_upper).clamp_min(0)
-    rest = visible & ~known
+    total = float((p[index] * (1 - torch.exp(reader.log_ratios(index) - log_z)).clamp_min(0)).sum())
+    h = (1 - torch.exp(-cell.c - log_z)).clamp_min(0)
+    rest = cell.visible & ~known
     small = rest & (h < SMALL)
     total += float((p[small] * h[small]).sum())  # each term is at most h
-    weights = torch.where(rest & ~small, p * h, torch.zeros_like(p))
-    h_total = float(weights.sum())
+    h_total, weights = sampling_weights(torch.where(rest & ~small, cell.log_p + torch.log(h), -torch.inf))
     if h_total == 0:
         return total, torch.empty(0, dtype=torch.int64)
     draws = draw_until_new(weights, new_keys, known, generator)
     if not draws.numel():
         return total + h_total, draws  # no draws: E X <= 1
-    x = ((1 - reader.ratios(draws) / z_upper).clamp_min(0) / h[draws]).clamp(0.0, 1.0)  # <= 1 as W >= e^-c
+    x = ((1 - torch.exp(reader.log_ratios(draws) - log_z)).clamp_min(0) / h[draws]).clamp(0.0, 1.0)  # W >= e^-c
     upper = betting_upper(x, delta_f, cap=ONE_SIDED_CAP, planned=new_keys)
     return total + h_total * (upper + ROUNDING), draws
 
 
 def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float,
-                         generator: torch.Generator | None = None, meter: float | None = None,
-                         exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
-                         z_share: float = Z_SHARE_OF_DELTA) -> SpotCheck:
+               generator: torch.Generator | None = None, meter: float | None = None,
+               exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
+               z_share: float = Z_SHARE_OF_DELTA) -> SpotCheck:
     """One-sided spot-check bound on ``TV(p, p~)`` for one cell (registry SCO with SCB).
 
     Same arguments and result as :func:`witcert.spot.spot_check_two_sided` (``z_prime`` holds ``Z_U``,
@@ -126,26 +132,19 @@ def spot_check(scores, radii, read_exact: Reader, *, keys: int, delta: float,
     if not (0 <= exact_share <= 1 and 0 <= z_keys_share <= 1 and 0 < z_share < 1):
         raise ValueError(f"exact_share, z_keys_share, z_share: expected shares in [0, 1] (z_share in (0, 1)), "
                          f"got {exact_share!r}, {z_keys_share!r}, {z_share!r}")
-    _, c, p, visible, u, reader, generator = prepare_cell(scores, radii, read_exact, keys, delta, generator)
+    cell, reader, generator = prepare_cell(scores, radii, read_exact, keys, delta, generator)
     empty = torch.empty(0, dtype=torch.int64)
-    if int(visible.sum()) <= keys:
-        return read_whole(p, visible, reader, meter, delta)
+    if int(cell.visible.sum()) <= keys:
+        return read_whole(cell, reader, meter, delta)
     k_exact = min(int(round(keys * exact_share)), keys)
     z_keys = int(round((keys - k_exact) * z_keys_share))
-    contribution = torch.where(visible, p * u, torch.full_like(p, -1.0))  # inf for an infinite radius
-    exact = torch.sort(contribution, descending=True, stable=True).indices[:k_exact]  # ties: lower index
-    known = torch.zeros_like(visible)
+    exact = cell.exact_set(k_exact)
+    known = torch.zeros_like(cell.visible)
     known[exact] = True
-    z_upper, z_draws = _z_upper(p, u, c, known, reader, z_keys, z_share * delta, generator)
-    if not z_upper < float("inf"):
-        return _result(1.0, meter, reader, delta, z_upper, exact, z_draws, empty)
+    z_upper, z_draws = _z_upper(cell, known, reader, z_keys, z_share * delta, generator)
+    if not z_resolved(z_upper, cell.c.numel()):  # overflow, or Z below what fp64 resolves: trivial bound
+        return result(1.0, meter, reader, delta, z_upper, exact, z_draws, empty)
     known[z_draws] = True  # read already: their terms are known exactly in the one-sided stage
     new_keys = keys - reader.keys_read  # fixed before the stage's draws: predictable bets
-    bound, draws = _one_sided_mean(p, c, visible, known, reader, z_upper, new_keys, (1 - z_share) * delta, generator)
-    return _result(_inflated(bound), meter, reader, delta, z_upper, exact, z_draws, draws)
-
-
-def _result(bound, meter, reader, delta, z_upper, exact, z_draws, draws) -> SpotCheck:
-    reported = bound if meter is None else min(float(meter), bound)
-    return SpotCheck(bound=bound, meter=reported, keys_read=reader.keys_read, delta=delta, z_prime=z_upper,
-                     exact=exact, pilot=z_draws, draws=draws)
+    bound, draws = _one_sided_mean(cell, known, reader, z_upper, new_keys, (1 - z_share) * delta, generator)
+    return result(inflated(bound), meter, reader, delta, z_upper, exact, z_draws, draws)
