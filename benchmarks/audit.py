@@ -6,7 +6,9 @@ Three sections, each recorded with its date, machine and command:
   interleaved round by round, the median of ``--reps``, in wall time and in the process's CPU time (one torch
   thread: the work done, which other jobs on a shared machine stretch far less than the wall time): stock; the production monitor (``keep_exact=False``,
   rtn-int4, ``WITCERT_COMPILE=1``) metering every cell; the same with ``audit=witcert.Audit(rate=0.02)`` (only
-  picked cells metered, each above tau spot-checked with exact keys paged from the host backing store);
+  picked cells metered, each above tau spot-checked with exact keys paged from the host backing store); the same at
+  rate 1e-9 (*audit, none picked*: the production monitor with its host store of exact keys, nothing metered: the
+  floor any audit rate pays);
 * ``usefulness``: per workload case (needle, text, code; fp8-e4m3 with 256 exact keys per check, rtn-int4 with
   256 and 512), the request metered on every cell
   with the exact cache kept gives its true fraction of cells above tau; audited runs of the same request at rate
@@ -42,6 +44,8 @@ USEFUL_CONFIGS = (("fp8-e4m3", 256), ("rtn-int4", 256), ("rtn-int4", 512))  # (s
 USEFUL_TASKS, USEFUL_RATE = ("needle", "text", "code"), 0.05
 COLLAPSED_LAYER = 14
 TAU = 0.2
+FIXED_COST_RATE = 1e-9  # picks no cell of a 16-token request (expected 4e-6 picks): the audit's cost without checks
+FIXED_COST = "audit, none picked"
 
 
 def _timed(model, ids, new_tokens: int, config: dict) -> tuple[float, float]:
@@ -67,7 +71,9 @@ def cost(model, context: int, reps: int, new_tokens: int = 16) -> dict:
     configs = {"stock": dict(keep_exact=None, compiled=False),
                "every cell": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME),
                f"audit {COST_RATE:g}": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
-                                            audit=witcert.Audit(rate=COST_RATE))}
+                                            audit=witcert.Audit(rate=COST_RATE)),
+               FIXED_COST: dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
+                                audit=witcert.Audit(rate=FIXED_COST_RATE))}
     for config in configs.values():  # warm-up: first calls and compiles out of the timing
         timed_generate(model, ids, 2, **config)
     wall, cpu = {name: [] for name in configs}, {name: [] for name in configs}

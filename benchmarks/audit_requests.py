@@ -26,7 +26,8 @@ def collapse_layer(monitor, layer: int, scheme=scrambled):
     def store(index, record, backing):
         if index != layer:
             return original(index, record, backing)
-        return CompressedLayer(codec, monitor.layout, keep_exact=monitor.keep_exact, backing=backing, backing_key=index)
+        return CompressedLayer(codec, monitor.layout, keep_exact=monitor.keep_exact, backing=backing, backing_key=index,
+                               backing_values=monitor.backing_values)
 
     monitor._store = store
     return monitor

@@ -134,7 +134,10 @@ def test_production_audit_reads_the_backing_store_for_the_checked_cells():
     v, p = validation.table(), production.table()
     assert same_columns(audit_columns(v), audit_columns(p))  # the same exact keys, from memory or the host store
     assert np.isnan(p["true_tv"]).all() and validation.audit() == production.audit()
-    assert production.memory().total.backing_host > 0
+    spot, out_s = generate(keep_exact=False, certificate="spot", spot_keys=16)  # its host store keeps values too
+    assert torch.equal(out_s, out_p)
+    keys_only, keys_and_values = production.memory().total.backing_host, spot.memory().total.backing_host
+    assert keys_only > 0 and 2 * keys_only == keys_and_values  # the audit reads exact keys only
 
 
 def test_the_audit_combines_with_sampled_metering():

@@ -106,6 +106,9 @@ class CompressedLayer:
         Write every exact token there too (the production gate's page-in source).
     backing_key : hashable
         The backing-store stream of this layer.
+    backing_values : bool
+        Write the exact values to ``backing`` too (default): the gate repairs with them; the request audit
+        (:mod:`witcert.audit`) reads exact keys only, and halves the store's writes without them.
 
     Every per-token tensor (packed codes where the codec names its token axes, witness, value
     statistics, exact shadow, decoded copy) grows in place in a
@@ -123,6 +126,7 @@ class CompressedLayer:
     keep_exact: bool = True
     backing: BackingStore | None = None
     backing_key: Hashable = 0
+    backing_values: bool = True
     append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
     lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
     _packed: PackedPair = field(init=False, repr=False)
@@ -191,7 +195,7 @@ class CompressedLayer:
         else:
             self._unsettled.append((exact, decoded))
         if self.backing is not None:
-            self.backing.write(self.backing_key, key, value)
+            self.backing.write(self.backing_key, key, value if self.backing_values else None)
         self._dtype, self._heads = key.dtype, tuple(key.shape[:2])
         self._length = start + key.shape[-2]
 
@@ -232,7 +236,8 @@ class CompressedLayer:
         b, hkv = self._heads
         backing = 0
         if self.backing is not None and self.backing_key in self.backing:
-            backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * 2
+            parts = 2 if self.backing.has_values(self.backing_key) else 1
+            backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * parts
         return MemoryAccount(
             compressed=self._packed.nbytes(),
             witness=sum(buffer.nbytes() for buffer in self._stats.values()),

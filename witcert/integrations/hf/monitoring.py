@@ -439,17 +439,25 @@ class Monitor:
         self.backing_dir.mkdir(parents=True, exist_ok=True)
         return self.backing_dir
 
+    @property
+    def backing_values(self) -> bool:
+        """Whether the host backing store keeps the exact values too: the gate repairs with them, the spot check
+        counts their pages; the audit (never with a gate or ``certificate="spot"``) reads exact keys only."""
+        return self.audit_settings is None
+
     def _store(self, index: int, record: RequestRecord, backing: BackingStore | None):
+        values = self.backing_values
         if self.hf_cache is not None:
             return QuantizedLayerStore(self.hf_cache, self.layout, keep_exact=self.keep_exact, backing=backing,
-                                       backing_key=index)
+                                       backing_key=index, backing_values=values)
         if self.dithered:
             from witcert.tier_b.quantizer import DitheredInt8
 
             codec = Dither(DitheredInt8(rope=self.layout.rope), layer=index, seed=record.seed, requests=record.ids)
         else:
             codec = self._codec
-        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index)
+        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index,
+                               backing_values=values)
 
     # -- results ---------------------------------------------------------------------------------
     def table(self) -> telemetry.CellTable:

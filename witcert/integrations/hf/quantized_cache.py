@@ -314,6 +314,7 @@ class QuantizedLayerStore:
     keep_exact: bool = True
     backing: object = None  # witcert.gate.backing_store.BackingStore
     backing_key: Hashable = 0
+    backing_values: bool = True  # False: exact keys only (the request audit reads no values)
     witness: QuantizedCacheWitness = field(init=False, repr=False)
     _value_norm: torch.Tensor | None = field(default=None, init=False, repr=False)
     _exact: tuple | None = field(default=None, init=False, repr=False)
@@ -339,7 +340,7 @@ class QuantizedLayerStore:
             exact = (key.detach().clone(), value.detach().clone())
             self._exact = exact if self._exact is None else tuple(map(_cat, self._exact, exact))
         if self.backing is not None:
-            self.backing.write(self.backing_key, key.detach(), value.detach())
+            self.backing.write(self.backing_key, key.detach(), value.detach() if self.backing_values else None)
         self.witness.layer.update(key, value)
         self._value_norm = _cat(self._value_norm, norm)
 
@@ -369,7 +370,8 @@ class QuantizedLayerStore:
         layer, keys = self.witness.layer, self.witness.keys
         backing = 0
         if self.backing is not None and self.backing_key in self.backing:
-            backing = 2 * self.backing.length(self.backing_key) * keys[..., :1, :].numel() * keys.element_size()
+            parts = 2 if self.backing.has_values(self.backing_key) else 1
+            backing = parts * self.backing.length(self.backing_key) * keys[..., :1, :].numel() * keys.element_size()
         return MemoryAccount(
             compressed=_bytes(layer._quantized_keys, layer._quantized_values, layer.keys, layer.values),
             witness=_bytes(self.witness.key_witness, self.witness.value_witness, self._value_norm),
