@@ -54,3 +54,5 @@ def test_observe_audits_each_case_and_writes_its_statement(tmp_path, capsys):
                                                                             audit["flagged"], audit["M_upper"])
     picked = [r for r in audited if r["audited"]]
     assert picked and all(r["true_tv"] <= r["audit_bound"] for r in picked)
+    picture = tmp_path / "report" / "audit-rtn-int4.png"  # picked and flagged cells over (layer, step)
+    assert f"audit plot: {picture}" in printed and picture.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"

@@ -131,6 +131,7 @@ def run(args) -> int:
     _print_table(results, config, baseline)
     if config.audit is not None:
         _print_audits(results, out / "audit.json")
+        _plot_audits(results, out)
     print(f"report: {md}\ntelemetry: {jsonl}\nwall time: {wall:.1f} s")
     violations = sum(report.summarize(r.raw, config.tau).violations for r in results)
     if violations:
@@ -151,6 +152,19 @@ def _print_audits(results, path: Path) -> None:
             print(f"  case {a['case']}: at most {a['fraction_upper']:.3f} of {a['N']:,d} cells above tau "
                   f"({a['picked']:,d} picked, {a['flagged']:,d} flagged); true {true}")
     print(f"audit: {path}")
+
+
+def _plot_audits(results, out: Path) -> None:
+    """One ``audit-<scheme>.png`` per scheme: picked and flagged cells over (layer, step), one panel per case
+    (:func:`witcert.observatory.run_plot.plot_audit`)."""
+    from witcert.observatory.report import _file_name
+    from witcert.observatory.run_plot import plot_audit
+
+    for r in results:
+        if r.extra.get("audit_requests"):
+            path = out / f"audit-{_file_name(r.scheme)}.png"
+            plot_audit(r.audited, r.extra["audit_requests"], path)
+            print(f"audit plot: {path}")
 
 
 def _config(args):

@@ -205,8 +205,8 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
             result.gated = _tables(gated)
             result.extra["gated_quality"] = quality(reference, gated, cases)
         if config.audit is not None:
-            result.audited, result.extra["audit"] = _audited(model, tokenizer, cases, config, scheme, tier, result.raw,
-                                                             tick)
+            result.audited, result.extra["audit"], result.extra["audit_requests"] = _audited(
+                model, tokenizer, cases, config, scheme, tier, result.raw, tick)
         result.wall_s = time.perf_counter() - start
         results.append(result)
         if on_result is not None:
@@ -222,17 +222,19 @@ def _monitor(model, scheme, config: ObserveConfig, tier: str, gate: Gate | None 
 
 
 def _audited(model, tokenizer, cases, config, scheme: str, tier: str, raw, tick) -> tuple:
-    """The audited run of a scheme (``config.audit``): its cells, and per case its request's audit with the true
-    fraction of cells above tau measured in the every-cell run ``raw`` (the same cells: the audit changes nothing)."""
+    """The audited run of a scheme (``config.audit``): its cells, per case its request's audit with the true
+    fraction of cells above tau measured in the every-cell run ``raw`` (the same cells: the audit changes nothing),
+    and the requests' :class:`witcert.audit.RequestAudit` (for :func:`witcert.observatory.run_plot.plot_audit`)."""
     monitor = Monitor(model, scheme, tier=tier, keep_exact=config.observe, bands=config.bands, seed=config.seed,
                       tau=config.tau, audit=Audit(rate=config.audit, tau=config.tau))
     table = _tables(_run_scheme(model, tokenizer, cases, config, monitor, tick))
     audits = []
-    for case, audit in enumerate(monitor.audit()):
+    requests = monitor.audit()
+    for case, audit in enumerate(requests):
         mine = raw["case"] == case
         true = float(np.mean(raw["true_tv"][mine] > config.tau)) if config.observe else None
         audits.append({**audit.as_dict(), "case": case, "true_fraction": true})
-    return table, audits
+    return table, audits, requests
 
 
 def _run_scheme(model, tokenizer, cases, config, monitor: Monitor, tick) -> list[CaseOutput]:
