@@ -111,6 +111,18 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.abs_inner_div_sqrt_le_witness
 #print axioms WitCert.abs_inner_div_sqrt_le_witness
 
+#check @WitCert.tv_le_eform_of_rounded_witness
+#print axioms WitCert.tv_le_eform_of_rounded_witness
+
+#check @WitCert.bandBound_mono
+#print axioms WitCert.bandBound_mono
+
+#check @WitCert.massExp_mono
+#print axioms WitCert.massExp_mono
+
+#check @WitCert.eform_meter_mono
+#print axioms WitCert.eform_meter_mono
+
 #check @WitCert.sinh_le_mul_exp_sq_div_six
 #print axioms WitCert.sinh_le_mul_exp_sq_div_six
 
@@ -203,6 +215,21 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.spot_one_sided_term_le
 #print axioms WitCert.spot_one_sided_term_le
+
+#check @WitCert.measure_selected_lt_le_uniform
+#print axioms WitCert.measure_selected_lt_le_uniform
+
+#check @WitCert.measure_selected_lt_le
+#print axioms WitCert.measure_selected_lt_le
+
+#check @WitCert.sum_uniform_round_budget_le
+#print axioms WitCert.sum_uniform_round_budget_le
+
+#check @WitCert.sum_zeta_round_budget_le
+#print axioms WitCert.sum_zeta_round_budget_le
+
+#check @WitCert.measure_selected_lt_le_zeta
+#print axioms WitCert.measure_selected_lt_le_zeta
 
 #check @WitCert.measure_iUnion_steps_le
 #print axioms WitCert.measure_iUnion_steps_le

@@ -11,6 +11,8 @@ radii are fp32 enclosures of one fp64 quantity, formed by BLAS in an order the C
 and the per-step pass differ, and so do CPUs): each lies in ``[exact, exact (1 + RADIUS_SLACK)]``, so two
 paths' ``c_max`` agree within ``2 RADIUS_SLACK`` relative, never bit for bit.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -60,7 +62,9 @@ def test_deferred_cells_are_the_in_step_cells(scheme, keep_exact):
         if keep_exact:
             assert b["true_tv"][key] == pytest.approx(a["true_tv"][key], rel=1e-9, abs=1e-15), key
             assert b["true_tv"][key] <= b["meter"][key], key
-    assert str(in_step.memory()) == str(deferred.memory())
+    # the same bytes held; the room growable buffers keep ahead depends on when the witnesses were formed
+    assert dataclasses.replace(in_step.memory().total, reserved=0) == dataclasses.replace(deferred.memory().total,
+                                                                                            reserved=0)
     assert deferred.summary().total["cells"] == in_step.summary().total["cells"]
 
 

@@ -65,9 +65,9 @@ class AuditedRequest:
         return check_deltas(self.settings.delta_spot, steps, self.cells_per_step, pick_probability(self.settings.rate))
 
     def bound(self, picked_cells: torch.Tensor, positions: torch.Tensor, meter: torch.Tensor, blank: torch.Tensor,
-              scores: torch.Tensor, radii: torch.Tensor, readers) -> PickedBounds:
+              radii: torch.Tensor, checks) -> PickedBounds:
         """Bound and flag the picked cells of a pass: ``picked_cells``, ``meter``, ``blank`` and ``positions``
-        (each cell's query position) (B, H, T); ``scores``/``radii`` (B, H, T, S); ``readers()`` the exact-key
-        readers (:func:`witcert.audit.bounding.bound_picked`)."""
-        return bound_picked(picked_cells, meter, blank, scores, radii, self.deltas(positions), readers,
-                            self.settings.tau, self.settings.keys, self.generator)
+        (each cell's query position) (B, H, T); ``radii`` (B, H, T, S); ``checks(at)`` the compressed logits and
+        exact-logit source of the checked cells ``at`` (:func:`witcert.audit.bounding.bound_picked`)."""
+        return bound_picked(picked_cells, meter, blank, radii, self.deltas(positions), checks, self.settings.tau,
+                            self.settings.keys, self.generator)

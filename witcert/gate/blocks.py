@@ -98,13 +98,12 @@ def block_tokens(block: int, block_size: int, n_tokens: int) -> slice:
 
 
 def log_expm1(c: torch.Tensor) -> torch.Tensor:
-    """``log(e^c - 1)`` for ``c >= 0``: ``-inf`` at 0, ``inf`` at ``inf``, no overflow in between."""
-    safe = torch.where(c > 0, c, torch.ones_like(c))
-    # log(e^c - 1) = c + log(1 - e^-c); for small c, log(expm1(c)) keeps precision
-    small = torch.log(torch.expm1(torch.clamp(safe, max=1.0)))
-    large = safe + torch.log1p(-torch.exp(-safe))
-    out = torch.where(safe <= 1.0, small, large)
-    return torch.where(c > 0, out, torch.full_like(c, -math.inf))
+    """``log(e^c - 1)`` for ``c >= 0``: ``-inf`` at 0, ``inf`` at ``inf``, no overflow in between.
+
+    Formed as ``c + log(1 - e^{-c})`` with ``1 - e^{-c} = -expm1(-c)`` in ``(0, 1]``: relative accuracy for tiny
+    ``c`` (``-expm1(-c) ~ c``), no overflow for large ``c``, two transcendental passes.
+    """
+    return c + torch.log(-torch.expm1(-c))
 
 
 def _pad_to_blocks(x: torch.Tensor, block_size: int, fill: float) -> torch.Tensor:

@@ -22,7 +22,7 @@ checked against the radius: ``|l_t - l~_t| <= c_t`` (up to ``RANGE_TOLERANCE``) 
 sampled ratios lie in their ranges.
 """
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import cached_property
 
 import torch
@@ -39,7 +39,8 @@ Reader = Callable[[torch.Tensor], torch.Tensor]
 
 @dataclass(frozen=True)
 class SpotCheck:
-    """The spot check of one cell. ``bound`` holds with probability ``>= 1 - delta`` over the draws."""
+    """The spot check of one cell. ``bound`` holds with probability ``>= 1 - delta`` over the draws (``delta = 0``:
+    the cell was read whole, its bound is its true TV rounded up)."""
 
     bound: float  # spot bound on TV(p, p~), <= 1
     meter: float  # reported: min(deterministic meter, bound)
@@ -49,6 +50,7 @@ class SpotCheck:
     exact: torch.Tensor  # (k,) int64 token indices read deterministically
     pilot: torch.Tensor  # (n0,) int64 pilot draws
     draws: torch.Tensor  # (n,) int64 main draws
+    rounds: int = 1  # rounds of reads run (witcert.spot.rounds; 1 without a threshold)
 
 
 @dataclass(frozen=True)
@@ -57,6 +59,7 @@ class CellWeights:
 
     scores: torch.Tensor
     c: torch.Tensor
+    _rankings: dict = field(default_factory=dict, repr=False, compare=False)
 
     @cached_property
     def visible(self) -> torch.Tensor:
@@ -90,11 +93,13 @@ class CellWeights:
         infinite = self.visible & torch.isinf(self.c)
         return torch.where(infinite, torch.inf, torch.where(self.visible, log_c, -torch.inf))
 
-    def exact_set(self, k: int) -> torch.Tensor:
-        """The ``k`` visible tokens of largest witness contribution, ties to the lower index, in that order."""
-        order = torch.sort(self.log_contribution(), descending=True, stable=True).indices
-        order = order[torch.sort((~self.visible[order]).to(torch.int8), stable=True).indices]  # visible first
-        return order[:min(k, int(self.visible.sum()))]
+    def exact_set(self, k: int, most: int | None = None) -> torch.Tensor:
+        """The ``k`` visible tokens of largest witness contribution, in that order: the first ``k`` of the ranking
+        of the ``most`` largest (:func:`exact_order`, ranked once: the rounds of a check take prefixes of one order)."""
+        most = k if most is None else max(k, most)
+        if most not in self._rankings:
+            self._rankings[most] = exact_order(self.log_contribution()[None], self.visible[None], most)[0]
+        return self._rankings[most][:min(k, int(self.visible.sum()))]
 
     def mass(self, mask: torch.Tensor, log_factor: torch.Tensor | float = 0.0) -> float:
         """``sum_{mask} p~_t e^{x_t}`` (``x = log_factor``), formed as ``exp(log p~ + x)``: ``inf`` on overflow."""
@@ -108,6 +113,17 @@ Z_FLOOR = 2.0**-1000
 def z_resolved(z: float, tokens: int) -> bool:
     """Whether an estimate ``z`` of ``Z`` over ``tokens`` tokens is finite and at least ``tokens Z_FLOOR``."""
     return tokens * Z_FLOOR <= z < float("inf")
+
+
+def exact_order(log_contribution: torch.Tensor, visible: torch.Tensor, k: int) -> torch.Tensor:
+    """``(..., k)`` the tokens of largest ``log_contribution`` (..., S), visible ones first, in decreasing order with
+    ties to the lower index among those taken (``torch.topk``: no full sort of the row). Past a row's visible
+    tokens the order holds masked ones (the callers stop at the row's visible count)."""
+    key = torch.where(visible, log_contribution.clamp(min=-1e308), -torch.inf)  # c = 0 still above masked
+    values, index = torch.topk(key, min(k, key.shape[-1]), dim=-1, sorted=False)
+    index, at = torch.sort(index, dim=-1)  # by index, then stably by value: ties keep the lower index first
+    values = values.gather(-1, at)
+    return index.gather(-1, torch.sort(values, dim=-1, descending=True, stable=True).indices)
 
 
 def sampling_weights(log_weights: torch.Tensor) -> tuple[float, torch.Tensor]:
@@ -172,23 +188,35 @@ def unit_ratio(x: torch.Tensor, u: torch.Tensor, log_u: torch.Tensor) -> torch.T
     return torch.where(torch.isfinite(u), direct, logged).clamp(-1.0, 1.0)
 
 
-def check_inputs(scores, radii, keys: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(scores, radii)`` as (S,) fp64 CPU tensors, checked with ``keys`` and ``delta``."""
+def check_keys(keys) -> None:
+    """Raise unless ``keys`` is a positive int (the most exact keys a cell may read)."""
     if not isinstance(keys, int) or isinstance(keys, bool) or keys < 1:
         raise ValueError(f"keys: expected a positive int, got {keys!r}")
-    if not 0 < delta < 1:
-        raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
+
+
+def checked_cells(scores, radii, rank: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, radii)`` as fp64 CPU tensors of ``rank`` 1 (S,) or 2 (N, S), checked: no NaN or ``+inf`` logit, a
+    visible token in every cell, radii ``>= 0``."""
     s = torch.as_tensor(scores).detach().to(torch.float64).cpu()
     c = torch.as_tensor(radii).detach().to(torch.float64).cpu()
-    if s.dim() != 1 or c.shape != s.shape:
-        raise ValueError(f"scores and radii: expected two (S,) tensors, got {tuple(s.shape)} and {tuple(c.shape)}")
+    shape = "(S,)" if rank == 1 else "(N, S)"
+    if s.dim() != rank or c.shape != s.shape:
+        raise ValueError(f"scores and radii: expected two {shape} tensors, got {tuple(s.shape)} and {tuple(c.shape)}")
     if bool(torch.isnan(s).any()) or bool((s == torch.inf).any()):
         raise ValueError("scores: contains NaN or +inf")
-    if not bool(torch.isfinite(s).any()):
-        raise ValueError("scores: every token is masked (-inf)")
+    if not bool(torch.isfinite(s).any(-1).all()):
+        raise ValueError("scores: every token of a cell is masked (-inf)")
     if bool(torch.isnan(c).any()) or bool((c < 0).any()):
         raise ValueError("radii: must be >= 0 (NaN is not a radius)")
     return s, c
+
+
+def check_inputs(scores, radii, keys: int, delta: float) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(scores, radii)`` as (S,) fp64 CPU tensors, checked with ``keys`` and ``delta``."""
+    check_keys(keys)
+    if not 0 < delta < 1:
+        raise ValueError(f"delta: expected a probability in (0, 1), got {delta!r}")
+    return checked_cells(scores, radii, 1)
 
 
 def inflated(value: float) -> float:
@@ -212,12 +240,18 @@ def exact_tv(log_p: torch.Tensor, x: torch.Tensor) -> float:
     return float((torch.softmax(log_p + x, dim=0) - torch.exp(log_p)).abs().sum()) / 2
 
 
-def read_whole(cell: CellWeights, reader: ExactRatios, meter, delta: float) -> SpotCheck:
-    """A cell with no more visible tokens than keys is read whole: its bound is its true TV (rounded up)."""
+def whole_bound(cell: CellWeights, reader: ExactRatios) -> tuple[float, torch.Tensor]:
+    """``(true TV rounded up, every visible token)``: the cell read whole."""
     every = cell.visible.nonzero().reshape(-1)
+    return inflated(exact_tv(cell.log_p[every], reader.log_ratios(every))), every
+
+
+def read_whole(cell: CellWeights, reader: ExactRatios, meter) -> SpotCheck:
+    """A cell with no more visible tokens than keys is read whole: its bound is its true TV (rounded up), with
+    no failure probability."""
+    bound, every = whole_bound(cell, reader)
     empty = torch.empty(0, dtype=torch.int64)
-    bound = inflated(exact_tv(cell.log_p[every], reader.log_ratios(every)))
-    return result(bound, meter, reader, delta, 1.0, every, empty, empty)
+    return result(bound, meter, reader, 0.0, 1.0, every, empty, empty)
 
 
 def result(bound, meter, reader, delta, z_prime, exact, pilot, draws) -> SpotCheck:

@@ -85,7 +85,7 @@ def spot_check_two_sided(scores, radii, read_exact: Reader, *, keys: int, delta:
     cell, reader, generator = prepare_cell(scores, radii, read_exact, keys, delta, generator)
     empty = torch.empty(0, dtype=torch.int64)
     if int(cell.visible.sum()) <= keys:
-        return read_whole(cell, reader, meter, delta)
+        return read_whole(cell, reader, meter)
     k_exact = min(int(round(keys * exact_share)), keys)
     n_pilot = min(int(round(keys * pilot_share)), keys - k_exact)
     exact = cell.exact_set(k_exact)
