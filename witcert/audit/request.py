@@ -19,7 +19,7 @@ import threading
 import numpy as np
 import torch
 
-from witcert.audit.bounding import PickedBounds, bound_picked
+from witcert.audit.bounding import PendingChecks, PickedBounds, bound_picked
 from witcert.audit.budget import check_deltas
 from witcert.audit.picks import picked, pick_probability
 from witcert.audit.settings import Audit
@@ -38,6 +38,7 @@ class AuditedRequest:
         self.generator = torch.Generator().manual_seed(int(entropy[0]) | (int(entropy[1]) & 0x7FFFFFFF) << 32)
         self._lock = threading.Lock()
         self._picks: tuple = (None, None)  # (positions key, picks of every layer): one Philox call per pass
+        self.pending = PendingChecks()  # checked cells until run_checks (one batched check per flush or call)
 
     def start(self, first_position: int) -> None:
         """A call whose first query sits at ``first_position`` reads the compressed cache."""
@@ -65,9 +66,15 @@ class AuditedRequest:
         return check_deltas(self.settings.delta_spot, steps, self.cells_per_step, pick_probability(self.settings.rate))
 
     def bound(self, picked_cells: torch.Tensor, positions: torch.Tensor, meter: torch.Tensor, blank: torch.Tensor,
-              radii: torch.Tensor, checks) -> PickedBounds:
-        """Bound and flag the picked cells of a pass: ``picked_cells``, ``meter``, ``blank`` and ``positions``
-        (each cell's query position) (B, H, T); ``radii`` (B, H, T, S); ``checks(at)`` the compressed logits and
-        exact-logit source of the checked cells ``at`` (:func:`witcert.audit.bounding.bound_picked`)."""
+              radii: torch.Tensor, checks) -> tuple:
+        """``(PickedBounds, checked part or None)``: bound and flag the picked cells of a pass: ``picked_cells``,
+        ``meter``, ``blank`` and ``positions`` (each cell's query position) (B, H, T); ``radii`` (B, H, T, S);
+        ``checks(at)`` the compressed logits and exact-logit source of the checked cells ``at``
+        (:func:`witcert.audit.bounding.bound_picked`). The checks run at :meth:`run_checks`."""
         return bound_picked(picked_cells, meter, blank, radii, self.deltas(positions), checks, self.settings.tau,
-                            self.settings.keys, self.generator)
+                            self.pending)
+
+    def run_checks(self) -> None:
+        """Spot-check every checked cell recorded since the last call, in one batched check (the end of a flush or
+        of a forward call), writing the results into the recorded batches."""
+        self.pending.run(self.settings.keys, self.settings.tau, self.generator)

@@ -232,9 +232,11 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             math, spot_extra = scope.spot.apply(math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii,
                                                 step=scope.spot_step, layers=len(scope.layers))
         extra.update(spot_extra)
+    audit_checks = None
     if scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
         audited = deterministic if scope.tier == "B" and not scope.adaptive else math
-        extra.update(_audit_columns(scope, layer, chosen, audited, query, positions, scale))
+        audit_columns, audit_checks = _audit_columns(scope, layer, chosen, audited, query, positions, scale)
+        extra.update(audit_columns)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if scope.gate is not None:
@@ -271,6 +273,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     )
     if scope.spot is not None and scope.spot_pending is not None:
         scope.spot_pending.attach(spot_extra, batch)
+    if audit_checks is not None:  # its checked cells' columns are written when the flush or the call ends
+        audit_checks.batch = batch
     return output, batch
 
 
@@ -288,8 +292,9 @@ def _metered_cells(scope: CallScope, layer_idx: int, spans: list, positions: tor
     return CellSet.of(picked, kv_heads, sampled)
 
 
-def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, math, query, positions, scale) -> dict:
-    """The audit's columns of a pass (:class:`witcert.audit.bounding.PickedBounds`), on the gathered cells.
+def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, math, query, positions, scale) -> tuple:
+    """``(columns, checked)``: the audit's columns of a pass (:class:`witcert.audit.bounding.PickedBounds`), on the
+    gathered cells, and its checked cells pending their batched check (``None``: none).
 
     ``math`` holds a meter and radii valid for every query; exact keys come from the exact cache, or in
     production from the request's host backing store, read for the checked cells only."""
@@ -299,9 +304,12 @@ def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, mat
         keys = layer.store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
         return SpotSettings.cells(math, query, keys, scale, at)
 
-    bounds = scope.audit.bound(chosen.audited, positions[chosen.columns], math.cells["meter"], math.blank.cpu(),
-                               math.c, checks)
-    return bounds.columns()
+    bounds, checked = scope.audit.bound(chosen.audited, positions[chosen.columns], math.cells["meter"],
+                                        math.blank.cpu(), math.c, checks)
+    if checked is not None:  # the checked cells' place on the call's (B, Hq, T) grid, where their batch holds them
+        at = tuple(checked.at.T)
+        checked.where = (at[0], chosen.heads[at], chosen.columns[at])
+    return bounds.columns(), checked
 
 
 def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor) -> "cells.CellBatch":

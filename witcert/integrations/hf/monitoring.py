@@ -422,6 +422,8 @@ class Monitor:
         attention._ACTIVE.pop()
         if scope.spot_pending is not None:
             scope.spot_pending.run()
+        if scope.audit is not None:  # the audit's checks of the cells this call metered in its step
+            scope.audit.run_checks()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
             if live is not None and (scope.pending is None or not len(scope.pending)):  # (nothing left to meter

@@ -92,6 +92,8 @@ class PendingCells:
             recorded, self._calls = self._calls, {}
         with torch.no_grad():  # a flush may run after generate's no_grad block (and a graph per grad mode is waste)
             self._meter(recorded)
+            if self.scope.audit is not None:  # the audit's checks of every layer's picked cells, in one batch
+                self.scope.audit.run_checks()
 
     def _meter(self, recorded: dict) -> None:
         from witcert.integrations.hf.attention import attend
