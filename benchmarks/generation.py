@@ -38,10 +38,11 @@ SAMPLED = "monitored, compiled, every 4th step"
 
 
 def timed_generate(model, ids, new_tokens: int, keep_exact: bool | None, compiled: bool, every: int = 1,
-                   past_key_values=None) -> float:
+                   past_key_values=None, scheme: str = SCHEME, audit=None) -> float:
     """Seconds of one greedy ``generate`` of exactly ``new_tokens``: stock (``keep_exact=None``) or under
-    ``witcert.monitor(model, SCHEME, keep_exact=...)`` metering every ``every``-th step, with the meter's passes
-    compiled or not; ``past_key_values``: a cache holding a prefix of ``ids`` (given to ``generate`` as is)."""
+    ``witcert.monitor(model, scheme, keep_exact=..., audit=audit)`` metering every ``every``-th step (with an audit,
+    its picked cells), with the meter's passes compiled or not; ``past_key_values``: a cache holding a prefix of
+    ``ids`` (given to ``generate`` as is)."""
     sample = witcert.MeterSampling(every=every, seed=0) if every > 1 else None
     kwargs = dict(input_ids=ids, attention_mask=torch.ones_like(ids), past_key_values=past_key_values,
                   max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False)
@@ -50,7 +51,7 @@ def timed_generate(model, ids, new_tokens: int, keep_exact: bool | None, compile
         if keep_exact is None:
             model.generate(**kwargs)
         else:
-            with witcert.monitor(model, SCHEME, keep_exact=keep_exact, sample=sample):
+            with witcert.monitor(model, scheme, keep_exact=keep_exact, sample=sample, audit=audit):
                 model.generate(**kwargs)
         return time.perf_counter() - started
 

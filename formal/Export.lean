@@ -251,3 +251,18 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.abs_logit_error_le_query_radius
 #print axioms WitCert.abs_logit_error_le_query_radius
+
+#check @WitCert.measure_auditUpper_lt_le
+#print axioms WitCert.measure_auditUpper_lt_le
+
+#check @WitCert.auditUpper_mono
+#print axioms WitCert.auditUpper_mono
+
+#check @WitCert.measure_cdf_lt_le
+#print axioms WitCert.measure_cdf_lt_le
+
+#check @WitCert.measure_audit_le
+#print axioms WitCert.measure_audit_le
+
+#check @WitCert.measure_picked_fail_le
+#print axioms WitCert.measure_picked_fail_le

@@ -413,6 +413,89 @@ def long_context_section() -> str | None:
     return "\n".join(lines)
 
 
+def audit_section() -> str | None:
+    """The request audit on SmolLM2 (``audit.json``, ``python -m benchmarks.audit``): cost, usefulness, a collapse."""
+    record = _load("audit.json")
+    if record is None:
+        return None
+    lines = ["## The request audit", "",
+             "`witcert.monitor(..., audit=witcert.Audit(rate, tau=0.2, delta=1e-3))`: each cell picked with probability "
+             "`rate`, only picked cells metered, each bounded by its meter or a spot check; per request, with "
+             "probability at least 1 - 1e-3 (a probabilistic statement, not a proof), at most `fraction_upper` of its "
+             "cells have TV above tau ([design](design.md#the-request-audit))."]
+    cost = record.get("cost")
+    if cost:
+        configs = tuple(name for name in cost["runs"][0]["ratio_to_stock"])
+        lines += ["", "### Cost", "", _provenance(cost["date"], cost["machine"], cost["command"]), "",
+                  f"SmolLM2-135M-Instruct `generate` (prefill included), {cost['scheme']}, production mode "
+                  "(`keep_exact=False`), the meter's passes compiled (`WITCERT_COMPILE=1`); *every cell*: every cell "
+                  f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with 256 "
+                  "exact keys paged from the host backing store (which the audited monitor fills with exact keys); "
+                  "*audit, none picked*: the same at a rate that picks nothing (1e-9), the floor any rate pays "
+                  "(the compressed cache and the host store of exact keys). Tokens/s against stock in the same run, "
+                  "interleaved, the median of the runs; in wall time, then in the process's CPU time (one torch "
+                  "thread: the work done, which the other jobs of a shared machine stretch far less than the wall "
+                  "time: the fairer figure here).", "",
+                  *_ratio_table(cost["runs"], configs)]
+        if all("cpu_ratio_to_stock" in run for run in cost["runs"]):
+            lines += ["", "| context | CPU s per stock generate | " + " | ".join(f"{c}, CPU time" for c in configs) + " |",
+                      "|---|---|" + "---|" * len(configs)]
+            for run in cost["runs"]:
+                lines.append(f"| {run['context']} | {run['median_cpu_s']['stock']:.2f} | "
+                             + " | ".join(f"{run['cpu_ratio_to_stock'][c]:.2f}x" for c in configs) + " |")
+    useful = record.get("usefulness")
+    if useful:
+        lines += ["", "### How close the statement is", "",
+                  _provenance(useful["date"], useful["machine"], useful["command"]), "",
+                  f"Observatory workloads ({useful['context']}-token context; needle: the question and a 6-token "
+                  f"answer, text and code: 32 teacher-forced tokens), {useful['cases_per_task']} cases per task, "
+                  f"{useful['seeds']} audits per case at rate {useful['rate']:g}. True fraction: cells with true TV "
+                  f"above tau = {useful['tau']:g} in the same request metered on every cell; *failures*: audits whose "
+                  "true count exceeded `M_upper`.", "",
+                  "| scheme | exact keys per check | task | audits | median true fraction | median fraction_upper | "
+                  "median fraction_upper - true | failures |", "|---|---|---|---|---|---|---|---|"]
+        for row in useful["by"].values():
+            lines.append(f"| {row['scheme']} | {row['keys']} | {row['task']} | {row['requests']} | "
+                         f"{row['median_true_fraction']:.3f} | {row['median_fraction_upper']:.3f} | "
+                         f"{row['median_gap']:.3f} | {row['failures']} |")
+    collapse = record.get("collapse")
+    if collapse:
+        lines += ["", "### A collapsed layer", "", _provenance(collapse["date"], collapse["machine"],
+                                                                collapse["command"]), "",
+                  f"{collapse['requests']} requests (text and code, {collapse['context']}-token context, "
+                  f"{collapse['probe_tokens']} teacher-forced tokens, {collapse['cells_per_request']:,} cells each), "
+                  f"layer {collapse['collapsed_layer']}'s keys destroyed (scaled by -8), rtn-int4 elsewhere, audited at "
+                  f"rate 0.02: **{collapse['flagged_requests']} of {collapse['requests']} requests flagged** "
+                  f"({collapse['share_flagged']:.3f}); {collapse['their_share_above_tau']:.3f} of the collapsed layer's "
+                  f"{collapse['picked_cells_of_collapsed_layer']:,} picked cells have true TV above tau."]
+    return "\n".join(lines)
+
+
+def audit_glance(link: str) -> str | None:
+    """One sentence of the audit record for the README and the page's head (``None`` without its sections)."""
+    record = _load("audit.json")
+    if record is None or not {"cost", "usefulness", "collapse"} <= set(record):
+        return None
+    cost, useful, collapse = record["cost"], record["usefulness"], record["collapse"]
+    audited = f"audit {cost['rate']:g}"
+    ratios = ", ".join(f"{run.get('cpu_ratio_to_stock', run['ratio_to_stock'])[audited]:.2f}x at {run['context']}"
+                       for run in cost["runs"])
+    clock = "in CPU time" if all("cpu_ratio_to_stock" in run for run in cost["runs"]) else "in wall time"
+    every = ", ".join(f"{run.get('cpu_ratio_to_stock', run['ratio_to_stock'])['every cell']:.2f}x"
+                      for run in cost["runs"])
+    gaps = {}
+    for row in useful["by"].values():
+        if row["keys"] == 256:
+            gaps.setdefault(row["scheme"], []).append(row["median_gap"])
+    gap = "; ".join(f"{scheme} {max(values):.2f}" for scheme, values in gaps.items())
+    return (f"The request audit (`audit=witcert.Audit(rate=0.02)`, a per-request statement at probability 1 - 1e-3) "
+            f"generates at {ratios} tokens of context of stock tokens/s {clock} ({cost['scheme']}, production, "
+            f"compiled; metering every cell: {every}); at "
+            f"rate {useful['rate']:g} its bound exceeds the true fraction of cells above tau by at most (median per "
+            f"task) {gap}; a collapsed layer is flagged in {collapse['flagged_requests']} of {collapse['requests']} "
+            f"requests, measured {cost['date'][:10]} ([the audit's tables]({link})).")
+
+
 def capacity_section() -> str | None:
     """Tokens in a 1 GiB KV budget per scheme, raw and with the production monitor (``capacity.json``)."""
     record = _load("capacity.json")
@@ -650,12 +733,12 @@ def page() -> str:
             "2-core VMs without a GPU: read a timing as the ratio measured in the same run, not as an absolute.",
             "", "## At a glance", "", results_table("#the-spot-check")]
     for glance in (spot_gate_glance("#the-spot-certified-gate"), generation_glance("#monitored-generation"),
-                   vllm_glance("#serving-with-vllm")):
+                   audit_glance("#the-request-audit"), vllm_glance("#serving-with-vllm")):
         if glance:
             head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
                 formats_section(), study_section(), spot_gate_section(), generation_section(), long_context_section(),
-                capacity_section(), witness_size_section(), vllm_section(), bench_section()]
+                capacity_section(), witness_size_section(), audit_section(), vllm_section(), bench_section()]
     return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
 
 
@@ -705,6 +788,7 @@ def readme_with_table(readme: str) -> str:
     glances = [g for g in (formats_glance("docs/results.md#engine-kv-formats"),
                            spot_gate_glance("docs/results.md#the-spot-certified-gate"),
                            generation_glance("docs/results.md#monitored-generation"),
+                           audit_glance("docs/results.md#the-request-audit"),
                            vllm_glance("docs/results.md#serving-with-vllm")) if g]
     return readme[:start] + "\n" + results_table("docs/results.md#the-spot-check") + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]
 

@@ -349,6 +349,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_query_radius.py", "tests/test_fuzz.py"),
         note="Helper WitCert.inner_add_sub_inner_eq (the split, band by band). The identity sm q'.k^ - sm q.k = sm q.(k^ - k) + sm (q' - q).k^, T2 on the first term and the second evaluated exactly (two fp64 logits and their SR rounding bounds, witcert.tier_a.query_radius.read_scores); its band Cauchy-Schwarz form sm sum_b ||e_b|| ||k^_b|| (spec bound_query_cauchy_schwarz) is valid and never smaller.",
     ),
+    Theorem(
+        key="AU",
+        paper='request audit (beyond the paper; docs/design.md "The request audit")',
+        statement="cells picked independently w.p. r, X = flagged picks, X' = picked cells with TV > tau ~ Bin(M, r), X' <= X off F, M_upper = max{m <= N : P(Bin(m, r) <= X) >= delta_s}  =>  P(M > M_upper) <= delta_s + P(F), P(F) <= sum_cells delta_c(cell) P(cell picked)",
+        lean="WitCert.measure_auditUpper_lt_le",
+        note="The combination: off the event F that some picked cell's spot check fails, every picked cell with TV above tau is flagged (X' <= X); M_upper is nondecreasing (`WitCert.auditUpper_mono`), and a miss of M_upper(X') puts the binomial cdf at X' below delta_s, which a discrete cdf at its own variable does with probability at most delta_s (`WitCert.measure_cdf_lt_le`). The union: P(F) <= sum_cells delta_c(cell) P(cell picked) (Mathlib's union bound; `WitCert.measure_audit_le` is the form with one delta_c for every cell, `WitCert.measure_picked_fail_le` its union). The implementation's delta_c(k) = delta_spot 6/(pi^2 k^2) / (L Hq) / r per step k keeps the union within delta_spot for a request of any length (`WitCert.sum_step_allocation_le`, registry SCD). Assumed, not proved: the binomial law of X' (picks are Philox4x32-10 words under a secret key, distinct counters modelled as independent uniform words as for Tier B; a cell is picked when its word is below ceil(r 2^32), so r is taken as that exact probability, ceil(r 2^32) / 2^32) and a population that the audit's draws do not change. The binomial tails are scipy.stats' in double precision, each compared with its level lowered by a relative 1e-9 (a rounded tail only widens the limit).",
+        spec="witcert.spec.audit.upper_limit",
+        torch="witcert.audit.limit.upper_limit",
+        kernel=None,
+        tests=("tests/test_audit_limit.py", "tests/test_audit_validity.py", "tests/test_audit_monitor.py"),
+    ),
 )
 
 

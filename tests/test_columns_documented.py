@@ -3,7 +3,7 @@
 Implementation: ``witcert.integrations.hf.telemetry.COLUMNS`` (the column reference is generated from it,
 ``scripts/gen_cli_reference.py``). Oracle: the columns of real cell tables of the tiny Llama under every
 option that adds columns: the spot check with the spot-certified gate, a production gate, the dithered cache
-with a Tier B delta sweep (as ``witcert observe`` records), sampled metering. Tolerance: exact names
+with a Tier B delta sweep (as ``witcert observe`` records), sampled metering, the request audit. Tolerance: exact names
 (``meter_delta=<d>`` stands for every swept budget).
 """
 import re
@@ -49,6 +49,7 @@ RUNS = {
     "production gate": dict(scheme="rtn-int4", keep_exact=False, gate=witcert.Gate(tau=0.05)),
     "tier B with a delta sweep": dict(scheme="dithered-int8", sweep={"meter_delta=0.5": 1e-3}),
     "sampled metering": dict(scheme="rtn-int8", sample=witcert.MeterSampling(every=2, seed=0)),
+    "request audit": dict(scheme="kivi-2bit", audit=witcert.Audit(rate=0.5, tau=0.04, keys=8, seed=0)),
 }
 
 

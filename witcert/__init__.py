@@ -10,6 +10,7 @@ user needs are here; everything else lives in the subpackage of its layer:
 ``witcert.tier_b``     dithered INT8 cache and its probabilistic certificate
 ``witcert.schemes``    the scheme registry and the built-in quantizers
 ``witcert.gate``       gating and repair from a verified backing store
+``witcert.audit``      the sampled request audit: a per-request statement from picked cells
 ``witcert.integrations``  transformers (and vLLM) integrations
 ``witcert.observatory``   the real-model observatory (``witcert observe``)
 ``witcert.verification``  sup-box adversary, ``witcert fuzz`` and its attack classes
@@ -18,6 +19,7 @@ user needs are here; everything else lives in the subpackage of its layer:
 
 ``spec/registry.py`` names the theorem behind every bound.
 """
+from witcert.audit.settings import Audit
 from witcert.core.metering import meter, risk_score
 from witcert.gate.policy import Gate
 from witcert.integrations.hf.monitoring import Monitor, monitor
@@ -34,6 +36,7 @@ from witcert.tier_b.quantizer import DitheredInt8
 __version__ = "0.1.0"
 
 __all__ = [
+    "Audit",
     "BandLayout",
     "DitheredInt8",
     "Gate",

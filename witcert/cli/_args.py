@@ -106,6 +106,20 @@ def certified_tau(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def audit_rate(text: str) -> float:
+    """A request audit's pick rate: a number in (0, 1] (``witcert.Audit``)."""
+    from witcert.audit.settings import Audit
+
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"must be a number in (0, 1], got {text!r}") from None
+    try:
+        return Audit(rate=value).rate
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
 def risk_threshold(text: str) -> float:
     """A risk-ranked gate threshold: a finite number >= 1 (``witcert.Gate``'s risk regime)."""
     try:

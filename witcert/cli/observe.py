@@ -57,6 +57,9 @@ def add_arguments(parser) -> None:
                         help="torch CPU threads (1: on a small shared machine more threads oversubscribe)")
     parser.add_argument("--out", type=_args.output_dir, default=None, metavar="DIR",
                         help="report directory, created before the run (default: reports/observe-<UTC time>)")
+    parser.add_argument("--audit", type=_args.audit_rate, default=None, metavar="RATE",
+                        help="also run each scheme under the request audit (witcert.Audit(rate=RATE, tau=--tau)): per "
+                             "case, at most which fraction of cells is above tau, at probability 1 - 1e-3 (audit.json)")
     parser.add_argument("--certificate", choices=("deterministic", "spot"), default=None,
                         help="deterministic: the witness's proved meter only; spot: cells whose meter exceeds tau "
                              "are also spot-checked with exact keys, a bound holding with probability 1 - 1e-6 per "
@@ -148,14 +151,46 @@ def run(args) -> int:
         telemetry.write_jsonl(jsonl, r.raw, run_tag)
         if r.gated is not None:
             telemetry.write_jsonl(jsonl, r.gated, {**run_tag, "gated": True})
+        if r.audited is not None:
+            telemetry.write_jsonl(jsonl, r.audited, {**run_tag, "audit_rate": config.audit})
     md = report.write_report(out, results, config, baseline, loaded.source, wall)
     _print_table(results, config, baseline)
+    if config.audit is not None:
+        _print_audits(results, out / "audit.json")
+        _plot_audits(results, out)
     print(f"report: {md}\ntelemetry: {jsonl}\nwall time: {wall:.1f} s")
     violations = sum(report.summarize(r.raw, config.tau).violations for r in results)
     if violations:
         print(f"SOUNDNESS VIOLATION: {violations} cells with true TV above the meter", file=sys.stderr)
         return EXIT_VIOLATION
     return 0
+
+
+def _print_audits(results, path: Path) -> None:
+    """Each scheme's per-case audit lines (probabilistic statements), written to ``path`` too."""
+    records = {r.scheme: r.extra["audit"] for r in results}
+    path.write_text(json.dumps(records, indent=1) + "\n")
+    for scheme, audits in records.items():
+        print(f"request audit, {scheme} (each line holds with probability >= 1 - {audits[0]['delta']:g}; true fraction "
+              "from the every-cell run):" if audits else f"request audit, {scheme}: no cell")
+        for a in audits:
+            true = "n/a" if a["true_fraction"] is None else f"{a['true_fraction']:.3f}"
+            print(f"  case {a['case']}: at most {a['fraction_upper']:.3f} of {a['N']:,d} cells above tau "
+                  f"({a['picked']:,d} picked, {a['flagged']:,d} flagged); true {true}")
+    print(f"audit: {path}")
+
+
+def _plot_audits(results, out: Path) -> None:
+    """One ``audit-<scheme>.png`` per scheme: picked and flagged cells over (layer, step), one panel per case
+    (:func:`witcert.observatory.run_plot.plot_audit`)."""
+    from witcert.observatory.report import _file_name
+    from witcert.observatory.run_plot import plot_audit
+
+    for r in results:
+        if r.extra.get("audit_requests"):
+            path = out / f"audit-{_file_name(r.scheme)}.png"
+            plot_audit(r.audited, r.extra["audit_requests"], path)
+            print(f"audit plot: {path}")
 
 
 def _config(args):
@@ -167,7 +202,7 @@ def _config(args):
         context_tokens=args.context, probe_tokens=args.probe, new_tokens=args.new_tokens,
         cases=args.cases or (DEMO_CASES if args.demo else CASES), bands=args.bands, tier=args.tier, seed=args.seed,
         keep_exact=args.keep_exact, certificate=args.certificate, spot_keys=args.spot_keys or SPOT_KEYS,
-        prompt=args.prompt,
+        prompt=args.prompt, audit=args.audit,
     )
 
 

@@ -16,7 +16,8 @@ import os
 from dataclasses import dataclass, field
 
 # seconds per case of a kind / seconds of an uncompressed case (SmolLM2, 512 tokens, the full meter, 1 thread)
-RELATIVE_COST = {"reference": 1.0, "metered": 1.6, "spot": 7.0, "gated": 5.0, "spot gated": 20.0}
+RELATIVE_COST = {"reference": 1.0, "metered": 1.6, "spot": 7.0, "gated": 5.0, "spot gated": 20.0,
+                 "audited": 1.6}  # audited: taken as a metered case (fewer cells metered, a few spot-checked)
 REFERENCE_S = 2.0  # one uncompressed 512-token needle case, 1 torch thread, an idle 2-core x86-64 VM
 REFERENCE_CONTEXT = 512
 
@@ -41,6 +42,8 @@ def steps(config, n_cases: int) -> list[Step]:
         plan += [Step(scheme, "spot" if spot else "metered")] * n_cases
         if config.gate:
             plan += [Step(f"{scheme} gated", "spot gated" if spot and config.keep_exact else "gated")] * n_cases
+        if getattr(config, "audit", None) is not None:
+            plan += [Step(f"{scheme} audited", "audited")] * n_cases
     return plan
 
 
@@ -106,7 +109,8 @@ def describe(config, n_cases: int, threads: int, demo: bool = False, share: floa
     """
     plan = steps(config, n_cases)
     what = {"metered": "metered", "spot": f"metered and spot-checked ({config.spot_keys} exact keys per cell above tau)",
-            "gated": "behind the certified gate", "spot gated": "behind the spot-certified gate"}
+            "gated": "behind the certified gate", "spot gated": "behind the spot-certified gate",
+            "audited": f"under the request audit (rate {getattr(config, 'audit', None)})"}
     kinds = list(dict.fromkeys(step.kind for step in plan if step.kind != "reference"))
     case_word = "case" if n_cases == 1 else "cases"
     context = "your prompt" if config.task == "prompt" else f"{config.context_tokens}-token context"

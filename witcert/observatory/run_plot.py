@@ -23,7 +23,8 @@ every key they see (a context shorter than ``spot_keys``): their bound is their 
 says nothing about how tight a sampled check is.
 
 The figure shows the data the table holds, nothing computed anew: ``tests/test_run_plot.py`` checks
-the grid against the table cell by cell.
+the grid against the table cell by cell. ``plot_audit`` draws an audited run (:mod:`witcert.audit`): per
+request, the picked and the flagged cells over (layer, step), with the request's statement.
 """
 from __future__ import annotations
 
@@ -165,9 +166,13 @@ def _heatmap(ax, grid: RunGrid, values: np.ndarray):
 
 def _extent(grid: RunGrid) -> tuple[float, float, float, float]:
     """Image extent so that each entry is centred on its position and layer (positions may have gaps)."""
-    lo, hi = float(grid.steps[0]), float(grid.steps[-1])
-    half = 0.5 * max((hi - lo) / max(len(grid.steps) - 1, 1), 1.0)
-    return lo - half, hi + half, float(grid.layers[0]) - 0.5, float(grid.layers[-1]) + 0.5
+    return _extent_of(grid.steps, grid.layers)
+
+
+def _extent_of(steps: np.ndarray, layers: np.ndarray) -> tuple[float, float, float, float]:
+    lo, hi = float(steps[0]), float(steps[-1])
+    half = 0.5 * max((hi - lo) / max(len(steps) - 1, 1), 1.0)
+    return lo - half, hi + half, float(layers[0]) - 0.5, float(layers[-1]) + 0.5
 
 
 # saturated entries are drawn near the top of the colour scale (pale): a black x; repaired ones are above tau: cyan
@@ -230,3 +235,49 @@ def _figure(**kwargs):
     except ImportError:
         raise ImportError("plotting a run needs matplotlib: pip install 'witcert[observatory]'") from None
     return Figure(**kwargs)
+
+
+def plot_audit(table, audits, path: str | Path | None = None, requests: int = 4):
+    """The request audit over (layer, step), one panel per request (the first ``requests`` of ``audits``).
+
+    Each panel shows, per (layer, query position), how many of the layer's heads were picked (grey shade)
+    and marks in red where a picked cell was flagged (its bound above ``tau``); the title carries the
+    request's statement (``fraction_upper`` at ``1 - delta``). ``table``: :meth:`witcert.Monitor.table` of an
+    audited run; ``audits``: :meth:`witcert.Monitor.audit`. Returns the ``Figure``, saved to ``path`` if given.
+    """
+    shown = tuple(audits)[:requests]
+    if not shown:
+        raise ValueError("audits: no audited request to draw (run the model inside an audited monitor first)")
+    fig = _figure(figsize=(4.6 * len(shown), 3.8), layout="constrained")
+    axes = np.atleast_1d(fig.subplots(1, len(shown), squeeze=False)[0])
+    for ax, audit in zip(axes, shown):
+        _audit_panel(ax, table.where(table["request"] == audit.request), audit)
+    first = shown[0]
+    fig.suptitle(f"request audit: rate {first.rate:g}, tau {first.tau:g}, each statement at probability >= "
+                 f"1 - {first.delta:g} (probabilistic)", fontsize=10)
+    if path is not None:
+        path = Path(path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fig.savefig(path, dpi=110)
+    return fig
+
+
+def _audit_panel(ax, cells, audit) -> None:
+    from matplotlib.ticker import MaxNLocator
+
+    layers, layer_of = np.unique(cells["layer"].astype(np.int64), return_inverse=True)
+    steps, step_of = np.unique(cells["pos"].astype(np.int64), return_inverse=True)
+    picked = np.zeros((len(layers), len(steps)))
+    np.add.at(picked, (layer_of, step_of), cells["audited"].astype(bool))
+    ax.imshow(picked, aspect="auto", origin="lower", cmap="Greys", vmin=0, extent=_extent_of(steps, layers),
+              interpolation="nearest")
+    flagged = cells["flagged"].astype(bool)
+    if flagged.any():
+        ax.scatter(cells["pos"][flagged], cells["layer"][flagged], s=16, c="red", marker="s", label="flagged cell")
+        ax.legend(loc="upper right", fontsize=7, framealpha=0.8)
+    ax.set(xlabel="query position", ylabel="layer",
+           title=f"request {audit.request}: <= {audit.fraction_upper:.3f} of {audit.N:,d} above tau\n"
+                 f"{audit.picked:,d} picked (grey: heads per entry), {audit.flagged:,d} flagged")
+    ax.title.set_fontsize(8)
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
+from witcert.audit.settings import Audit
 from witcert.core.thresholds import check_certified_tau
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import telemetry
@@ -53,6 +54,7 @@ class ObserveConfig:
     certificate: str = "deterministic"  # "spot": cells above tau are spot-checked (witcert.spot)
     spot_keys: int = 256  # exact keys per spot check
     prompt: str | None = None  # task "prompt": the user's own prompt, run once
+    audit: float | None = None  # request audit at this pick rate (witcert.Audit(rate, tau)): one more run per scheme
 
     def __post_init__(self):
         if not self.schemes:
@@ -73,6 +75,8 @@ class ObserveConfig:
             raise ValueError("prompt: task 'prompt' runs a non-empty prompt, and a prompt needs task 'prompt'")
         if self.seed is not None:
             check_seed(self.seed)
+        if self.audit is not None:
+            Audit(rate=self.audit, tau=self.tau)  # the rate's range, named
 
     def tier_of(self, scheme: str) -> str:
         """The certificate a scheme gets: Tier B (with the Tier A minimum) for the dithered cache."""
@@ -95,6 +99,7 @@ class SchemeResult:
     raw: telemetry.CellTable
     quality: dict
     gated: telemetry.CellTable | None = None
+    audited: telemetry.CellTable | None = None  # the audited run's cells (config.audit)
     wall_s: float = 0.0
     tier: str = "A"
     extra: dict = field(default_factory=dict)
@@ -219,6 +224,9 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
             gated = _run_scheme(model, tokenizer, cases, config, monitor, tick)
             result.gated = _tables(gated)
             result.extra["gated_quality"] = quality(reference, gated, cases)
+        if config.audit is not None:
+            result.audited, result.extra["audit"], result.extra["audit_requests"] = _audited(
+                model, tokenizer, cases, config, scheme, tier, result.raw, tick)
         result.wall_s = time.perf_counter() - start
         results.append(result)
         if on_result is not None:
@@ -234,6 +242,22 @@ def _monitor(model, scheme, config: ObserveConfig, tier: str, gate: Gate | None 
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=config.keep_exact, bands=config.bands,
                    seed=config.seed, tau=config.tau, meter="full", certificate=config.certificate,
                    spot_keys=config.spot_keys)
+
+
+def _audited(model, tokenizer, cases, config, scheme: str, tier: str, raw, tick) -> tuple:
+    """The audited run of a scheme (``config.audit``): its cells, per case its request's audit with the true
+    fraction of cells above tau measured in the every-cell run ``raw`` (the same cells: the audit changes nothing),
+    and the requests' :class:`witcert.audit.RequestAudit` (for :func:`witcert.observatory.run_plot.plot_audit`)."""
+    monitor = Monitor(model, scheme, tier=tier, keep_exact=config.keep_exact, bands=config.bands, seed=config.seed,
+                      tau=config.tau, audit=Audit(rate=config.audit, tau=config.tau))
+    table = _tables(_run_scheme(model, tokenizer, cases, config, monitor, tick))
+    audits = []
+    requests = monitor.audit()
+    for case, audit in enumerate(requests):
+        mine = raw["case"] == case
+        true = float(np.mean(raw["true_tv"][mine] > config.tau)) if config.keep_exact else None
+        audits.append({**audit.as_dict(), "case": case, "true_fraction": true})
+    return table, audits, requests
 
 
 def _run_scheme(model, tokenizer, cases, config, monitor: Monitor, tick) -> list[CaseOutput]:

@@ -35,10 +35,12 @@ from transformers.generation.continuous_batching.cache import PagedAttentionCach
 from transformers.integrations.sdpa_attention import create_position_bias_mask, sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from witcert.audit.cells import CellSet
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
 from witcert.integrations.hf.sampling import MeterSampling, selection
+from witcert.spot.cells import SpotSettings
 from witcert.spot.gather import BackedKeys
 from witcert.tier_a.bands import BandLayout
 
@@ -102,6 +104,7 @@ class CallScope:
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
     sample: MeterSampling | None = None  # sampled metering (None: every cell)
     pending: object = None  # witcert.integrations.hf.pending.PendingCells: meter the call later (None: now)
+    audit: object = None  # witcert.audit.AuditedRequest: meter the audit's picked cells only (None: no audit)
     query_format: object = None  # witcert.tier_a.query_radius.QueryFormat: the kernel reads q' (None: q)
 
     def layer(self, index: int) -> MonitoredLayer:
@@ -139,6 +142,8 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         raise ValueError(f"dropout={dropout!r}: attention with dropout (a model in training mode) is random, the meter "
                          "covers eval-mode attention (call model.eval())")
     scores_mask = _scores_mask(module, query, key, attention_mask, kwargs)
+    if scope.audit is not None:  # the request's step 1, fixed by the generation before any pick
+        scope.audit.start(key.shape[-2] - query.shape[-2])
     kernel_query = query if scope.query_format is None else scope.query_format.read(query).to(query.dtype)
     output, weights = sdpa_attention_forward(module, kernel_query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
@@ -191,13 +196,13 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     s = read[0].shape[-2]
     spans = [(s - tq, s)] if spans is None else spans
     positions = torch.cat([torch.arange(first, end) for first, end in spans])
-    chosen = None if scope.sample is None else selection(scope.sample, layer.layer_idx, spans, hq, read[0].shape[1])
-    if chosen is not None and chosen.empty:  # sampled metering: no cell of these calls is metered
+    chosen = _metered_cells(scope, layer.layer_idx, spans, positions, (b, hq, tq), read[0].shape[1])
+    if chosen is not None and chosen.empty:  # sampled metering or an audit: no cell of these calls is metered
         return output, _unmetered(scope, layer, (b, hq, tq), positions)
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
     # the query the kernel read (QR): the model's attention ran with it; the exact reference keeps `query`
     query_read = None if scope.query_format is None else scope.query_format.read(query)
-    if chosen is not None:  # sampled metering: the chosen queries and query heads only, every kv head
+    if chosen is not None:  # sampled metering (every kv head) or the audit's cells (witcert.audit.cells)
         query, query_read, visible, bias = (None if x is None else chosen.pick(x)
                                             for x in (query, query_read, visible, bias))
     if bias is not None and scope.gate is not None and not scope.truth:
@@ -207,7 +212,8 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused,
                          bias=bias, query_read=query_read)
     extra = {}
-    deterministic_c = math.c  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
+    deterministic = math  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
+    deterministic_c = math.c
     if scope.tier == "B":
         key_stores = [store.codec.packed_store(p) for p in store.key_chunks]
         slack = cells.score_slack(query, read[0], scale)  # independent of delta: once per call
@@ -226,6 +232,11 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             math, spot_extra = scope.spot.apply(math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii,
                                                 step=scope.spot_step, layers=len(scope.layers))
         extra.update(spot_extra)
+    audit_checks = None
+    if scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
+        audited = deterministic if scope.tier == "B" and not scope.adaptive else math
+        audit_columns, audit_checks = _audit_columns(scope, layer, chosen, audited, query, positions, scale)
+        extra.update(audit_columns)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
     if scope.gate is not None:
@@ -249,7 +260,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
         extra["true_tv_after"] = _reported(repair.true_tv_after, blank)
     fields = {name: _reported(t, blank) for name, t in math.cells.items()}
     fields["repaired"] = fired.cpu()
-    if scope.sample is not None:
+    if scope.sample is not None or scope.audit is not None:
         extra = {name: _reported(t, blank) for name, t in extra.items()}
         if chosen is not None:
             fields, extra = ({name: chosen.spread(t) for name, t in part.items()} for part in (fields, extra))
@@ -262,14 +273,54 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     )
     if scope.spot is not None and scope.spot_pending is not None:
         scope.spot_pending.attach(spot_extra, batch)
+    if audit_checks is not None:  # its checked cells' columns are written when the flush or the call ends
+        audit_checks.batch = batch
     return output, batch
 
 
+def _metered_cells(scope: CallScope, layer_idx: int, spans: list, positions: torch.Tensor, shape: tuple,
+                   kv_heads: int):
+    """The cells a pass meters: ``None`` (every one), sampled metering's ``Selection``, or with an audit the
+    :class:`~witcert.audit.cells.CellSet` of the audit's picks and the sampled cells."""
+    b, hq, tq = shape
+    chosen = None if scope.sample is None else selection(scope.sample, layer_idx, spans, hq, kv_heads)
+    if scope.audit is None:
+        return chosen
+    picked = scope.audit.picks(layer_idx, positions)
+    sampled = None if scope.sample is None else (
+        torch.ones(shape, dtype=torch.bool) if chosen is None else chosen.metered(b))
+    return CellSet.of(picked, kv_heads, sampled)
+
+
+def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, math, query, positions, scale) -> tuple:
+    """``(columns, checked)``: the audit's columns of a pass (:class:`witcert.audit.bounding.PickedBounds`), on the
+    gathered cells, and its checked cells pending their batched check (``None``: none).
+
+    ``math`` holds a meter and radii valid for every query; exact keys come from the exact cache, or in
+    production from the request's host backing store, read for the checked cells only."""
+    s = math.scores_hat.shape[-1]
+
+    def checks(at):
+        keys = layer.store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
+        return SpotSettings.cells(math, query, keys, scale, at)
+
+    bounds, checked = scope.audit.bound(chosen.audited, positions[chosen.columns], math.cells["meter"],
+                                        math.blank.cpu(), math.c, checks)
+    if checked is not None:  # the checked cells' place on the call's (B, Hq, T) grid, where their batch holds them
+        at = tuple(checked.at.T)
+        checked.where = (at[0], chosen.heads[at], chosen.columns[at])
+    return bounds.columns(), checked
+
+
 def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor) -> "cells.CellBatch":
-    """The :class:`CellBatch` of a call sampled metering left out: every measurement NaN, ``metered`` False."""
+    """The :class:`CellBatch` of a call sampled metering or the audit left out: every measurement NaN, ``metered``
+    (and ``audited``, ``flagged``) False."""
     nan = torch.full(shape, torch.nan, dtype=torch.float64)
     no = torch.zeros(shape, dtype=torch.bool)
-    extra = {name: nan for name in scope.delta_sweep} | {"metered": no}
+    sweep = scope.delta_sweep if scope.tier == "B" else {}  # the columns a metered call of this tier has
+    extra = {name: nan for name in sweep} | {"metered": no}
+    if scope.audit is not None:
+        extra |= {"audited": no, "flagged": no, "audit_bound": nan, "audit_check_delta": nan, "audit_keys": nan}
     return cells.CellBatch(
         layer=layer.layer_idx, positions=positions, requests=scope.rows, tier=scope.tier,
         adaptive=scope.adaptive, extra=extra, seed=scope.seed, repaired=no, joint=no,

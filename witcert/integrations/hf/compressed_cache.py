@@ -75,6 +75,9 @@ class CompressedLayer:
         Write every exact token there too (the production gate's page-in source).
     backing_key : hashable
         The backing-store stream of this layer.
+    backing_values : bool
+        Write the exact values to ``backing`` too (default): the gate repairs with them; the request audit
+        (:mod:`witcert.audit`) reads exact keys only, and halves the store's writes without them.
     witness_code : WitnessCode
         How the witness and the value statistics are kept (fp16, or one byte per band norm; always
         rounded up: :mod:`witcert.tier_a.witness_code`).
@@ -95,6 +98,7 @@ class CompressedLayer:
     keep_exact: bool = True
     backing: BackingStore | None = None
     backing_key: Hashable = 0
+    backing_values: bool = True
     witness_code: WitnessCode = field(default_factory=WitnessCode)
     append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
     lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
@@ -166,7 +170,7 @@ class CompressedLayer:
         else:
             self._unsettled.append((exact, decoded))
         if self.backing is not None:
-            self.backing.write(self.backing_key, key, value)
+            self.backing.write(self.backing_key, key, value if self.backing_values else None)
         self._dtype, self._heads = key.dtype, tuple(key.shape[:2])
         self._length = start + key.shape[-2]
 

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import secrets
 import tempfile
 import threading
 import weakref
@@ -50,6 +51,9 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from witcert.audit.report import RequestAudit, requests_of
+from witcert.audit.request import AuditedRequest
+from witcert.audit.settings import Audit
 from witcert.core.thresholds import check_certified_tau
 from witcert.gate.backing_store import BackingStore
 from witcert.gate.policy import Gate
@@ -79,7 +83,7 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
             backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
             certificate: str = "deterministic", spot_keys: int = 256, spot_delta=1e-6,
             sample: MeterSampling | None = None, witness_bits: int | None = None,
-            query_format=None) -> "Monitor":
+            query_format=None, audit: Audit | None = None) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -159,11 +163,21 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         attention then runs with ``q'`` (the kernel, simulated), every cell's compressed logits are ``q'``'s and
         its radius gains ``|sm (q' - q) . k^_t|`` (``QR``, :mod:`witcert.tier_a.query_radius`); the exact
         reference and the true TV keep ``q``. Not with the Tier B certificate (refused).
+    audit : witcert.Audit, optional
+        The request audit (:mod:`witcert.audit`, default ``None``): each cell is picked independently with
+        probability ``audit.rate`` by the monitor's own secret randomness, and only picked cells are metered
+        (with ``sample``, the sampled cells too); a picked cell is bounded by its meter where that is at most
+        ``audit.tau``, else by a spot check (exact keys from the exact cache, or in production from a host
+        backing store), and flagged above ``audit.tau``. :meth:`Monitor.audit` states per request, with
+        probability at least ``1 - audit.delta``: at most ``M_upper`` of its ``N`` cells have TV above
+        ``audit.tau``. Unpicked cells are reported unmetered, never certified. Extra columns: ``metered``,
+        ``audited``, ``flagged``, ``audit_bound``, ``audit_check_delta``, ``audit_keys``. Not with a gate or
+        ``certificate="spot"``.
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
                    delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
                    certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample,
-                   witness_bits=witness_bits, query_format=query_format)
+                   witness_bits=witness_bits, query_format=query_format, audit=audit)
 
 
 @dataclass
@@ -191,6 +205,7 @@ class _Live:
     adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
     steps: int = 0  # forward calls that read the compressed cache (metered steps; a spot request budget spends by them)
     pending: PendingCells | None = None  # calls recorded for deferred metering (witcert.integrations.hf.pending)
+    audit: AuditedRequest | None = None  # the request's audit (witcert.audit), when the monitor audits
     release: weakref.finalize | None = None  # closes the backing store (files removed) when the cache is released
 
 
@@ -217,7 +232,7 @@ class Monitor:
                  backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
                  certificate: str = "deterministic", spot_keys: int = 256, spot_delta=1e-6,
                  sample: MeterSampling | None = None, witness_bits: int | None = None,
-                 query_format=None):
+                 query_format=None, audit: Audit | None = None):
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
@@ -251,14 +266,17 @@ class Monitor:
             raise ValueError(f"delta_loc must lie in (0, 1), got {delta_loc!r}")
         if seed is not None:
             check_seed(seed)
-        if backing_dir is not None and (keep_exact or (gate is None and certificate != "spot")):
-            raise ValueError("backing_dir is where the production gate and spot check read exact keys from: it needs "
-                             "keep_exact=False and a gate or certificate='spot'")
+        if backing_dir is not None and (keep_exact or (gate is None and certificate != "spot" and audit is None)):
+            raise ValueError("backing_dir is where the production gate and spot check read exact keys from, and the "
+                             "audit: it needs keep_exact=False and a gate, certificate='spot' or an audit")
         tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
         self.spot = spot_settings(certificate, spot_keys, spot_delta, tau, gated=gate is not None)  # None: deterministic
         self.sample = _checked_sampling(sample, gate, self.spot)
+        self.audit_settings = _checked_audit(audit, gate, self.spot)
+        # the picks' key: secret unless the caller opts into replay (a known key lets the queries know the picks)
+        self.audit_seed = None if audit is None else (secrets.randbits(63) if audit.seed is None else audit.seed)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
         # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check
@@ -388,6 +406,7 @@ class Monitor:
                 scope.spot_step = live.steps
             if self.spot is not None and self.gate is None:  # the call's spot checks run together at its end
                 scope.spot_pending = self.spot.pending(scope.tau_k, scope.tau_v, scope.spot_step)
+            scope.audit = live.audit
             scope.pending = self._pending_of(live, scope)
         attention._ACTIVE.append(scope)
         self._thread.scopes.append(scope)
@@ -403,6 +422,8 @@ class Monitor:
         attention._ACTIVE.pop()
         if scope.spot_pending is not None:
             scope.spot_pending.run()
+        if scope.audit is not None:  # the audit's checks of the cells this call metered in its step
+            scope.audit.run_checks()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
             if live is not None and (scope.pending is None or not len(scope.pending)):  # (nothing left to meter
@@ -446,7 +467,8 @@ class Monitor:
         record = RequestRecord(first=sum(r.rows for r in self.requests), rows=batch,
                                seed=(fresh_seed() if self.seed is None else self.seed) if self.dithered else None)
         backing = repairer = None
-        if not self.keep_exact and (self.gate is not None or self.spot is not None):  # exact keys live on the host
+        needs_exact = self.gate is not None or self.spot is not None or self.audit_settings is not None
+        if not self.keep_exact and needs_exact:  # exact keys live on the host
             directory = None
             if self.backing_dir is not None:  # mkdtemp: a fresh directory, mode 0700
                 directory = tempfile.mkdtemp(prefix=f"request-{record.first}-", dir=self._backing_root())
@@ -457,6 +479,9 @@ class Monitor:
         live = _Live(record, layers, repairer, backing)
         if backing is not None:  # the request's exact keys go with its cache (or with the monitor, whichever first)
             live.release = weakref.finalize(cache, backing.close)
+        if self.audit_settings is not None:
+            live.audit = AuditedRequest(self.audit_settings, self.audit_seed, record.ids, self.geometry.layers,
+                                        self.geometry.query_heads)
         self._live[cache] = live
         self.requests.append(record)
         return live
@@ -464,6 +489,12 @@ class Monitor:
     def _backing_root(self) -> Path:
         self.backing_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # made here: owner only
         return self.backing_dir
+
+    @property
+    def backing_values(self) -> bool:
+        """Whether the host backing store keeps the exact values too: the gate repairs with them, the spot check
+        counts their pages; the audit (never with a gate or ``certificate="spot"``) reads exact keys only."""
+        return self.audit_settings is None
 
     def _record_live_memory(self) -> None:
         for live in list(self._live.values()):
@@ -479,9 +510,10 @@ class Monitor:
                     layer.store.backing = None
 
     def _store(self, index: int, record: RequestRecord, backing: BackingStore | None):
+        values = self.backing_values
         if self.hf_cache is not None:
             return QuantizedLayerStore(self.hf_cache, self.layout, keep_exact=self.keep_exact, backing=backing,
-                                       backing_key=index, witness_code=self.witness_code)
+                                       backing_key=index, witness_code=self.witness_code, backing_values=values)
         if self.dithered:
             from witcert.tier_b.quantizer import DitheredInt8
 
@@ -489,7 +521,7 @@ class Monitor:
         else:
             codec = self._codec
         return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index,
-                               witness_code=self.witness_code)
+                               witness_code=self.witness_code, backing_values=values)
 
     # -- results ---------------------------------------------------------------------------------
     def table(self) -> telemetry.CellTable:
@@ -530,8 +562,29 @@ class Monitor:
         return torch.from_numpy(grid), torch.from_numpy(where)
 
     def summary(self, tau: float | None = None) -> "LayerSummary":
-        """Per-layer summary of every cell (see :class:`LayerSummary`)."""
-        return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier, memory=self.memory())
+        """Per-layer summary of every cell (see :class:`LayerSummary`), with each request's audit when auditing."""
+        table = self.table()
+        audits = () if self.audit_settings is None else requests_of(table.columns, self.audit_settings,
+                                                                    self.audit_seed)
+        return LayerSummary.of(table, self.tau if tau is None else tau, self.tier, memory=self.memory(),
+                                audits=audits)
+
+    def audit(self) -> tuple[RequestAudit, ...]:
+        """Each request's audit (:class:`witcert.audit.RequestAudit`), in request order: with probability at least
+        ``1 - delta``, at most ``M_upper`` (``fraction_upper = M_upper / N``) of its ``N`` cells have attention TV
+        above ``tau``; with the cells picked and flagged, the flagged cells' (layer, head, pos) and an estimate
+        with its interval. Needs ``audit=`` (:class:`witcert.Audit`)."""
+        if self.audit_settings is None:
+            raise ValueError("audit: this monitor does not audit; pass audit=witcert.Audit(rate, tau, delta) to "
+                             "witcert.monitor")
+        return requests_of(self.table().columns, self.audit_settings, self.audit_seed)
+
+    def plot_audit(self, path: str | Path | None = None, requests: int = 4):
+        """The audit's picked and flagged cells over (layer, step), one panel per request (the first ``requests``)
+        (:func:`witcert.observatory.run_plot.plot_audit`; needs matplotlib). Returns the ``Figure``."""
+        from witcert.observatory.run_plot import plot_audit
+
+        return plot_audit(self.table(), self.audit(), path, requests)
 
     def plot(self, path: str | Path | None = None, tau: float | None = None):
         """A picture of the run: meter and true TV per (layer, step), saturated and repaired cells marked, and
@@ -553,8 +606,12 @@ class Monitor:
     def write_jsonl(self, path: str | Path, run: dict | None = None) -> int:
         """Append one JSON line per cell to ``path`` (``run``: tags added to every line); returns the count."""
         name = self.scheme if isinstance(self.scheme, str) else getattr(self.scheme, "name", None)
-        tags = {"scheme": name or getattr(self.scheme, "__name__", "callable"),
-                "keep_exact": self.keep_exact, **(run or {})}
+        tags = {"scheme": name or getattr(self.scheme, "__name__", "callable"), "keep_exact": self.keep_exact}
+        if self.audit_settings is not None:  # what witcert.audit.requests_of needs beside the cell columns
+            a = self.audit_settings
+            tags |= {"audit_rate": a.rate, "audit_tau": a.tau, "audit_delta": a.delta, "audit_keys_budget": a.keys,
+                     "audit_seed": self.audit_seed}
+        tags |= run or {}
         return telemetry.write_jsonl(Path(path), self.table(), tags)
 
     def memory(self) -> "MemoryReport":
@@ -586,6 +643,24 @@ def _checked_sampling(sample, gate, spot) -> MeterSampling | None:
         raise ValueError("sample: sampled metering leaves cells unmetered, and a gate or spot check decides on every "
                          "cell's meter; use sample=None with gate= or certificate='spot'")
     return sample
+
+
+def _checked_audit(audit, gate, spot) -> Audit | None:
+    """``audit`` if it is an :class:`Audit` the monitor can honour (``None``: no audit)."""
+    if audit is None:
+        return None
+    if not isinstance(audit, Audit):
+        raise ValueError(f"audit must be a witcert.Audit or None, got {type(audit).__name__}")
+    if gate is not None:
+        raise ValueError("audit: a gate would act on the audit's outcomes (it repairs the metered cells, and only the "
+                         "picked cells are metered), so the request's later cells would depend on the picks and the "
+                         "binomial statement would not hold. Acting after a request ends (alert, retry, discard) keeps "
+                         "it; gating within the request needs a sequential statement over the picks in order, which "
+                         "the audit does not make. Audit an ungated run, or gate without an audit")
+    if spot is not None:
+        raise ValueError("audit: certificate='spot' spot-checks every cell above tau, the audit only its picked cells "
+                         "(with audit.keys exact keys each); use the default certificate with audit=")
+    return audit
 
 
 def _check_eager(model) -> None:

@@ -8,7 +8,9 @@ the queries of all calls as one multi-query call over the store, each query seei
 it saw (its mask row, with the tokens written after its call hidden), each cell at its own position.
 One pass per layer per flush instead of one per step: the per-step cost of the monitor is then its
 cache writes and reads. Sampled metering (:mod:`~witcert.integrations.hf.sampling`) picks the same
-cells as in the step: its draw depends on each call's layer and positions alone.
+cells as in the step: its draw depends on each call's layer and positions alone; so does the request
+audit (:mod:`witcert.audit`: a pick is a function of the cell and the audit's seed), whose spot checks
+read the exact keys at the flush (the exact cache and the host backing store only append).
 
 Why the cells are the same: the store is append-only (``append_only``, :class:`~witcert.integrations.hf.
 compressed_cache.CompressedLayer`): the first ``s`` tokens it holds at a flush, their stored form and
@@ -90,6 +92,8 @@ class PendingCells:
             recorded, self._calls = self._calls, {}
         with torch.no_grad():  # a flush may run after generate's no_grad block (and a graph per grad mode is waste)
             self._meter(recorded)
+            if self.scope.audit is not None:  # the audit's checks of every layer's picked cells, in one batch
+                self.scope.audit.run_checks()
 
     def _meter(self, recorded: dict) -> None:
         from witcert.integrations.hf.attention import attend

@@ -87,6 +87,7 @@ class QuantizedLayerStore:
     keep_exact: bool = True
     backing: object = None  # witcert.gate.backing_store.BackingStore
     backing_key: Hashable = 0
+    backing_values: bool = True  # False: exact keys only (the request audit reads no values)
     witness_code: WitnessCode = field(default_factory=WitnessCode)
     layer: object = field(init=False, repr=False)  # transformers' QuantizedLayer of the spec
     _keys: _Side = field(init=False, repr=False)
@@ -125,7 +126,7 @@ class QuantizedLayerStore:
         if self.keep_exact:  # copied before the backend sees the tensors
             self._exact.append(torch.stack([key.detach(), value.detach()]))
         if self.backing is not None:
-            self.backing.write(self.backing_key, key.detach(), value.detach())
+            self.backing.write(self.backing_key, key.detach(), value.detach() if self.backing_values else None)
         held = self.layer._quantized_keys if self._length else None
         keys, values = self.layer.update(key, value)
         _check_returned(keys, values, self._length + key.shape[-2], key)

@@ -44,6 +44,11 @@ READ_WHOLE = ("  {count:,d} checked cells saw no more keys than the check reads 
 GATE_COLUMNS = ("fired: fraction of cells the gate repaired (meter over tau). paged: mean fraction of a\n"
                 "cell's visible tokens paged in exactly. cert. after / max TV after: the same figures after\n"
                 "repair (meter recomputed on the repaired cache). violations count before and after repair.")
+AUDIT_SHOWN = 8  # requests listed by the audit section (the rest: mon.audit())
+AUDIT = ("request audit: each cell picked with probability {rate:g}, only picked cells metered; a picked cell is\n"
+         "bounded by its meter, else by a spot check, and flagged above tau = {tau:g}. With probability at least\n"
+         "1 - delta = 1 - {delta:g} per request (probabilistic, not a proof): at most M_upper of its N cells have\n"
+         "TV above tau. 'flagged if all audited': estimate and exact 95% interval of the fraction the audit would flag.")
 RANKING = (f"Riskiest layers and heads, by {ranking.RANK_BY} score. The risk score is the raw e-form\n"
            "behind the meter, not clamped at 1; of the statistics measured against the true TV it ranks\n"
            "layers and heads best (docs/results.md, 'Which layers are risky'). An order for triage, not a bound.")
@@ -84,7 +89,7 @@ def figures(cells, tau: float) -> dict:
            "violations": _violations(tv, meter), "repaired": _fraction(cells["repaired"][seen]),
            "proved": bounds.proved, "probabilistic": bounds.probabilistic, "max_delta": bounds.max_delta,
            "prob_fraction": bounds.probabilistic / bounds.cells if bounds.cells else float("nan")}
-    if "metered" in cells.columns:  # sampled metering: the cells left out are counted, never as certified
+    if "metered" in cells.columns:  # sampled metering or the audit: the cells left out are counted, never certified
         row["unmetered"] = int(np.sum(~cells["metered"].astype(bool)))
     if "meter_after" in cells.columns:
         after, tv_after = cells["meter_after"], cells["true_tv_after"]
@@ -125,9 +130,10 @@ class LayerSummary:
     spot_gate: bool = False  # the spot-certified gate decided (its meter after repair may rest on a check)
     read_whole: int = 0  # spot-checked cells whose check read every key they see (bound = exact TV)
     memory: object = None  # witcert.integrations.hf.memory.MemoryReport: the cache and the backing store, in bytes
+    audits: tuple = ()  # witcert.audit.RequestAudit per request, when the monitor audits
 
     @classmethod
-    def of(cls, table, tau: float, tier: str, memory=None) -> "LayerSummary":
+    def of(cls, table, tau: float, tier: str, memory=None, audits: tuple = ()) -> "LayerSummary":
         if not len(table):
             return cls((), tau, tier, memory=memory)
         rows = tuple({"layer": int(layer), **figures(table.where(table["layer"] == layer), tau)}
@@ -135,7 +141,8 @@ class LayerSummary:
         return cls(rows, tau, tier, figures(table, tau), tuple(ranking.riskiest(table, ("layer",), TOP)),
                    tuple(ranking.riskiest(table, ("layer", "head"), TOP)), spot=ranking.SPOT_COLUMN in table.columns,
                    bounds=bound_kind.counts(table), spot_gate="spot_gate_checks" in table.columns,
-                   read_whole=int(bound_kind.read_every_key(table).sum()), memory=memory)
+                   read_whole=int(bound_kind.read_every_key(table).sum()), memory=memory,
+                   audits=tuple(audits))
 
     @property
     def gated(self) -> bool:
@@ -158,7 +165,8 @@ class LayerSummary:
         if self.read_whole:
             lines.append(READ_WHOLE.format(count=self.read_whole))
         if "unmetered" in self.total:
-            lines += ["", f"sampled metering: {self.total['unmetered']:,d} cells left unmetered (no bound, not counted "
+            why = "the audit" if self.audits else "sampled metering"
+            lines += ["", f"{why}: {self.total['unmetered']:,d} cells left unmetered (no bound, not counted "
                           "in 'cells' or 'certified'; their column 'metered' is False)"]
         if self.gated:
             t = self.total
@@ -169,6 +177,7 @@ class LayerSummary:
                       f"{_fmt(t['max_true_tv_after'])}, max meter {_fmt(t['max_meter_after'])}"]
             if self.spot_gate:
                 lines.append("  spot-certified gate: a meter after repair holds with probability >= 1 - spot_delta")
+        lines += self._audit()
         lines += ["", RANKING] + ([RANKING_SPOT] if self.spot else []) + self._riskiest() + self._memory()
         return "\n".join(lines)
 
@@ -177,6 +186,16 @@ class LayerSummary:
             return []
         return ["", "Memory (the cache on the device; the backing store, where there is one, apart):",
                 *(f"  {line}" for line in self.memory.lines())]
+
+    def _audit(self) -> list[str]:
+        if not self.audits:
+            return []
+        first = self.audits[0]
+        lines = ["", AUDIT.format(rate=first.rate, tau=first.tau, delta=first.delta)]
+        lines += ["  " + audit.line() for audit in self.audits[:AUDIT_SHOWN]]
+        if len(self.audits) > AUDIT_SHOWN:
+            lines.append(f"  ... {len(self.audits) - AUDIT_SHOWN} more requests: mon.audit()")
+        return lines
 
     def _table(self) -> list[str]:
         if self.gated:

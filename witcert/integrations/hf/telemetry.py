@@ -82,7 +82,15 @@ COLUMNS = (
     ("spot_gate_keys", "a gate with `certificate=\"spot\"`", "distinct exact keys those checks read"),
     ("spot_gate_bytes", "a gate with `certificate=\"spot\"`", "bytes those checks read (the pages' bytes are "
      "`bytes_paged`)"),
-    ("metered", "`sample=`", "whether sampled metering metered the cell (False: every measurement NaN)"),
+    ("metered", "`sample=`, `audit=`", "whether the cell was metered (sampled metering or the audit's pick; False: "
+     "every measurement NaN)"),
+    ("audited", "`audit=`", "the request audit picked the cell (and it sees a token): its bound enters the statement"),
+    ("flagged", "`audit=`", "a picked cell whose `audit_bound` exceeds the audit's tau"),
+    ("audit_bound", "`audit=`", "the picked cell's bound: its meter where <= tau, else min(meter, spot check); NaN "
+     "where not picked"),
+    ("audit_check_delta", "`audit=`", "failure probability the cell's spot check spent (0: the meter certified or "
+     "the check read every key; NaN where not picked)"),
+    ("audit_keys", "`audit=`", "exact keys the picked cell's spot check read"),
 )
 """(name, when present, meaning) of every cell column, in the order of :func:`cell_table`."""
 

@@ -1,0 +1,81 @@
+"""Which cells the audit picks: one Philox word per (request, layer, query head, position) (registry AU).
+
+A cell is picked when the first output word of ``Philox4x32-10`` (:mod:`witcert.tier_b.philox`) at
+its counter, under the audit's secret key, is below ``ceil(rate 2^32)``. The pick is therefore a
+function of the cell's identity and the seed alone: the same in a step and at a deferred flush, in
+any order of calls and batch rows, replayable from the seed, and independent of every query,
+key and meter (none enters the counter). Distinct cells have distinct counters, and distinct
+Philox counters are modelled as independent uniform words (the generator's modelling assumption,
+as for Tier B's dither), so the picks are independent Bernoulli draws of probability
+:func:`pick_probability`, within ``2^-32`` above ``rate``; the audit's limits use that exact probability.
+
+Counter layout (each field range-checked, so the packing is injective)::
+
+    c0 = query position    c1 = head | layer << 16    c2 = request id    c3 = AUDIT_STREAM
+    key = (seed bits 0..31, seed bits 32..63)
+
+``AUDIT_STREAM`` sets bits that Tier B's dither counters keep zero, so no audit counter equals a
+dither counter even under the same key.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+
+from witcert.tier_b.philox import MASK32, philox4x32_10
+
+AUDIT_STREAM = 0x0A0D17ED
+"""Word ``c3`` of every audit counter (bits 0..29, which Tier B's counters leave zero)."""
+WORD = 2**32
+
+
+def pick_threshold(rate: float) -> int:
+    """``ceil(rate 2^32)``: a cell is picked when its word is below it (exact: ``rate 2^32`` is a scaled float)."""
+    if isinstance(rate, bool) or not 0.0 < float(rate) <= 1.0:
+        raise ValueError(f"rate must lie in (0, 1], got {rate!r}")
+    return math.ceil(float(rate) * WORD)
+
+
+def pick_probability(rate: float) -> float:
+    """The true probability that a cell is picked: ``ceil(rate 2^32) / 2^32``, at least ``rate``."""
+    return pick_threshold(rate) / WORD
+
+
+def _range(name: str, values: torch.Tensor, bound: int) -> torch.Tensor:
+    values = torch.as_tensor(values, dtype=torch.int64)
+    if values.numel() and (int(values.min()) < 0 or int(values.max()) >= bound):
+        raise ValueError(f"{name} must lie in [0, {bound}) for the audit's counters, got {values.tolist()[:8]}")
+    return values
+
+
+def picked(seed: int, requests, layers, heads: int, positions, rate: float) -> torch.Tensor:
+    """bool ``(L, B, Hq, T)``: whether cell (request ``requests[b]``, layer ``layers[l]``, head ``h``, position
+    ``positions[t]``) is picked.
+
+    Parameters
+    ----------
+    seed : int
+        The audit's key, in ``[0, 2^64)``.
+    requests, layers, positions : sequences or int64 tensors
+        Request ids ``(B,)`` (below ``2^32``), layer indices ``(L,)`` (below ``2^16``), query positions ``(T,)``
+        (below ``2^32``).
+    heads : int
+        Query heads ``Hq`` (at most ``2^16``).
+    rate : float
+        Pick rate in ``(0, 1]``.
+    """
+    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
+        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    requests = _range("requests", requests, WORD)
+    layers = _range("layers", layers, 2**16)
+    positions = _range("positions", positions, WORD)
+    head = _range("heads", torch.arange(heads), 2**16)
+    shape = (layers.numel(), requests.numel(), heads, positions.numel())
+    c0 = positions.view(1, 1, 1, -1).expand(shape)
+    c1 = (head.view(1, 1, -1, 1) | (layers.view(-1, 1, 1, 1) << 16)).expand(shape)
+    c2 = requests.view(1, -1, 1, 1).expand(shape)
+    c3 = torch.full(shape, AUDIT_STREAM, dtype=torch.int64)
+    key = torch.tensor([seed & MASK32, seed >> 32], dtype=torch.int64)
+    words = philox4x32_10(torch.stack((c0, c1, c2, c3), dim=-1), key)
+    return words[..., 0] < pick_threshold(rate)

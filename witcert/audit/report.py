@@ -1,0 +1,97 @@
+"""Per-request audit results from a monitor's cell columns (``mon.audit()``, the summary, a JSONL file).
+
+Every cell a request's calls produced is one row of the cell table, picked or not, so a request's
+``N`` is its row count, ``picked`` its rows with ``audited`` and ``flagged`` its rows with ``flagged``;
+:func:`requests_of` needs nothing else, and a JSONL file of the cells (``mon.write_jsonl``) carries
+the same columns. A row that sees no token (left padding inside a multi-token chunk) counts in
+``N``: it has no attention to move, so it is never above ``tau``.
+"""
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+from witcert.audit.limit import LEVEL, flagged_interval, upper_limit
+from witcert.audit.picks import pick_probability
+from witcert.audit.settings import Audit
+
+COLUMNS = ("request", "layer", "head", "pos", "audited", "flagged")
+"""The cell columns :func:`requests_of` reads."""
+
+
+@dataclass(frozen=True)
+class RequestAudit:
+    """What the audit says about one request (registry AU).
+
+    With probability at least ``1 - delta``: at most ``M_upper`` of the request's ``N`` cells (layer, query
+    head, step) have attention TV above ``tau``; ``fraction_upper = M_upper / N``. ``picked`` cells were
+    bounded, ``flagged`` of them above ``tau`` (``flagged_cells``: their ``(layer, head, pos)``, ``pos`` the
+    cell's query position). ``estimate`` and ``interval`` (at ``level``) describe the fraction of cells the
+    audit would flag if it picked every cell: flags include cells whose bound is loose, so they estimate an
+    upper side of the fraction above ``tau``, not the fraction itself. ``seed`` replays the picks.
+    """
+
+    request: int
+    N: int
+    picked: int
+    flagged: int
+    M_upper: int
+    fraction_upper: float
+    tau: float
+    delta: float
+    rate: float
+    estimate: float
+    interval: tuple[float, float]
+    level: float
+    flagged_cells: tuple[tuple[int, int, int], ...]
+    seed: int | None = None
+
+    def as_dict(self) -> dict:
+        """A JSON-ready dict (``flagged_cells`` as lists)."""
+        out = asdict(self)
+        out["interval"] = list(self.interval)
+        out["flagged_cells"] = [list(cell) for cell in self.flagged_cells]
+        return out
+
+    def line(self) -> str:
+        """One line for a terminal."""
+        low, high = self.interval
+        return (f"request {self.request}: at most {self.fraction_upper:.3f} of {self.N:,d} cells above tau "
+                f"(M_upper {self.M_upper:,d}; {self.picked:,d} picked, {self.flagged:,d} flagged; flagged if all "
+                f"audited {self.estimate:.3f} [{low:.3f}, {high:.3f}])")
+
+
+def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[RequestAudit, ...]:
+    """One :class:`RequestAudit` per request with at least one cell, in request order.
+
+    ``columns``: a mapping with the :data:`COLUMNS` arrays (a :class:`~witcert.integrations.hf.telemetry.CellTable`
+    or its ``columns``); ``settings`` the :class:`~witcert.audit.settings.Audit` the cells were audited under. The
+    binomial limits use the exact pick probability :func:`~witcert.audit.picks.pick_probability` (the law of the
+    picks, ``WitCert.measure_auditUpper_lt_le``'s hypothesis), within ``2^-32`` of ``settings.rate``.
+    """
+    missing = [name for name in COLUMNS if name not in columns]
+    if missing:
+        raise ValueError(f"columns: the cells carry no audit columns {missing} (was the monitor given audit=?)")
+    request = np.asarray(columns["request"]).astype(np.int64)
+    if not request.size:
+        return ()
+    ids, of = np.unique(request, return_inverse=True)
+    audited = np.asarray(columns["audited"]).astype(bool)
+    flagged = np.asarray(columns["flagged"]).astype(bool) & audited
+    n = np.bincount(of, minlength=ids.size)
+    picks = np.bincount(of, weights=audited, minlength=ids.size).astype(np.int64)
+    flags = np.bincount(of, weights=flagged, minlength=ids.size).astype(np.int64)
+    rate = pick_probability(settings.rate)  # the exact probability a cell is picked with (within 2^-32 of the rate)
+    m_upper = upper_limit(flags, n, rate, settings.delta_sampling)
+    estimate, low, high = flagged_interval(flags, n, rate, LEVEL)
+    where = np.flatnonzero(flagged)
+    cells = np.stack([np.asarray(columns[name])[where].astype(np.int64) for name in ("layer", "head", "pos")], -1)
+    owner = of[where]
+    return tuple(
+        RequestAudit(request=int(ids[i]), N=int(n[i]), picked=int(picks[i]), flagged=int(flags[i]),
+                     M_upper=int(m_upper[i]), fraction_upper=float(m_upper[i] / n[i]), tau=settings.tau,
+                     delta=settings.delta, rate=settings.rate, estimate=float(estimate[i]),
+                     interval=(float(low[i]), float(high[i])), level=LEVEL,
+                     flagged_cells=tuple(tuple(int(v) for v in cell) for cell in cells[owner == i]), seed=seed)
+        for i in range(ids.size))
