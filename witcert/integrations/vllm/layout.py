@@ -65,10 +65,15 @@ class CacheLayout:
         return cls(key_index=i * block_size + o, value_index=block_size * head_size + o * head_size + i)
 
     def keys_at_slots(self, kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Stored key entries at flat ``slots`` (N,): ``[N, Hkv, d]`` in the storage dtype."""
-        slabs = self._slabs(kv_cache)[slots // self.block_size]  # (N, Hkv, 2 bs d)
-        index = self.key_index[slots % self.block_size]  # (N, d)
-        return slabs.gather(2, index[:, None, :].expand(-1, slabs.shape[1], -1))
+        """Stored key entries at flat ``slots`` (N,): ``[N, Hkv, d]`` in the storage dtype, read by index (only
+        the ``N Hkv d`` entries, not the slots' whole block slabs)."""
+        slabs = self._slabs(kv_cache)  # (blocks, Hkv, 2 bs d)
+        heads, width = slabs.shape[1], slabs.shape[2]
+        slots = slots.long()
+        start = (slots // self.block_size) * (heads * width)  # (N,) first entry of each slot's block
+        index = (start[:, None, None] + (torch.arange(heads) * width)[None, :, None]
+                 + self.key_index[slots % self.block_size][:, None, :])  # (N, Hkv, d)
+        return slabs.reshape(-1)[index]
 
     def keys_of_blocks(self, kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
         """Stored keys of one sequence: ``[Hkv, length, d]`` from its ``block_ids`` (in order)."""
@@ -91,10 +96,14 @@ class CacheLayout:
         return per_block.transpose(0, 1).reshape(slabs.shape[1], -1, self.head_size)[:, :length]
 
     def _slabs(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The cache as ``(blocks, Hkv, 2 bs d)`` slabs: a view (vLLM allocates each layer's cache contiguous; a
+        non-contiguous one is refused rather than copied whole at every read)."""
         if kv_cache.dim() != 4 or kv_cache.shape[2] != self.block_size or kv_cache.shape[3] != 2 * self.head_size:
             raise ValueError(f"kv_cache must be [blocks, Hkv, {self.block_size}, {2 * self.head_size}] for this "
                              f"layout, got {tuple(kv_cache.shape)}")
-        return kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], -1)
+        if not kv_cache.is_contiguous():
+            raise ValueError(f"kv_cache must be contiguous (strides {kv_cache.stride()})")
+        return kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], -1)
 
 
 def measure(write, *, num_kv_heads: int, head_size: int, block_size: int, model_dtype: torch.dtype,

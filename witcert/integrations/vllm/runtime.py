@@ -9,6 +9,7 @@ from collections import OrderedDict
 from witcert.schemes.catalog import DITHERED
 
 from . import config
+from .step_plan import Planner, StepPlan
 from .telemetry import CellLog, Telemetry
 
 
@@ -29,8 +30,11 @@ class Runtime:
         self.cell_log = CellLog(cfg.jsonl) if cfg.jsonl else None
         self.request_ids: list[str] = []
         self.row_settings: list[config.RequestSettings] = []
+        self.prompt_lens: list[int] = []  # prompt tokens of each batch row (a verification step starts past them)
+        self.step = 0  # engine steps seen (the model runner's input preparation)
+        self.planner = Planner()
         self.last_layer = -1
-        self._default = config.RequestSettings(scheme=cfg.scheme, gate=cfg.gate)
+        self._default = config.default_settings(cfg)
 
     def request_id(self, row: int) -> str:
         """The request in batch row ``row`` of the running step (``row<i>`` if unknown)."""
@@ -40,10 +44,15 @@ class Runtime:
         """Scheme and gate of the request in batch row ``row`` (the engine defaults if unknown)."""
         return self.row_settings[row] if row < len(self.row_settings) else self._default
 
+    def plan(self, md, block_size: int) -> StepPlan:
+        """This step's :class:`~.step_plan.StepPlan` (made by the first layer that asks, shared by the others)."""
+        return self.planner.plan(self.step, self.request_ids, self.prompt_lens, md, block_size)
+
     def end_layer(self, layer: int) -> None:
-        """After each metered layer: publish once the last layer of the step is done."""
+        """After each metered layer: fold the step's cells in and publish once its last layer is done."""
         if layer >= self.last_layer:
             self.last_layer = layer
+            self.telemetry.fold()
             self.telemetry.publish(self.config.metrics_dir)
             if self.cell_log is not None:
                 self.cell_log.flush()
@@ -86,7 +95,9 @@ def track_request_ids() -> None:
     def _prepare_inputs(self, *args, **kwargs):
         rt = get()
         rt.request_ids = list(self.input_batch.req_ids)
+        rt.prompt_lens = self.input_batch.num_prompt_tokens[:len(rt.request_ids)].tolist()
         rt.row_settings = [_settings_of(rt, rid, self.requests.get(rid)) for rid in rt.request_ids]
+        rt.step += 1
         return original(self, *args, **kwargs)
 
     _prepare_inputs._witcert = True
