@@ -65,10 +65,10 @@ def _int4(k):
     return witcert.get_scheme("rtn-int4")(k.clone())
 
 
-def _meter(q, keys, witness, norms, lengths, compiled, scales=None):
+def _meter(q, keys, witness, norms, lengths, compiled, scales=None, own=None):
     lossy = witness.flatten(2).amax(-1) > 0
     norm_max = norms.double().amax(-1)
-    return meter_rows(q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE, scales, compiled)
+    return meter_rows(q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE, scales, own, compiled=compiled)
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -107,9 +107,10 @@ def test_exactly_stored_keys_take_the_short_cut():
     lengths = _lengths(2, 25)
     meter, risk = _meter(q, keys, witness, norms, lengths, False)
     assert (meter > 0).all() and (meter < 1e-9).all() and (risk >= meter).all()
-    # the short cut is tanh(c/2) <= c/2 at the reference's rounding term, c >= every token's term
+    # the short cut is c/2 >= tanh(c/2) at the reference's rounding term for the largest key norm: every token's
+    # term (cell_terms rounds each up a few more steps)
     _, c = cell_terms(q, keys, witness, norms, lengths, norms.double().amax(-1), LAYOUT, SCALE, reference=True)
-    assert (meter >= 0.5 * c.amax(-1)).all()
+    torch.testing.assert_close(meter, 0.5 * c.amax(-1), rtol=1e-12, atol=0)
     alone, _ = exact_cells(q, norms.double().amax(-1), pass_constants(D, SCALE))
     assert torch.equal(meter, alone)
 
@@ -156,3 +157,42 @@ def test_key_norms_are_upper_bounds():
     norms = key_norms_of(keys)
     exact = [[math.sqrt(math.fsum(x * x for x in keys[i, h].double().tolist())) for h in range(HKV)] for i in range(50)]
     assert (norms.double() >= torch.tensor(exact, dtype=torch.float64)).all()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+def test_a_deferred_row_is_metered_over_its_own_token_as_attended(compiled):
+    # deferred metering: when a row is metered, its own (last) token has since been stored compressed; the
+    # row attended the exact one. With ``own`` the pass meters what was attended (oracle: TV against it)
+    g = torch.Generator().manual_seed(9)
+    k, keys, witness, norms, q = _rows(g, 2, 30, cast=_fp8)
+    lengths = _lengths(2, 30)
+    own_index = (lengths - 1)[:, 0]  # (R, M): each query row's own position
+    exact_kept = written(k.reshape(-1, HKV, D), k.double().reshape(-1, HKV, D), LAYOUT)
+    exact_keys = exact_kept.keys.reshape(2, HKV, 30, D)
+    rows = torch.arange(2)[:, None, None]
+    heads = torch.arange(HKV)[None, :, None]
+    own = (exact_keys[rows, heads, own_index[:, None, :]],  # (R, Hkv, M, d): the exact own keys, witness 0
+           torch.zeros(2, HKV, own_index.shape[-1], LAYOUT.bands, dtype=torch.float16),
+           exact_kept.key_norms.reshape(2, HKV, 30)[rows, heads, own_index[:, None, :]])
+    meter, _ = _meter(q, keys, witness, norms, lengths, compiled, own=own)
+    attended = keys.clone().unsqueeze(2).expand(-1, -1, q.shape[2], -1, -1).clone()  # per query row
+    for r in range(2):
+        for h in range(HKV):
+            for m in range(q.shape[2]):
+                attended[r, h, m, own_index[r, m]] = exact_keys[r, h, own_index[r, m]]
+    tv = torch.empty_like(meter)
+    for r in range(2):
+        for h in range(HKV):
+            for m in range(q.shape[2]):
+                n = int(lengths[r, 0, m])
+                qi = q[r, h, m].double()
+                exact = torch.softmax(SCALE * (k[r, h, :n].double() @ qi), -1)
+                served = torch.softmax(SCALE * (attended[r, h, m, :n].double() @ qi), -1)
+                tv[r, h, m] = 0.5 * (exact - served).abs().sum()
+    assert (meter >= tv).all() and (tv > 0).any()
+    plain, _ = _meter(q, keys, witness, norms, lengths, compiled)  # own token compressed: another bound
+    assert not torch.equal(meter, plain)
+    same = (keys[rows, heads, own_index[:, None, :]], witness.transpose(-1, -2)[rows, heads, own_index[:, None, :]],
+            norms[rows, heads, own_index[:, None, :]])
+    again, _ = _meter(q, keys, witness, norms, lengths, compiled, own=same)  # own = the state's entry
+    torch.testing.assert_close(again, plain, rtol=1e-6, atol=1e-9)

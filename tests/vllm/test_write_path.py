@@ -36,7 +36,7 @@ def _impl(cfg):
         num_heads=HQ, num_kv_heads=HKV, head_size=D, scale=D**-0.5, kv_cache_dtype="auto",
         attn_type=AttentionType.DECODER, metered=True, layout=witcert.BandLayout(D, 16), runtime=runtime.Runtime(cfg),
         witness=None, state=None, shadow=None, store=None, cache_layout=None, tier_b=None, repaired=None, k_scale=None,
-        _pending=None,
+        _pending=None, _deferred=[], defer=8,
         head_offset=0, kv_head_offset=0, layer_index=None, sinks=None, alibi_slopes=None, sliding_window=-1,
         logits_soft_cap=0, num_queries_per_kv=HQ // HKV, is_fp8_kv_cache=False, use_zentorch_sdpa=False,
         kv_sharing_target_layer_name=None)

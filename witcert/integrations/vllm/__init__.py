@@ -52,12 +52,13 @@ def register() -> None:
 
     from . import prefix_salt, schemes
     from .prometheus import WitCertCollector
-    from .runtime import ensure_metrics_dir, validate_request_args
+    from .runtime import ensure_metrics_dir, flush_when_idle, validate_request_args
 
     schemes.load(cfg)  # a scheme that cannot load stops the start-up here, naming the variable
     register_backend(AttentionBackendEnum.CPU_ATTN, "witcert.integrations.vllm.backend.WitCertCPUAttentionBackend")
     validate_request_args()
     prefix_salt.install(cfg)
+    flush_when_idle()
     REGISTRY.register(WitCertCollector(ensure_metrics_dir()))
     _REGISTERED = True
     logger.info("WitCert: metering vLLM's KV cache (bands=%d, tau=%g, shadow=%s, scheme=%s, schemes=%s, gate=%s)",

@@ -62,6 +62,25 @@ class _Pending:
     kept: Written
 
 
+@dataclass(frozen=True)
+class _Queued:
+    """One step's decode rows, queued for deferred metering: per state row its request, settings, position, whether
+    sampling meters it, the query ``q`` (R, Hkv, G, d) fp32, its length and its own token as the cache held it
+    (``own_keys`` (R, Hkv, d), ``own_witness`` (R, Hkv, B), ``own_norms`` (R, Hkv)); ``blocks`` for the shadow."""
+
+    rows: int
+    requests: list
+    settings: list
+    positions: list
+    chosen: list
+    q: torch.Tensor
+    lengths: torch.Tensor
+    own_keys: torch.Tensor
+    own_witness: torch.Tensor
+    own_norms: torch.Tensor
+    blocks: list | None
+
+
 class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
     """:class:`CPUAttentionBackendImpl` plus schemes and the band witness on write, the meter and gate on decode."""
 
@@ -79,6 +98,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.k_scale = None  # the key scale the stored witnesses were formed under
         self.cache_layout = None  # layout.CacheLayout measured by the self-test
         self._pending = None  # _Pending: the step's writes, metered and compressed in forward
+        self._deferred = []  # _Queued decode rows of earlier steps, metered together (deferred metering)
+        self.defer = self.runtime.config.defer if _world_size() == 1 else 1  # a worker process flushes alone
         self.head_offset, self.kv_head_offset = _tensor_parallel_offsets(self.num_heads, self.num_kv_heads)
         if self.metered:
             _refuse_unsupported(self)
@@ -87,6 +108,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             except ValueError as e:
                 raise ValueError(f"{config.BANDS}: {e}") from None
             runtime.track_request_ids()
+            self.runtime.impls.add(self)
 
     # -- write ---------------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -131,6 +153,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if self.metered and attn_metadata is not None and self.witness is not None:
             self._follow_scale(layer)
             plan = self.runtime.plan(attn_metadata, kv_cache.shape[2])
+            if self._deferred and not self._continues(plan):
+                self.flush()  # against the state as the queued rows left it
             self._sync(plan, layer, kv_cache, attn_metadata)
             self._count_prefill(plan, attn_metadata)
             self._meter(plan, layer, query, key, value, kv_cache, attn_metadata, output)
@@ -214,15 +238,20 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     # -- meter and gate ------------------------------------------------------------------------
     def _meter(self, plan, layer, query, key, value, kv_cache, md, output) -> None:
-        """Meter every metered query row of this step in one pass; repair gated cells above tau."""
+        """Meter every metered query row of this step in one pass (or queue them: deferred metering); repair gated
+        cells above tau."""
         rt = self.runtime
         if not plan.metered_rows:
             return
         settings = [rt.settings(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
         positions = (plan.query_lengths - 1).tolist()
-        chosen = [[j < plan.query_counts[i] and s.metering.meters(self.layer_index, positions[i][j])
-                   for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+        chosen = self._chosen(plan, settings, positions)
         active = [i for i in range(plan.metered_rows) if any(chosen[i])]
+        if self._deferrable(plan, settings) and active:
+            self._queue_rows(plan, query, settings, positions, chosen, md)
+            if len(self._deferred) >= self.defer:
+                self.flush()
+            return
         hq, hkv = self.num_heads, self.num_kv_heads
         width = plan.query_tokens.shape[1]
         meter = torch.full((plan.metered_rows, width, hq), math.nan, dtype=torch.float64)
@@ -233,7 +262,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             q, lengths, tokens = self._query_rows(query, plan, active)
             view = self.state.view(rows, tokens)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
-                              view["norm_max"], self.layout, self.scale, view["scales"], rt.config.compile)
+                              view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
             first_m, first_view = _by_token(m, width), view
             served_m, served_r = first_m, _by_token(r, width)
             gated = [k for k, i in enumerate(active) if settings[i].gate]
@@ -247,14 +276,84 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                     repaired[active[k]] = True
             meter[active], risk[active] = served_m, served_r
             if self.shadow is not None:
+                blocks = [self._blocks_of(md, plan.batch_of_row[i], int(plan.query_lengths[i].max())) for i in active]
                 tv = torch.full_like(meter, math.nan)
-                tv[active] = self._true_tv(q, view, lengths, md, plan, active, width)
+                tv[active] = self._true_tv(q, view, lengths, blocks, width)
                 if raw is not None:
                     raw_tv = torch.full_like(meter, math.nan)
-                    raw_tv[active] = self._true_tv(q, first_view, lengths, md, plan, active, width, before=True)
+                    raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
                 self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
             meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv)
-        self._queue(plan, settings, positions, meter, risk, raw, tv, raw_tv, repaired)
+        requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
+        self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired)
+
+    def _chosen(self, plan, settings, positions) -> list:
+        """Per metered row and query token: whether the operator's sampling meters it in this layer."""
+        if all(s.metering.everything for s in settings):
+            return [[j < plan.query_counts[i] for j in range(len(positions[i]))] for i in range(len(settings))]
+        return [[j < plan.query_counts[i] and s.metering.meters(self.layer_index, positions[i][j])
+                 for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+
+    # -- deferred metering ---------------------------------------------------------------------
+    def _deferrable(self, plan, settings) -> bool:
+        """Deferred metering (``WITCERT_VLLM_DEFER`` steps at a time): only where nothing feeds back (no gate on
+        any metered row) and every metered row is a plain decode step (one query token)."""
+        return self.defer > 1 and plan.query_tokens.shape[1] == 1 and not any(s.gate for s in settings)
+
+    def _continues(self, plan) -> bool:
+        """Whether this step leaves the queued rows where they were (same rows, nothing moved or read anew)."""
+        queued = self._deferred[0]
+        return (plan.moves is None and plan.fresh is None and not plan.fills and plan.metered_rows == queued.rows
+                and [self.runtime.request_id(plan.batch_of_row[i]) for i in range(queued.rows)] == queued.requests)
+
+    def _queue_rows(self, plan, query, settings, positions, chosen, md) -> None:
+        """Queue this step's decode rows (state rows ``0 .. Rm-1``) with their own token as the cache holds it now
+        (a scheme stores it compressed after this step; the deferred pass must see what this step attended)."""
+        rows = plan.metered_rows
+        q, lengths, _ = self._query_rows(query, plan, list(range(rows)))
+        own = torch.arange(rows), (lengths[:, 0, 0] - 1)
+        self._deferred.append(_Queued(
+            rows=rows, requests=[self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)],
+            settings=settings, positions=[p[0] for p in positions], chosen=[c[0] for c in chosen], q=q,
+            lengths=lengths[:, 0, 0].clone(), own_keys=self.state.keys[own[0], :, own[1]],
+            own_witness=self.state.witness[own[0], :, :, own[1]], own_norms=self.state.key_norms[own[0], :, own[1]],
+            blocks=None if self.shadow is None else [
+                self._blocks_of(md, plan.batch_of_row[i], int(lengths[i, 0, 0])) for i in range(rows)]))
+
+    def flush(self) -> None:
+        """Meter the queued decode rows in one pass (each kv head's rows: ``G`` query heads x the queued steps)."""
+        queued, self._deferred = self._deferred, []
+        if not queued:
+            return
+        steps, rows, hkv = len(queued), queued[0].rows, self.num_kv_heads
+        groups = self.num_heads // hkv
+
+        def fold(x):  # (steps, R, Hkv, ...) -> (R, Hkv, G steps, ...): row m = g steps + j, as _by_token reads it
+            x = x.movedim(0, 2)  # (R, Hkv, steps, ...)
+            return x.unsqueeze(2).expand(rows, hkv, groups, *x.shape[2:]).reshape(rows, hkv, groups * steps,
+                                                                                 *x.shape[3:])
+
+        q = torch.stack([e.q.view(rows, hkv, groups, -1) for e in queued])  # (steps, R, Hkv, G, d)
+        q = q.permute(1, 2, 3, 0, 4).reshape(rows, hkv, groups * steps, -1)
+        per_step = torch.stack([e.lengths for e in queued], dim=1)  # (R, steps)
+        lengths = per_step[:, None, None, :].expand(rows, 1, groups, steps).reshape(rows, 1, groups * steps)
+        own = tuple(fold(torch.stack([getattr(e, name) for e in queued]))
+                    for name in ("own_keys", "own_witness", "own_norms"))
+        tokens = int(per_step.max())
+        view = self.state.view(rows, tokens)
+        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], view["norm_max"],
+                          self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
+        meter, risk = _by_token(m, steps), _by_token(r, steps)  # (R, steps, Hq)
+        tv = None
+        if self.shadow is not None:
+            blocks = [queued[-1].blocks[i] for i in range(rows)]
+            tv = self._true_tv(q, view, lengths, blocks, steps, own=own)
+        for j, e in enumerate(queued):
+            cells = _mask_unmetered(meter[:, j:j + 1].clone(), [[c] for c in e.chosen], e.settings, self.layer_index,
+                                    [[p] for p in e.positions], self.num_heads, hkv)
+            self._queue(e.requests, e.settings, [[p] for p in e.positions], [1] * rows, cells, risk[:, j:j + 1],
+                        None, None if tv is None else tv[:, j:j + 1], None, None)
+        self.runtime.telemetry.fold()
 
     def _query_rows(self, query, plan, active: list) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The pass's query rows (Ra, Hkv, G Qmax, d) fp32, their lengths (Ra, 1, G Qmax) and the tokens spanned."""
@@ -285,7 +384,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         pick = torch.tensor(gated)
         scores, c = self._gate_terms(q, view, lengths, pick)
         if self.shadow is not None:  # the cells' truth before the repair: their exact keys are still the shadow's
-            self._before = {"keys": view["keys"].clone()}
+            self._before = {"keys": view["keys"].clone()}  # the cells' truth before the repair (shadow)
         meter_now, risk_now = meter.clone(), risk.clone()
         for _ in range(MAX_REPAIR_ROUNDS):
             over = meter_now[gated, 0] > tau  # (Rg, Hq)
@@ -317,7 +416,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             CPUAttentionBackendImpl.forward(self, layer, query, key, value, kv_cache, md, output)
             view = self.state.view(rows, tokens)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
-                              view["norm_max"], self.layout, self.scale, view["scales"], rt.config.compile)
+                              view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
             meter_now, risk_now = _by_token(m, meter.shape[1]), _by_token(r, meter.shape[1])
             scores, c = self._gate_terms(q, view, lengths, pick)
         return meter_now, risk_now, view
@@ -353,26 +452,34 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.runtime.telemetry.count("shadow_repair_checked", slots.numel())
         self.runtime.telemetry.count("shadow_repair_mismatches", int(bad.sum()))
 
-    def _true_tv(self, q, view, lengths, md, plan, active, width, before: bool = False) -> torch.Tensor:
-        """Shadow: the fp64 TV (Ra, Qmax, Hq) between attention over the exact keys and over the stored keys;
-        ``before``: over the keys as they were before this step's repair."""
-        if before:
-            view = dict(view, **self._before)
+    def _true_tv(self, q, view, lengths, blocks, width, own=None) -> torch.Tensor:
+        """Shadow: the fp64 TV (Ra, Qmax, Hq) between attention over the exact keys (the shadow's, at ``blocks``, one
+        block-id list per row) and over the stored keys of ``view`` (each row's own token from ``own`` when given,
+        as :func:`.decode_pass.decode_pass` takes it)."""
         block_size = self.shadow.shape[2]
         ra, hkv, _, d = q.shape
         tokens = view["keys"].shape[2]
         exact = torch.zeros(ra, hkv, tokens, d, dtype=torch.float64)
-        for k, i in enumerate(active):
-            r = plan.batch_of_row[i]
-            n = int(lengths[k].max())
-            blocks = md.block_table[r, : math.ceil(n / block_size)].long()
-            exact[k, :, :n] = layout.rows_of_blocks(self.shadow, blocks, n).to(torch.float64)
+        for k, ids in enumerate(blocks):
+            n = min(tokens, ids.numel() * block_size)
+            exact[k, :, :n] = layout.rows_of_blocks(self.shadow, ids, n).to(torch.float64)
         scores, _ = cell_terms(q, view["keys"], view["witness"], view["key_norms"], lengths, view["norm_max"],
                                self.layout, self.scale, reference=True)  # attention over the stored keys, fp64
+        if own is not None:  # where the own token was stored anew since (a scheme's write): the attended one
+            last = (lengths - 1).expand(ra, hkv, -1)  # (Ra, Hkv, M)
+            now = view["keys"].gather(2, last.unsqueeze(-1).expand(-1, -1, -1, d))  # (Ra, Hkv, M, d)
+            changed = (now != own[0]).any(-1, keepdim=True)  # (Ra, Hkv, M, 1)
+            mine = (torch.arange(tokens) == last.unsqueeze(-1)) & changed
+            own_scores = self.scale * (q.double() * own[0].double()).sum(-1, keepdim=True)
+            scores = torch.where(mine, own_scores, scores)
         keep = scores > -math.inf
         truth = (self.scale * (q.double() @ exact.transpose(-1, -2))).masked_fill(~keep, -math.inf)
         tv = 0.5 * (torch.softmax(truth, -1) - torch.softmax(scores, -1)).abs().sum(-1)  # (Ra, Hkv, M)
         return _by_token(tv, width)
+
+    def _blocks_of(self, md, batch_row: int, n: int) -> torch.Tensor:
+        """The block ids of a sequence's first ``n`` tokens."""
+        return md.block_table[batch_row, : math.ceil(n / self.witness.shape[2])].long().clone()
 
     def _output_gaps(self, plan, active, q, view, kv_cache, layer, md, output) -> None:
         """Shadow: the kernel's output of each metered token against attention recomputed from the read-back cache."""
@@ -391,9 +498,10 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self.runtime.telemetry.add_output_gap(*_output_gap(qi, view["keys"][k, :, :n].double(), v_hat,
                                                                    self.scale, output[token], self.model_dtype))
 
-    def _queue(self, plan, settings, positions, meter, risk, raw, tv, raw_tv, repaired) -> None:
-        """Queue the step's cells of this layer (one row per real query token) for the telemetry and the cell log."""
-        rows = [(i, j) for i in range(plan.metered_rows) for j in range(plan.query_counts[i])]
+    def _queue(self, requests, settings, positions, counts, meter, risk, raw, tv, raw_tv, repaired) -> None:
+        """Queue metered cells of this layer (one row per real query token: ``counts[i]`` of row ``i``'s
+        ``positions[i]``) for the telemetry and the cell log."""
+        rows = [(i, j) for i in range(len(requests)) for j in range(counts[i])]
         if not rows:
             return
         ii = torch.tensor([i for i, _ in rows])
@@ -403,7 +511,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             return None if x is None else x[ii, jj]
 
         rt = self.runtime
-        batch = CellBatch(layer=self.layer_index, requests=[rt.request_id(plan.batch_of_row[i]) for i, _ in rows],
+        batch = CellBatch(layer=self.layer_index, requests=[requests[i] for i, _ in rows],
                           schemes=[settings[i].scheme for i, _ in rows], gated=[settings[i].gate for i, _ in rows],
                           positions=[positions[i][j] for i, j in rows], meter=cells(meter), raw_meter=cells(raw),
                           true_tv=cells(tv), raw_true_tv=cells(raw_tv), risk=cells(risk),
@@ -500,6 +608,16 @@ def _mask_unmetered(meter, chosen, settings, layer, positions, hq, hkv) -> torch
                     keep[heads] = True
                     meter[i, j, ~keep] = math.nan
     return meter
+
+
+def _world_size() -> int:
+    """Tensor-parallel workers (1 without distributed state)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_world_size()
+    except (AssertionError, RuntimeError, ImportError):
+        return 1
 
 
 def _tensor_parallel_offsets(num_heads: int, num_kv_heads: int) -> tuple[int, int]:

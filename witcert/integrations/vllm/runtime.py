@@ -4,6 +4,7 @@ import functools
 import os
 import shutil
 import tempfile
+import weakref
 from collections import OrderedDict
 
 from witcert.schemes.catalog import DITHERED
@@ -33,6 +34,7 @@ class Runtime:
         self.prompt_lens: list[int] = []  # prompt tokens of each batch row (a verification step starts past them)
         self.step = 0  # engine steps seen (the model runner's input preparation)
         self.planner = Planner()
+        self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
         self._default = config.default_settings(cfg)
 
@@ -48,6 +50,20 @@ class Runtime:
         """This step's :class:`~.step_plan.StepPlan` (made by the first layer that asks, shared by the others)."""
         return self.planner.plan(self.step, self.request_ids, self.prompt_lens, md, block_size)
 
+    def flush(self) -> None:
+        """Meter every layer's deferred rows now, then fold and publish (engine idle, a snapshot, exit)."""
+        for impl in list(self.impls):
+            impl.flush()
+        self.telemetry.fold()
+        self.telemetry.publish(self.config.metrics_dir)
+        if self.cell_log is not None:
+            self.cell_log.flush()
+
+    def snapshot(self) -> dict:
+        """The telemetry's snapshot with every deferred row metered first."""
+        self.flush()
+        return self.telemetry.snapshot()
+
     def end_layer(self, layer: int) -> None:
         """After each metered layer: fold the step's cells in and publish once its last layer is done."""
         if layer >= self.last_layer:
@@ -62,11 +78,35 @@ _RUNTIME: Runtime | None = None
 
 
 def get() -> Runtime:
-    """The process's runtime (created from the environment on first use)."""
+    """The process's runtime (created from the environment on first use; its deferred rows flushed at exit)."""
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = Runtime(config.PluginConfig.from_env())
+        atexit.register(_RUNTIME.flush)
     return _RUNTIME
+
+
+def flush_when_idle() -> None:
+    """Meter the deferred rows once the engine core has no request left (its step wraps vLLM's; idempotent).
+
+    The engine core steps the model runner in this process for a single worker; a tensor-parallel worker
+    defers nothing (:class:`~.config.PluginConfig` ``defer``)."""
+    from vllm.v1.engine.core import EngineCore
+
+    for name in ("step", "step_with_batch_queue"):
+        original = getattr(EngineCore, name)
+        if getattr(original, "_witcert", False):
+            continue
+
+        def wrapped(self, *args, _original=original, **kwargs):
+            out = _original(self, *args, **kwargs)
+            if _RUNTIME is not None and not self.scheduler.has_requests():
+                _RUNTIME.flush()
+            return out
+
+        wrapped = functools.wraps(original)(wrapped)
+        wrapped._witcert = True
+        setattr(EngineCore, name, wrapped)
 
 
 def ensure_metrics_dir() -> str:
