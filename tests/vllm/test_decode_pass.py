@@ -28,7 +28,7 @@ def _rows(g, rows, tokens, q_scale=1.0, cast=None):
     k = torch.randn(rows, HKV, tokens, D, generator=g) * 2
     k[..., 5] *= 20  # a massive channel
     stored = k if cast is None else cast(k)
-    kept = written(k.reshape(-1, HKV, D), stored.double().reshape(-1, HKV, D), LAYOUT)
+    kept = written(k.reshape(-1, HKV, D), stored.float().reshape(-1, HKV, D), LAYOUT)
     keys = kept.keys.reshape(rows, HKV, tokens, D)
     witness = kept.witness.reshape(rows, HKV, tokens, -1).transpose(-1, -2).contiguous()  # (R, Hkv, B, S)
     norms = kept.key_norms.reshape(rows, HKV, tokens)
@@ -126,7 +126,7 @@ def test_a_token_whose_compressed_weight_underflows_is_still_bounded():
     k[0, :, 7] = 30.0 * direction
     stored = k.clone()
     stored[0, :, 7] = -1200.0 * direction
-    kept = written(k.reshape(-1, HKV, D), stored.double().reshape(-1, HKV, D), LAYOUT)
+    kept = written(k.reshape(-1, HKV, D), stored.float().reshape(-1, HKV, D), LAYOUT)
     keys = kept.keys.reshape(rows, HKV, tokens, D)
     witness = kept.witness.reshape(rows, HKV, tokens, -1).transpose(-1, -2).contiguous()
     norms = kept.key_norms.reshape(rows, HKV, tokens)
@@ -167,7 +167,7 @@ def test_a_deferred_row_is_metered_over_its_own_token_as_attended(compiled):
     k, keys, witness, norms, q = _rows(g, 2, 30, cast=_fp8)
     lengths = _lengths(2, 30)
     own_index = (lengths - 1)[:, 0]  # (R, M): each query row's own position
-    exact_kept = written(k.reshape(-1, HKV, D), k.double().reshape(-1, HKV, D), LAYOUT)
+    exact_kept = written(k.reshape(-1, HKV, D), k.float().reshape(-1, HKV, D), LAYOUT)
     exact_keys = exact_kept.keys.reshape(2, HKV, 30, D)
     rows = torch.arange(2)[:, None, None]
     heads = torch.arange(HKV)[None, :, None]

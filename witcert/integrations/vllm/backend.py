@@ -33,7 +33,7 @@ from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
 from . import config, gate, layout, runtime, schemes, selftest
-from .decode_pass import cell_terms, meter_rows
+from .decode_pass import cell_terms, meter_rows, warm_up
 from .exact_store import ExactStore
 from .sequence_state import SequenceState
 from .telemetry import CellBatch
@@ -66,7 +66,8 @@ class _Pending:
 class _Queued:
     """One step's decode rows, queued for deferred metering: per state row its request, settings, position, whether
     sampling meters it, the query ``q`` (R, Hkv, G, d) fp32, its length and its own token as the cache held it
-    (``own_keys`` (R, Hkv, d), ``own_witness`` (R, Hkv, B), ``own_norms`` (R, Hkv)); ``blocks`` for the shadow."""
+    (``own_keys`` (R, Hkv, d), ``own_witness`` (R, Hkv, B), ``own_norms`` (R, Hkv); ``None`` where no row has a
+    scheme: nothing stores the token anew); ``blocks`` for the shadow."""
 
     rows: int
     requests: list
@@ -75,9 +76,9 @@ class _Queued:
     chosen: list
     q: torch.Tensor
     lengths: torch.Tensor
-    own_keys: torch.Tensor
-    own_witness: torch.Tensor
-    own_norms: torch.Tensor
+    own_keys: torch.Tensor | None
+    own_witness: torch.Tensor | None
+    own_norms: torch.Tensor | None
     blocks: list | None
 
 
@@ -118,10 +119,9 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self._prepare(layer, kv_cache, key.dtype)
         self._follow_scale(layer)
         n = slot_mapping.shape[0]
-        index = (slot_mapping >= 0).nonzero().squeeze(-1)  # -1 marks padding
-        slots = slot_mapping[index].long()
+        index, slots, entries = self._step_slots(slot_mapping, kv_cache)
         exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[index]  # (N, Hkv, d)
-        _, kept = self._read_back(layer, kv_cache, slots, exact)
+        _, kept = self._read_back(layer, kv_cache, slots, exact, entries)
         if self.shadow is not None:
             layout.scatter_rows(self.shadow, slots, exact)
         if self.store is not None:
@@ -132,11 +132,25 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self.tier_b["valid"][slots] = False
         self._pending = _Pending(key[:n], value[:n], slot_mapping, index, kept)
 
-    def _read_back(self, layer, kv_cache, slots, exact) -> tuple[torch.Tensor, Written]:
-        """Read the keys at ``slots`` back (fp64, exact), record their witnesses against ``exact``; return both."""
-        stored = layout.decode(self.cache_layout.keys_at_slots(kv_cache, slots), self.kv_cache_dtype,
-                               layer._k_scale_float)
-        kept = written(exact, stored, self.layout)
+    def _step_slots(self, slot_mapping, kv_cache) -> tuple:
+        """The step's written tokens (``-1`` marks padding), their slots and key entries: the same for every layer of
+        a step (one slot mapping, caches of one shape), so found once per step."""
+        cached = self.runtime.slot_cache
+        if cached is None or cached[0] != self.runtime.step or cached[1] is not slot_mapping \
+                or cached[2] != kv_cache.shape:
+            index = (slot_mapping >= 0).nonzero().squeeze(-1)
+            slots = slot_mapping[index].long()
+            cached = (self.runtime.step, slot_mapping, kv_cache.shape, index, slots,
+                      self.cache_layout.key_entries(kv_cache, slots))
+            self.runtime.slot_cache = cached
+        return cached[3:]
+
+    def _read_back(self, layer, kv_cache, slots, exact, entries=None) -> tuple[torch.Tensor, Written]:
+        """Read the keys at ``slots`` back, record their witnesses against ``exact``; return the stored entries (in
+        the cache's storage dtype) and what the meter keeps."""
+        stored = self.cache_layout.keys_at_slots(kv_cache, slots, entries)
+        kept = written(exact, layout.decode_kept(stored, self.kv_cache_dtype, layer._k_scale_float), self.layout,
+                       self.runtime.config.compile)
         layout.scatter_rows(self.witness, slots, kept.witness)
         return stored, kept
 
@@ -195,6 +209,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             tier_b_groups = groups if model_dtype == torch.float32 else None
         self.state = SequenceState(heads, self.head_size, self.layout.bands, tier_b_groups)
         self.layer_index = extract_layer_index(layer.layer_name)
+        if cfg.compile:
+            warm_up(self.layout, tier_b_groups is not None)  # before any request waits on a compilation
 
     def _follow_scale(self, layer) -> None:
         """A witness holds for the key scale it was formed under. If vLLM changes the scale (e.g.
@@ -205,7 +221,6 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self.witness.fill_(math.inf)
                 if self.state is not None:
                     self.state.witness.fill_(math.inf)
-                    self.state.witness_max.fill_(math.inf)
             self.k_scale = layer._k_scale_float
 
     # -- the metering state --------------------------------------------------------------------
@@ -223,8 +238,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     def _state_from_cache(self, layer, kv_cache, rows, positions, slots) -> None:
         """Enter the cache's current keys at ``slots`` into the state at ``(rows, positions)``."""
-        stored = layout.decode(self.cache_layout.keys_at_slots(kv_cache, slots), self.kv_cache_dtype,
-                               layer._k_scale_float)
+        stored = layout.decode_kept(self.cache_layout.keys_at_slots(kv_cache, slots), self.kv_cache_dtype,
+                                    layer._k_scale_float)
         block_size = self.witness.shape[2]
         kept = from_cache(stored, self.witness[slots // block_size, :, slots % block_size])
         self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms, self._tier_b_scales(slots))
@@ -243,8 +258,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         rt = self.runtime
         if not plan.metered_rows:
             return
-        settings = [rt.settings(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
-        positions = (plan.query_lengths - 1).tolist()
+        settings, positions = self._step_rows(plan)
         chosen = self._chosen(plan, settings, positions)
         active = [i for i in range(plan.metered_rows) if any(chosen[i])]
         if self._deferrable(plan, settings) and active:
@@ -259,8 +273,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         raw = tv = raw_tv = repaired = None
         if active:
             rows = len(active) if active == list(range(len(active))) else torch.tensor(active)
-            q, lengths, tokens = self._query_rows(query, plan, active)
-            view = self.state.view(rows, tokens)
+            q, lengths, spans = self._query_rows(query, plan, active)
+            view = self.state.view(rows, spans)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
                               view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
             first_m, first_view = _by_token(m, width), view
@@ -268,7 +282,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             gated = [k for k, i in enumerate(active) if settings[i].gate]
             if gated and bool((first_m[gated] > rt.config.tau).any()):
                 served_m, served_r, view = self._repair(plan, layer, query, key, value, kv_cache, md, output, q,
-                                                        lengths, active, gated, rows, tokens, first_m, served_r)
+                                                        lengths, active, gated, rows, spans, first_m, served_r)
                 raw = torch.full_like(meter, math.nan)
                 raw[active] = first_m
                 repaired = [False] * plan.metered_rows
@@ -287,10 +301,20 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
         self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired)
 
+    def _step_rows(self, plan) -> tuple[list, list]:
+        """The metered rows' settings and query positions (the same for every layer of the step)."""
+        if "rows" not in plan.cache:
+            settings = [self.runtime.settings(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
+            plan.cache["rows"] = settings, (plan.query_lengths - 1).tolist()
+        return plan.cache["rows"]
+
     def _chosen(self, plan, settings, positions) -> list:
         """Per metered row and query token: whether the operator's sampling meters it in this layer."""
         if all(s.metering.everything for s in settings):
-            return [[j < plan.query_counts[i] for j in range(len(positions[i]))] for i in range(len(settings))]
+            if "chosen" not in plan.cache:
+                plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
+                                        for i in range(len(settings))]
+            return plan.cache["chosen"]
         return [[j < plan.query_counts[i] and s.metering.meters(self.layer_index, positions[i][j])
                  for j in range(len(positions[i]))] for i, s in enumerate(settings)]
 
@@ -312,11 +336,16 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         rows = plan.metered_rows
         q, lengths, _ = self._query_rows(query, plan, list(range(rows)))
         own = torch.arange(rows), (lengths[:, 0, 0] - 1)
+        if all(s.scheme == config.NONE for s in settings):  # nothing stores a row's own token anew after its step
+            own = None
+        if "requests" not in plan.cache:
+            plan.cache["requests"] = [self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)]
         self._deferred.append(_Queued(
-            rows=rows, requests=[self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)],
+            rows=rows, requests=plan.cache["requests"],
             settings=settings, positions=[p[0] for p in positions], chosen=[c[0] for c in chosen], q=q,
-            lengths=lengths[:, 0, 0].clone(), own_keys=self.state.keys[own[0], :, own[1]],
-            own_witness=self.state.witness[own[0], :, :, own[1]], own_norms=self.state.key_norms[own[0], :, own[1]],
+            lengths=lengths[:, 0, 0].clone(), own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
+            own_witness=None if own is None else self.state.witness[own[0], :, :, own[1]],
+            own_norms=None if own is None else self.state.key_norms[own[0], :, own[1]],
             blocks=None if self.shadow is None else [
                 self._blocks_of(md, plan.batch_of_row[i], int(lengths[i, 0, 0])) for i in range(rows)]))
 
@@ -337,11 +366,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         q = q.permute(1, 2, 3, 0, 4).reshape(rows, hkv, groups * steps, -1)
         per_step = torch.stack([e.lengths for e in queued], dim=1)  # (R, steps)
         lengths = per_step[:, None, None, :].expand(rows, 1, groups, steps).reshape(rows, 1, groups * steps)
-        own = tuple(fold(torch.stack([getattr(e, name) for e in queued]))
-                    for name in ("own_keys", "own_witness", "own_norms"))
-        tokens = int(per_step.max())
-        view = self.state.view(rows, tokens)
-        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], view["norm_max"],
+        own = None
+        if all(e.own_keys is not None for e in queued):
+            own = tuple(fold(torch.stack([getattr(e, name) for e in queued]))
+                        for name in ("own_keys", "own_witness", "own_norms"))
+        elif any(e.own_keys is not None for e in queued):
+            raise AssertionError("queued rows of one request set stored with and without a scheme")
+        view = self.state.view(rows, per_step.amax(-1))
+        norm_max = view["norm_max"] if own is None else torch.maximum(view["norm_max"], own[2].amax(-1))
+        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], norm_max,
                           self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
         meter, risk = _by_token(m, steps), _by_token(r, steps)  # (R, steps, Hq)
         tv = None
@@ -356,7 +389,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.runtime.telemetry.fold()
 
     def _query_rows(self, query, plan, active: list) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """The pass's query rows (Ra, Hkv, G Qmax, d) fp32, their lengths (Ra, 1, G Qmax) and the tokens spanned."""
+        """The pass's query rows (Ra, Hkv, G Qmax, d) fp32, their lengths (Ra, 1, G Qmax) and each row's longest (Ra,)."""
         hkv, groups, d = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_size
         tokens = plan.query_tokens[active]  # (Ra, Qmax)
         ra, width = tokens.shape
@@ -364,9 +397,9 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         q = q.permute(0, 2, 3, 1, 4).reshape(ra, hkv, groups * width, d).float()
         lengths = plan.query_lengths[active]
         return q, lengths[:, None, None, :].expand(ra, 1, groups, width).reshape(ra, 1, groups * width), \
-            int(lengths.max())
+            lengths.amax(-1)
 
-    def _repair(self, plan, layer, query, key, value, kv_cache, md, output, q, lengths, active, gated, rows, tokens,
+    def _repair(self, plan, layer, query, key, value, kv_cache, md, output, q, lengths, active, gated, rows, spans,
                 meter, risk):
         """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter.
 
@@ -380,7 +413,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         blocks_of = [md.block_table[r, : math.ceil(n / block_size)].long() for r, n in zip(batch_rows, lens)]
         hq = self.num_heads
         qg = q[gated].reshape(len(gated), hq, -1)  # (Rg, Hq, d): one query token per gated row (no speculation)
-        view = self.state.view(rows, tokens)
+        view = self.state.view(rows, spans)
         pick = torch.tensor(gated)
         scores, c = self._gate_terms(q, view, lengths, pick)
         if self.shadow is not None:  # the cells' truth before the repair: their exact keys are still the shadow's
@@ -410,11 +443,11 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             telemetry.count("blocks_repaired", gate_plan.blocks)
             telemetry.count("slots_repaired", int(new.sum()))
             if self.shadow is not None:
-                self._check_repair(slots, stored)
+                self._check_repair(slots, layout.decode(stored, self.kv_cache_dtype, layer._k_scale_float))
             self._refresh(plan, layer, kv_cache, md, slots)
             # the step's attention, recomputed over the repaired cache (vLLM's kernel, all rows)
             CPUAttentionBackendImpl.forward(self, layer, query, key, value, kv_cache, md, output)
-            view = self.state.view(rows, tokens)
+            view = self.state.view(rows, spans)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
                               view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
             meter_now, risk_now = _by_token(m, meter.shape[1]), _by_token(r, meter.shape[1])
@@ -542,17 +575,21 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         p = self._pending
         if p is None:
             return
-        rt = self.runtime
-        starts = md.query_start_loc.tolist()
-        groups = {}
-        for r in range(len(starts) - 1):
-            name = rt.settings(r).scheme
-            span = torch.arange(starts[r], starts[r + 1])
-            span = span[p.slot_mapping[span] >= 0]
-            if name != config.NONE and span.numel():
-                groups.setdefault((name, span.numel()), []).append(span)
-        for (name, n), spans in groups.items():
-            self._compress(plan, layer, kv_cache, name, torch.stack(spans))
+        if "schemes" not in plan.cache:  # the same for every layer of the step
+            rt = self.runtime
+            starts = md.query_start_loc.tolist()
+            groups = {}
+            for r in range(len(starts) - 1):
+                name = rt.settings(r).scheme
+                if name == config.NONE:
+                    continue
+                span = torch.arange(starts[r], starts[r + 1])
+                span = span[p.slot_mapping[span] >= 0]
+                if span.numel():
+                    groups.setdefault((name, span.numel()), []).append(span)
+            plan.cache["schemes"] = [(name, torch.stack(spans)) for (name, _), spans in groups.items()]
+        for name, tokens in plan.cache["schemes"]:
+            self._compress(plan, layer, kv_cache, name, tokens)
 
     def _compress(self, plan, layer, kv_cache, name: str, tokens: torch.Tensor) -> None:
         """Write tokens (R, n) of one scheme compressed, read them back, replace their witnesses."""
@@ -573,7 +610,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         scales = None
         if out.codes is not None and self.tier_b is not None:
             # the deterministic branch holds for the dequantized value; only where it was read back unchanged
-            unchanged = (stored == k_hat.to(torch.float64)).flatten(1).all(-1)
+            unchanged = (layout.decode(stored, self.kv_cache_dtype, layer._k_scale_float)
+                         == k_hat.to(torch.float64)).flatten(1).all(-1)
             self.tier_b["codes"][slots] = out.codes.transpose(1, 2).reshape(-1, hkv, d)
             self.tier_b["scales"][slots] = out.scales.transpose(1, 2).reshape(-1, hkv, out.scales.shape[-1])
             self.tier_b["valid"][slots] = unchanged

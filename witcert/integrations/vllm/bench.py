@@ -2,21 +2,27 @@
 
     python -m witcert.integrations.vllm.bench run MODEL [--dtype float32] [--kv-cache-dtype auto]
         [--plugin] [--shadow] [--scheme S] [--schemes A,B] [--gate] [--tp N] [--jsonl PATH]
-        [--workload W] [--prompts ...] [--xargs JSON]
-    python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12] [--repeats 3]
-        [--out benchmarks/results/vllm.json]
+        [--workload W] [--prompts ...] [--xargs JSON] [--prefix-caching] [--speculative-ngram K]
+    python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12]
+        [--cache-dtypes fp8,fp8_e4m3,fp8_e5m2] [--out benchmarks/results/vllm.json]
+    python -m witcert.integrations.vllm.bench speed MODEL [--repeats 3] [--max-tokens 32]
+        [--out benchmarks/results/vllm_speed.json]
 
 ``run`` starts one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with ``--tp 2`` its
 two workers are processes of their own), switches the plugin by the environment it sets before
 vLLM starts, generates greedily and prints one line ``WITCERT-SUMMARY {json}``: token ids and
-logprobs (for bit-identity checks), decode tokens/s, engine start time and the plugin's
-snapshot (``null`` when off; merged over the workers under tensor parallelism).
+logprobs (for bit-identity checks), each request's token counts, decode tokens/s, engine start time,
+vLLM's own counters and the plugin's snapshot (``null`` when off; merged over the workers under tensor
+parallelism). ``--xargs`` given a list runs the prompts one after another, each with its own switches.
 
 ``table`` measures, in one engine (plugin on, exact shadow, gate store, prefix caching off),
 every scheme on the observatory's workloads (needle, text, code; ``witcert.observatory.workloads``)
 without and with the gate (per-request ``witcert_gate``), plus the uncompressed baseline
-(``witcert_scheme: none``), and prints the Markdown table of the README; then the decode speed
-with the plugin off, metering, metering + scheme and + gate, interleaved in fresh processes.
+(``witcert_scheme: none``), then vLLM's own fp8 caches in engines of their own (raw and gated; skipped
+with the reason where the CPU cannot run them), and prints the Markdown tables; every row records its
+requests' token counts.
+
+``speed`` measures decode tokens/s against the plugin off (:mod:`.speed`).
 """
 import argparse
 import json
@@ -227,8 +233,9 @@ def measure(args) -> dict:
         cases = workload_cases(args.model, workload, args.needle_cases, args.text_cases)
         prompts = [getattr(c, "prompt", None) or c.context for c in cases]
         tokens = args.needle_tokens if workload == "needle" else args.text_tokens
+        lossless = args.kv_cache_dtype in ("auto",)  # vLLM's own fp8 caches are lossy even without a scheme
         for scheme in ("none", *args.lossy):
-            for gated in ((False,) if scheme == "none" else (False, True)):
+            for gated in ((False,) if scheme == "none" and lossless else (False, True)):
                 start = os.path.getsize(log.path) if os.path.exists(log.path) else 0
                 extra = {"witcert_scheme": scheme, "witcert_gate": gated}
                 t0 = time.perf_counter()
@@ -238,8 +245,10 @@ def measure(args) -> dict:
                 with open(log.path) as f:
                     f.seek(start)
                     rows = [json.loads(line) for line in f]
-                entry = {"workload": workload, "scheme": scheme, "gate": gated, "wall_s": wall,
-                         **_cell_stats(rows, tau)}
+                entry = {"workload": workload, "scheme": scheme, "gate": gated, "kv_cache_dtype": args.kv_cache_dtype,
+                         "wall_s": wall, **_cell_stats(rows, tau),
+                         "requests": [{"prompt_tokens": len(o.prompt_token_ids), "generated_tokens":
+                                       len(o.outputs[0].token_ids)} for o in outs]}
                 if workload == "needle":
                     hits = [c.score(o.outputs[0].text) for c, o in zip(cases, outs)]
                     entry.update(needle_hits=sum(hits), needle_cases=len(hits))
@@ -286,17 +295,21 @@ def table(args) -> dict:
              "--dtype", args.dtype]
     measured = run_in_subprocess(args.model, *flags, timeout=6 * 3600, command="measure")
     print(markdown_table(measured), flush=True)
-    speeds = speed_rounds(args) if args.repeats > 0 else {}
-    if speeds:
-        print()
-        print(markdown_speed(speeds, args), flush=True)
+    caches, skipped = {}, {}
+    for dtype in args.cache_dtypes:  # vLLM's own caches: the exact keys stored by vLLM's cast, raw and gated
+        reason = fp8_unsupported_reason()
+        if reason:
+            skipped[dtype] = reason
+            continue
+        caches[dtype] = run_in_subprocess(args.model, *flags[:-2], "--dtype", args.dtype, "--lossy", "",
+                                          "--kv-cache-dtype", dtype, timeout=6 * 3600, command="measure")
+        print(f"\nvLLM's --kv-cache-dtype {dtype}:\n" + markdown_table(caches[dtype]), flush=True)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": "python -m witcert.integrations.vllm.bench " + " ".join(args.argv),
               "machine": machine(), "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype,
-              **measured, "needle_check": needle_check(measured),
-              "speed": {"workload": "needle", "max_tokens": 32, "decode_tokens_per_s": speeds,
-                        "scheme": SPEED_SCHEME}}
+              **measured, "needle_check": needle_check(measured), "vllm_caches": caches,
+              "vllm_caches_skipped": skipped}
     if args.out:
         os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
         with open(args.out, "w") as f:
@@ -373,29 +386,6 @@ def markdown_table(measured: dict) -> str:
     return "\n".join(lines)
 
 
-def speed_rounds(args) -> dict:
-    """Decode tokens/s per mode, fresh processes, the modes interleaved in each round."""
-    modes = {"plugin off": (), "metering (no scheme)": ("--plugin",),
-             f"metering, {SPEED_SCHEME}": ("--plugin", "--scheme", SPEED_SCHEME),
-             f"metering, {SPEED_SCHEME}, gate": ("--plugin", "--scheme", SPEED_SCHEME, "--gate")}
-    speeds = {name: [] for name in modes}
-    for _ in range(args.repeats):  # interleaved, so a change of machine load hits every mode alike
-        for name, flags in modes.items():
-            speeds[name].append(run_in_subprocess(args.model, "--workload", "needle", "--max-tokens", "32",
-                                                  "--dtype", args.dtype, *flags)["decode_tokens_per_s"])
-    return speeds
-
-
-def markdown_speed(speeds: dict, args) -> str:
-    base = statistics.median(speeds["plugin off"])
-    lines = [f"| {args.dtype} model, auto cache, needle (6 requests x 32 tokens) | decode tokens/s (median of "
-             f"{args.repeats}) | vs plugin off | runs |", "|---|---|---|---|"]
-    for name, values in speeds.items():
-        median = statistics.median(values)
-        lines.append(f"| {name} | {median:.2f} | {median / base:.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -423,14 +413,18 @@ def main(argv=None) -> int:
                              else "the lossy-scheme measurements of one engine (JSON)")
         tab.add_argument("model")
         tab.add_argument("--dtype", default="float32")
-        tab.add_argument("--lossy", type=lambda s: tuple(s.split(",")), default=LOSSY)
+        tab.add_argument("--lossy", type=lambda s: tuple(x for x in s.split(",") if x), default=LOSSY)
         tab.add_argument("--needle-cases", type=int, default=12)
         tab.add_argument("--text-cases", type=int, default=3)
         tab.add_argument("--needle-tokens", type=int, default=8)
         tab.add_argument("--text-tokens", type=int, default=16)
-        tab.add_argument("--repeats", type=int, default=3)
         tab.add_argument("--out", help="write the measured tables as JSON here (table only)")
-        tab.set_defaults(kv_cache_dtype="auto", tp=1, max_model_len=1024, jsonl=None)
+        tab.add_argument("--kv-cache-dtype", default="auto", help="vLLM's cache dtype (measure only)")
+        tab.add_argument("--cache-dtypes", type=lambda s: tuple(x for x in s.split(",") if x),
+                         default=("fp8", "fp8_e4m3", "fp8_e5m2"),
+                         help="vLLM's own caches measured in engines of their own (table only; fp8 where the CPU "
+                              "runs it)")
+        tab.set_defaults(tp=1, max_model_len=1024, jsonl=None)
     fast = sub.add_parser("speed", help="decode tokens/s of each mode against the plugin off (every request "
                                        "prefilled first; one line per mode)")
     fast.add_argument("model")

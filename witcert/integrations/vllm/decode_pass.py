@@ -105,7 +105,7 @@ def decode_pass(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_
         The stored keys as the meter keeps them (a strided view of the state is read in place).
     witness : Tensor (R, Hkv, B, S) fp16
         Band witnesses, band-major (``w[r, h, b, t] >= ||(k^_t - k_t)_b||``); ``inf`` allowed.
-    key_norms : Tensor (R, Hkv, S) fp32
+    key_norms : Tensor (R, Hkv, S) fp64
         ``>= ||k^_t||``.
     lengths : LongTensor (R, 1, M)
         Tokens each query row attends (``>= 1``); the rest of its ``S`` are masked.
@@ -120,7 +120,7 @@ def decode_pass(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_
         The dithered cache's per-group scales (``inf`` where a token has no valid Tier B data): the radius
         becomes the per-token minimum of Tier A and the deterministic branch ``DB``.
     own : tuple, optional
-        ``(keys (R, Hkv, M, d) fp32, witness (R, Hkv, M, B) fp16, norms (R, Hkv, M) fp32)``: each query row's own
+        ``(keys (R, Hkv, M, d) fp32, witness (R, Hkv, M, B) fp16, norms (R, Hkv, M) fp64)``: each query row's own
         token (its last, ``lengths - 1``) as the cache held it when the row was computed (a deferred row's own
         token has been stored compressed since); it replaces the state's entry for that row only.
     """
@@ -147,7 +147,7 @@ def decode_pass(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_
     # c = radius + rate ||k^_t|| + floor in fp32: three roundings of non-negative terms (floor lifted above the
     # absolute error of an fp32 underflow), then the lift covers them: (1 - 2^-24)^-4 < 1 + 2^-20
     rate32, floor32 = fp32_up(rate).unsqueeze(-1), (fp32_up(floor) + _FP32_ABS).unsqueeze(-1)
-    c = (radius + rate32 * key_norms + floor32) * _LIFT
+    c = (radius + rate32 * fp32_up(key_norms) + floor32) * _LIFT
     meter, risk, _, _ = lean_pass(scores.reshape(-1, s), torch.where(keep, c, 0.0).reshape(-1, s), None, None)
     # the scores are the GEMM's, not the real compressed logits: those lie within the rounding of the scores, so
     # attention over them is within tanh(max slack / 2) <= max slack / 2 (MN) of softmax(scores)
@@ -202,6 +202,13 @@ def meter_rows(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_n
     :func:`exact_cells` alone when no (row, kv head) is ``lossy`` (no logits at all). Arguments as
     :func:`decode_pass`; ``compiled``: the passes compiled (default ``WITCERT_COMPILE``)."""
     constants = pass_constants(q.shape[-1], float(scale))
+    if q.shape[0] == 1:  # one row: padded to two (a copy of it), so no compiled graph is specialised to one row
+        def two(x):
+            return None if x is None else torch.cat([x, x])
+        meter, risk = meter_rows(two(q), two(keys), two(witness), two(key_norms), two(lengths), two(lossy),
+                                 two(norm_max), layout, scale, two(scales),
+                                 None if own is None else tuple(two(x) for x in own), compiled)
+        return meter[:1], risk[:1]
     if not bool(lossy.any()):
         return pick(exact_cells, _exact_probe, compiled)(q, norm_max, constants)
     reduced = reduced_fp32_matmul()
@@ -210,6 +217,28 @@ def meter_rows(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_n
                            "meter's logits need fp32 products (set torch.set_float32_matmul_precision('highest'))")
     run = pick(decode_pass, functools.partial(probe, layout, scales is not None), compiled)
     return run(q, keys, witness, key_norms, lengths, lossy, norm_max, constants, layout, scales, own)
+
+
+_WARM: set = set()
+
+
+def warm_up(layout: BandLayout, tier_b: bool, compiled: bool | None = None) -> None:
+    """Compile every graph :func:`meter_rows` uses for ``layout`` now (with and without deferred rows' own tokens,
+    the short cut), so that no request waits for a compilation; once per process and layout."""
+    key = (layout.head_dim, layout.bands, layout.rope, tier_b, compiled)
+    if key in _WARM:
+        return
+    _WARM.add(key)
+    args = list(probe(layout, tier_b))
+    q, keys, witness, key_norms, lengths, lossy, norm_max, constants = args[:8]
+    scale, scales = float(constants[0]), args[9]
+    r, h, m, d = q.shape
+    own = (torch.ones(r, h, m, d), torch.zeros(r, h, m, layout.bands, dtype=torch.float16),
+           torch.ones(r, h, m, dtype=torch.float64))
+    for mine in (None, own):
+        meter_rows(q, keys, witness.clone().fill_(1.0), key_norms, lengths, lossy, norm_max, layout, scale, scales,
+                   mine, compiled)
+    meter_rows(q, keys, witness, key_norms, lengths, ~lossy, norm_max, layout, scale, scales, None, compiled)
 
 
 def _exact_probe() -> tuple:
@@ -223,5 +252,5 @@ def probe(layout: BandLayout, tier_b: bool) -> tuple:
     r, h, m, s, d = 2, 2, 3, 8, layout.head_dim
     scales = torch.ones(r, h, max(1, d // 32), s, dtype=torch.float16) if tier_b else None
     return (torch.ones(r, h, m, d), torch.ones(r, h, s, d), torch.zeros(r, h, layout.bands, s, dtype=torch.float16),
-            torch.ones(r, h, s), torch.full((r, 1, m), s), torch.ones(r, h, dtype=torch.bool),
+            torch.ones(r, h, s, dtype=torch.float64), torch.full((r, 1, m), s), torch.ones(r, h, dtype=torch.bool),
             torch.ones(r, h, dtype=torch.float64), pass_constants(d, 1.0 / math.sqrt(d)), layout, scales, None)

@@ -3,7 +3,9 @@ import atexit
 import functools
 import os
 import shutil
+import math
 import tempfile
+import time
 import weakref
 from collections import OrderedDict
 
@@ -12,6 +14,8 @@ from witcert.schemes.catalog import DITHERED
 from . import config
 from .step_plan import Planner, StepPlan
 from .telemetry import CellLog, Telemetry
+
+PUBLISH_S = 0.5  # at most two snapshots a second while the engine runs
 
 
 class Runtime:
@@ -34,8 +38,10 @@ class Runtime:
         self.prompt_lens: list[int] = []  # prompt tokens of each batch row (a verification step starts past them)
         self.step = 0  # engine steps seen (the model runner's input preparation)
         self.planner = Planner()
+        self.slot_cache = None  # (step, slot mapping, cache shape, tokens, slots, key entries) of the step
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
+        self._published = -math.inf  # when the snapshot was last written
         self._default = config.default_settings(cfg)
 
     def request_id(self, row: int) -> str:
@@ -65,13 +71,18 @@ class Runtime:
         return self.telemetry.snapshot()
 
     def end_layer(self, layer: int) -> None:
-        """After each metered layer: fold the step's cells in and publish once its last layer is done."""
+        """After each metered layer: once the step's last layer is done, fold the queued cells in and publish, at
+        most every ``PUBLISH_S`` seconds (a scrape reads the last snapshot; the engine going idle, a snapshot and
+        the exit publish at once)."""
         if layer >= self.last_layer:
             self.last_layer = layer
-            self.telemetry.fold()
-            self.telemetry.publish(self.config.metrics_dir)
-            if self.cell_log is not None:
-                self.cell_log.flush()
+            now = time.monotonic()
+            if now - self._published >= PUBLISH_S:
+                self._published = now
+                self.telemetry.fold()
+                self.telemetry.publish(self.config.metrics_dir)
+                if self.cell_log is not None:
+                    self.cell_log.flush()
 
 
 _RUNTIME: Runtime | None = None

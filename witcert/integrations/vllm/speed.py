@@ -6,7 +6,7 @@ alive, and measures the modes interleaved, round after round (a change of machin
 alike). One measurement (:func:`decode_rate`): the observatory's needle prompts are added to the engine,
 stepped until every request has its first token (the prefill, not timed; prefix caching keeps later rounds'
 prefills short), then every remaining step is timed: decode tokens after that point over the time of those
-steps. A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the
+steps. Each mode is measured once untimed first (compilation, the prompts' cached prefix). A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the
 metering switches), so the modes of one engine share its process. Two engines live at a time (one cache
 dtype), each on one OpenMP thread, unbound (the repository's benchmarks run one thread on the shared machine).
 
@@ -149,6 +149,8 @@ def speed(args) -> dict:
             for m in group:
                 if m.plugin not in engines:
                     engines[m.plugin] = _Engine(args.model, m, args, args.scheme)
+            for m in group:  # untimed: every graph compiled, every prompt's prefix cached, in every mode
+                engines[m.plugin].measure(m, args.max_tokens, f"warm-{len(runs[m.name])}")
             for round_ in range(args.repeats):
                 for m in group:
                     runs[m.name].append(engines[m.plugin].measure(m, args.max_tokens, f"r{round_}-{len(runs[m.name])}"))

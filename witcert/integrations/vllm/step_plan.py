@@ -46,6 +46,7 @@ class StepPlan:
     query_lengths: torch.Tensor
     query_counts: list
     prefill: list = field(default_factory=list)  # (batch row, query tokens, context) of unmetered rows
+    cache: dict = field(default_factory=dict)  # what the first layer derives for the step, reused by the others
 
     @property
     def metered_rows(self) -> int:
