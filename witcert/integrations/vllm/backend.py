@@ -65,9 +65,10 @@ class _Pending:
 @dataclass(frozen=True)
 class _Queued:
     """One step's decode rows, queued for deferred metering: per state row its request, settings, position, whether
-    sampling meters it, the query ``q`` (R, Hkv, G, d) fp32, its length and its own token as the cache held it
-    (``own_keys`` (R, Hkv, d), ``own_witness`` (R, Hkv, B), ``own_norms`` (R, Hkv); ``None`` where no row has a
-    scheme: nothing stores the token anew); ``blocks`` for the shadow."""
+    sampling meters it, the query ``q`` (R, Hq * d) as the model gave it, its length and its own token as the cache
+    held it (``own_keys`` (R, Hkv, d), ``own_witness`` (R, Hkv, B), ``own_norms`` (R, Hkv); ``None`` where no row has
+    a scheme: nothing stores the token anew); with the shadow, ``true_tv`` (R, 1, Hq): the truth taken when queued
+    (by the flush a finished request's blocks may hold a new request's exact keys)."""
 
     rows: int
     requests: list
@@ -79,7 +80,7 @@ class _Queued:
     own_keys: torch.Tensor | None
     own_witness: torch.Tensor | None
     own_norms: torch.Tensor | None
-    blocks: list | None
+    true_tv: torch.Tensor | None
 
 
 class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -334,20 +335,27 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         """Queue this step's decode rows (state rows ``0 .. Rm-1``) with their own token as the cache holds it now
         (a scheme stores it compressed after this step; the deferred pass must see what this step attended)."""
         rows = plan.metered_rows
-        q, lengths, _ = self._query_rows(query, plan, list(range(rows)))
-        own = torch.arange(rows), (lengths[:, 0, 0] - 1)
-        if all(s.scheme == config.NONE for s in settings):  # nothing stores a row's own token anew after its step
-            own = None
-        if "requests" not in plan.cache:
-            plan.cache["requests"] = [self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)]
+        if "queued" not in plan.cache:  # the same for every layer of the step
+            lengths = plan.query_lengths[:, 0]
+            own = None if all(s.scheme == config.NONE for s in settings) else (torch.arange(rows), lengths - 1)
+            plan.cache["queued"] = ([self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)], lengths,
+                                    plan.query_tokens[:, 0], own, [p[0] for p in positions], [c[0] for c in chosen])
+        requests, lengths, tokens, own, first, picked = plan.cache["queued"]
         self._deferred.append(_Queued(
-            rows=rows, requests=plan.cache["requests"],
-            settings=settings, positions=[p[0] for p in positions], chosen=[c[0] for c in chosen], q=q,
-            lengths=lengths[:, 0, 0].clone(), own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
+            rows=rows, requests=requests, settings=settings, positions=first, chosen=picked,
+            q=query.reshape(query.shape[0], -1)[tokens],  # (R, Hq * d): a copy (vLLM reuses its query buffer)
+            lengths=lengths, own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
             own_witness=None if own is None else self.state.witness[own[0], :, :, own[1]],
             own_norms=None if own is None else self.state.key_norms[own[0], :, own[1]],
-            blocks=None if self.shadow is None else [
-                self._blocks_of(md, plan.batch_of_row[i], int(lengths[i, 0, 0])) for i in range(rows)]))
+            true_tv=None if self.shadow is None else self._queued_truth(plan, query, md, rows, lengths)))
+
+    def _queued_truth(self, plan, query, md, rows: int, lengths: torch.Tensor) -> torch.Tensor:
+        """Shadow: the true TV (R, 1, Hq) of a queued step's rows, now: the state holds what they attended, and the
+        shadow holds their exact keys only until their blocks are freed and written again (before the flush, when
+        the batch changes: the next step's writes come first)."""
+        q, q_lengths, spans = self._query_rows(query, plan, list(range(rows)))
+        blocks = [self._blocks_of(md, plan.batch_of_row[i], int(lengths[i])) for i in range(rows)]
+        return self._true_tv(q, self.state.view(rows, spans), q_lengths, blocks, 1)
 
     def flush(self) -> None:
         """Meter the queued decode rows in one pass (each kv head's rows: ``G`` query heads x the queued steps)."""
@@ -362,8 +370,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             return x.unsqueeze(2).expand(rows, hkv, groups, *x.shape[2:]).reshape(rows, hkv, groups * steps,
                                                                                  *x.shape[3:])
 
-        q = torch.stack([e.q.view(rows, hkv, groups, -1) for e in queued])  # (steps, R, Hkv, G, d)
-        q = q.permute(1, 2, 3, 0, 4).reshape(rows, hkv, groups * steps, -1)
+        q = torch.stack([e.q for e in queued]).view(steps, rows, hkv, groups, -1)  # (steps, R, Hkv, G, d)
+        q = q.permute(1, 2, 3, 0, 4).reshape(rows, hkv, groups * steps, -1).float()
         per_step = torch.stack([e.lengths for e in queued], dim=1)  # (R, steps)
         lengths = per_step[:, None, None, :].expand(rows, 1, groups, steps).reshape(rows, 1, groups * steps)
         own = None
@@ -377,10 +385,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], norm_max,
                           self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
         meter, risk = _by_token(m, steps), _by_token(r, steps)  # (R, steps, Hq)
-        tv = None
-        if self.shadow is not None:
-            blocks = [queued[-1].blocks[i] for i in range(rows)]
-            tv = self._true_tv(q, view, lengths, blocks, steps, own=own)
+        tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
         for j, e in enumerate(queued):
             cells = _mask_unmetered(meter[:, j:j + 1].clone(), [[c] for c in e.chosen], e.settings, self.layer_index,
                                     [[p] for p in e.positions], self.num_heads, hkv)
@@ -485,10 +490,9 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.runtime.telemetry.count("shadow_repair_checked", slots.numel())
         self.runtime.telemetry.count("shadow_repair_mismatches", int(bad.sum()))
 
-    def _true_tv(self, q, view, lengths, blocks, width, own=None) -> torch.Tensor:
+    def _true_tv(self, q, view, lengths, blocks, width) -> torch.Tensor:
         """Shadow: the fp64 TV (Ra, Qmax, Hq) between attention over the exact keys (the shadow's, at ``blocks``, one
-        block-id list per row) and over the stored keys of ``view`` (each row's own token from ``own`` when given,
-        as :func:`.decode_pass.decode_pass` takes it)."""
+        block-id list per row) and over the stored keys of ``view``."""
         block_size = self.shadow.shape[2]
         ra, hkv, _, d = q.shape
         tokens = view["keys"].shape[2]
@@ -498,13 +502,6 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             exact[k, :, :n] = layout.rows_of_blocks(self.shadow, ids, n).to(torch.float64)
         scores, _ = cell_terms(q, view["keys"], view["witness"], view["key_norms"], lengths, view["norm_max"],
                                self.layout, self.scale, reference=True)  # attention over the stored keys, fp64
-        if own is not None:  # where the own token was stored anew since (a scheme's write): the attended one
-            last = (lengths - 1).expand(ra, hkv, -1)  # (Ra, Hkv, M)
-            now = view["keys"].gather(2, last.unsqueeze(-1).expand(-1, -1, -1, d))  # (Ra, Hkv, M, d)
-            changed = (now != own[0]).any(-1, keepdim=True)  # (Ra, Hkv, M, 1)
-            mine = (torch.arange(tokens) == last.unsqueeze(-1)) & changed
-            own_scores = self.scale * (q.double() * own[0].double()).sum(-1, keepdim=True)
-            scores = torch.where(mine, own_scores, scores)
         keep = scores > -math.inf
         truth = (self.scale * (q.double() @ exact.transpose(-1, -2))).masked_fill(~keep, -math.inf)
         tv = 0.5 * (torch.softmax(truth, -1) - torch.softmax(scores, -1)).abs().sum(-1)  # (Ra, Hkv, M)
