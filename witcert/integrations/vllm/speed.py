@@ -6,9 +6,12 @@ alive, and measures the modes interleaved, round after round (a change of machin
 alike). One measurement (:func:`decode_rate`): the observatory's needle prompts are added to the engine,
 stepped until every request has its first token (the prefill, not timed; prefix caching keeps later rounds'
 prefills short), then every remaining step is timed: decode tokens after that point over the time of those
-steps. Each mode is measured once untimed first (compilation, the prompts' cached prefix). A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the
-metering switches), so the modes of one engine share its process. Two engines live at a time (one cache
-dtype), each on one OpenMP thread, unbound (the repository's benchmarks run one thread on the shared machine).
+steps. Each mode is run once untimed first, with a few new tokens (compilation, the prompts' cached prefix).
+A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the metering
+switches), so the modes of one engine share its process. Every engine is started at once (their startups
+overlap; an engine waiting for its next measurement is idle) and lives until the end, each on one OpenMP
+thread, unbound (the repository's benchmarks run one thread on the shared machine); every round measures
+every mode, the cache dtypes interleaved too.
 
 It prints one line per mode, ``<mode>: <ratio>x of plugin off`` (the median decode tokens/s of the mode over
 the median of plugin off with the same cache, same run), and returns every measurement with its per-request
@@ -24,6 +27,7 @@ from dataclasses import dataclass, field
 
 SPEED = "WITCERT-SPEED "
 READY = "WITCERT-READY"
+WARM_TOKENS = 10  # the untimed round's new tokens: one full deferred pass (8 steps) and the flush at the end
 
 
 @dataclass(frozen=True)
@@ -116,6 +120,9 @@ class _Engine:
         env.pop("WITCERT_VLLM_METRICS_DIR", None)
         self.proc = subprocess.Popen([sys.executable, "-m", "witcert.integrations.vllm.bench", "speed-engine", model,
                                       *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def wait_ready(self) -> None:
+        """Block until the engine has loaded, compiled and served its first request."""
         self._expect(READY)
 
     def measure(self, mode: Mode, max_tokens: int, tag: str) -> dict:
@@ -135,28 +142,28 @@ class _Engine:
 
 
 def speed(args) -> dict:
-    """Every mode, interleaved over ``args.repeats`` rounds per cache dtype: the measurements and the ratios."""
+    """Every mode, interleaved over ``args.repeats`` rounds: the measurements and the ratios."""
     from .bench import fp8_unsupported_reason
 
     started = time.perf_counter()
     fp8 = "fp8" in args.kv_cache_dtypes and fp8_unsupported_reason() is None
     chosen = modes(fp8, args.scheme, args.every)
     runs = {m.name: [] for m in chosen}
-    for dtype in dict.fromkeys(m.kv_cache_dtype for m in chosen):
-        group = [m for m in chosen if m.kv_cache_dtype == dtype]
-        engines = {}
-        try:
-            for m in group:
-                if m.plugin not in engines:
-                    engines[m.plugin] = _Engine(args.model, m, args, args.scheme)
-            for m in group:  # untimed: every graph compiled, every prompt's prefix cached, in every mode
-                engines[m.plugin].measure(m, args.max_tokens, f"warm-{len(runs[m.name])}")
-            for round_ in range(args.repeats):
-                for m in group:
-                    runs[m.name].append(engines[m.plugin].measure(m, args.max_tokens, f"r{round_}-{len(runs[m.name])}"))
-        finally:
-            for e in engines.values():
-                e.close()
+    engines = {}
+    try:
+        for m in chosen:  # every engine started before any is waited for: their startups overlap
+            if (m.plugin, m.kv_cache_dtype) not in engines:
+                engines[m.plugin, m.kv_cache_dtype] = _Engine(args.model, m, args, args.scheme)
+        for e in engines.values():
+            e.wait_ready()
+        for i, m in enumerate(chosen):  # untimed: every graph compiled, every prompt's prefix cached, in every mode
+            engines[m.plugin, m.kv_cache_dtype].measure(m, WARM_TOKENS, f"warm-{i}")
+        for round_ in range(args.repeats):
+            for i, m in enumerate(chosen):
+                runs[m.name].append(engines[m.plugin, m.kv_cache_dtype].measure(m, args.max_tokens, f"r{round_}-{i}"))
+    finally:
+        for e in engines.values():
+            e.close()
     result = {"modes": {m.name: {"plugin": m.plugin, "kv_cache_dtype": m.kv_cache_dtype, "xargs": m.xargs,
                                  "baseline": m.baseline, "runs": runs[m.name]} for m in chosen},
               "ratios": ratios(runs, chosen), "max_tokens": args.max_tokens, "repeats": args.repeats,
