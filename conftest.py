@@ -44,3 +44,12 @@ def no_monitor_scope_leaks():
         open_scopes = len(attention._ACTIVE)
         attention._ACTIVE.stack.clear()
         pytest.fail(f"{open_scopes} monitored forward call(s) left open by this test")
+
+
+def pytest_runtest_logstart(nodeid, location):
+    """``WITCERT_LAST_TEST=path``: the test about to run, written before it starts, so a run killed by a signal
+    (an abort inside a compiled kernel) still says where it died (``make test`` prints it)."""
+    path = os.environ.get("WITCERT_LAST_TEST")
+    if path:
+        with open(path, "w", encoding="utf-8") as out:
+            out.write(nodeid + "\n")

@@ -2,9 +2,10 @@
 
 Every figure is ``nbytes`` of tensors actually allocated for ``S`` tokens, divided by
 ``S x heads`` (``PackedStore.nbytes`` asserts its own byte account at construction; the Tier A
-witness is the fp16 tensor ``witcert.witness_of`` returns). Capacity is fp16 K+V bytes over the
-configuration's K+V bytes (tokens served at the same memory). Paper: 1.88x without bypass,
-1.68x with ``m = 4``.
+witness is the fp16 tensor ``witcert.witness_of`` returns, and its one-byte e5m3 code, which
+``witcert.monitor`` stores by default). Capacity is fp16 K+V bytes over the configuration's K+V bytes
+(tokens served at the same memory). Paper: 1.88x without bypass, 1.68x with ``m = 4``. Each scheme's
+capacity with the production monitor, value statistics and all: ``benchmarks/capacity.py``.
 """
 import torch
 
@@ -29,10 +30,12 @@ def packed_bytes(head_dim: int, side: str, **kwargs) -> float:
     return store.nbytes() / (N_HEADS * N_TOKENS)
 
 
-def witness_bytes(head_dim: int, bands: int = 16) -> float:
+def witness_bytes(head_dim: int, bands: int = 16, bits: int = 16) -> float:
+    from witcert.tier_a.witness_code import WitnessCode
+
     layout = witcert.BandLayout(head_dim, bands)
     k = _keys(head_dim)
-    w = witcert.witness_of(k, witcert.get_scheme("rtn-int8")(k), layout)
+    w = WitnessCode(bits).witness(witcert.witness_of(k, witcert.get_scheme("rtn-int8")(k), layout))
     return w.numel() * w.element_size() / (N_HEADS * N_TOKENS)
 
 
@@ -48,6 +51,7 @@ def rows(head_dims=(64, 128)) -> list[dict]:
         configs = {
             "fp16 K+V (reference)": 2 * fp16,
             "Tier A witness alone (B=16)": w,
+            "Tier A witness alone (B=16, one e5m3 byte per band)": witness_bytes(d, bits=8),
             "fp16 K+V + Tier A witness": 2 * fp16 + w,
             "K+V token-group, m=0": k[0] + v0,
             "K+V block-channel, m=0": k_block + packed_bytes(d, "v", granularity="block-channel"),

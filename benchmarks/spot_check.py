@@ -2,14 +2,15 @@
 
 For each scheme, SmolLM2 (the embedded model) runs one observatory workload case per task (text,
 code, needle) under ``witcert.monitor`` with the exact cache kept. In every attention call a few
-cells are sampled uniformly (``--per-call``); each sampled cell whose deterministic meter exceeds
-tau is spot-checked (:func:`witcert.spot.spot_check`, the one-sided default, ``delta`` per cell) at every key budget, with
-its true TV beside it. Reported per scheme, task and budget: coverage at tau (reported meter
-``min(deterministic, spot) <= tau``) against the deterministic meter's, the median reported meter /
-true TV over the cells the deterministic meter leaves above tau, exact keys and bytes read, the
-time per check, and violations (cells with true TV above the reported meter); then the cost of one
-check against attention at S = 2k and 32k (:mod:`benchmarks.spot_cost`). Writes
-``benchmarks/results/spot_check.json``.
+cells are sampled uniformly (``--per-call``); the sampled cells whose meter exceeds tau are
+spot-checked together (:func:`witcert.spot.check_cells`, ``delta`` per cell) under each configuration of
+:data:`CONFIGS` (adaptive rounds up to 512 keys with either delta split, fixed budgets, and the stage
+shares tried for re-tuning), with their true TV beside them. Reported per scheme, task and configuration:
+coverage at tau (reported meter ``min(meter, spot) <= tau``) beside the ceiling (the share of sampled cells
+whose true TV is at most tau) and the deterministic meter's coverage, the median reported meter / true TV
+over the cells above tau, mean exact keys read per checked cell, the time per checked cell, and violations
+(cells with true TV above the reported meter); then the cost of a batched check against attention at
+S = 2k and 32k (:mod:`benchmarks.spot_cost`). Writes ``benchmarks/results/spot_check.json``.
 """
 from __future__ import annotations
 
@@ -27,23 +28,35 @@ import torch
 from benchmarks import spot_cost
 from witcert.integrations.hf.monitoring import Monitor
 from witcert.observatory.runner import ObserveConfig, build_cases, run_case
-from witcert.spot import spot_check, spot_randomness
-from witcert.spot.cells import ExactReaders
+from witcert.spot import check_cells, spot_randomness
+from witcert.spot.cells import SpotSettings
 
 SCHEMES = ("rtn-int8", "fp8-e4m3", "rtn-int4", "kivi-2bit", "hf-quanto-int4")
 TASKS = ("text", "code", "needle")
-BUDGETS = (64, 128, 256, 512)
+CONFIGS = {  # name -> check_cells keywords (keys, tau: rounds when set, split, growth, stage shares)
+    "adaptive 512": dict(keys=512, adaptive=True),
+    "adaptive 512 doubling": dict(keys=512, adaptive=True, growth=2),
+    "adaptive 512 inverse-square split": dict(keys=512, adaptive=True, split="inverse-square"),
+    "adaptive 512 exact 1/4": dict(keys=512, adaptive=True, exact_share=1 / 4),
+    "adaptive 512 exact 1/2": dict(keys=512, adaptive=True, exact_share=1 / 2),
+    "adaptive 512 Z keys 0.7": dict(keys=512, adaptive=True, z_keys_share=0.7),
+    "adaptive 1024": dict(keys=1024, adaptive=True),
+    "fixed 256": dict(keys=256, adaptive=False),
+    "fixed 512": dict(keys=512, adaptive=False),
+}
 OUT = Path(__file__).with_name("results") / "spot_check.json"
 
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--schemes", default=",".join(SCHEMES), help="comma-separated scheme names")
-    p.add_argument("--context", type=int, default=1024, help="context tokens per case")
+    p.add_argument("--context", type=int, default=2048, help="context tokens per case")
     p.add_argument("--per-call", type=int, default=3, help="cells sampled per attention call")
     p.add_argument("--delta", type=float, default=1e-6, help="failure probability per checked cell")
     p.add_argument("--tau", type=float, default=0.2)
+    p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--no-cost", dest="cost", action="store_false", help="skip the cost section (benchmarks.spot_cost)")
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args(argv)
 
@@ -51,30 +64,49 @@ def parse(argv=None) -> argparse.Namespace:
 class SampledSpotChecks:
     """Stands in for the monitor's spot settings (same ``apply`` hook): records sampled cells, changes nothing."""
 
-    def __init__(self, per_call: int, delta: float, tau: float, task: str = ""):
-        self.per_call, self.delta, self.tau, self.task = per_call, delta, tau, task
+    def __init__(self, per_call: int, delta: float, tau: float, task: str = "", configs=tuple(CONFIGS)):
+        self.per_call, self.delta, self.tau, self.task, self.configs = per_call, delta, tau, task, configs
         self.randomness = spot_randomness()  # the checks' own draws: OS-seeded, recorded
         self.pick = np.random.default_rng(0)  # which cells to sample (benchmark design, not the certificate)
         self.rows: list[dict] = []
 
-    def apply(self, math, query, exact_keys, scale, tau_k, tau_v, radii=None):
-        live = (~math.blank).cpu().nonzero().tolist()
-        chosen = self.pick.choice(len(live), size=min(self.per_call, len(live)), replace=False)
-        readers = ExactReaders(query, exact_keys, scale, math.bias)
-        scores = math.scores_hat.detach().cpu()
+    def pending(self, tau_k, tau_v, step):
+        """The monitor's per-call hook (:meth:`witcert.spot.cells.SpotSettings.pending`): this sampler itself."""
+        return self
+
+    def add(self, math, query, exact_keys, scale, radii, layers):
+        return self.apply(math, query, exact_keys, scale, None, None, radii)
+
+    def attach(self, extra, batch):
+        pass
+
+    def run(self):
+        pass
+
+    def apply(self, math, query, exact_keys, scale, tau_k, tau_v, radii=None, **step):
+        live = (~math.blank).cpu().nonzero()
+        chosen = torch.as_tensor(self.pick.choice(len(live), size=min(self.per_call, len(live)), replace=False))
+        at = live[chosen]
         radii = (math.c if radii is None else radii).detach().cpu()  # the monitor's choice (Tier A under Tier B's event)
         meter, true_tv = math.cells["meter"].cpu(), math.cells["true_tv"].cpu()
-        for b, h, t in (live[i] for i in chosen):
-            row = dict(task=self.task, meter=float(meter[b, h, t]), true_tv=float(true_tv[b, h, t]),
-                       tokens=int(torch.isfinite(scores[b, h, t]).sum()), spot={})
-            if row["meter"] > self.tau:
-                for keys in BUDGETS:
-                    started = time.perf_counter()
-                    result = spot_check(scores[b, h, t], radii[b, h, t], readers.cell(b, h, t), keys=keys,
-                                        delta=self.delta, generator=self.randomness.generator)
-                    row["spot"][keys] = dict(bound=result.bound, keys_read=result.keys_read,
-                                             seconds=time.perf_counter() - started)
-            self.rows.append(row)
+        where = tuple(at.T)
+        rows = [dict(task=self.task, meter=float(m), true_tv=float(t), tokens=int(n), spot={})
+                for m, t, n in zip(meter[where].tolist(), true_tv[where].tolist(),
+                                   torch.isfinite(math.scores_hat.cpu()[where]).sum(-1).tolist())]
+        above = (meter[where] > self.tau).nonzero().reshape(-1)
+        if above.numel():
+            for name in self.configs:
+                kwargs = dict(CONFIGS[name])
+                tau = self.tau if kwargs.pop("adaptive") else None
+                scores, source = SpotSettings.cells(math, query, exact_keys, scale, at[above])
+                started = time.perf_counter()
+                result = check_cells(scores, radii[tuple(at[above].T)], source, delta=self.delta, tau=tau,
+                                     generator=self.randomness.generator, **kwargs)
+                seconds = (time.perf_counter() - started) / above.numel()
+                for i, row in enumerate(above.tolist()):
+                    rows[row]["spot"][name] = dict(bound=float(result.bound[i]), keys_read=int(result.keys_read[i]),
+                                                   seconds=seconds)
+        self.rows.extend(rows)
         return math, {}
 
 
@@ -82,7 +114,7 @@ def scheme_rows(loaded, scheme: str, args) -> tuple[list[dict], dict]:
     """Sampled cells of ``scheme`` over one case per task, and the checks' randomness record."""
     model, tokenizer = loaded.model, loaded.tokenizer
     monitor = Monitor(model, scheme, tau=args.tau)
-    sampler = SampledSpotChecks(args.per_call, args.delta, args.tau)
+    sampler = SampledSpotChecks(args.per_call, args.delta, args.tau, configs=tuple(args.configs.split(",")))
     monitor.spot = sampler  # the monitor's spot hook, sampled (witcert.spot.cells.SpotSettings.apply)
     with monitor:
         for task in TASKS:
@@ -93,26 +125,26 @@ def scheme_rows(loaded, scheme: str, args) -> tuple[list[dict], dict]:
     return sampler.rows, dict(seed=sampler.randomness.seed, from_os=sampler.randomness.from_os)
 
 
-def summarize(rows: list[dict], tau: float, head_dim: int) -> dict:
-    """Coverage, median reported meter / true TV, keys, bytes, time and violations per budget."""
+def summarize(rows: list[dict], tau: float, head_dim: int, configs=tuple(CONFIGS)) -> dict:
+    """Coverage beside its ceiling, median reported meter / true TV, keys, bytes, time and violations per configuration."""
     meter = np.array([r["meter"] for r in rows])
     tv = np.array([r["true_tv"] for r in rows])
     above = meter > tau
     out = dict(cells=len(rows), above_tau=int(above.sum()), coverage_deterministic=float(np.mean(meter <= tau)),
-               violations_deterministic=int(np.sum(tv > meter)), by_keys={})
-    for keys in BUDGETS:
-        bound = np.array([r["spot"][keys]["bound"] if keys in r["spot"] else np.inf for r in rows])
+               ceiling=float(np.mean(tv <= tau)), violations_deterministic=int(np.sum(tv > meter)), by_config={})
+    for name in configs:
+        bound = np.array([r["spot"][name]["bound"] if name in r["spot"] else np.inf for r in rows])
         reported = np.minimum(meter, bound)
-        checked = [r["spot"][keys] for r in rows if keys in r["spot"]]
+        checked = [r["spot"][name] for r in rows if name in r["spot"]]
         ratio = reported[above] / np.maximum(tv[above], 1e-300)
         read = np.array([c["keys_read"] for c in checked]) if checked else np.zeros(0)
-        out["by_keys"][str(keys)] = dict(
+        out["by_config"][name] = dict(
             coverage=float(np.mean(reported <= tau)),
             median_bound_over_true_tv=float(np.median(ratio)) if ratio.size else None,
             violations=int(np.sum(tv > reported)),
             mean_keys_read=float(read.mean()) if read.size else 0.0,
             mean_bytes_read=float(read.mean() * head_dim * 4) if read.size else 0.0,  # fp32 exact keys
-            ms_per_check=float(1e3 * np.median([c["seconds"] for c in checked])) if checked else None,
+            ms_per_checked_cell=float(1e3 * np.median([c["seconds"] for c in checked])) if checked else None,
         )
     return out
 
@@ -134,9 +166,10 @@ def run(schemes=SCHEMES, args=None, argv=None) -> dict:
         loaded.model.config.hidden_size // loaded.model.config.num_attention_heads
     results = dict(setup=dict(model=loaded.source, context_tokens=args.context, tasks=list(TASKS),
                               cells_per_call=args.per_call, delta_per_cell=args.delta, tau=args.tau,
-                              budgets=list(BUDGETS), threads=args.threads,
-                              split="one-sided estimator (witcert.spot.spot_check, registry SCO): 3/8 exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean; delta 0.8 / 0.2",
-                              date=datetime.date.today().isoformat(), machine=machine(args.threads),
+                              configs={name: CONFIGS[name] for name in args.configs.split(",")}, threads=args.threads,
+                              estimator="one-sided, batched (witcert.spot.check_cells, registry SCO, SCR): per round 3/8 of its keys exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean, delta 0.8 / 0.2 (unless a configuration sets other shares); adaptive: rounds of 32, 128, 512 keys (growth 4) unless a configuration sets another growth, stopping at a bound <= tau",
+                              date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                              machine=machine(args.threads) + " (shared with other engineers' jobs)",
                               command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)])),
                    schemes={})
     for scheme in schemes:
@@ -146,16 +179,19 @@ def run(schemes=SCHEMES, args=None, argv=None) -> dict:
         except ImportError as err:  # hf-quanto-int4 needs the quant extra
             results["schemes"][scheme] = dict(skipped=str(err))
             continue
-        entry = dict(all=summarize(rows, args.tau, head_dim), randomness=randomness,
-                     by_task={task: summarize([r for r in rows if r["task"] == task], args.tau, head_dim)
+        configs = tuple(args.configs.split(","))
+        entry = dict(all=summarize(rows, args.tau, head_dim, configs), randomness=randomness,
+                     by_task={task: summarize([r for r in rows if r["task"] == task], args.tau, head_dim, configs)
                               for task in TASKS},
                      wall_s=time.perf_counter() - started)
         results["schemes"][scheme] = entry
-        at256 = entry["all"]["by_keys"]["256"]
-        print(f"{scheme}: cells {entry['all']['cells']}, coverage det {entry['all']['coverage_deterministic']:.3f} "
-              f"spot@256 {at256['coverage']:.3f}, median ratio {at256['median_bound_over_true_tv']}, "
-              f"violations {at256['violations']}, {entry['wall_s']:.0f} s", flush=True)
-    results["cost"] = spot_cost.run(keys=256)  # one check against the attention it certifies, S = 2k and 32k
+        line = ", ".join(f"{name} {v['coverage']:.3f} ({v['mean_keys_read']:.0f} keys)"
+                         for name, v in entry["all"]["by_config"].items())
+        print(f"{scheme}: cells {entry['all']['cells']}, ceiling {entry['all']['ceiling']:.3f}, coverage det "
+              f"{entry['all']['coverage_deterministic']:.3f}; {line}; violations "
+              f"{max(v['violations'] for v in entry['all']['by_config'].values())}, {entry['wall_s']:.0f} s", flush=True)
+    if args.cost:
+        results["cost"] = spot_cost.run()  # a batched check against the attention it certifies, S = 2k and 32k
     return results
 
 

@@ -1,82 +1,107 @@
-"""Cost of one spot check against the attention it certifies: ``python -m benchmarks.spot_cost``.
+"""Cost of the spot check against the attention it certifies: ``python -m benchmarks.spot_cost``.
 
-Per cell (one query head, one decode query, ``S`` keys of SmolLM2's head size 64): the one-sided
-spot check (:func:`witcert.spot.spot_check`, ``keys`` exact keys, ``delta`` 1e-6) with its exact
-logits read from fp32 keys in memory, against that cell's attention (``softmax(q K^T / sqrt d) V``
-in fp32) and against one decode step's attention of a whole SmolLM2 layer (9 query heads over 3 kv
-heads). The cell's radii are ``c_t = 100 |eps_t|`` (the witness exceeds the error about that much
-where it saturates), so the check samples rather than reads the cell whole. Median of interleaved
-runs (:func:`benchmarks.timing.time_interleaved`), one torch thread.
+One layer-step of decode: every query head's cell checked at once (:func:`witcert.spot.check_cells`,
+``keys`` exact keys, ``delta`` 1e-6, exact logits gathered from fp32 keys in memory, one gather per kv head),
+per checked cell, against one cell's attention (``softmax(q K^T / sqrt d) V`` in fp32) and against the layer
+step's attention (sdpa with GQA), at ``S`` = 2k and 32k, for SmolLM2's shape (9 query heads over 3 kv heads,
+head size 64) and a 7B-class one (32 over 8, head size 128). Beside it the one-cell form
+(:func:`witcert.spot.spot_check`) on one cell. The cells' radii are ``c_t = 100 |eps_t|`` (the witness exceeds
+the error about that much where it saturates), so every check samples and, with ``tau`` 0.2 out of reach,
+runs every round up to ``keys``: the worst case of the adaptive check. Median of interleaved runs
+(:func:`benchmarks.timing.time_interleaved`), one torch thread.
 """
 from __future__ import annotations
 
 import argparse
 import json
 import sys
+from pathlib import Path
 
 import torch
 
+from benchmarks import spot_records
 from benchmarks.timing import time_interleaved
-from witcert.spot import spot_check, spot_randomness
+from witcert.spot import KeyGather, check_cells, spot_check, spot_randomness
 
 CONTEXTS = (2048, 32768)
-HEAD_DIM, Q_HEADS, KV_HEADS = 64, 9, 3
+SHAPES = {"SmolLM2": (9, 3, 64), "7B-class": (32, 8, 128)}  # query heads, kv heads, head size
 
 
-def cell(context: int, seed: int = 0):
-    """``(q, K, V, scores, radii)`` of a synthetic decode cell: exact keys, a compressed copy, radii 100x its error."""
+def layer_step(context: int, heads: int, kv_heads: int, dim: int, seed: int = 0):
+    """``(q (Hq, d), K, V (Hkv, S, d), scores, radii (Hq, S), scale)`` of one synthetic decode layer-step."""
     g = torch.Generator().manual_seed(seed)
-    q = torch.randn(HEAD_DIM, generator=g)
-    k = torch.randn(context, HEAD_DIM, generator=g)
-    v = torch.randn(context, HEAD_DIM, generator=g)
-    k_hat = k + 0.01 * torch.randn(context, HEAD_DIM, generator=g)
-    scale = HEAD_DIM ** -0.5
-    scores = (k_hat.double() @ q.double()) * scale
-    eps = scores - (k.double() @ q.double()) * scale
-    return q, k, v, scores, 100 * eps.abs() + 1e-9, scale
+    q = torch.randn(heads, dim, generator=g)
+    k = torch.randn(kv_heads, context, dim, generator=g)
+    v = torch.randn(kv_heads, context, dim, generator=g)
+    k_hat = k + 0.01 * torch.randn(kv_heads, context, dim, generator=g)
+    scale = dim ** -0.5
+    kv = torch.arange(heads) // (heads // kv_heads)
+    scores = torch.einsum("hd,hsd->hs", q.double(), k_hat[kv].double()) * scale
+    exact = torch.einsum("hd,hsd->hs", q.double(), k[kv].double()) * scale
+    return q, k, v, scores, 100 * (scores - exact).abs() + 1e-9, scale
 
 
-def measure(context: int, keys: int, reps: int) -> dict:
-    q, k, v, scores, radii, scale = cell(context)
-    k64, q64 = k.double(), q.double()
+def measure(context: int, shape: str, keys: int, reps: int) -> dict:
+    heads, kv_heads, dim = SHAPES[shape]
+    q, k, v, scores, radii, scale = layer_step(context, heads, kv_heads, dim)
     generator = spot_randomness(0).generator
-    qs = torch.randn(1, Q_HEADS, 1, HEAD_DIM)
-    ks, vs = torch.randn(1, KV_HEADS, context, HEAD_DIM), torch.randn(1, KV_HEADS, context, HEAD_DIM)
+    kv = torch.arange(heads) // (heads // kv_heads)
+    rows = torch.zeros(heads, dtype=torch.int64)
+    q64, k0 = q.double(), k[0].double()
 
-    def check():
-        return spot_check(scores, radii, lambda index: (k64[index] @ q64) * scale, keys=keys, delta=1e-6,
+    def batched(tau):
+        def run():
+            source = KeyGather(q, rows, kv, k[None], scale)
+            return check_cells(scores, radii, source, keys=keys, delta=1e-6, tau=tau, generator=generator)
+        return run
+
+    def one_cell():
+        return spot_check(scores[0], radii[0], lambda index: (k0[index] @ q64[0]) * scale, keys=keys, delta=1e-6,
                           generator=generator)
 
+    qs, ks, vs = q[None, :, None], k[None], v[None]
+
     def attention_cell():
-        return torch.softmax((k @ q) * scale, dim=0) @ v
+        return torch.softmax((k[0] @ q[0]) * scale, dim=0) @ v[0]
 
     def attention_layer():
         return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
 
-    timed = time_interleaved({"spot check": check, "attention, one cell": attention_cell,
+    timed = time_interleaved({"batched, adaptive (tau 0.2)": batched(0.2), "batched, fixed": batched(None),
+                              "one cell, fixed": one_cell, "attention, one cell": attention_cell,
                               "attention, one layer step": attention_layer}, reps=reps)
-    result = check()
-    return {"context": context, "keys": keys, "keys_read": result.keys_read, "bound": result.bound,
+    cell = timed["attention, one cell"].median
+    per_cell = {name: timed[name].median / (heads if name.startswith("batched") else 1)
+                for name in ("batched, adaptive (tau 0.2)", "batched, fixed", "one cell, fixed")}
+    result = batched(0.2)()
+    return {"context": context, "shape": shape, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "keys": keys,
+            "mean_keys_read": float(result.keys_read.double().mean()), "rounds": int(result.rounds.max()),
             "ms": {name: 1e3 * t.median for name, t in timed.items()},
-            "spot_over_cell": timed["spot check"].median / timed["attention, one cell"].median,
-            "spot_over_layer_step": timed["spot check"].median / timed["attention, one layer step"].median}
+            "ms_per_checked_cell": {name: 1e3 * t for name, t in per_cell.items()},
+            "per_checked_cell_over_cell_attention": {name: t / cell for name, t in per_cell.items()}}
 
 
-def run(contexts=CONTEXTS, keys: int = 256, reps: int = 7) -> list[dict]:
+def run(contexts=CONTEXTS, shapes=tuple(SHAPES), keys: int = 256, reps: int = 5) -> list[dict]:
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        return [measure(context, keys, reps) for context in contexts]
+        return [measure(context, shape, keys, reps) for shape in shapes for context in contexts]
     finally:
         torch.set_num_threads(threads)
+
+
+OUT = Path(__file__).with_name("results") / "spot_cost.json"
 
 
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--keys", type=int, default=256)
-    p.add_argument("--reps", type=int, default=7)
+    p.add_argument("--reps", type=int, default=5)
+    p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
-    print(json.dumps(run(keys=args.keys, reps=args.reps), indent=1))
+    record = spot_records.provenance("benchmarks.spot_cost", argv) | {"runs": run(keys=args.keys, reps=args.reps)}
+    print(json.dumps(record["runs"], indent=1))
+    spot_records.write(record, args.out)
     return 0
 
 

@@ -23,7 +23,7 @@ from triton.runtime.jit import JITFunction  # noqa: E402
 
 TARGET = GPUTarget("cuda", 90, 32)
 DTYPES = {torch.float16: "fp16", torch.bfloat16: "bf16", torch.float32: "fp32", torch.float64: "fp64",
-          torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8"}
+          torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8", torch.uint8: "u8"}
 COMPILED: dict[str, str] = {}  # variant -> "ok" or the error
 
 
@@ -114,6 +114,7 @@ def main() -> int:
     calls = [
         lambda: philox4x32_10(torch.zeros(4, 4, dtype=torch.int64), torch.zeros(4, 2, dtype=torch.int64)),
         lambda: witness_write(k, k, layout),
+        lambda: witness_write(k, k, layout, bits=8),  # the e5m3 byte store
         lambda: dither_write(k, DitheredInt8(), counter),
         lambda: dither_write(k, quantizer, counter),
         lambda: dither_stream(counter, tuple(k.shape)),

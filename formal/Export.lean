@@ -111,6 +111,18 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.abs_inner_div_sqrt_le_witness
 #print axioms WitCert.abs_inner_div_sqrt_le_witness
 
+#check @WitCert.tv_le_eform_of_rounded_witness
+#print axioms WitCert.tv_le_eform_of_rounded_witness
+
+#check @WitCert.bandBound_mono
+#print axioms WitCert.bandBound_mono
+
+#check @WitCert.massExp_mono
+#print axioms WitCert.massExp_mono
+
+#check @WitCert.eform_meter_mono
+#print axioms WitCert.eform_meter_mono
+
 #check @WitCert.sinh_le_mul_exp_sq_div_six
 #print axioms WitCert.sinh_le_mul_exp_sq_div_six
 
@@ -189,6 +201,9 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.mul_abs_sub_le_spot
 #print axioms WitCert.mul_abs_sub_le_spot
 
+#check @WitCert.measure_iUnion_le_of_sum_le
+#print axioms WitCert.measure_iUnion_le_of_sum_le
+
 #check @WitCert.tv_le_spot_one_sided
 #print axioms WitCert.tv_le_spot_one_sided
 
@@ -200,6 +215,33 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.spot_one_sided_term_le
 #print axioms WitCert.spot_one_sided_term_le
+
+#check @WitCert.measure_selected_lt_le_uniform
+#print axioms WitCert.measure_selected_lt_le_uniform
+
+#check @WitCert.measure_selected_lt_le
+#print axioms WitCert.measure_selected_lt_le
+
+#check @WitCert.sum_uniform_round_budget_le
+#print axioms WitCert.sum_uniform_round_budget_le
+
+#check @WitCert.sum_zeta_round_budget_le
+#print axioms WitCert.sum_zeta_round_budget_le
+
+#check @WitCert.measure_selected_lt_le_zeta
+#print axioms WitCert.measure_selected_lt_le_zeta
+
+#check @WitCert.measure_iUnion_steps_le
+#print axioms WitCert.measure_iUnion_steps_le
+
+#check @WitCert.measure_iUnion_le_of_tsum_le
+#print axioms WitCert.measure_iUnion_le_of_tsum_le
+
+#check @WitCert.sum_ofReal_div_card_le
+#print axioms WitCert.sum_ofReal_div_card_le
+
+#check @WitCert.tsum_ofReal_step_budget_le
+#print axioms WitCert.tsum_ofReal_step_budget_le
 
 #check @WitCert.sum_step_allocation_le
 #print axioms WitCert.sum_step_allocation_le

@@ -17,6 +17,11 @@ import WitCert.ChiSquare
 import WitCert.MassSplit
 import WitCert.WitnessMaintenance
 import WitCert.SpotCheck
+import WitCert.UnionBound
+import WitCert.SpotRounds
+import WitCert.RequestAudit
+import WitCert.WitnessCodes
+import WitCert.QueryRadius
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -45,4 +50,14 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
   with the rounding of the keys attention reads).
 * `WitCert.tv_le_spot_identity` (the spot check's deterministic inequality, any `z > 0`),
   `WitCert.sum_step_allocation_le` (its per-step budget for open-ended generation).
+* `WitCert.measure_iUnion_le_of_tsum_le`, `WitCert.measure_iUnion_le_of_sum_le` (union bounds
+  against a budget), `WitCert.measure_iUnion_steps_le` (the spot check's request budget over an
+  open-ended generation).
+* `WitCert.measure_selected_lt_le` (adaptive spot-check rounds), with the splits
+  `WitCert.measure_selected_lt_le_uniform` and `WitCert.measure_selected_lt_le_zeta`.
+* `WitCert.measure_audit_le` (the request audit), `WitCert.auditUpper_mono`,
+  `WitCert.measure_cdf_lt_le` (super-uniformity of a discrete cdf).
+* `WitCert.tv_le_eform_of_rounded_witness`, `WitCert.bandBound_mono`, `WitCert.eform_meter_mono`
+  (witness codes rounded up).
+* `WitCert.abs_logit_error_le_query_radius` (a quantized query).
 -/

@@ -25,7 +25,7 @@ RESULTS = ROOT / "benchmarks" / "results"
 PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 README_MARKERS = ("<!-- results-table:begin (scripts/gen_results_page.py) -->", "<!-- results-table:end -->")
-SPOT_KEYS = "256"  # the spot check's default budget (witcert.monitor's spot_keys)
+SPOT_CONFIG = "adaptive 512"  # the spot-check record's headline configuration (benchmarks.spot_check.CONFIGS)
 
 
 def _load(name: str) -> dict | None:
@@ -51,20 +51,23 @@ def _fraction(x: float) -> str:
 # -- the README's table ---------------------------------------------------------------------------
 
 def results_table() -> str:
-    """Per scheme: the deterministic meter's coverage, the spot check's, and the violations (spot-check record)."""
+    """Per scheme: the deterministic meter's coverage, the spot check's beside its ceiling, and the violations."""
     spot = _load("spot_check.json")
     setup = spot["setup"]
-    lines = [f"| scheme | cells | certified at tau = {setup['tau']}: meter | with the spot check ({SPOT_KEYS} keys) "
-             "| true TV above the reported bound |", "|---|---|---|---|---|"]
+    lines = [f"| scheme | cells | certified at tau = {setup['tau']}: meter | with the spot check ({SPOT_CONFIG} keys, "
+             "mean read) | ceiling (true TV <= tau) | true TV above the reported bound |", "|---|---|---|---|---|---|"]
     for scheme, s in spot["schemes"].items():
+        if "all" not in s:
+            continue
         every = s["all"]
-        spot_row = every["by_keys"][SPOT_KEYS]
-        violations = every["violations_deterministic"] + spot_row["violations"]
+        spot_row = every["by_config"][SPOT_CONFIG]
+        violations = every["violations_deterministic"] + max(v["violations"] for v in every["by_config"].values())
         lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} "
-                     f"| {_fraction(spot_row['coverage'])} | {violations} |")
+                     f"| {_fraction(spot_row['coverage'])} ({spot_row['mean_keys_read']:.0f}) "
+                     f"| {_fraction(every['ceiling'])} | {violations} |")
     where = (f"SmolLM2-135M-Instruct, {setup['context_tokens']}-token contexts of text, code and a needle task, "
-             f"spot-check failure probability {setup['delta_per_cell']:g} per cell; measured {setup['date']} "
-             f"(`python -m benchmarks.spot_check`).")
+             f"spot-check failure probability {setup['delta_per_cell']:g} per cell, keys read in rounds of 32, 128, "
+             f"512; measured {setup['date']} (`{setup['command']}`).")
     return "\n".join(lines) + "\n\n" + where
 
 
@@ -110,54 +113,170 @@ def ranking_section() -> str:
              "Mean Spearman over the rows: " + ", ".join(
                  f"{name} {value:.2f}" for name, value in sorted(ranking["mean_spearman"].items(), key=lambda kv: -kv[1])),
              "", f"The summary and the observatory's report rank by **{ranking['rank_by']}**."]
-    return "\n".join(lines)
+    return "\n".join(lines + ranking_spot_lines())
+
+
+def ranking_spot_lines() -> list[str]:
+    """The same comparison on spot-checked runs (``ranking-spot.json``): why the ranking keeps its statistic."""
+    record = _load("ranking-spot.json")
+    if record is None:
+        return []
+    setup, spearman = record["setup"], record["mean_spearman"]
+    best = max(spearman, key=spearman.get)
+    return ["", f"With the spot check on ({', '.join(record['schemes'])}, {setup['cases_per_task']} case per task, "
+            f"{setup['context_tokens']}-token context; measured {record['finished'][:10]}, machine not recorded, "
+            f"`{record['command']}`): "
+            f"mean Spearman {best} {spearman[best]:.2f}, mean spot bound {spearman['mean spot bound']:.2f}, "
+            f"mean meter {spearman['mean meter']:.2f}. The ranking keeps the same statistic whichever the "
+            "certificate; the spot bound stays the per-cell statement."]
 
 
 def spot_section() -> str:
     spot = _load("spot_check.json")
     setup = spot["setup"]
-    budgets = [str(b) for b in setup["budgets"]]
+    configs = list(setup["configs"])
+    schemes = {scheme: s["all"] for scheme, s in spot["schemes"].items() if "all" in s}
     lines = ["## The spot check", "",
-             _provenance(setup["date"], setup.get("machine", "a 2-core AMD EPYC VM (AVX2, loaded), "
-                                                  f"{setup['threads']} torch thread"),
-                         setup.get("command", "python -m benchmarks.spot_check")), "",
+             _provenance(setup["date"], setup["machine"], setup["command"]), "",
              f"{setup['model']}: one {setup['context_tokens']}-token case per task ({', '.join(setup['tasks'])}), "
              f"{setup['cells_per_call']} cells sampled per attention call, tau = {setup['tau']}, failure probability "
-             f"{setup['delta_per_cell']:g} per checked cell, every cell against its true TV. Key budget split: "
-             f"{setup['split']}.", "",
-             "| scheme | cells | meter coverage | " + " | ".join(f"spot: {b} keys" for b in budgets)
-             + f" | median reported / true TV ({SPOT_KEYS}) | ms per check ({SPOT_KEYS}) | violations |",
-             "|---|---|---|" + "---|" * len(budgets) + "---|---|---|"]
-    for scheme, s in spot["schemes"].items():
-        every = s["all"]
-        by_keys = every["by_keys"]
-        violations = every["violations_deterministic"] + sum(by_keys[b]["violations"] for b in budgets)
-        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['coverage_deterministic'])} | "
-                     + " | ".join(_fraction(by_keys[b]["coverage"]) for b in budgets)
-                     + f" | {by_keys[SPOT_KEYS]['median_bound_over_true_tv']:.2f} "
-                       f"| {by_keys[SPOT_KEYS]['ms_per_check']:.1f} | {violations} |")
-    lines += ["", f"Coverage per task at {SPOT_KEYS} keys:", "", "| scheme | " + " | ".join(setup["tasks"]) + " |",
+             f"{setup['delta_per_cell']:g} per checked cell, every cell against its true TV. Estimator: "
+             f"{setup['estimator']}. *Ceiling*: the share of sampled cells whose true TV is at most tau, which no "
+             "sound bound exceeds.", "",
+             f"| scheme | cells | ceiling | meter coverage | {SPOT_CONFIG}: coverage | mean keys read | "
+             "fixed 256 keys | fixed 512 keys | median reported / true TV | ms per checked cell | violations |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for scheme, every in schemes.items():
+        by = every["by_config"]
+        head = by[SPOT_CONFIG]
+        violations = every["violations_deterministic"] + max(v["violations"] for v in by.values())
+        ratio = head["median_bound_over_true_tv"]
+        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['ceiling'])} | "
+                     f"{_fraction(every['coverage_deterministic'])} | {_fraction(head['coverage'])} | "
+                     f"{head['mean_keys_read']:.0f} | {_fraction(by['fixed 256']['coverage'])} | "
+                     f"{_fraction(by['fixed 512']['coverage'])} | {'-' if ratio is None else f'{ratio:.2f}'} | "
+                     f"{head['ms_per_checked_cell']:.1f} | {violations} |")
+    variants = [c for c in configs if c.startswith("adaptive") and c != SPOT_CONFIG]
+    lines += ["", "The adaptive check's split of `delta` over its rounds and its stage shares, coverage (mean keys "
+              "read) per configuration (the default first):", "",
+              "| scheme | " + " | ".join([SPOT_CONFIG, *variants]) + " |", "|---|" + "---|" * (1 + len(variants))]
+    for scheme, every in schemes.items():
+        by = every["by_config"]
+        lines.append(f"| {scheme} | " + " | ".join(
+            f"{_fraction(by[c]['coverage'])} ({by[c]['mean_keys_read']:.0f})" for c in [SPOT_CONFIG, *variants]) + " |")
+    lines += ["", f"Coverage per task, {SPOT_CONFIG}:", "", "| scheme | " + " | ".join(setup["tasks"]) + " |",
               "|---|" + "---|" * len(setup["tasks"])]
     for scheme, s in spot["schemes"].items():
-        lines.append(f"| {scheme} | " + " | ".join(
-            _fraction(s["by_task"][t]["by_keys"][SPOT_KEYS]["coverage"]) for t in setup["tasks"]) + " |")
-    return "\n".join(lines + spot_cost_lines(spot.get("cost")))
+        if "all" in s:
+            lines.append(f"| {scheme} | " + " | ".join(
+                _fraction(s["by_task"][t]["by_config"][SPOT_CONFIG]["coverage"]) for t in setup["tasks"]) + " |")
+    lines += ["", "![Coverage against exact keys read, per scheme](assets/spot-coverage.png)", "",
+              "Drawn from this record by `python scripts/docs_pictures.py --records` (dotted: the deterministic "
+              "meter's coverage)."]
+    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
 
 
-def spot_cost_lines(cost: list | None) -> list[str]:
-    """One check against the attention it certifies (``benchmarks.spot_cost``, recorded with the coverage)."""
-    if not cost:
+def _needle_rows(record: dict) -> dict:
+    """The formats record's needle rows by configuration name."""
+    return {row["name"]: row for row in record["needle"]["rows"]}
+
+
+def _hits(row: dict) -> str:
+    return f"{row['correct']}/{row['cases']}"
+
+
+def formats_section() -> str | None:
+    """The engine KV formats on SmolLM2 (``benchmarks/results/formats.json``, ``python -m benchmarks.formats``)."""
+    record = _load("formats.json")
+    if record is None:
+        return None
+    setup, rows = record["setup"], _needle_rows(record)
+    cov, tau, keys = setup["coverage"], setup["tau"], setup["coverage"]["spot_keys"]
+    base, sound = rows["uncompressed"], record["needle"]["soundness"]
+    lines = ["## Engine KV formats", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             f"The KV formats serving engines ship ([the formats guide](guides/formats.md)) on "
+             f"{setup['model'].split(';')[0]}. "
+             f"Coverage: one {cov['context_tokens']}-token case per task ({', '.join(cov['tasks'])}), "
+             f"{cov['cells_per_call']} cells sampled per attention call, each against its true TV; the spot check "
+             f"reads {keys} exact keys at failure probability {cov['delta_per_cell']:g} per checked cell. Needle: "
+             f"{setup['needle']['cases']} cases of the study's family at {setup['needle']['context_tokens']} tokens, "
+             f"raw and behind the certified gate at tau = {tau:g} (exact binomial 95% intervals; uncompressed "
+             f"{_hits(base)} = {base['accuracy']:.3f} [{base['low']:.3f}, {base['high']:.3f}]). Bytes: what the engine "
+             f"stores per token and kv head (keys and values) and the monitor's witness, against bf16, at head "
+             f"dimension {setup['head_dim']} and {setup['bands']} bands.", "",
+             f"| format | cells | certified at tau = {tau:g}: meter | with the spot check | median true TV "
+             "| needle raw | needle gated (tokens paged) | bytes per token: codes + witness (bf16) | violations |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    for scheme, s in record["schemes"].items():
+        raw, gated = rows[scheme], rows[f"{scheme} gated tau={tau:g}"]
+        b = s["bytes"]
+        violations = s["violations"] + raw["violations"] + gated["violations"] + gated.get("violations_after_repair", 0)
+        lines.append(f"| {scheme} | {s['cells']} | {_fraction(s['coverage_deterministic'])} | "
+                     f"{_fraction(s['coverage_spot'])} | {s['median_true_tv']:.4f} | {_hits(raw)} [{raw['low']:.2f}, "
+                     f"{raw['high']:.2f}] | {_hits(gated)} [{gated['low']:.2f}, {gated['high']:.2f}] "
+                     f"({gated['paged_fraction']:.2f}) | {b['codes']} + {b['witness']} ({b['bf16']}) | {violations} |")
+    lines += ["", f"Needle runs: {sound['cells']:,} metered cells, {sound['violations']} with true TV above the meter, "
+              f"{sound['violations_after_repair']} above their meter after repair. Each format's engine source "
+              "(file and revision) is recorded with it in `benchmarks/results/formats.json`."]
+    return "\n".join(lines)
+
+
+def formats_glance(link: str) -> str | None:
+    """The README's table of the engine formats (``None`` without ``formats.json``)."""
+    record = _load("formats.json")
+    if record is None:
+        return None
+    setup, rows = record["setup"], _needle_rows(record)
+    tau = setup["tau"]
+    cases = setup["needle"]["cases"]
+    lines = ["| format | meter | spot | median TV | needle raw / gated | bytes / bf16 |",
+             "|---|---|---|---|---|---|"]
+    violations = record["needle"]["soundness"]["violations"] + record["needle"]["soundness"]["violations_after_repair"]
+    for scheme, s in record["schemes"].items():
+        violations += s["violations"]
+        b = s["bytes"]
+        lines.append(f"| {scheme} | {s['coverage_deterministic']:.2f} | {s['coverage_spot']:.2f} | "
+                     f"{s['median_true_tv']:.3f} | {rows[scheme]['correct']} / {rows[f'{scheme} gated tau={tau:g}']['correct']} "
+                     f"| {(b['codes'] + b['witness']) / b['bf16']:.2f} |")
+    base = rows["uncompressed"]
+    return ("\n".join(lines) + f"\n\nEngine KV formats (vLLM, SGLang), same model and tau; needle answers of {cases} "
+            f"(uncompressed {base['correct']}); bytes with witness over bf16; {violations} violations; "
+            f"{setup['date'][:10]} ([table]({link})).")
+
+
+def spot_cost_lines(record: dict | None) -> list[str]:
+    """A batched check against the attention it certifies (``benchmarks.spot_cost``)."""
+    if not record:
         return []
-    lines = ["", f"Cost of one check ({cost[0]['keys']} keys, one torch thread, the same run; "
-             "`benchmarks/spot_cost.py`): against one cell's attention (one query head, fp32) and one decode step's "
-             "attention of a whole SmolLM2 layer (9 query heads over 3 kv heads).", "",
-             "| context | spot check | attention, one cell | attention, one layer step | check / cell | "
-             "check / layer step |", "|---|---|---|---|---|---|"]
-    for row in cost:
-        ms = row["ms"]
-        lines.append(f"| {row['context']:,} | {ms['spot check']:.2f} ms | {ms['attention, one cell']:.3f} ms | "
-                     f"{ms['attention, one layer step']:.2f} ms | {row['spot_over_cell']:.1f}x | "
-                     f"{row['spot_over_layer_step']:.2f}x |")
+    rows = record["runs"]
+    lines = ["", "### Cost per checked cell", "", _provenance(record["date"], record["machine"], record["command"]), "",
+             f"One decode layer-step, every query head's cell checked at once ({rows[0]['keys']} keys at most, radii 100x "
+             "the logit error so that every round runs: the worst case), per checked cell, against one cell's "
+             "attention (fp32) and the layer step's (sdpa); the one-cell form beside it.", "",
+             "| shape | context | batched, adaptive | batched, fixed | one cell | attention, one cell | "
+             "batched adaptive / cell attention |", "|---|---|---|---|---|---|---|"]
+    for row in rows:
+        ms = row["ms_per_checked_cell"]
+        lines.append(f"| {row['shape']} ({row['heads']} heads over {row['kv_heads']}, d {row['head_dim']}) | "
+                     f"{row['context']:,} | {ms['batched, adaptive (tau 0.2)']:.2f} ms | {ms['batched, fixed']:.2f} ms | "
+                     f"{ms['one cell, fixed']:.2f} ms | {row['ms']['attention, one cell']:.3f} ms | "
+                     f"{row['per_checked_cell_over_cell_attention']['batched, adaptive (tau 0.2)']:.1f}x |")
+    return lines
+
+
+def spot_generation_lines(record: dict | None) -> list[str]:
+    """Generation with the spot check in production (``benchmarks.spot_generation``)."""
+    if not record:
+        return []
+    names = list(dict.fromkeys(n for run in record["runs"] for n in run["ratio_to_stock"]))
+    lines = ["", "### Generation with the spot check", "", _provenance(record["date"], record["machine"],
+                                                                        record["command"]), "",
+             f"SmolLM2 `generate`, {record['scheme']}, production (`keep_exact=False`), tau = {record['tau']}, at most "
+             f"{record['spot_keys']} exact keys per checked cell; tokens/s against stock, prefill included, interleaved, "
+             "median of the runs.", "", "| context | " + " | ".join(names) + " |", "|---|" + "---|" * len(names)]
+    for run in record["runs"]:
+        lines.append(f"| {run['context']:,} | " + " | ".join(
+            f"{run['ratio_to_stock'][n]:.2f}x" if n in run["ratio_to_stock"] else "not run" for n in names) + " |")
     return lines
 
 
@@ -184,9 +303,33 @@ def spot_gate_section() -> str | None:
                      f"{spot['accuracy']:.3f} [{spot['low']:.3f}, {spot['high']:.3f}] against {det['accuracy']:.3f} "
                      f"[{det['low']:.3f}, {det['high']:.3f}]; its checks read {spot['spot_keys_per_cell']:.0f} exact "
                      "keys per cell (keys only, read to decide, not written into the cache).")
+    lines += ["", "![Tokens paged by gate kind](assets/gate-paged.png)"]
     table = repair_table(report)
     table[0] = "#" + table[0]  # a subsection of this one
-    return "\n".join([*lines, "", *table])
+    return "\n".join([*lines, "", *table, *production_spot_gate_lines(_load("spot_gate.json"))])
+
+
+def production_spot_gate_lines(record: dict | None) -> list[str]:
+    """The production spot-certified gate on the needle task (``benchmarks.spot_gate``)."""
+    if not record:
+        return []
+    rows = record["configurations"]
+    lines = ["", "### The production spot gate", "", _provenance(record["date"], record["machine"], record["command"]),
+             "", f"{record['cases']} needle cases of {record['context_tokens']} tokens, `keep_exact=False`: pages and "
+             f"checks read the verified host backing store; tau = {record['tau']}, at most {record['spot_keys']} exact "
+             "keys per check. Accuracy with its exact binomial 95% interval; *paged*: the mean share of a cell's "
+             "tokens paged in; *certified*: cells whose reported meter (after repair) is at most tau.", "",
+             "| configuration | accuracy | paged | fired | certified | MB paged per case | MB read by checks per case |",
+             "|---|---|---|---|---|---|---|"]
+    for name, row in rows.items():
+        acc = f"{row['accuracy']:.3f} [{row['low']:.3f}, {row['high']:.3f}]"
+        paged = f"{row['paged_fraction']:.3f}" if "paged_fraction" in row else "-"
+        fired = f"{row['fired']:.3f}" if "fired" in row else "-"
+        certified = f"{row['certified']:.3f}" if "certified" in row else "-"
+        mb_paged = f"{row['bytes_paged_per_case'] / 1e6:.1f}" if "bytes_paged_per_case" in row else "-"
+        mb_read = f"{row['check_bytes_per_case'] / 1e6:.1f}" if "check_bytes_per_case" in row else "-"
+        lines.append(f"| {name} | {acc} | {paged} | {fired} | {certified} | {mb_paged} | {mb_read} |")
+    return lines
 
 
 def study_section() -> str:
@@ -216,7 +359,8 @@ def generation_section() -> str | None:
              "too); *compiled*: `WITCERT_COMPILE=1`; *every 4th step*: sampled metering "
              "(`sample=witcert.MeterSampling(every=4)`, off by default: the other steps' cells are reported unmetered). "
              "Ratios are tokens/s against stock in the same run, interleaved, the median of the runs.",
-             "", *_ratio_table(record["runs"], GENERATION_CONFIGS)]
+             "", *_ratio_table(record["runs"], GENERATION_CONFIGS), "",
+             "![Monitored generation against stock](assets/production-overhead.png)"]
     return "\n".join(lines)
 
 
@@ -258,6 +402,95 @@ def long_context_section() -> str | None:
         lines.append(f"| {layer['context']} | {t['sdpa']:.1f} | {t['stock step']:.1f} | {t['meter']:.1f} | "
                      f"{t.get('meter, compiled', nan):.1f} | {t.get('meter, in step', nan):.1f} | "
                      f"{t.get('meter, in step, compiled', nan):.1f} | {ratio:.2f}x |")
+    return "\n".join(lines)
+
+
+def capacity_section() -> str | None:
+    """Tokens in a 1 GiB KV budget per scheme, raw and with the production monitor (``capacity.json``)."""
+    record = _load("capacity.json")
+    if record is None:
+        return None
+    setup = record["setup"]
+    lines = ["## Capacity", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             f"Tokens that fit in {setup['budget_bytes'] / 2**30:g} GiB of KV cache for a {setup['dtype']} model: the "
+             "uncompressed cache, each scheme alone (its codes and their group statistics, as the production store "
+             "holds them), and with the production monitor (`keep_exact=False`: the witness added, "
+             f"{setup['witness_bits']}-bit band norms at the default bands, and in fp16 for comparison). Accounted "
+             "from the tensors the production store holds after a long prefill (`witcert.integrations.hf.footprint`). "
+             "A gate or spot check in production also keeps the exact keys and values on the host (the uncompressed "
+             "size, never on the device): the *host backing* column.", ""]
+    for shape, rows in record["accounting"].items():
+        bands = setup["bands"][shape]
+        lines += [f"**{shape}**, {bands} bands:", "",
+                  "| scheme | bytes per token: bf16 | raw | monitored | tokens: bf16 | raw | monitored | "
+                  "capacity: raw | monitored | with an fp16 witness | host backing per token |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+        for r in rows:
+            t = r["tokens_in_budget"]
+            lines.append(f"| {r['scheme']} | {r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
+                         f"{r['bytes_per_token_monitored']:,.0f} | {int(t['bf16']):,d} | {int(t['raw']):,d} | {int(t['monitored']):,d} | "
+                         f"{r['capacity_raw']:.2f}x | {r['capacity_monitored']:.2f}x | "
+                         f"{r['capacity_monitored_fp16_witness']:.2f}x | {r['host_backing_per_token']:,.0f} B |")
+        lines.append("")
+    generation = record.get("generation")
+    if generation:
+        g = setup["generation"]
+        lines += [f"**Generation**: {g['model']}, a {g['context_tokens']}-token text prompt and {g['new_tokens']} new "
+                  "tokens under `witcert.monitor(scheme, keep_exact=False)`; `mon.memory()` against the bf16 cache of "
+                  "the same tokens (decode tokens included: KIVI keeps the keys of a chunk's last tokens exact, a "
+                  "quantized cache an exact window of up to 128).", "",
+                  "| scheme | tokens | held | of which witness | exact bf16 cache | capacity |", "|---|---|---|---|---|---|"]
+        for r in generation:
+            lines.append(f"| {r['scheme']} | {r['tokens']} | {r['held']:,d} B | {r['witness']:,d} B | "
+                         f"{r['exact_cache_bf16']:,d} B | {r['capacity']:.2f}x |")
+        lines.append("")
+    lines += quantized_cache_reads_lines()
+    shapes = list(record["accounting"])
+    lines += ["Against the targets (production monitor, witness included, against bf16):", "",
+              "| scheme | target | " + " | ".join(shapes) + " | generation |", "|---|---|" + "---|" * (len(shapes) + 1)]
+    for r in record["targets"]:
+        cells = [r[shape] for shape in shapes] + [r["generation"]]
+        lines.append(f"| {r['scheme']} | {r['target']:g}x | " + " | ".join(
+            "-" if c is None else f"{c:.2f}x {'(met)' if c >= r['target'] else '(below)'}" for c in cells) + " |")
+    return "\n".join(lines)
+
+
+def quantized_cache_reads_lines() -> list[str]:
+    """transformers' quantized cache with and without a decoded copy between reads (``hf_cache_reads.json``)."""
+    record = _load("hf_cache_reads.json")
+    if record is None:
+        return []
+    lines = [f"**transformers' quantized cache between reads** ({record['scheme']}, SmolLM2-135M-Instruct in fp32, "
+             f"{record['context']}-token prompt, {record['new_tokens']} new tokens, production mode). "
+             + _provenance(record["date"], record["machine"], record["command"]), "",
+             "| store | runs | held | of which decoded | exact cache | tokens/s against stock |", "|---|---|---|---|---|---|"]
+    for label, m in record["medians"].items():
+        lines.append(f"| {label} | {m['runs']} | {m['held']:,.0f} B | {m['decoded']:,.0f} B | {m['exact_cache']:,.0f} B | "
+                     f"{m['ratio_to_stock']:.2f}x |")
+    return lines + ["", "Medians of interleaved runs; every read decodes the history in both (transformers' own "
+                    "update does), so holding a decoded copy saved no decoding.", ""]
+
+
+def witness_size_section() -> str | None:
+    """Coverage and looseness by witness bands and bits (``witness_size.json``)."""
+    record = _load("witness_size.json")
+    if record is None:
+        return None
+    setup = record["setup"]
+    lines = ["## A smaller witness", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             f"SmolLM2-135M-Instruct (head dim 64), {setup['context_tokens']}-token contexts of "
+             f"{', '.join(setup['tasks'])}, {setup['cells']}: the deterministic meter's coverage at tau = {setup['tau']} "
+             "(meter at most tau), the ceiling (true TV at most tau), meter / true TV over the cells whose attention "
+             "moved, and the witness bytes per token and kv head (the value statistics included) for each option: "
+             "bands, and each band norm in fp16 or in one byte (e5m3), both rounded up. The default is 16 bands in one "
+             "byte.", "",
+             "| scheme | bands | bits | witness bytes | cells | coverage | ceiling | median meter / true TV | "
+             "90th percentile | violations |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for scheme, rows in record["schemes"].items():
+        for r in rows:
+            lines.append(f"| {scheme} | {r['bands']} | {r['bits']} | {r['witness_bytes']} | {r['cells']:,d} | "
+                         f"{_fraction(r['coverage'])} | {_fraction(r['ceiling'])} | "
+                         f"{r['median_meter_over_true_tv']:.2f} | {r['p90_meter_over_true_tv']:.2f} | {r['violations']} |")
     return "\n".join(lines)
 
 
@@ -482,8 +715,8 @@ def page() -> str:
         if glance:
             head += ["", glance]
     sections = [fuzz_section(), records_section("observatory.md"), ranking_section(), spot_section(),
-                study_section(), spot_gate_section(), generation_section(), long_context_section(), vllm_section(),
-                bench_section()]
+                formats_section(), study_section(), spot_gate_section(), generation_section(), long_context_section(),
+                capacity_section(), witness_size_section(), vllm_section(), bench_section()]
     return "\n".join(head) + "\n\n" + "\n\n".join(s for s in sections if s is not None) + "\n"
 
 
@@ -530,7 +763,8 @@ def generation_glance(link: str) -> str | None:
 def readme_with_table(readme: str) -> str:
     begin, end = README_MARKERS
     start, stop = readme.index(begin) + len(begin), readme.index(end)
-    glances = [g for g in (spot_gate_glance("docs/results.md#the-spot-certified-gate"),
+    glances = [g for g in (formats_glance("docs/results.md#engine-kv-formats"),
+                           spot_gate_glance("docs/results.md#the-spot-certified-gate"),
                            generation_glance("docs/results.md#monitored-generation"),
                            vllm_glance("docs/results.md#serving-with-vllm")) if g]
     return readme[:start] + "\n" + results_table() + "".join("\n\n" + g for g in glances) + "\n" + readme[stop:]

@@ -372,6 +372,16 @@ def _lean_cell(name: str | None, decls: dict[str, LeanDecl]) -> str:
     return f"`{name}`{where}"
 
 
+def _checks_cell(row, registry: ModuleType) -> str:
+    """Which checks the row's Lean declaration has passed; "never compiled" until a forge build."""
+    if row.lean is None:
+        return "—"
+    checks = list(row.lean_checks)
+    if registry.FORGE_BUILD not in checks:
+        checks.append("never compiled")
+    return "; ".join(checks)
+
+
 def render_map(registry: ModuleType, decls: dict[str, LeanDecl]) -> str:
     """The full text of ``docs/theorem_map.md``."""
     lines = [
@@ -383,16 +393,21 @@ def render_map(registry: ModuleType, decls: dict[str, LeanDecl]) -> str:
         'Chain ([docs/design.md](design.md), "Verification chain"): paper item → Lean declaration (`formal/`) → spec mirror (`spec/`)',
         "→ torch implementation (`witcert/`) → Triton kernel (`kernels/`) → tests.",
         "",
-        "| Key | Paper item | Statement | Lean declaration | Spec mirror | Implementation "
-        "| Kernel | Tests |",
-        "| --- | --- | --- | --- | --- | --- | --- | --- |",
+        "Lean checks: *static check (here)* is `bash scripts/lean_check.sh` without a toolchain",
+        "(the audit below and the check against the pinned Mathlib, in CI on every commit);",
+        "*lake build on a forge (workflow)* is `.github/workflows/lean.yml`. A declaration without",
+        "a forge build has **never been compiled** by Lean.",
+        "",
+        "| Key | Paper item | Statement | Lean declaration | Lean checks | Spec mirror "
+        "| Implementation | Kernel | Tests |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- |",
     ]
     for row in registry.THEOREMS:
         statement = row.statement.replace("|", "\\|")
         lines.append(
             f"| {row.key} | {row.paper} | `{statement}` | {_lean_cell(row.lean, decls)} "
-            f"| {_cell(row.spec)} | {_cell(row.torch)} | {_cell(row.kernel)} "
-            f"| {_cell(row.tests)} |"
+            f"| {_checks_cell(row, registry)} | {_cell(row.spec)} | {_cell(row.torch)} "
+            f"| {_cell(row.kernel)} | {_cell(row.tests)} |"
         )
     lines += ["", "## Notes", ""]
     for row in registry.THEOREMS:
@@ -405,7 +420,10 @@ def render_map(registry: ModuleType, decls: dict[str, LeanDecl]) -> str:
         "- `bash scripts/lean_check.sh`: `lake build --wfail` and the axiom report of",
         "  `formal/Export.lean` when `lake` is on PATH (only `propext`, `Classical.choice`,",
         "  `Quot.sound` allowed); always the static audit of this script, whose scope check",
-        "  fails when a file uses a `formal/` name declared only in modules it does not import.",
+        "  fails when a file uses a `formal/` name declared only in modules it does not import,",
+        "  and `scripts/lean_names.py`, which checks every file against the committed index of",
+        "  the pinned Mathlib (imports that exist, Mathlib names in the import closure and not",
+        "  deprecated, no lemma applied to more explicit arguments than it takes).",
         "- Mathlib names used by the proofs, and where their statements were read:",
         "  `formal/MATHLIB_NAMES.md`.",
         "",

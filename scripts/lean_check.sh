@@ -6,9 +6,13 @@
 # - Always: the static audit (forbidden tokens, registry names declared in formal/, docstrings,
 #   scope: every formal/ name a file uses is declared in it or in a module it imports, no import
 #   cycle, every module reachable from formal/WitCert.lean; docs/theorem_map.md and
-#   formal/Export.lean in sync with spec/registry.py), and the build pins (scripts/lean_pins.py:
+#   formal/Export.lean in sync with spec/registry.py), the build pins (scripts/lean_pins.py:
 #   no bare `import Mathlib`; lake-manifest.json pins Mathlib at the commit of the lakefile's tag
-#   and each dependency at the revision Mathlib's own manifest names).
+#   and each dependency at the revision Mathlib's own manifest names), and the check against the
+#   pinned Mathlib (scripts/lean_names.py, with the committed index
+#   formal/mathlib-index-<tag>.tsv.xz: every import exists at the pin, every Mathlib name is
+#   declared in the file's import closure and not deprecated, no lemma applied to more explicit
+#   arguments than it takes). These read text; they do not elaborate (docs/verification.md).
 # Exit status: non-zero when the audit or (if run) the Lean build / axiom check fails.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -40,4 +44,5 @@ else
 fi
 
 "$PY" scripts/lean_pins.py
+"$PY" scripts/lean_names.py
 "$PY" scripts/gen_theorem_map.py --check

@@ -8,9 +8,16 @@ generated from it.
 
 Fields hold dotted names (``module:attribute`` is not used; the last dot splits module and
 attribute). ``lean`` is ``None`` only for statements that are not theorems (the known-false
-form) and then ``note`` says why.
+form) and then ``note`` says why. ``lean_checks`` says which checks the Lean declaration has
+passed: ``STATIC_CHECK`` (``scripts/lean_check.sh`` without a toolchain: the audit and the check
+against the pinned Mathlib, run by CI on every commit) and, once a forge run of
+``.github/workflows/lean.yml`` has built it, ``FORGE_BUILD``; a row without ``FORGE_BUILD`` has
+never been compiled.
 """
 from dataclasses import dataclass, field
+
+STATIC_CHECK = "static check (here)"
+FORGE_BUILD = "lake build on a forge (workflow)"
 
 
 @dataclass(frozen=True)
@@ -26,6 +33,7 @@ class Theorem:
     kernel: str | None  # dotted name of the Triton kernel entry point, or None ("none yet")
     tests: tuple[str, ...] = field(default_factory=tuple)  # test files that check it
     note: str = ""
+    lean_checks: tuple[str, ...] = (STATIC_CHECK,)  # checks the Lean declaration has passed
 
 
 THEOREMS: tuple[Theorem, ...] = (
@@ -165,6 +173,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_tier_a.py", "tests/test_schemes.py", "tests/test_observe.py"),
     ),
     Theorem(
+        key="MW",
+        paper='witness storage rounded up (beyond the paper; docs/design.md "Tier A: the band witness")',
+        statement="||r_{t,b}|| <= w_{t,b} <= w'_{t,b}  =>  TV(p, p~) <= 1/2 (A'^2 - 1),  A' = sum_t p~_t e^{c'_t},  c'_t = (1/sqrt d) sum_b ||q_b|| w'_{t,b}",
+        lean="WitCert.tv_le_eform_of_rounded_witness",
+        note="The band bound and T1's meter are monotone in the witness (`WitCert.bandBound_mono`, `WitCert.massExp_mono`, `WitCert.eform_meter_mono`): a stored band norm rounded up, to fp16 or to the one-byte e5m3 code (the fp16 bit pattern without its sign, rounded up to a multiple of 2^7), keeps every bound sound. The codes' upward rounding is the implementation's (witcert/tier_a/witness_code.py), checked exhaustively over fp16 and against 60-digit band norms, not a Lean statement.",
+        spec=None,
+        torch="witcert.tier_a.witness_code.encode_e5m3",
+        kernel="witcert.kernels.witness_write.witness_write",
+        tests=("tests/test_witness_code.py", "contracts/test_witness_write.py", "tests/test_memory_account.py"),
+    ),
+    Theorem(
         key="L2s",
         paper="Lemma 2 (sinh bound)",
         statement="x >= 0  =>  sinh x <= x exp(x^2/6)",
@@ -269,22 +288,22 @@ THEOREMS: tuple[Theorem, ...] = (
         paper='spot-check certificate, deterministic inequality (beyond the paper; docs/design.md "Spot-check certificate")',
         statement="W_t = e^{-eps_t}, Z = E_p~ W, any Z' > 0  =>  TV(p, p~) <= (1/2 E_p~|W - Z'| + 1/2 |Z' - Z|) / Z'",
         lean="WitCert.tv_le_spot_identity",
-        note="Pointwise `WitCert.mul_abs_sub_le_spot` (z |w - Z| <= Z |w - z| + w |z - Z|). The two means are estimated from an exact set (the heaviest witness contributions, read exactly) and draws with replacement from q ~ p~ (e^c - 1 + |1 - Z'|) on the rest, ratios in [0, 1] and [-1, 1] because |e^{-eps} - 1| <= e^c - 1 (`WitCert.abs_exp_neg_sub_one_le`); three one-sided confidence statements (SCB) at delta/3 each. The draw uses the meter's own randomness after the query is fixed and never feeds the model, so the bound holds with probability 1 - delta per cell for adaptive queries and any scheme. The fp64 evaluation is inflated a priori (witcert/spot/certificate.py), not a Lean statement.",
+        note="Pointwise `WitCert.mul_abs_sub_le_spot` (z |w - Z| <= Z |w - z| + w |z - Z|). The two means are estimated from an exact set (the heaviest witness contributions, read exactly) and draws with replacement from q ~ p~ (e^c - 1 + |1 - Z'|) on the rest, ratios in [0, 1] and [-1, 1] because |e^{-eps} - 1| <= e^c - 1 (`WitCert.abs_exp_neg_sub_one_le`); three one-sided confidence statements (SCB) at delta/3 each, combined by the finite union bound against a budget (`WitCert.measure_iUnion_le_of_sum_le`). The draw uses the meter's own randomness after the query is fixed and never feeds the model, so the bound holds with probability 1 - delta per cell for adaptive queries and any scheme. The fp64 evaluation is inflated a priori and every weighted term is formed in log space, exp(log p~ + x), so a visible token whose p~ underflows keeps its p~ W; a Z' below S 2^-1000 gives the trivial bound (witcert/spot/cell.py), not a Lean statement.",
         spec="witcert.spec.spot_check.bound_spot_check",
         torch="witcert.spot.certificate.spot_check_two_sided",
         kernel=None,
-        tests=("tests/test_spot_check.py",),
+        tests=("tests/test_spot_check.py", "tests/test_spot_underflow.py"),
     ),
     Theorem(
         key="SCO",
         paper='spot-check certificate, one-sided form (beyond the paper; docs/design.md "Spot-check certificate")',
         statement="p~ a probability vector, W_t = e^{-eps_t}, Z = E_p~ W, any Z_U >= Z  =>  TV(p, p~) <= E_p~ (1 - W / Z_U)^+",
         lean="WitCert.tv_le_spot_one_sided",
-        note="TV = sum_t (p~_t - p_t)^+ because both sum to one (`WitCert.abs_le_add_two_mul` summed), and p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U). Two confidence statements: an upper bound Z_U on Z from draws ~ p~ (e^c - 1) on the rest of an exact set (ratios (W - 1)/(e^c - 1) in [-1, 1], `WitCert.exp_neg_sub_one_mem`), then draws ~ p~ (1 - e^{-c}/Z_U)^+ bound the one-sided mean (ratios in [0, 1], `WitCert.spot_one_sided_term_le`); betting bounds (SCB) at delta 7/10 and 3/10, drawn until a planned number of distinct keys is read (a stopping time: Ville's inequality keeps the betting bound valid with the planned count in the bets). The library's default spot estimator; the fp64 evaluation is inflated a priori, not a Lean statement.",
+        note="TV = sum_t (p~_t - p_t)^+ because both sum to one (`WitCert.abs_le_add_two_mul` summed), and p~_t - p_t = p~_t (1 - W_t / Z) <= p~_t (1 - W_t / Z_U). Two confidence statements: an upper bound Z_U on Z from draws ~ p~ (e^c - 1) on the rest of an exact set (ratios (W - 1)/(e^c - 1) in [-1, 1], `WitCert.exp_neg_sub_one_mem`), then draws ~ p~ (1 - e^{-c}/Z_U)^+ bound the one-sided mean (ratios in [0, 1], `WitCert.spot_one_sided_term_le`); betting bounds (SCB) at delta 8/10 and 2/10 (their union, `WitCert.measure_iUnion_le_of_sum_le`), drawn until a planned number of distinct keys is read (a stopping time: Ville's inequality keeps the betting bound valid with the planned count in the bets). The library's default spot estimator. Visibility comes from the finite logits, every weighted term is formed in log space (a token whose fp64 p~ underflows keeps its p~ W and p~ (e^c - 1)), a Z_U below S 2^-1000 gives the trivial bound, and the fp64 evaluation is inflated a priori (witcert/spot/cell.py): not a Lean statement.",
         spec="witcert.spec.spot_check.bound_spot_one_sided",
         torch="witcert.spot.one_sided.spot_check",
         kernel=None,
-        tests=("tests/test_spot_one_sided.py",),
+        tests=("tests/test_spot_one_sided.py", "tests/test_spot_underflow.py"),
     ),
     Theorem(
         key="SCB",
@@ -298,15 +317,37 @@ THEOREMS: tuple[Theorem, ...] = (
         note="NOT proved in Lean. Betting: Waudby-Smith and Ramdas, Estimating means of bounded random variables by betting, JRSS-B 86(1), 2023 (predictable plug-in bets, capital a nonnegative supermartingale under E X >= m, Ville/Markov). Empirical Bernstein: Maurer and Pontil, Empirical Bernstein bounds and sample variance penalization, COLT 2009, Theorem 4 (E X <= mean + sqrt(2 V ln(2/delta)/n) + 7 ln(2/delta)/(3(n-1))). Assumptions: sampling with replacement from a known distribution fixed before the draw, values in [0, 1]. The minimum of the two costs a union: delta/2 each. Checked by an empirical failure-rate test at large delta over many seeds and adversarial cells (tests/test_spot_check.py).",
     ),
     Theorem(
+        key="SCR",
+        paper="spot-check adaptive key budgets (beyond the paper; docs/design.md \"Spot-check certificate\")",
+        statement="rounds r = 1..R with statements failing w.p. <= delta_r conditionally on the rounds before, sum_r delta_r <= delta  =>  P(some round run fails) <= delta, for any stopping rule; delta_r = delta/R or delta 6/(pi^2 r^2)",
+        lean="WitCert.measure_selected_lt_le_uniform",
+        note="`WitCert.measure_selected_lt_le`: the bound of any selected round (here the least bound over the rounds run; a round not run holds the trivial bound 1) fails with probability at most delta when round r's fails with probability at most delta_r and sum_r delta_r <= delta (a round's conditional guarantee given the rounds before implies the unconditional one). Splits: uniform `WitCert.sum_uniform_round_budget_le` (the default; `WitCert.measure_selected_lt_le_uniform`) and 6/(pi^2 r^2) `WitCert.sum_zeta_round_budget_le` (`WitCert.measure_selected_lt_le_zeta`). Round r may read up to B_r = 32 4^(r-1) distinct exact keys in all (the last B_R = keys), every key read before known exactly; a cell stops at its first bound <= tau and reports the least bound over its rounds. The monitor uses the uniform split and fourfold budgets (measured: witcert/spot/rounds.py, docs/guides/spot-check.md). witcert.spot.batched.check_cells runs the same rounds for every cell of a layer-step at once (tests/test_spot_batched.py replays one form's draws in the other).",
+        spec="witcert.spec.spot_check.round_shares",
+        torch="witcert.spot.rounds.round_shares",
+        kernel=None,
+        tests=("tests/test_spot_rounds.py", "tests/test_spot_batched.py"),
+    ),
+    Theorem(
         key="SCD",
         paper="spot-check request budget (beyond the paper)",
-        statement="sum_{k >= 1} 6/(pi^2 k^2) <= 1, so delta_k = delta_req 6/(pi^2 k^2) / cells_per_step keeps an open-ended generation within delta_req",
-        lean="WitCert.sum_step_allocation_le",
-        note="From Mathlib `hasSum_zeta_two` (`WitCert.sum_range_one_div_sq_le`); with cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell.",
+        statement="cell c of step k >= 1 fails with probability <= delta_req 6/(pi^2 k^2) / cells_k  =>  P(some cell of some step fails) <= delta_req, over any number of steps",
+        lean="WitCert.measure_iUnion_steps_le",
+        note="The union bound over a countable family of events against a budget (`WitCert.measure_iUnion_le_of_tsum_le`, Mathlib `measure_iUnion_le`), per step over its cells (`WitCert.measure_iUnion_le_of_sum_le`, even split `WitCert.sum_ofReal_div_card_le`), and the budgets summing to at most delta_req (`WitCert.tsum_ofReal_step_budget_le`, from `WitCert.sum_step_allocation_le`: sum_{k >= 1} 6/(pi^2 k^2) <= 1, Mathlib `hasSum_zeta_two` via `WitCert.sum_range_one_div_sq_le`). With cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell. The monitor spends a request budget this way (spot_delta=witcert.spot.RequestBudget(delta_req): step k of a request, its layers x heads x queries cells); the spot-certified gate gives half of a cell's delta to the check before repair and spends the other half over its re-checks i = 1, 2, ... at 6/(pi^2 i^2) each.",
         spec="witcert.spec.spot_check.delta_at_step",
         torch="witcert.spot.budget.delta_at_step",
         kernel=None,
-        tests=("tests/test_spot_check.py",),
+        tests=("tests/test_spot_check.py", "tests/test_spot_rounds.py", "tests/test_spot_gate.py"),
+    ),
+    Theorem(
+        key="QR",
+        paper='query-side radius (beyond the paper; docs/design.md "The query-side radius")',
+        statement="|sm q'.k^_t - sm q.k_t| <= sm sum_b ||q_b|| w_{t,b} + |sm (q' - q).k^_t|  for w_{t,b} >= ||(k^_t - k_t)_b||",
+        lean=None,
+        spec="witcert.spec.query_radius.bound_query_key",
+        torch="witcert.tier_a.query_radius.query_radius",
+        kernel=None,
+        tests=("tests/test_query_radius.py", "tests/test_fuzz.py"),
+        note="Lean statement planned (logit_error_le_query_key_bound in the WitCert namespace, the formal layer); until it is declared in formal/ this row names none. The identity sm q'.k^ - sm q.k = sm q.(k^ - k) + sm (q' - q).k^, T2 on the first term and the second evaluated exactly (two fp64 logits and their SR rounding bounds, witcert.tier_a.query_radius.read_scores); its band Cauchy-Schwarz form sm sum_b ||e_b|| ||k^_b|| (spec bound_query_cauchy_schwarz) is valid and never smaller.",
     ),
 )
 

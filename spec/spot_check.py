@@ -329,9 +329,25 @@ def delta_per_cell(delta_req: Real, n_cells: int) -> mpf:
 def delta_at_step(delta_req: Real, step: int, cells_per_step: int) -> mpf:
     """``delta_req 6 / (pi^2 k^2) / cells_per_step`` at decode step ``k >= 1`` (open-ended generation).
 
-    ``sum_k 6 / (pi^2 k^2) = 1`` (``WitCert.sum_inv_sq_le_zeta_two``), so the union over every
-    step of an unbounded generation stays within ``delta_req``.
+    ``sum_{k<n} 6 / (pi^2 k^2) <= 1`` (``WitCert.sum_step_allocation_le``), so the union over every
+    step of an unbounded generation stays within ``delta_req`` (``WitCert.measure_iUnion_steps_le``).
     """
     if step < 1:
         raise ValueError(f"step: must be >= 1, got {step!r}")
     return mpf(delta_req) * 6 / (mpmath.pi ** 2 * step ** 2) / cells_per_step
+
+
+# ----------------------------------------------------------------------------- adaptive rounds (SCR)
+
+
+def round_shares(rounds: int, split: str = "uniform") -> list[mpf]:
+    """``share_r`` of ``delta`` for rounds ``r = 1..rounds``: ``1/R`` each (``"uniform"``) or ``6 / (pi^2 r^2)``
+    (``"inverse-square"``). Either sums to at most 1, so a union over the rounds run, each at ``delta share_r``
+    conditionally on the rounds before it, fails with probability at most ``delta`` whatever the stopping rule."""
+    if rounds < 1:
+        raise ValueError(f"rounds: must be >= 1, got {rounds!r}")
+    if split == "uniform":
+        return [mpf(1) / rounds] * rounds
+    if split == "inverse-square":
+        return [6 / (mpmath.pi ** 2 * r ** 2) for r in range(1, rounds + 1)]
+    raise ValueError(f"split: expected 'uniform' or 'inverse-square', got {split!r}")

@@ -71,3 +71,39 @@ def reader_for(scores, eps):
 def binomial_ceiling(trials: int, delta: float) -> int:
     """Failures a correct level-delta bound exceeds with probability < 1e-4."""
     return int(stats.binom.ppf(1 - 1e-4, trials, delta))
+
+
+class RecordingSampler:
+    """Draws like the library's sampler and records each cell's rows of every call, in order (``cells`` names them;
+    the one-cell form passes none: cell 0)."""
+
+    def __init__(self, seed: int):
+        from witcert.spot.randomness import MultinomialSampler, spot_randomness
+
+        self.inner = MultinomialSampler(spot_randomness(seed).generator)
+        self.rows: dict[int, list[torch.Tensor]] = {}
+
+    def draw(self, weights, count, cells=None):
+        draws = self.inner.draw(weights, count, cells)
+        for i, cell in enumerate([0] if cells is None else cells.tolist()):
+            self.rows.setdefault(cell, []).append(draws[i])
+        return draws
+
+
+class ReplaySampler:
+    """Hands back recorded draws in order (the first ``count`` of each): the same draws in the other form."""
+
+    def __init__(self, rows: list[torch.Tensor]):
+        self.rows = list(rows)
+
+    def draw(self, weights, count, cells=None):
+        assert self.rows, "the form asked for more draws than the other form made"
+        row = self.rows.pop(0)
+        assert row.numel() >= count, (row.numel(), count)
+        return row[:count].reshape(1, -1).expand(weights.shape[0], -1)
+
+
+def stacked_cells(families, size: int, seed: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(scores, c, eps) of one synthetic cell per family name, stacked (N, size)."""
+    parts = [synthetic_cell(family, size, seed + i) for i, family in enumerate(families)]
+    return tuple(torch.stack(part) for part in zip(*parts))

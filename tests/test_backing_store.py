@@ -202,3 +202,38 @@ def test_bad_input_raises_value_error():
         store.page_in("L", (2,), 0)
     with pytest.raises(ValueError, match="out of range"):
         store.page_in("L", (0,), 2)
+
+
+# ----------------------------------------------------------------------------- production files (issue 40)
+
+
+def _files(root) -> list:
+    return sorted(str(p.relative_to(root)) for p in root.rglob("*"))
+
+
+def test_production_backing_files_live_only_as_long_as_their_request(tmp_path):
+    """witcert.monitor(keep_exact=False, certificate='spot', backing_dir=...): each request's exact keys and values
+    live in a directory of mode 0700 with files of mode 0600 while its cache is alive; the files go when the cache
+    is released (five generate calls leave nothing behind) and when the monitor closes (a cache still held)."""
+    import witcert
+    from tiny_models import prompts, tiny
+    from transformers import DynamicCache
+
+    model = tiny("llama")
+    ids, mask = prompts(1, length=20)
+    root = tmp_path / "backing"
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4", keep_exact=False, certificate="spot",
+                                          backing_dir=root) as mon:
+        for _ in range(5):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        assert _files(root) == []  # each request's directory went with its cache
+        cache = DynamicCache()
+        model(input_ids=ids, attention_mask=mask, past_key_values=cache)
+        (request,) = root.iterdir()
+        files = list(request.iterdir())
+        assert files and request.stat().st_mode & 0o777 == 0o700
+        assert all(f.stat().st_mode & 0o777 == 0o600 for f in files)
+        assert root.stat().st_mode & 0o077 == 0  # the root the monitor made: owner only
+        held = cache
+    assert _files(root) == []  # closed with the monitor, although the cache is still held
+    assert held.layers[0].store.backing is None and mon.memory().total.backing_files > 0  # reported, then released

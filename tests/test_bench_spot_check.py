@@ -6,7 +6,7 @@ the call's cells unchanged. Domain: the tiny Llama, rtn-int4, 2 rows x 40 tokens
 import pytest
 import torch
 
-from benchmarks.spot_check import BUDGETS, SampledSpotChecks
+from benchmarks.spot_check import CONFIGS, SampledSpotChecks
 from witcert.integrations.hf.monitoring import Monitor
 
 from tests.tiny_models import prompts, tiny
@@ -17,13 +17,14 @@ def test_the_sampling_hook_records_sound_checks_through_the_monitor():
     model = tiny("llama")
     ids, mask = prompts(2, length=40)
     monitor = Monitor(model, "rtn-int4", tau=1e-4)
-    monitor.spot = SampledSpotChecks(per_call=2, delta=1e-6, tau=1e-4, task="text")
+    monitor.spot = SampledSpotChecks(per_call=2, delta=1e-6, tau=1e-4, task="text",
+                                     configs=("adaptive 512", "fixed 256"))
     with torch.no_grad(), monitor:
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
     rows = monitor.spot.rows
     checked = [r for r in rows if r["spot"]]
     assert rows and checked
     for row in checked:
-        assert sorted(row["spot"]) == sorted(BUDGETS)
+        assert sorted(row["spot"]) == ["adaptive 512", "fixed 256"] and set(row["spot"]) <= set(CONFIGS)
         assert all(entry["bound"] >= row["true_tv"] for entry in row["spot"].values())
     assert "spot_bound" not in monitor.table().columns  # the hook records, it changes nothing

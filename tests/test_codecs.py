@@ -14,21 +14,75 @@ from witcert.integrations.hf import codecs
 from witcert.integrations.hf.compressed_cache import CompressedLayer
 
 
-def _cache(dtype, d=64, seed=0):
-    x = torch.randn(2, 3, 7, d, generator=torch.Generator().manual_seed(seed)) * 4
+def _cache(dtype, d=64, seed=0, tokens=7):
+    x = torch.randn(2, 3, tokens, d, generator=torch.Generator().manual_seed(seed)) * 4
     x[0, 0, 0, :] = 0.0  # an all-zero group
     return x.to(dtype)
 
 
-@pytest.mark.parametrize("name", ["rtn-int8", "rtn-int4", "rtn-int2", "fp8-e4m3-scaled"])
+@pytest.mark.parametrize("name", ["rtn-int8", "rtn-int4", "rtn-int2", "fp8-e4m3-scaled", "kivi-2bit"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("d", [64, 80])
-def test_packed_codecs_decode_to_the_registered_scheme_bit_for_bit(name, dtype, d):
+@pytest.mark.parametrize("d", [64, 80, 30])
+@pytest.mark.parametrize("tokens", [7, 70])
+def test_packed_codecs_decode_to_the_registered_scheme_bit_for_bit(name, dtype, d, tokens):
     codec = codecs.codec_for(name, packed=True)
     assert not isinstance(codec, codecs.Reconstruction)
-    x = _cache(dtype, d)
-    decoded = codec.decode(codec.encode(x, "key"), dtype)
-    assert decoded.dtype == dtype and torch.equal(decoded, witcert.get_scheme(name)(x))
+    x = _cache(dtype, d, tokens=tokens)
+    for role in ("key", "value"):
+        decoded = codec.decode(codec.encode(x, role), dtype)
+        assert decoded.dtype == dtype and torch.equal(decoded, witcert.get_scheme(name)(x, role=role))
+
+
+@pytest.mark.parametrize("name, per_token", [("rtn-int8", 64 + 2 * 2), ("rtn-int4", 32 + 2 * 2), ("rtn-int2", 16 + 2 * 2),
+                                             ("kivi-2bit", 16 + 2 * 2 * 2)])
+def test_bf16_group_statistics_take_two_bytes(name, per_token):
+    """A group's maximum (and KIVI's minimum) is one of the group's values: the model's dtype holds it exactly.
+    Bytes per token and head of one side at d = 64: codes plus 2 bytes per statistic of each 32-value group
+    (KIVI keys: two per channel over 32 tokens, i.e. 2 * 2 * 64 / 32 per token, as its values)."""
+    codec = codecs.codec_for(name, packed=True)
+    x = _cache(torch.bfloat16, 64, tokens=64)
+    for role in ("key", "value"):
+        assert codec.nbytes(codec.encode(x, role)) == x.numel() // 64 * per_token
+
+
+@pytest.mark.parametrize("role", ["key", "value"])
+def test_kivi_chunks_join_as_they_decode(role):
+    """Decode steps (one token each) join the prefill's chunk: exact key tails and value rows merge, and the joined
+    chunk decodes as the chunks did, bit for bit."""
+    codec = codecs.KiviCodes()
+    x = _cache(torch.bfloat16, 64, tokens=70)
+    parts = [x[:, :, :40], x[:, :, 40:41], x[:, :, 41:42], x[:, :, 42:]]
+    encoded = [codec.encode(part, role) for part in parts]
+    joined = encoded[0]
+    for chunk in encoded[1:]:
+        joined = codec.join(joined, chunk)
+    expected = torch.cat([codec.decode(chunk, x.dtype) for chunk in encoded], dim=-2)
+    assert torch.equal(codec.decode(joined, x.dtype), expected)
+    kinds = [segment[0] for segment in joined]
+    assert kinds == (["rows"] if role == "value" else ["groups", "exact"])
+
+
+def test_a_plain_function_in_production_warns_once_naming_its_memory():
+    """A callable's reconstruction cannot be packed: the first chunk it holds in the model's dtype says so (bytes per
+    token, the codec alternative); a registered name with a codec and a lossless fp8 cast never warn."""
+    import warnings
+
+    def int6(x):
+        scale = x.abs().amax(-1, keepdim=True).clamp(min=1e-8) / 31
+        return (x / scale).round().clamp(-31, 31) * scale
+
+    layout = witcert.BandLayout(64)
+    with pytest.warns(codecs.HeldReconstructionWarning, match=r"512 bytes per token .*codec") as caught:
+        store = CompressedLayer(codecs.codec_for(int6, packed=True), layout, keep_exact=False)
+        for start in range(4):  # the prefill and decode steps of every layer say it once
+            store.append(_cache(torch.float32)[:, :, start:start + 1], _cache(torch.float32)[:, :, start:start + 1])
+    assert len([w for w in caught if issubclass(w.category, codecs.HeldReconstructionWarning)]) == 1
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", codecs.HeldReconstructionWarning)
+        for name in ("rtn-int4", "kivi-2bit", "fp8-e4m3"):
+            CompressedLayer(codecs.codec_for(name, packed=True), layout, keep_exact=False).append(
+                _cache(torch.float32), _cache(torch.float32))
+        CompressedLayer(codecs.codec_for(int6, packed=False), layout).append(_cache(torch.float32), _cache(torch.float32))
 
 
 @pytest.mark.parametrize("bits, per_value", [(8, 1.0), (4, 0.5), (2, 0.25)])

@@ -6,8 +6,13 @@ run metered in its steps (``mon.defer = False``), cell by cell; the fp64 true TV
 Domain: the tiny Llama (GQA, two left-padded rows), schemes with packed codes, reconstructions and a user
 callable, both ``keep_exact`` modes, ``generate`` and hand-written forward loops.
 Tolerance: the fused pass's fp32 budget grows with the row's columns (a deferred row also holds the
-tokens written after its step, hidden), so meters agree to rel 1e-4; true TVs to rel 1e-9.
+tokens written after its step, hidden), so meters agree to rel 1e-4; true TVs (fp64) to rel 1e-9. The
+radii are fp32 enclosures of one fp64 quantity, formed by BLAS in an order the CPU picks (the batched pass
+and the per-step pass differ, and so do CPUs): each lies in ``[exact, exact (1 + RADIUS_SLACK)]``, so two
+paths' ``c_max`` agree within ``2 RADIUS_SLACK`` relative, never bit for bit.
 """
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
@@ -17,6 +22,8 @@ from tests.tiny_models import prompts, tiny
 from witcert.integrations.hf import monitoring
 
 pytestmark = pytest.mark.usefixtures("one_thread")
+BANDS = 16  # the tiny Llama's head dim 64: 32 RoPE pairs, 16 bands
+RADIUS_SLACK = (BANDS + 4) * 2.0**-23 + 2 * 2.0**-21  # witcert.fastpath.radius: the band dot's lift and fp32_up twice
 MODEL = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
 LAYERS, HEADS, ROWS = 2, 8, 2
 
@@ -51,11 +58,13 @@ def test_deferred_cells_are_the_in_step_cells(scheme, keep_exact):
     assert a["meter"].keys() == b["meter"].keys() and len(a["meter"]) == ROWS * LAYERS * HEADS * 8
     for key, meter in a["meter"].items():
         assert b["meter"][key] == pytest.approx(meter, rel=1e-4, abs=1e-12), key
-        assert b["c_max"][key] == pytest.approx(a["c_max"][key], rel=1e-9, abs=1e-12), key  # the slack: ~1e-14
+        assert b["c_max"][key] == pytest.approx(a["c_max"][key], rel=2 * RADIUS_SLACK, abs=1e-12), key
         if keep_exact:
             assert b["true_tv"][key] == pytest.approx(a["true_tv"][key], rel=1e-9, abs=1e-15), key
             assert b["true_tv"][key] <= b["meter"][key], key
-    assert str(in_step.memory()) == str(deferred.memory())
+    # the same bytes held; the room growable buffers keep ahead depends on when the witnesses were formed
+    assert dataclasses.replace(in_step.memory().total, reserved=0) == dataclasses.replace(deferred.memory().total,
+                                                                                            reserved=0)
     assert deferred.summary().total["cells"] == in_step.summary().total["cells"]
 
 

@@ -2,8 +2,10 @@
 
 Implementation under test: ``mkdocs.yml`` and ``docs/`` (built with ``mkdocs build --strict``, which
 fails on any broken link, missing anchor or docstring mkdocstrings cannot render), the command-line
-reference (``scripts/gen_cli_reference.py``), the results page and the README's results table
-(``scripts/gen_results_page.py``). Oracles: the build's exit status; the generators' output equal
+and the column references (``scripts/gen_cli_reference.py``),
+the results page and the README's results table (``scripts/gen_results_page.py``), the pictures drawn
+from the benchmark records (``scripts/docs_pictures.py --check``), the stylesheet that wraps long code
+lines. Oracles: the build's exit status; the generators' output equal
 to the committed pages; the public API (``witcert.__all__``) each on the API reference; the README's
 length limit (a front door, at most 12,000 characters); no user-facing page telling how a figure
 moved between runs. Tolerance: exact.
@@ -39,11 +41,32 @@ def test_the_site_builds_strict(tmp_path):
     api = (tmp_path / "site" / "reference" / "api" / "index.html").read_text(encoding="utf-8")
     assert 'id="witcert.monitor"' in api  # mkdocstrings rendered the docstrings, not just the headings
     assert (tmp_path / "site" / "reference" / "cli" / "index.html").is_file()
+    cli = (tmp_path / "site" / "reference" / "cli" / "index.html").read_text(encoding="utf-8")
+    assert "stylesheets/extra.css" in cli  # every page loads the stylesheet that wraps long code lines
+    css = (tmp_path / "site" / "stylesheets" / "extra.css").read_text(encoding="utf-8")
+    assert re.search(r"\.md-typeset pre > code \{[^}]*white-space: pre-wrap", css)
+    assert (tmp_path / "site" / "glossary" / "index.html").is_file()
+    assert (tmp_path / "site" / "reference" / "columns" / "index.html").is_file()
 
 
-def test_the_cli_reference_is_generated_from_the_parsers():
+def test_the_cli_and_column_references_are_generated_from_the_parsers_and_the_column_list():
     done = _run(sys.executable, "scripts/gen_cli_reference.py", "--check")
     assert done.returncode == 0, done.stderr
+
+
+def test_the_record_pictures_are_drawn_from_the_current_records():
+    done = _run(sys.executable, "scripts/docs_pictures.py", "--check")
+    assert done.returncode == 0, done.stderr
+
+
+def test_the_guides_show_the_record_pictures_and_link_the_glossary():
+    for page, picture in (("guides/spot-check.md", "spot-coverage.png"), ("guides/gate.md", "gate-paged.png"),
+                          ("guides/production.md", "production-overhead.png")):
+        assert f"(../assets/{picture})" in (ROOT / "docs" / page).read_text(encoding="utf-8"), page
+    results = (ROOT / "docs" / "results.md").read_text(encoding="utf-8")
+    assert all(f"(assets/{p})" in results for p in ("spot-coverage.png", "gate-paged.png", "production-overhead.png"))
+    for page in ("index.md", "getting-started.md", "concepts/meter.md", "guides/fuzz.md", "guides/spot-check.md"):
+        assert "glossary.md)" in (ROOT / "docs" / page).read_text(encoding="utf-8"), page
 
 
 def test_the_results_page_and_the_readme_table_are_generated_from_the_records():

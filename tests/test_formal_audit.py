@@ -7,6 +7,10 @@ hand-written Lean snippets with known declarations and import graphs (the scope 
 exactly the uses Lean could not resolve), and the real tree with its one historical scope bug
 re-introduced. Domain: every ``*.lean`` file under ``formal/``. Tolerance: exact.
 
+The check against the pinned Mathlib (``scripts/lean_names.py``) has its own tests,
+``tests/test_lean_names.py``; here ``scripts/lean_check.sh`` is checked to run it, and the theorem
+map to say per theorem which checks it has passed.
+
 The build pins (``scripts/lean_pins.py``): no bare ``import Mathlib``, and ``lake-manifest.json``
 pinning Mathlib and its dependencies at the revisions of Mathlib's own manifest (oracle: the two
 JSON files read directly, and copies of the tree with one pin broken at a time).
@@ -22,6 +26,8 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+import re
 
 import pytest
 
@@ -318,7 +324,21 @@ def test_lean_check_script_passes_without_lake():
     )
     lines = result.stdout.splitlines()
     assert "Lean proofs were NOT checked: lake not found on PATH" in lines
+    assert any(line.startswith("lean_names: ok (") for line in lines), result.stdout
     assert result.returncode == 0, result.stderr
+
+
+def test_theorem_map_says_which_checks_each_theorem_passed():
+    # oracle: the registry's lean_checks; a theorem without a forge build is "never compiled"
+    text = GEN.MAP_PATH.read_text(encoding="utf-8")
+    for row in REGISTRY.THEOREMS:
+        line = next(l for l in text.splitlines() if l.startswith(f"| {row.key} |"))
+        if row.lean is None:
+            assert "static check" not in line
+            continue
+        assert REGISTRY.STATIC_CHECK in row.lean_checks, row.key
+        assert REGISTRY.STATIC_CHECK in line
+        assert ("never compiled" in line) == (REGISTRY.FORGE_BUILD not in row.lean_checks)
 
 
 # --- the build pins: targeted imports and the committed manifest (scripts/lean_pins.py) ----------
@@ -408,3 +428,30 @@ def test_toolchain_other_than_the_mathlib_tag_is_flagged(tmp_path):
     problems = PINS.manifest_problems(root)
     assert problems == ["lean-toolchain is 'leanprover/lean4:v4.30.0', but the lakefile requires "
                         "Mathlib v4.31.0"]
+
+
+# --- every Lean name the code and docs cite is declared ------------------------------------
+
+CITED = re.compile(r"``(WitCert\.[A-Za-z_][A-Za-z0-9_'.]*)``|`(WitCert\.[A-Za-z_][A-Za-z0-9_'.]*)`")
+CITING = ("witcert", "spec", "kernels", "contracts", "docs", "benchmarks", "README.md")
+
+
+def _citations() -> list[tuple[str, str]]:
+    """``(file:line, name)`` for every ``WitCert.<name>`` written in backticks in code or user docs."""
+    found = []
+    for root in CITING:
+        paths = [ROOT / root] if root.endswith(".md") else sorted((ROOT / root).rglob("*"))
+        for path in paths:
+            if path.suffix not in (".py", ".md") or not path.is_file():
+                continue
+            for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1):
+                for match in CITED.finditer(line):
+                    found.append((f"{path.relative_to(ROOT)}:{number}", (match[1] or match[2]).rstrip(".")))
+    return found
+
+
+def test_every_cited_lean_name_is_declared():
+    citations = _citations()
+    assert len(citations) > 20  # the scan reads the files that cite theorems
+    missing = [f"{where}: {name}" for where, name in citations if name not in DECLS and name != "WitCert"]
+    assert not missing, "Lean names cited but declared nowhere in formal/:\n" + "\n".join(missing)

@@ -94,7 +94,7 @@ def test_cli_writes_json_report(tmp_path):
     assert data["seed"] == 0 and data["command"] == f"witcert fuzz --trials 3000 --seed 0 --json {out}" and "CPUs" in data["machine"]
     assert re.fullmatch(r"\d{4}-\d\d-\d\d \d\d:\d\d UTC", data["date"])  # what the results page prints beside it
     assert all(data["bounds"][name]["violations"] == 0 for name in fuzz.CHECKED)
-    for name in ("underflow", "gate-tau", "fast-path", "fast radii", "user components"):  # issues 16, 14, 28: each class reported, no violation
+    for name in ("underflow", "gate-tau", "fast-path", "fast radii", "user components", "engine KV formats"):  # issues 16, 14, 28, 47
         assert data["attacks"][name]["cells"] > 0 and data["attacks"][name]["violations"] == 0
 
 

@@ -5,8 +5,8 @@ Implementations: ``witcert.gate.policy.Gate`` (exact shadow, table pager, ``Laye
 Oracles: termination under a time limit (``witcert.verification.attacks.gate_tau.time_limit``); the 50-digit TV
 between softmax of the exact logits (the exact dot products for a ``LayerPager``) and of the
 repaired ones; exact comparisons of ``after`` with ``tau`` in Python floats.
-Domain: fp32 scores with fp64 exact logits, fp64 scores through a ``LayerPager``; ``tau`` 0,
-1e-9 and the fp32 neighbour of 0.1. Tolerance: none.
+Domain: fp32 scores with fp64 exact logits, fp64 scores through a ``LayerPager``; ``tau`` the least
+positive double, 1e-9 and the fp32 neighbour of 0.1 (``Gate`` refuses 0). Tolerance: none.
 """
 import math
 
@@ -45,7 +45,7 @@ def _table_pager(exact: torch.Tensor, block_size: int):
     return pager
 
 
-@pytest.mark.parametrize("tau", [0.0, 1e-9])
+@pytest.mark.parametrize("tau", [2.0**-1074, 1e-9])
 @pytest.mark.parametrize("source", ["exact", "pager"])
 def test_gate_returns_and_says_when_tau_is_unreachable(tau, source):
     """fp32 scores, fp64 exact logits: repaired tokens keep c = the cast's rounding, so tau is out of reach."""
@@ -95,7 +95,7 @@ def test_layer_pager_logits_carry_their_fp64_rounding():
     store = BackingStore(block_size=8)
     store.write("L", k)
     with time_limit(LIMIT_S):
-        result = Gate(0.0, block_size=8)(scores, c, pager=LayerPager(Repairer(store), "L", q, scale))
+        result = Gate(2.0**-1074, block_size=8)(scores, c, pager=LayerPager(Repairer(store), "L", q, scale))
     assert result.unreachable.all() and (result.c > 0).all()
     with mp.workdps(60):
         exact = [mpf(scale) * mp.fsum(mpf(a) * mpf(b) for a, b in zip(row, q[0].tolist())) for row in k[0].double().tolist()]
@@ -112,3 +112,11 @@ def test_pager_error_must_be_a_bound():
 def test_gate_tau_attack_class_finds_nothing():
     tally = gate_tau.run(6, torch.Generator().manual_seed(0))
     assert tally.cells > 0 and tally.violations == 0, tally.notes
+
+
+@pytest.mark.parametrize("tau", [0.0, -0.0, -1e-9, math.inf, math.nan, True])
+def test_gate_refuses_a_threshold_outside_its_two_regimes(tau):
+    """0 < tau < 1 certified, tau >= 1 risk-ranked (both kept); 0, negatives, inf, NaN and bools are refused by name."""
+    with pytest.raises(ValueError, match="tau must be"):
+        Gate(tau)
+    assert Gate(2.0**-1074).mode == "certified" and Gate(0.2).mode == "certified" and Gate(5.0).mode == "risk"

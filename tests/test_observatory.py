@@ -351,22 +351,24 @@ def test_gated_summary_reports_after_repair_figures():
     assert np.isnan(raw.coverage_after) and np.isnan(raw.paged)
 
 
-def test_log_progress_prints_a_line_per_case_with_rate_and_time_left():
+def test_log_progress_prints_a_line_per_case_with_its_time_and_the_time_left():
     """Piped to a log, ``witcert observe`` prints one flushed line per finished case (not a silent bar)."""
     import io
 
     from witcert.cli.observe_output import BarProgress, LogProgress, progress_for
+    from witcert.observatory import plan
 
     out = io.StringIO()
     progress = progress_for(out)  # a StringIO is not a terminal
     assert isinstance(progress, LogProgress)
+    config = observatory.ObserveConfig(schemes=("rtn-int4",), gate=True, cases=2)
     with progress:
-        tick = progress.start(4)
+        tick = progress.start(plan.steps(config, 2))
         tick("uncompressed reference")
-        tick("rtn-int4")
+        tick("uncompressed reference")
     lines = out.getvalue().splitlines()
-    assert len(lines) == 2 and lines[0].startswith("[1/4] uncompressed reference:") and lines[1].startswith("[2/4]")
-    assert all("s per case" in line and "s left" in line for line in lines)
+    assert len(lines) == 2 and lines[0].startswith("[1/6] uncompressed reference:") and lines[1].startswith("[2/6]")
+    assert all("s this case" in line and " left" in line for line in lines)
 
     class Terminal(io.StringIO):
         def isatty(self):

@@ -31,6 +31,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
 from maintenance_oracles import value_shortfalls, witness_shortfalls
 from witcert.integrations.hf import quantized_cache as qc
+from witcert.integrations.hf import quantized_store as qs
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.witness import witness_of
 
@@ -333,27 +334,29 @@ def test_monitored_store_keeps_maintained_witnesses_that_cover_the_exact_keys(sc
     """The store's witness is the maintained one (never below the exact witness, looser after a flush),
     and it covers ``read - exact`` per (token, band); the store's exact shadow is what the model wrote."""
     stores = []
-    real = qc.QuantizedLayerStore.__post_init__
+    real = qs.QuantizedLayerStore.__post_init__
 
     def spy(store):
         real(store)
         stores.append(store)
 
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(qc.QuantizedLayerStore, "__post_init__", spy)
+        patch.setattr(qs.QuantizedLayerStore, "__post_init__", spy)
         _monitored_generate(scheme, new_tokens=20)
     layout = BandLayout(32, 16)
     assert len(stores) == 2
     for store in stores:
-        keys, values = store.read()
+        keys, values = store.read()  # the forward calls are over: decoded afresh from the packed history
+        stored = store.stored()
         exact_k, exact_v = store.exact()
-        assert not torch.equal(keys, exact_k)
-        assert witness_shortfalls(store.witness.key_witness, keys, exact_k, layout) == 0
-        assert value_shortfalls(store.witness.value_witness, values, exact_v) == 0
+        assert torch.equal(stored.k_hat, keys) and not torch.equal(keys, exact_k)
+        assert witness_shortfalls(stored.witness, keys, exact_k, layout) == 0
+        assert value_shortfalls(stored.value_residual, values, exact_v) == 0
         exact_witness = witness_of(exact_k, keys, layout)
-        assert (store.witness.key_witness >= exact_witness).all()
-        assert (store.witness.key_witness > exact_witness).any()  # re-quantized tokens: the triangle bound
-        assert store.memory().exact_cache == 2 * keys.numel() * keys.element_size()
+        assert (stored.witness >= exact_witness).all()
+        assert (stored.witness > exact_witness).any()  # re-quantized tokens: the triangle bound
+        memory = store.memory()
+        assert memory.exact_cache == 2 * keys.numel() * keys.element_size() and memory.decoded == 0
 
 
 @NEEDS["hqq"]
@@ -396,14 +399,15 @@ def test_monitor_names_the_missing_extra_before_any_forward_call(monkeypatch):
 @NEEDS["quanto"]
 def test_metering_an_already_quantized_cache_as_exact_raises():
     """The misuse of the issue: WitCert attention over transformers' QuantizedCache built outside the
-    monitor (its "exact" keys are the quantized ones) raises before any cell is reported."""
+    monitor (its "exact" keys are the quantized ones) raises before any cell is reported, and names the
+    scheme that meters it (scheme="hf-quanto-int4")."""
     import witcert
     from tests.tiny_models import prompts, tiny
 
     model = tiny("llama")
     ids, mask = prompts(1, length=8)
     with torch.no_grad(), witcert.monitor(model, "rtn-int4") as mon:
-        with pytest.raises(ValueError, match="QuantoQuantizedLayer.*not the exact keys"):
+        with pytest.raises(ValueError, match='QuantoQuantizedLayer.*not the exact keys.*scheme="hf-quanto-int4"'):
             model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=2, pad_token_id=0,
                            cache_implementation="quantized", cache_config={"backend": "quanto", "nbits": 4})
     assert len(mon.batches) == 0

@@ -64,12 +64,19 @@ def test_monitor_plot_saves_a_three_panel_figure(gated, tmp_path):
     assert scatter.get_xscale() == "log" and "violations 0" in fig._suptitle.get_text()
 
 
-def test_without_the_exact_cache_the_true_tv_panel_says_so():
+def test_without_the_exact_cache_each_request_gets_its_meter_panel_and_none_is_empty():
+    """Production: no true TV to draw, so one meter heatmap per request (oracle: the request's own cells)."""
     mon = monitored(keep_exact=False)
-    grid = run_grid(mon.table())
+    table = mon.table()
+    grid = run_grid(table)
     assert np.isnan(grid.true_tv).all() and not np.isnan(grid.meter).all()
-    fig = plot_run(mon.table(), tau=0.2)
-    assert "not kept" in fig.axes[1].get_title()
+    fig = plot_run(table, tau=0.2)
+    panels = [ax for ax in fig.axes if ax.images]
+    assert [ax.get_title().split(":")[0] for ax in panels] == ["request 0", "request 1"]
+    for request, ax in enumerate(panels):
+        own = run_grid(table.where(table["request"] == request)).meter
+        np.testing.assert_array_equal(ax.images[0].get_array().filled(np.nan), np.maximum(own, 1e-4))
+    assert "keep_exact=False" in fig.axes[-1].get_ylabel()  # the colour bar says why there is no true TV
 
 
 def test_an_empty_run_is_refused_by_name():

@@ -1,10 +1,12 @@
-"""The spot-certified gate (``witcert.spot.gate``; registry SCO, SCD).
+"""The spot-certified gate (``witcert.spot.gate``; registry SCO, SCD, SCR), in validation and in production.
 
-Implementation under test: ``witcert.monitor(..., gate=witcert.Gate(tau), certificate="spot")`` in
-validation mode. Oracles: the same call under the deterministic certified gate (it pages the
+Implementation under test: ``witcert.monitor(..., gate=witcert.Gate(tau), certificate="spot")`` with
+``keep_exact=True`` and ``keep_exact=False`` (the production gate: pages and checks read the verified
+backing store). Oracles: the same call under the deterministic certified gate (it pages the
 Lemma 4 prefix until the meter is <= tau; the spot-certified gate must never page more), the exact
-logits (true TV after repair, per cell, against ``meter_after``) and the budget rule (each repaired
-cell's ``spot_delta`` is ``delta`` plus ``delta 6 / (pi^2 i^2)`` per check, below ``2 delta``).
+logits (true TV after repair, per cell, against ``meter_after``; for production, validation's true TV
+where both modes paged the same share of the cell) and the budget rule (the check before repair spends
+half of a cell's ``delta``, the gate's checks ``delta / 2 * 6 / (pi^2 i^2)`` each: at most ``delta`` in all).
 Domain: the tiny Llama, kivi-2bit, 2 rows x 256 prompt tokens then one teacher-forced decode step,
 tau 0.03, blocks of 8, 128 spot keys.
 """
@@ -13,7 +15,7 @@ import pytest
 import torch
 
 import witcert
-from witcert.spot.gate import prefix_lengths
+from witcert.spot.cells import SpotSettings
 
 from tests.tiny_models import prompts, tiny
 
@@ -21,19 +23,17 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 TAU = 0.03
 
 
-def decode_step_table(model, gate, certificate: str):
+def decode_step_table(model, gate, certificate: str, keep_exact: bool = True):
     ids, mask = prompts(2, length=256)
     out = model(input_ids=ids[:, :255], attention_mask=mask[:, :255])  # exact prefill, not metered
     cache = out.past_key_values
-    with torch.no_grad(), witcert.monitor(model, "kivi-2bit", gate=gate, certificate=certificate, spot_keys=128,
-                                          spot_delta=1e-6, tau=TAU) as mon:
+    mon = witcert.monitor(model, "kivi-2bit", gate=gate, certificate=certificate, spot_keys=128, spot_delta=1e-6,
+                          tau=TAU, keep_exact=keep_exact)
+    if certificate == "spot":  # replay opt-in: both modes draw alike
+        mon.spot = SpotSettings(keys=128, delta=1e-6, tau=TAU, seed=7, gated=True)
+    with torch.no_grad(), mon:
         model(input_ids=ids[:, 255:], attention_mask=mask, past_key_values=cache)
     return mon.table()
-
-
-def test_prefix_lengths_double_below_the_deterministic_stop():
-    assert prefix_lengths(0) == [] and prefix_lengths(1) == [] and prefix_lengths(5) == [1, 2, 4]
-    assert prefix_lengths(8) == [1, 2, 4]
 
 
 @torch.no_grad()
@@ -51,8 +51,29 @@ def test_spot_gate_is_sound_and_never_pages_more_than_the_deterministic_gate():
     assert spot["paged_fraction"].sum() < deterministic["paged_fraction"].sum()  # the point of it
     checked = ~np.isnan(spot["spot_bound"])
     delta = spot["spot_delta"][checked]  # the table may hold it in fp32
-    assert np.all(delta >= 1e-6 * (1 - 1e-6)) and np.all(delta < 2e-6)
+    assert np.all(delta > 0) and np.all(delta <= 1e-6 * (1 + 1e-6))  # the whole cell within delta
     ran = spot["spot_gate_checks"] > 0
-    assert np.allclose(spot["spot_delta"][~ran & checked], 1e-6)
+    assert np.all(spot["spot_delta"][~ran & checked] <= 0.5e-6 * (1 + 1e-6))  # the check before repair: half
     assert np.all(spot["meter_after"][spot["repaired"].astype(bool)] <= TAU)
     assert np.all(spot["spot_gate_keys"] <= spot["spot_gate_checks"] * 128) and spot["spot_gate_keys"].sum() > 0
+
+
+@torch.no_grad()
+def test_production_spot_gate_pages_from_the_backing_store_and_reports_both_traffics():
+    """keep_exact=False: the gate decides on min(meter, spot bound) as in validation (it does not repair the cells
+    the check certified), pages and checks read the verified backing store, and the table keeps the bytes paged
+    (``bytes_paged``) apart from the bytes the checks read (``spot_bytes``, ``spot_gate_bytes``)."""
+    model = tiny("llama")
+    gate = witcert.Gate(tau=TAU, block_size=8)
+    validation = decode_step_table(model, gate, "spot")
+    production = decode_step_table(model, gate, "spot", keep_exact=False)
+    deterministic = decode_step_table(model, gate, "deterministic", keep_exact=False)
+    assert np.array_equal(validation["spot_bound"], production["spot_bound"], equal_nan=True)
+    assert np.array_equal(validation["repaired"], production["repaired"])
+    assert np.all(production["paged_fraction"] <= deterministic["paged_fraction"] + 1e-12)
+    assert production["paged_fraction"].sum() < deterministic["paged_fraction"].sum()
+    same = np.isclose(production["paged_fraction"], validation["paged_fraction"], rtol=0, atol=1e-12)
+    assert same.mean() > 0.9
+    assert np.all(validation["true_tv_after"][same] <= production["meter_after"][same])
+    assert production["bytes_paged"].sum() > 0 and production["spot_bytes"].sum() > 0
+    assert production["spot_gate_bytes"].sum() > 0 and validation["bytes_paged"].sum() == 0

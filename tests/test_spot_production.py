@@ -37,9 +37,9 @@ def test_production_reads_the_same_keys_as_validation():
     assert np.array_equal(validation["spot_bound"][checked], production["spot_bound"][checked])
     assert np.array_equal(validation["spot_keys"][checked], production["spot_keys"][checked])
     assert np.array_equal(validation["meter"], production["meter"], equal_nan=True)
-    # production pays whole verified blocks (keys and values) where a block is first paged in a call
+    # production pays whole verified blocks of keys where a block is first paged in a call (no values)
     assert production["spot_bytes"][checked].sum() >= validation["spot_bytes"][checked].sum() > 0
-    row = 2 * model.config.head_dim * 4  # an fp32 key and value
+    row = model.config.head_dim * 4  # an fp32 key
     assert production["spot_bytes"][checked].sum() <= checked.sum() * 16 * SPOT_BLOCK_SIZE * row
 
 
@@ -61,16 +61,16 @@ def test_backed_keys_are_content_checked():
 def test_dithered_cache_non_adaptive_spot_check_relies_on_deterministic_radii(monkeypatch):
     """Under Tier B's probabilistic branch (a declared non-adaptive prefill) the spot check is handed Tier A's
     radii, which hold for every query, so its ``spot_delta`` is the cell's whole failure probability."""
-    from witcert.spot import cells as spot_cells
+    from witcert.spot.deferred import PendingChecks
 
     seen = []
-    original = spot_cells.SpotSettings.apply
+    original = PendingChecks.add
 
-    def spy(self, math, query, exact_keys, scale, tau_k, tau_v, radii=None):
+    def spy(self, math, query, exact_keys, scale, radii, layers):
         seen.append((bool((radii >= math.c).all()), not torch.equal(radii, math.c)))
-        return original(self, math, query, exact_keys, scale, tau_k, tau_v, radii=radii)
+        return original(self, math, query, exact_keys, scale, radii, layers)
 
-    monkeypatch.setattr(spot_cells.SpotSettings, "apply", spy)
+    monkeypatch.setattr(PendingChecks, "add", spy)
     model = tiny("llama")
     ids, mask = prompts(2, length=40)
     with torch.no_grad(), witcert.monitor(model, "dithered-int8", seed=5, certificate="spot", spot_keys=16,

@@ -100,19 +100,19 @@ theorem uniform_mgf_le {a : ℝ} (ha : 0 < a) (l : ℝ) :
     rw [hint, one_div, inv_mul_cancel₀ h2a]
     exact Real.one_le_exp (by positivity)
   · have hla : l * a ≠ 0 := mul_ne_zero hl ha.ne'
-    -- substitution `x ↦ l x`, then `∫ exp = exp b - exp a`, one named step each
-    have hsubst : ∫ x in (-a)..a, Real.exp (l * x) = l⁻¹ • ∫ x in l * -a..l * a, Real.exp x :=
-      intervalIntegral.integral_comp_mul_left (f := Real.exp) hl
+    -- substitution `x ↦ l x` in Mathlib's real-valued form `l * ∫ f (l x) = ∫ f` (no `•` on `ℝ`
+    -- in this proof: the scalar action is Mathlib's business inside its own proof), then
+    -- `∫ exp = exp b - exp a`, each a stated equation
+    have hsubst : l * ∫ x in (-a)..a, Real.exp (l * x) = ∫ x in l * -a..l * a, Real.exp x :=
+      intervalIntegral.mul_integral_comp_mul_left (f := Real.exp) l
     have hexp : ∫ x in l * -a..l * a, Real.exp x = Real.exp (l * a) - Real.exp (l * -a) :=
       integral_exp
+    have hcancel : ∫ x in (-a)..a, Real.exp (l * x)
+        = l⁻¹ * (l * ∫ x in (-a)..a, Real.exp (l * x)) := by
+      rw [← mul_assoc, inv_mul_cancel₀ hl, one_mul]
     have hint : ∫ x in (-a)..a, Real.exp (l * x)
-        = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) :=
-      -- `smul_eq_mul` as a term: its `•` and the integral's are compared by unification, not `rw`
-      calc ∫ x in (-a)..a, Real.exp (l * x)
-          = l⁻¹ • ∫ x in l * -a..l * a, Real.exp x := hsubst
-        _ = l⁻¹ * ∫ x in l * -a..l * a, Real.exp x := smul_eq_mul ..
-        _ = l⁻¹ * (Real.exp (l * a) - Real.exp (l * -a)) := by rw [hexp]
-        _ = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) := by rw [mul_neg]
+        = l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))) := by
+      rw [hcancel, hsubst, hexp, mul_neg]
     have hsinh : 1 / (2 * a) * (l⁻¹ * (Real.exp (l * a) - Real.exp (-(l * a))))
         = Real.sinh (l * a) / (l * a) := by
       rw [Real.sinh_eq]
@@ -128,11 +128,15 @@ theorem uniform_mean_zero (s : ℝ) : ∫ x in (-(s / 2))..(s / 2), x = 0 := by
 /-- The second moment of `U[-s/2, s/2]` is `s² / 12`. -/
 theorem uniform_second_moment {s : ℝ} (hs : 0 < s) :
     1 / s * ∫ x in (-(s / 2))..(s / 2), x ^ 2 = s ^ 2 / 12 := by
-  -- `integral_pow` leaves the cast `((2 : ℕ) : ℝ) + 1` in the denominator: it is rewritten to
-  -- `3` by a stated equation (no `show` up to definitional unfolding of the numeral cast)
+  -- `integral_pow 2` stated with the cast `((2 : ℕ) : ℝ) + 1` it leaves in the denominator, then
+  -- that cast rewritten to `3` by a stated equation (both elaborated here, so `rw` matches them
+  -- syntactically; no `show` up to unfolding of the numeral cast)
+  have hpow : ∫ x in (-(s / 2))..(s / 2), x ^ 2
+      = ((s / 2) ^ (2 + 1) - (-(s / 2)) ^ (2 + 1)) / (((2 : ℕ) : ℝ) + 1) :=
+    integral_pow 2
   have hthree : ((2 : ℕ) : ℝ) + 1 = 3 := by norm_num
   have hint : ∫ x in (-(s / 2))..(s / 2), x ^ 2 = s * (s ^ 2 / 12) := by
-    rw [integral_pow, hthree]
+    rw [hpow, hthree]
     ring
   rw [hint, one_div, ← mul_assoc, inv_mul_cancel₀ hs.ne', one_mul]
 

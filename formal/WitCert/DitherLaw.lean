@@ -85,7 +85,12 @@ theorem integral_range_sum_dirac (g : ℕ → ℝ) (f : ℝ → ℝ) : ∀ n : �
     Integrable f (∑ j ∈ Finset.range n, Measure.dirac (g j)) ∧
       ∫ x, f x ∂(∑ j ∈ Finset.range n, Measure.dirac (g j)) = ∑ j ∈ Finset.range n, f (g j)
   | 0 => by
-    rw [Finset.sum_range_zero, Finset.sum_range_zero]
+    -- the empty sums, of measures and of reals, as stated equations (each `Finset.sum` and its
+    -- `AddCommMonoid` instance elaborated here, so the rewrites match them syntactically)
+    have hmeasure : (∑ j ∈ Finset.range 0, Measure.dirac (g j)) = 0 :=
+      Finset.sum_range_zero fun j => Measure.dirac (g j)
+    have hreal : ∑ j ∈ Finset.range 0, f (g j) = 0 := Finset.sum_range_zero fun j => f (g j)
+    rw [hmeasure, hreal]
     exact ⟨integrable_zero_measure, integral_zero_measure f⟩
   | n + 1 => by
     obtain ⟨hint, heq⟩ := integral_range_sum_dirac g f n
@@ -94,8 +99,19 @@ theorem integral_range_sum_dirac (g : ℕ → ℝ) (f : ℝ → ℝ) : ∀ n : �
       integrable_const (f (g n))
     have hae : (fun _ : ℝ => f (g n)) =ᵐ[Measure.dirac (g n)] f := (ae_eq_dirac f).symm
     have hd : Integrable f (Measure.dirac (g n)) := hconst.congr hae
-    rw [Finset.sum_range_succ, Finset.sum_range_succ]
-    exact ⟨hint.add_measure hd, by rw [integral_add_measure hint hd, heq, integral_dirac]⟩
+    -- one more mass: the two `Finset.sum_range_succ` steps as stated equations
+    have hmeasure : (∑ j ∈ Finset.range (n + 1), Measure.dirac (g j))
+        = (∑ j ∈ Finset.range n, Measure.dirac (g j)) + Measure.dirac (g n) :=
+      Finset.sum_range_succ (fun j => Measure.dirac (g j)) n
+    have hreal : ∑ j ∈ Finset.range (n + 1), f (g j) = ∑ j ∈ Finset.range n, f (g j) + f (g n) :=
+      Finset.sum_range_succ (fun j => f (g j)) n
+    have hsplit : ∫ x, f x ∂((∑ j ∈ Finset.range n, Measure.dirac (g j)) + Measure.dirac (g n))
+        = ∫ x, f x ∂(∑ j ∈ Finset.range n, Measure.dirac (g j))
+          + ∫ x, f x ∂(Measure.dirac (g n)) :=
+      integral_add_measure hint hd
+    have hpoint : ∫ x, f x ∂(Measure.dirac (g n)) = f (g n) := integral_dirac f (g n)
+    rw [hmeasure, hreal]
+    exact ⟨hint.add_measure hd, by rw [hsplit, heq, hpoint]⟩
 
 /-- **Lemma 2 on the grid, as a law.** The uniform law on the `N` grid points has sub-Gaussian MGF
 with proxy `1/12`. -/
@@ -106,21 +122,22 @@ theorem gridCell_hasSubgaussianMGF {N : ℕ} (hN : 0 < N) :
   · show Integrable (fun x : ℝ => Real.exp (t * x))
       ((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
     exact (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).1.smul_measure hc
-  · show ∫ x, Real.exp (t * x)
-        ∂((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
-        ≤ Real.exp ((cellProxy : ℝ) * t ^ 2 / 2)
-    have hsum := (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).2
-    -- `smul_eq_mul` as a term: the integral's `•` and `Mul.toSMul` are compared by unification
-    calc ∫ x, Real.exp (t * x)
-          ∂((N : ℝ≥0∞)⁻¹ • ∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j))
+  · -- the moment generating function of the scaled sum of masses, through Mathlib's
+    -- `mgf_smul_measure` (real-valued: no scalar action on `ℝ` appears in this proof) and the
+    -- finite sum above (`mgf id μ t` is by definition `∫ x, exp (t * id x) ∂μ`)
+    have hscale : mgf id (gridCell N) t
         = ((N : ℝ≥0∞)⁻¹).toReal
-            • ∫ x, Real.exp (t * x) ∂(∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j)) :=
-          integral_smul_measure (fun x => Real.exp (t * x)) _
-      _ = ((N : ℝ≥0∞)⁻¹).toReal
-            * ∫ x, Real.exp (t * x) ∂(∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j)) :=
-          smul_eq_mul ..
-      _ = (N : ℝ)⁻¹ * ∑ j ∈ Finset.range N, Real.exp (t * gridPoint N j) := by
-          rw [hsum, ENNReal.toReal_inv, ENNReal.toReal_natCast]
+          * mgf id (∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j)) t :=
+      mgf_smul_measure ((N : ℝ≥0∞)⁻¹)
+    have hsum : mgf id (∑ j ∈ Finset.range N, Measure.dirac (gridPoint N j)) t
+        = ∑ j ∈ Finset.range N, Real.exp (t * gridPoint N j) :=
+      (integral_range_sum_dirac (gridPoint N) (fun x => Real.exp (t * x)) N).2
+    -- the cast `ℕ → ℝ≥0∞` of `gridCell` named by a stated equation elaborated here
+    have hcast : ((N : ℝ≥0∞)).toReal = (N : ℝ) := ENNReal.toReal_natCast N
+    have hinv : ((N : ℝ≥0∞)⁻¹).toReal = (N : ℝ)⁻¹ := by rw [ENNReal.toReal_inv, hcast]
+    calc mgf id (gridCell N) t
+        = (N : ℝ)⁻¹ * ∑ j ∈ Finset.range N, Real.exp (t * gridPoint N j) := by
+          rw [hscale, hsum, hinv]
       _ ≤ Real.exp (t ^ 2 / 24) := grid_mgf_le hN t
       _ = Real.exp ((cellProxy : ℝ) * t ^ 2 / 2) := by
         rw [coe_cellProxy]

@@ -1,4 +1,5 @@
 import WitCert.Defs
+import Mathlib.Algebra.BigOperators.Field
 import Mathlib.Tactic.Linarith
 import Mathlib.Tactic.LinearCombination
 import Mathlib.Tactic.Ring

@@ -16,7 +16,8 @@ under `p̃` (with `∑ p̃ W = Z`) and dividing by `2 z Z` gives the bound throu
 are published results that are not proved here (registry key `SCB`).
 
 For open-ended generation the per-step budget `δ * 6 / (π² k²)` sums to at most `δ` over every
-step, from Mathlib's `hasSum_zeta_two`.
+step, from Mathlib's `hasSum_zeta_two`; the union bound over every cell of every step is
+`WitCert.measure_iUnion_steps_le` (`WitCert.UnionBound`).
 
 ## Main statements
 
@@ -151,7 +152,7 @@ theorem sum_range_one_div_sq_le (n : ℕ) :
 
 /-- **Step allocation.** The per-step shares `6 / π² * (1 / k²)` of a request budget sum to at
 most `1` over any number of decode steps, so `δ_k = δ_req * 6 / (π² k²)` (steps `k ≥ 1`) keeps an
-open-ended generation within `δ_req` by Lemma 3. -/
+open-ended generation within `δ_req` (the union bound: `WitCert.measure_iUnion_steps_le`). -/
 theorem sum_step_allocation_le (n : ℕ) :
     ∑ k ∈ Finset.range n, 6 / Real.pi ^ 2 * ((1 : ℝ) / (k : ℝ) ^ 2) ≤ 1 := by
   rw [← Finset.mul_sum]

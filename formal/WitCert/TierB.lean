@@ -105,7 +105,8 @@ theorem measure_tierBRadius_lt_abs_le {Ω : Type*} [MeasurableSpace Ω] {μ : Me
     (hc : (c : ℝ) = v) {S δ : ℝ} (hS : 0 < S) (hδ : 0 < δ) (hδS : δ ≤ 2 * S) :
     μ {ω | tierBRadius v S δ < |X ω|} ≤ ENNReal.ofReal (δ / S) := by
   subst hc
-  rcases (zero_le c).eq_or_lt with hc0 | hcpos
+  -- the root `zero_le` takes its argument implicitly (`@[to_additive] one_le {a : α}`)
+  rcases (zero_le (a := c)).eq_or_lt with hc0 | hcpos
   · -- proxy `0`: `X = 0` almost surely and the radius is `0`
     subst hc0
     have hr : tierBRadius ((0 : ℝ≥0) : ℝ) S δ = 0 := by
@@ -122,7 +123,7 @@ theorem measure_tierBRadius_lt_abs_le {Ω : Type*} [MeasurableSpace Ω] {μ : Me
           rw [Set.mem_setOf_eq, hr] at hω
           exact not_le.mpr hω
       _ = 0 := hnull
-      _ ≤ ENNReal.ofReal (δ / S) := zero_le _
+      _ ≤ ENNReal.ofReal (δ / S) := zero_le
   · have hv : 0 < (c : ℝ) := NNReal.coe_pos.mpr hcpos
     have htwo : 2 * (δ / (2 * S)) = δ / S := by ring
     calc μ {ω | tierBRadius (c : ℝ) S δ < |X ω|}
@@ -146,12 +147,15 @@ theorem tier_b_radius_of_subgaussian {Ω ι : Type*} [MeasurableSpace Ω] [Finty
     rw [Set.mem_setOf_eq] at hω
     obtain ⟨t, ht⟩ := hω
     exact Set.mem_iUnion.mpr ⟨t, ht⟩
-  -- Lemma 3 with `δ_loc = δ / S` per token: `S * (δ / S) = δ`
+  -- Lemma 3 with `δ_loc = δ / S` per token: `S * (δ / S) = δ`. The cast `ℕ → ℝ≥0∞` is named by
+  -- a stated equation elaborated here, so the rewrite below matches it syntactically
+  have hcard : ENNReal.ofReal (Fintype.card ι : ℝ) = (Fintype.card ι : ℝ≥0∞) :=
+    ENNReal.ofReal_natCast (Fintype.card ι)
   have hbudget : (Fintype.card ι : ℝ≥0∞) * ENNReal.ofReal (δ / Fintype.card ι)
       ≤ ENNReal.ofReal δ :=
     calc (Fintype.card ι : ℝ≥0∞) * ENNReal.ofReal (δ / Fintype.card ι)
         = ENNReal.ofReal (Fintype.card ι) * ENNReal.ofReal (δ / Fintype.card ι) := by
-          rw [ENNReal.ofReal_natCast]
+          rw [hcard]
       _ = ENNReal.ofReal ((Fintype.card ι : ℝ) * (δ / Fintype.card ι)) :=
           (ENNReal.ofReal_mul (Nat.cast_nonneg _)).symm
       _ = ENNReal.ofReal δ := by rw [mul_div_cancel₀ δ hS.ne']
@@ -237,10 +241,12 @@ theorem tier_b_request {Ω γ κ : Type*} {ι : γ → Type*} [MeasurableSpace �
     rw [Set.mem_setOf_eq] at hω
     obtain ⟨g, hg⟩ := hω
     exact Set.mem_iUnion.mpr ⟨g, hg⟩
+  have hcard : ENNReal.ofReal (Fintype.card γ : ℝ) = (Fintype.card γ : ℝ≥0∞) :=
+    ENNReal.ofReal_natCast (Fintype.card γ)
   have hbudget' : (Fintype.card γ : ℝ≥0∞) * ENNReal.ofReal δloc ≤ ENNReal.ofReal δreq :=
     calc (Fintype.card γ : ℝ≥0∞) * ENNReal.ofReal δloc
         = ENNReal.ofReal (Fintype.card γ) * ENNReal.ofReal δloc := by
-          rw [ENNReal.ofReal_natCast]
+          rw [hcard]
       _ = ENNReal.ofReal ((Fintype.card γ : ℝ) * δloc) :=
           (ENNReal.ofReal_mul (Nat.cast_nonneg _)).symm
       _ ≤ ENNReal.ofReal δreq := ENNReal.ofReal_le_ofReal hbudget

@@ -19,7 +19,9 @@ HELP = "run a real model (default: embedded SmolLM2-135M-Instruct) under compres
 
 DEFAULT_SCHEME = "rtn-int4"
 DEMO_SCHEMES = ("fp8-e4m3", "rtn-int4", "kivi-2bit", "dithered-int8")
-CASES, DEMO_CASES = 4, 1  # the demo runs one needle per scheme (about a minute); --cases 4 the full sweep
+CASES, DEMO_CASES = 4, 1  # the demo runs one needle per scheme; --demo --cases 4 --gate the full sweep
+DEMO_CERTIFICATE = "spot"  # the demo shows the spot check's coverage beside the deterministic meter's
+SPOT_KEYS = 256  # witcert.monitor's default spot_keys
 TASKS = ("needle", "text", "code")
 
 
@@ -55,8 +57,28 @@ def add_arguments(parser) -> None:
                         help="torch CPU threads (1: on a small shared machine more threads oversubscribe)")
     parser.add_argument("--out", type=_args.output_dir, default=None, metavar="DIR",
                         help="report directory, created before the run (default: reports/observe-<UTC time>)")
+    parser.add_argument("--certificate", choices=("deterministic", "spot"), default=None,
+                        help="deterministic: the witness's proved meter only; spot: cells whose meter exceeds tau "
+                             "are also spot-checked with exact keys, a bound holding with probability 1 - 1e-6 per "
+                             "cell (default: deterministic; with --demo: spot)")
+    parser.add_argument("--spot-keys", type=_args.positive_int, default=None, metavar="N",
+                        help=f"exact keys read per spot-checked cell (--certificate spot; default: {SPOT_KEYS})")
+    mode = parser.add_mutually_exclusive_group()
+    mode.add_argument("--keep-exact", dest="keep_exact", action="store_true", default=True,
+                      help="validation mode (the default): keep the exact cache, measure every cell's true TV")
+    mode.add_argument("--production", dest="keep_exact", action="store_false",
+                      help="production mode (keep_exact=False): no exact cache and no true TV; the spot check and "
+                           "the gate read exact keys from a host backing store")
+    prompt = parser.add_mutually_exclusive_group()
+    prompt.add_argument("--prompt", default=None, metavar="TEXT",
+                        help="run your own prompt instead of --task: prefilled, then --new-tokens greedy tokens, "
+                             "every cell metered (one case)")
+    prompt.add_argument("--prompt-file", type=_args.existing_path, default=None, metavar="PATH",
+                        help="the same, the prompt read from a UTF-8 text file")
     parser.add_argument("--demo", action="store_true",
-                        help=f"the demo: {', '.join(DEMO_SCHEMES)} on the needle task with the gate")
+                        help=f"the demo: {', '.join(DEMO_SCHEMES)}, one needle case each, spot-checked (deterministic "
+                             "and spot coverage side by side); add --gate for the gate, --cases 4 --gate for the full "
+                             "sweep")
 
 
 def check(args) -> None:
@@ -81,7 +103,9 @@ def check(args) -> None:
             resolve_scheme(name)  # SchemeLoadError is a ValueError with the known names
     if args.tier == "B" and any(name != DITHERED for name in args.schemes):
         raise ValueError(f"--tier B certifies the {DITHERED} cache only; got --scheme {','.join(args.schemes)}")
-    if args.task not in TASKS:
+    _check_certificate(args)
+    args.prompt = _prompt(args)
+    if args.prompt is None and args.task not in TASKS:
         path = Path(args.task).expanduser()
         if not path.is_file() or not os.access(path, os.R_OK):
             raise ValueError(f"--task {args.task!r} is neither {' | '.join(TASKS)} nor a readable text file")
@@ -98,12 +122,13 @@ def check(args) -> None:
 
 
 def run(args) -> int:
-    from witcert.observatory import runner as observatory, report, telemetry
+    from witcert.observatory import plan, runner as observatory, report, telemetry
 
     import torch
 
     torch.set_num_threads(args.threads)
     config = args.config
+    print("\n".join(plan.describe(config, args.n_cases, args.threads, demo=args.demo)), flush=True)
     start = time.perf_counter()
     loaded = _args.load_checked_model(args.model)
     print(f"model: {loaded.source}")
@@ -118,7 +143,8 @@ def run(args) -> int:
     out = args.out
     jsonl = out / "telemetry.jsonl"
     for r in results:
-        run_tag = {"scheme": r.scheme, "tier": r.tier, "task": r.task, "gated": False}  # the tier used, not "auto"
+        run_tag = {"scheme": r.scheme, "tier": r.tier, "task": r.task, "gated": False,  # the tier used, not "auto"
+                   "certificate": config.certificate, "keep_exact": config.keep_exact}
         telemetry.write_jsonl(jsonl, r.raw, run_tag)
         if r.gated is not None:
             telemetry.write_jsonl(jsonl, r.gated, {**run_tag, "gated": True})
@@ -137,10 +163,41 @@ def _config(args):
     from witcert.observatory.runner import ObserveConfig
 
     return ObserveConfig(
-        schemes=args.schemes, task=args.task, tau=args.tau, gate=args.gate or args.demo, context_tokens=args.context,
-        probe_tokens=args.probe, new_tokens=args.new_tokens, cases=args.cases or (DEMO_CASES if args.demo else CASES),
-        bands=args.bands, tier=args.tier, seed=args.seed,
+        schemes=args.schemes, task="prompt" if args.prompt is not None else args.task, tau=args.tau, gate=args.gate,
+        context_tokens=args.context, probe_tokens=args.probe, new_tokens=args.new_tokens,
+        cases=args.cases or (DEMO_CASES if args.demo else CASES), bands=args.bands, tier=args.tier, seed=args.seed,
+        keep_exact=args.keep_exact, certificate=args.certificate, spot_keys=args.spot_keys or SPOT_KEYS,
+        prompt=args.prompt,
     )
+
+
+def _check_certificate(args) -> None:
+    """``--certificate`` (spot by default with ``--demo``) and ``--spot-keys``, which only the spot check reads."""
+    if args.certificate is None:
+        args.certificate = DEMO_CERTIFICATE if args.demo else "deterministic"
+    if args.spot_keys is not None and args.certificate != "spot":
+        raise ValueError(f"--spot-keys {args.spot_keys}: the spot check's key budget needs --certificate spot "
+                         f"(the certificate is {args.certificate})")
+
+
+def _prompt(args) -> str | None:
+    """The text of ``--prompt`` or ``--prompt-file`` (``None``: a --task workload); checked against --task and --cases."""
+    if args.prompt is None and args.prompt_file is None:
+        return None
+    option = "--prompt" if args.prompt is not None else "--prompt-file"
+    if args.task != "needle":
+        raise ValueError(f"{option} replaces --task: give one of them (got --task {args.task})")
+    if args.cases not in (None, 1):
+        raise ValueError(f"{option} runs its prompt once: --cases {args.cases} does not apply")
+    text = args.prompt
+    if text is None:
+        try:
+            text = args.prompt_file.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as err:
+            raise ValueError(f"--prompt-file {str(args.prompt_file)!r}: not a readable UTF-8 text file ({err})") from None
+    if not text.strip():
+        raise ValueError(f"{option}: the prompt is empty")
+    return text
 
 
 def _check_workload(args) -> None:
@@ -150,8 +207,11 @@ def _check_workload(args) -> None:
 
     tokenizer = load_tokenizer(args.model)
     try:
-        build_cases(tokenizer, args.config)
+        args.n_cases = len(build_cases(tokenizer, args.config))
     except ValueError as err:
+        if args.prompt is not None:
+            option = "--prompt" if args.prompt_file is None else "--prompt-file"
+            raise ValueError(f"{option}: {str(err).removeprefix('prompt: ')}") from None
         if args.task != "needle":
             raise ValueError(f"--context {args.context} / --probe {args.probe} (--task {args.task}): {err}") from None
         raise _args.context_too_small(args.context, lambda tokens: build_cases(

@@ -1,14 +1,18 @@
 """What ``witcert observe`` prints: the comparison table with its legend, and progress.
 
-The table has ten columns at most (:func:`witcert.observatory.report.terminal_rows`) and fits a
+The table has eleven columns at most (:func:`witcert.observatory.report.terminal_rows`) and fits a
 100-column terminal; every column is in ``report.md``. Progress: on a terminal a rich progress
 bar; when stdout is not a terminal (a log, a pipe) one flushed line per finished case with the
-elapsed time, the rate and the time left, so that a long run is never silent.
+elapsed time and the time left, so that a long run is never silent. The time left comes from
+:class:`witcert.observatory.plan.Pace` (each remaining case predicted from the finished cases of
+its own kind), never from the mean time per case.
 """
 from __future__ import annotations
 
 import sys
 import time
+
+from witcert.observatory.plan import Pace, minutes
 
 WIDTH = 100  # columns of the printed table and progress
 
@@ -21,7 +25,8 @@ def print_table(results, config, baseline, stream=None) -> None:
 
     console = Console(file=stream or sys.stdout, width=WIDTH)
     console.print(table(results, config, baseline))
-    console.print(report.TERMINAL_LEGEND, highlight=False)
+    console.print(report.terminal_legend(config.cases if config.task != "prompt" else None), highlight=False)
+    console.print("\n".join(report.bound_lines(results)), highlight=False)
 
 
 def table(results, config, baseline, title: str | None = None):
@@ -31,7 +36,7 @@ def table(results, config, baseline, title: str | None = None):
 
     from witcert.observatory import report
 
-    header, rows = report.terminal_rows(results, config.tau)
+    header, rows = report.terminal_rows(results, config.tau, config.cases if config.task != "prompt" else None)
     title = title or f"WitCert observatory: task {config.task}, tier {config.tier}, tau {config.tau:g}"
     if "needle_acc" in baseline:
         title += f", needle accuracy uncompressed {baseline['needle_acc']:.2f}"
@@ -55,23 +60,28 @@ def progress_for(stream=None):
 
 
 class BarProgress:
-    """A rich progress bar; ``start(total)`` returns ``tick(label)`` (what ``run_observe`` expects)."""
+    """A rich progress bar; ``start(steps)`` returns ``tick(label)`` (what ``run_observe`` expects)."""
 
     def __enter__(self):
         from rich.console import Console
-        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+        from rich.progress import BarColumn, Progress, TextColumn, TimeElapsedColumn
 
         self._bar = Progress(TextColumn("{task.description:<24}"), BarColumn(bar_width=30),
-                             TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), TimeRemainingColumn(),
-                             transient=False, console=Console(width=WIDTH))
+                             TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(),
+                             TextColumn("{task.fields[left]}"), transient=False, console=Console(width=WIDTH))
         self._bar.__enter__()
         return self
 
-    def start(self, total: int):
-        task = self._bar.add_task("starting", total=total)
+    def start(self, steps):
+        task = self._bar.add_task("starting", total=len(steps), left="")
+        pace, last = Pace(list(steps)), [time.perf_counter()]
 
         def tick(label: str) -> None:
-            self._bar.update(task, advance=1, description=label)
+            now = time.perf_counter()
+            pace.record(now - last[0])
+            last[0] = now
+            left = pace.left()
+            self._bar.update(task, advance=1, description=label, left=f"{minutes(left)} left" if left else "")
 
         return tick
 
@@ -88,7 +98,7 @@ class BarProgress:
 
 
 class LogProgress:
-    """Progress for a log: ``[done/total] label: elapsed, seconds per case, time left`` per finished case."""
+    """Progress for a log: ``[done/total] label: elapsed, this case's seconds, time left`` per finished case."""
 
     def __init__(self, stream):
         self.stream = stream
@@ -96,16 +106,17 @@ class LogProgress:
     def __enter__(self):
         return self
 
-    def start(self, total: int):
-        started, done = time.perf_counter(), [0]
+    def start(self, steps):
+        pace, started = Pace(list(steps)), time.perf_counter()
+        last = [started]
 
         def tick(label: str) -> None:
-            done[0] += 1
-            elapsed = time.perf_counter() - started
-            per_case = elapsed / done[0]
-            left = per_case * (total - done[0])
-            print(f"[{done[0]}/{total}] {label}: {elapsed:.0f} s elapsed, {per_case:.1f} s per case, "
-                  f"about {left:.0f} s left", file=self.stream, flush=True)
+            now = time.perf_counter()
+            pace.record(now - last[0])
+            last[0] = now
+            done, total = len(pace.seconds), len(pace.plan)
+            print(f"[{done}/{total}] {label}: {now - started:.0f} s elapsed, {pace.seconds[-1]:.1f} s this case, "
+                  f"{minutes(pace.left())} left", file=self.stream, flush=True)
 
         return tick
 

@@ -22,12 +22,16 @@ plus the same for values when values are stored.
 Where the bytes live: host memory by default; with ``directory``, memory-mapped files there
 (one file per stream and side, grown by doubling), so the exact copy occupies neither the
 accelerator nor resident host memory. The content check is the same either way: a page-in
-verifies the file's bytes against the CRC of the bytes written.
+verifies the file's bytes against the CRC of the bytes written. The files hold a request's exact
+keys and values, so they are created readable by their owner only (mode 0600, in a directory this
+store creates with mode 0700), and :meth:`BackingStore.close` removes them (``witcert.monitor`` closes
+a request's store when its cache is released and when the monitor closes).
 
 CRC-32 detects every error burst up to 32 bits and any other corruption with probability
 ``1 - 2^-32``; it is an integrity check against bugs and bit rot, not an adversarial MAC.
 """
 import itertools
+import os
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -102,8 +106,8 @@ class BackingStore:
     block_size : int
         Tokens per block (the page-in unit). Default 16.
     directory : str or Path, optional
-        Keep the buffers in memory-mapped files in this directory (created if missing) instead
-        of host memory.
+        Keep the buffers in memory-mapped files in this directory (created if missing, mode 0700)
+        instead of host memory; each file is created with mode 0600.
 
     Attributes
     ----------
@@ -128,7 +132,7 @@ class BackingStore:
             self.directory = Path(self.directory)
             if self.directory.exists() and not self.directory.is_dir():
                 raise ValueError(f"directory {str(self.directory)!r} exists and is not a directory")
-            self.directory.mkdir(parents=True, exist_ok=True)
+            self.directory.mkdir(mode=0o700, parents=True, exist_ok=True)  # owner only (the umask may remove more)
 
     # -- write path ---------------------------------------------------------------------
     def write(self, key: Hashable, k: torch.Tensor, v: torch.Tensor | None = None) -> None:
@@ -161,8 +165,9 @@ class BackingStore:
         buffer[..., start:stop, :] = rows
 
     # -- read path ----------------------------------------------------------------------
-    def page_in(self, key: Hashable, index: tuple[int, ...], block: int) -> PagedBlock:
-        """Verified copy of block ``block`` of ``stream[key][index]``.
+    def page_in(self, key: Hashable, index: tuple[int, ...], block: int, keys_only: bool = False) -> PagedBlock:
+        """Verified copy of block ``block`` of ``stream[key][index]`` (``keys_only``: the keys alone, for a reader
+        that needs no values, e.g. the spot check; only the keys' bytes are read and counted).
 
         Raises
         ------
@@ -185,7 +190,7 @@ class BackingStore:
         k = stream.k[index][tokens].clone()  # (n, d)
         _verify(k, int(stream.k_crc[index + (block,)]), f"keys of {key!r}{list(index)} block {block}")
         v = None
-        if stream.v is not None:
+        if stream.v is not None and not keys_only:
             v = stream.v[index][tokens].clone()
             _verify(v, int(stream.v_crc[index + (block,)]), f"values of {key!r}{list(index)} block {block}")
         nbytes = _nbytes(k) + (0 if v is None else _nbytes(v))
@@ -226,7 +231,12 @@ class BackingStore:
 
     def nbytes(self) -> int:
         """Bytes of the buffers allocated for every stream (host memory or files)."""
-        return sum(_nbytes(s.k) + (0 if s.v is None else _nbytes(s.v)) for s in self._streams.values())
+        return sum(self.stream_nbytes(key) for key in self._streams)
+
+    def stream_nbytes(self, key: Hashable) -> int:
+        """Bytes of the buffers allocated for stream ``key`` (host memory or files; grown by doubling)."""
+        stream = self._get(key)
+        return _nbytes(stream.k) + (0 if stream.v is None else _nbytes(stream.v))
 
     def clear(self, key: Hashable | None = None) -> None:
         """Drop one stream (end of its request) or all of them (their files are removed)."""
@@ -234,6 +244,16 @@ class BackingStore:
             stream = self._streams.pop(name, None)
             for path in (stream.files.values() if stream is not None else ()):
                 path.unlink(missing_ok=True)
+
+    def close(self) -> None:
+        """Drop every stream and remove its files, then the directory when nothing else is left in it: the end
+        of the request whose exact keys and values this store held."""
+        self.clear()
+        if self.directory is not None:
+            try:
+                self.directory.rmdir()
+            except OSError:  # missing, or holding files this store did not make: left as it is
+                pass
 
     # -- internals ----------------------------------------------------------------------
     def _get(self, key: Hashable) -> _Stream:
@@ -256,7 +276,8 @@ class BackingStore:
             return torch.zeros(shape, dtype=dtype)
         path = self.directory / f"backing-{next(self._file_ids)}-{part}.bin"
         count = int(np.prod(shape))
-        with path.open("wb") as f:  # a sparse file of zeros of the right size
+        # a sparse file of zeros of the right size, readable by its owner only: it holds exact keys and values
+        with os.fdopen(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb") as f:
             f.truncate(count * torch.empty((), dtype=dtype).element_size())
         buffer = torch.from_file(str(path), shared=True, size=count, dtype=dtype).view(shape)
         if stream is not None:

@@ -45,7 +45,7 @@ def log_block_excess(scores: torch.Tensor, c: torch.Tensor, block_size: int = 16
     scores, c = check_scores_and_bounds(scores, c)
     s64, c64 = scores.to(torch.float64), c.to(torch.float64)
     log_p = s64 - torch.logsumexp(s64, dim=-1, keepdim=True)  # (..., S), log p~
-    log_term = log_p + _log_expm1(c64)  # (..., S), log p~_t (e^{c_t} - 1)
+    log_term = log_p + log_expm1(c64)  # (..., S), log p~_t (e^{c_t} - 1)
     log_term = torch.where(torch.isneginf(log_p), torch.full_like(log_term, -math.inf), log_term)
     return torch.logsumexp(_pad_to_blocks(log_term, block_size, -math.inf), dim=-1)  # (..., nb)
 
@@ -97,14 +97,13 @@ def block_tokens(block: int, block_size: int, n_tokens: int) -> slice:
     return slice(start, min(start + block_size, n_tokens))
 
 
-def _log_expm1(c: torch.Tensor) -> torch.Tensor:
-    """``log(e^c - 1)`` for ``c >= 0``: ``-inf`` at 0, ``inf`` at ``inf``, no overflow in between."""
-    safe = torch.where(c > 0, c, torch.ones_like(c))
-    # log(e^c - 1) = c + log(1 - e^-c); for small c, log(expm1(c)) keeps precision
-    small = torch.log(torch.expm1(torch.clamp(safe, max=1.0)))
-    large = safe + torch.log1p(-torch.exp(-safe))
-    out = torch.where(safe <= 1.0, small, large)
-    return torch.where(c > 0, out, torch.full_like(c, -math.inf))
+def log_expm1(c: torch.Tensor) -> torch.Tensor:
+    """``log(e^c - 1)`` for ``c >= 0``: ``-inf`` at 0, ``inf`` at ``inf``, no overflow in between.
+
+    Formed as ``c + log(1 - e^{-c})`` with ``1 - e^{-c} = -expm1(-c)`` in ``(0, 1]``: relative accuracy for tiny
+    ``c`` (``-expm1(-c) ~ c``), no overflow for large ``c``, two transcendental passes.
+    """
+    return c + torch.log(-torch.expm1(-c))
 
 
 def _pad_to_blocks(x: torch.Tensor, block_size: int, fill: float) -> torch.Tensor:

@@ -165,7 +165,7 @@ class Gate:
     Parameters
     ----------
     tau : float
-        Threshold, ``>= 0``. ``tau < 1``: certified; ``tau >= 1``: risk-ranked.
+        Threshold, finite and ``> 0``. ``0 < tau < 1``: certified; ``tau >= 1``: risk-ranked.
     mode : {"certified", "risk"}, optional
         Must agree with ``tau`` (inferred when omitted).
     granularity : {"head", "request"}
@@ -185,8 +185,9 @@ class Gate:
     def __post_init__(self):
         if isinstance(self.tau, bool) or not isinstance(self.tau, (int, float)) or math.isnan(self.tau):
             raise ValueError(f"tau must be a number, got {self.tau!r}")
-        if self.tau < 0 or math.isinf(self.tau):
-            raise ValueError(f"tau must be finite and >= 0, got {self.tau!r}")
+        if self.tau <= 0 or math.isinf(self.tau):  # tau = 0 certifies only a lossless cache: refused, as the docs say
+            raise ValueError(f"tau must be finite and > 0 (0 < tau < 1: certified; tau >= 1: risk-ranked), "
+                             f"got {self.tau!r}")
         implied = "certified" if self.tau < 1 else "risk"
         if self.mode is None:
             object.__setattr__(self, "mode", implied)
@@ -230,7 +231,7 @@ class Gate:
         GateResult
         """
         scores, c = self._inputs(scores, c, radius)
-        source = self._source(scores, c.dtype, pager, exact)
+        source = self.page_source(scores, c.dtype, pager, exact)
         before = self.value(scores, c)  # (...)
         over = ~self._within(before)
         fired = over.clone() if self.granularity == "head" else over.any().expand(over.shape).clone()
@@ -271,7 +272,7 @@ class Gate:
             excess = log_block_excess(work_scores, work_c, self.block_size).masked_fill(paged, -math.inf)
             best_x, best = excess.max(dim=-1)  # (n,)
             useful = best_x > -math.inf  # nothing left to repair (masked, exact or paged everywhere) otherwise
-            moved = self._splice(work_scores, work_c, rows, best, useful, source)
+            moved = self.splice(work_scores, work_c, rows, best, useful, source)
             pages.add(rows[useful], best[useful], moved)
             paged[useful.nonzero().flatten(), best[useful]] = True
             still = useful.clone()
@@ -345,12 +346,12 @@ class Gate:
             return pages
         work_scores, work_c = scores[rows], c[rows]  # (n, S)
         local, blocks = (log_block_excess(work_scores, work_c, self.block_size) > -math.inf).nonzero(as_tuple=True)
-        moved = self._splice(work_scores, work_c, rows, blocks, local, source)
+        moved = self.splice(work_scores, work_c, rows, blocks, local, source)
         pages.add(rows[local], blocks, moved)
         scores[rows], c[rows] = work_scores, work_c
         return pages
 
-    def _splice(self, scores, c, rows, blocks, which, source) -> torch.Tensor:
+    def splice(self, scores, c, rows, blocks, which, source) -> torch.Tensor:
         """Splice exact logits of the requested blocks into (n, S) ``scores``; their ``c`` becomes 0.
 
         ``which`` selects the local rows that page (a bool mask with one block each, or one local
@@ -378,7 +379,9 @@ class Gate:
         c.copy_(torch.where(page, torch.where(masked, torch.zeros_like(slack), slack), c))
         return moved
 
-    def _source(self, scores, c_dtype, pager, exact):
+    def page_source(self, scores, c_dtype, pager=None, exact=None):
+        """Where repaired blocks' exact logits come from: ``exact`` logits in memory (0 bytes moved) or a ``pager``
+        (one call per page); the source's ``fetch(rows, which, blocks)`` serves :meth:`splice`."""
         if (pager is None) == (exact is None):
             raise ValueError("give exactly one of pager (exact logits per block) and exact (exact logits (..., S))")
         if exact is not None:

@@ -1,11 +1,15 @@
 """Summaries and the report directory (markdown + PNG plots, matplotlib Agg) of an observatory run.
 
-The meter of a cell (layer, query head, query position) is a proved upper bound on how much
-attention moved: the total variation (TV) between attention over the exact keys and over the
-compressed keys. Definitions, per cell, at threshold ``tau``:
+The meter of a cell (layer, query head, query position) is an upper bound on how much attention
+moved: the total variation (TV) between attention over the exact keys and over the compressed
+keys; proved, or holding with probability at least ``1 - delta`` where the spot check or Tier B's
+probabilistic branch gave it (each cell's ``bound_kind``, :mod:`witcert.integrations.hf.bound_kind`;
+:func:`bound_lines` counts each kind). Definitions, per cell, at threshold ``tau``:
 
 - *violation*: true TV > meter (must never happen: the meter is a proved upper bound);
-- *coverage*: fraction of cells with meter <= tau (certified safe at tau);
+- *coverage*: fraction of cells with meter <= tau (certified safe at tau); *deterministic
+  coverage*: the same for the meter before the spot check (``meter_before_spot``; the meter
+  itself without one);
 - *danger*: true TV > tau; *danger recall*: fraction of dangerous cells with meter > tau
   (1 whenever there is no violation; reported to show it measured, not assumed);
 - *joint coverage*: fraction with pass_K and pass_V (:mod:`witcert.core.values`), measured;
@@ -13,9 +17,10 @@ compressed keys. Definitions, per cell, at threshold ``tau``:
 - with a gate: *fired* (cells repaired), *paged* (fraction of a cell's visible tokens paged in),
   and the meter and true TV of every cell after repair.
 
-Two tables: :func:`terminal_rows` (what ``witcert observe`` prints: ten columns, fits a 100-column
-terminal, :data:`TERMINAL_LEGEND` under it) and :func:`table_rows` (every column, in ``report.md``
-with :data:`COLUMN_DOCS`). Rankings of layers and heads use
+Two tables: :func:`terminal_rows` (what ``witcert observe`` prints: eleven columns, fits a 100-column
+terminal, :func:`terminal_legend` under it) and :func:`table_rows` (every column, in ``report.md``
+with :data:`COLUMN_DOCS`). With one case per scheme, the columns whose unit is the case (KL, top-1,
+needle accuracy) are marked ``*``: one case is an example, not a rate. Rankings of layers and heads use
 :func:`witcert.integrations.hf.ranking.riskiest` (the statistic measured to follow the true TV).
 """
 from __future__ import annotations
@@ -25,7 +30,7 @@ from pathlib import Path
 
 import numpy as np
 
-from witcert.integrations.hf import ranking
+from witcert.integrations.hf import bound_kind, ranking
 from witcert.observatory.run_plot import plot_run
 
 _TAUS = np.logspace(-4, 0, 41)
@@ -50,6 +55,8 @@ class Summary:
     coverage_after: float = float("nan")  # meter after repair <= tau (gated tables)
     max_true_tv_after: float = float("nan")
     violations_after: int = 0  # true TV after repair > meter after repair (must be 0)
+    coverage_deterministic: float = float("nan")  # meter before the spot check <= tau (= coverage without one)
+    spot: bool = False  # the spot check ran
 
     def __post_init__(self):
         if self.cells < 0 or self.violations < 0:
@@ -77,7 +84,19 @@ def summarize(table, tau: float) -> Summary:
         max_true_tv=float(np.nanmax(tv)) if known.any() else float("nan"),
         repaired=float(np.mean(table["repaired"])),
         **_after_repair(table, tau),
+        coverage_deterministic=float(np.mean(table[DETERMINISTIC] <= tau)) if DETERMINISTIC in table.columns
+        else float(np.mean(meter <= tau)),
+        spot=DETERMINISTIC in table.columns,
     )
+
+
+DETERMINISTIC = "meter_before_spot"  # the meter before the spot check (witcert.spot.cells)
+ONE_CASE = "*"  # marks a column whose unit is the case when a run has one case per scheme
+
+
+def bound_lines(results) -> list[str]:
+    """One line per scheme: how many cells carry a proved bound and how many one holding with probability 1 - delta."""
+    return [f"bounds, {r.scheme}: {bound_kind.counts(r.raw).describe()}" for r in results if len(r.raw)]
 
 
 def _after_repair(table, tau: float) -> dict:
@@ -107,22 +126,31 @@ def fmt(x: float, digits: int = 3) -> str:
     return f"{x:.{digits}f}"
 
 
-def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the full comparison table of ``report.md`` (one row per scheme; :data:`COLUMN_DOCS`)."""
-    header = ["scheme [tier]", "task", "cells", "violations", f"certified@{tau:g}", "joint cov", "danger recall",
-              "median meter", "median TV", "riskiest layer (mean TV)", "riskiest head (mean TV)", "KL", "top-1"]
+def table_rows(results, tau: float, baseline: dict, cases: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the full comparison table of ``report.md`` (one row per scheme; :data:`COLUMN_DOCS`).
+
+    ``cases``: cases per scheme; with 1 the columns whose unit is the case are marked :data:`ONE_CASE`.
+    """
+    spot = any(DETERMINISTIC in r.raw.columns for r in results)
+    header = ["scheme [tier]", "task", "cells", "bounds", "violations", f"certified@{tau:g}"]
+    header += [f"spot certified@{tau:g}"] if spot else []
+    header += ["joint cov", "danger recall", "median meter", "median TV", "riskiest layer (mean TV)",
+               "riskiest head (mean TV)", _per_case("KL", cases), _per_case("top-1", cases)]
     needle = any("needle_acc" in r.quality for r in results)
     gated = any(r.gated is not None for r in results)
     if needle:
-        header += ["needle raw"] + (["needle gated"] if gated else [])
+        header += [_per_case("needle raw", cases)] + ([_per_case("needle gated", cases)] if gated else [])
     if gated:
         header += ["gated KL", "fired", "paged", f"certified@{tau:g} after", "max TV after", "violations after"]
     rows = []
     for r in results:
         s = summarize(r.raw, tau)
-        row = [f"{r.scheme} [{r.tier}]", r.task, str(s.cells), str(s.violations), fmt(s.coverage), fmt(s.joint_coverage),
-               fmt(s.danger_recall) + f" ({s.danger})", fmt(s.median_meter, 4), fmt(s.median_true_tv, 4),
-               _top(r.raw, ("layer",)), _top(r.raw, ("layer", "head")), fmt(r.quality["kl"], 4), fmt(r.quality["top1"])]
+        row = [f"{r.scheme} [{r.tier}]", r.task, str(s.cells), _bounds_cell(r.raw), str(s.violations),
+               fmt(s.coverage_deterministic)]
+        row += [fmt(s.coverage) if s.spot else "-"] if spot else []
+        row += [fmt(s.joint_coverage), fmt(s.danger_recall) + f" ({s.danger})", fmt(s.median_meter, 4),
+                fmt(s.median_true_tv, 4), _top(r.raw, ("layer",)), _top(r.raw, ("layer", "head")),
+                fmt(r.quality["kl"], 4), fmt(r.quality["top1"])]
         if needle:
             row.append(fmt(r.quality.get("needle_acc", float("nan")), 2))
             if gated:
@@ -136,6 +164,14 @@ def table_rows(results, tau: float, baseline: dict) -> tuple[list[str], list[lis
     return header, rows
 
 
+def _bounds_cell(table) -> str:
+    """``"370 proved, 3,950 p >= 1 - 1e-06"``: the cells of each bound kind."""
+    counts = bound_kind.counts(table)
+    if not counts.probabilistic:
+        return f"{counts.proved:,d} proved"
+    return f"{counts.proved:,d} proved, {counts.probabilistic:,d} p >= 1 - {counts.max_delta:.2g}"
+
+
 def _top(table, by) -> str:
     best = ranking.riskiest(table, by, 1)
     return f"{_named(best[0])} ({fmt(best[0]['mean_true_tv'], 4)})" if best else "-"
@@ -144,28 +180,48 @@ def _top(table, by) -> str:
 TERMINAL_LEGEND = (
     "meter: a proved upper bound on how much attention moved (the total variation between attention\n"
     "over exact and over compressed keys), per (layer, head, query). cert.: fraction of cells with\n"
-    "meter <= tau (certified). viol.: cells whose measured TV exceeds the meter (must be 0).\n"
-    "meter/TV: medians of the meter and of the true TV. risky: the layer ranked riskiest. KL:\n"
-    "teacher-forced KL(exact || compressed) per probe token. needle: accuracy raw > gated.\n"
-    "fired/paged: fraction of cells the gate repaired / of their visible tokens paged in.\n"
-    "after: certified fraction / max true TV after repair. Every column: report.md."
+    "meter <= tau (certified) before any spot check. spot: the same with the spot check, whose bound\n"
+    "holds with probability >= 1 - delta per cell ('bounds' below counts each kind). viol.: cells\n"
+    "whose measured TV exceeds the meter (must be 0). meter/TV: medians of the meter and of the\n"
+    "true TV. risky: the layer ranked riskiest. KL: teacher-forced KL(exact || compressed) per\n"
+    "probe token. needle: accuracy raw > gated. fired/paged: fraction of cells the gate repaired /\n"
+    "of their visible tokens paged in. after: certified fraction / max true TV after repair.\n"
+    "Every column: report.md."
 )
 
 
-def terminal_rows(results, tau: float) -> tuple[list[str], list[list[str]]]:
-    """Header and rows of the printed table: ten columns at most (fits 100 columns; :data:`TERMINAL_LEGEND`)."""
+def terminal_legend(cases: int | None = None) -> str:
+    """:data:`TERMINAL_LEGEND`, and what the ``*`` marks mean when the run has one case per scheme."""
+    if cases != 1:
+        return TERMINAL_LEGEND
+    return (TERMINAL_LEGEND + f"\n{ONE_CASE}: rests on one case per scheme, an example rather than a rate "
+            "(--cases 4: the full sweep).")
+
+
+def _per_case(name: str, cases: int | None) -> str:
+    return name + ONE_CASE if cases == 1 else name
+
+
+def terminal_rows(results, tau: float, cases: int | None = None) -> tuple[list[str], list[list[str]]]:
+    """Header and rows of the printed table: eleven columns at most (fits 100 columns; :func:`terminal_legend`).
+
+    ``cases``: cases per scheme; with 1 the columns whose unit is the case are marked :data:`ONE_CASE`.
+    """
     needle = any("needle_acc" in r.quality for r in results)
     gated = any(r.gated is not None for r in results)
-    header = ["scheme [tier]", "cells", "viol.", "cert.", "meter/TV", "risky", "KL"]
-    header += ["needle"] if needle else []
+    spot = any(DETERMINISTIC in r.raw.columns for r in results)
+    header = ["scheme [tier]", "cells", "viol.", "cert."] + (["spot"] if spot else [])
+    header += ["meter/TV", "risky", _per_case("KL", cases)]
+    header += [_per_case("needle", cases)] if needle else []
     header += ["fired/paged", "after"] if gated else []
     rows = []
     for r in results:
         s = summarize(r.raw, tau)
         risky = ranking.riskiest(r.raw, ("layer",), 1)
-        row = [f"{r.scheme} [{r.tier}]", str(s.cells), str(s.violations), fmt(s.coverage),
-               f"{fmt(s.median_meter, 2)}/{fmt(s.median_true_tv, 3)}", _named(risky[0]) if risky else "-",
-               fmt(r.quality["kl"], 4)]
+        row = [f"{r.scheme} [{r.tier}]", str(s.cells), str(s.violations), fmt(s.coverage_deterministic)]
+        row += [fmt(s.coverage) if s.spot else "-"] if spot else []
+        row += [f"{fmt(s.median_meter, 2)}/{fmt(s.median_true_tv, 3)}", _named(risky[0]) if risky else "-",
+                fmt(r.quality["kl"], 4)]
         if needle:
             raw = fmt(r.quality.get("needle_acc", float("nan")), 2)
             after = r.extra.get("gated_quality", {}).get("needle_acc")
@@ -181,16 +237,25 @@ def terminal_rows(results, tau: float) -> tuple[list[str], list[list[str]]]:
 COLUMN_DOCS = [
     "The meter of a cell (layer, query head, query) is a proved upper bound on how much attention moved: the "
     "total variation (TV) between attention over the exact keys and over the compressed keys (0: unchanged; "
-    f"1: the bound says nothing; *saturated*: meter >= {ranking.SATURATED:g}). The true TV is measured against "
-    "the exact cache the run keeps.",
+    f"1: the bound says nothing; *saturated*: meter >= {ranking.SATURATED:g}). Where the spot check lowered it "
+    "(or Tier B's probabilistic branch entered it) it holds with probability at least 1 - delta instead: the "
+    "column *bounds* and the lines under the table count each kind. The true TV is measured against the exact "
+    "cache the run keeps. Attention moving is not the answer changing: KL, top-1 and the needle accuracy "
+    "measure that.",
     "",
     "- **scheme [tier]**: the compressed cache and its certificate: [A] the Tier A band-norm witness (any "
     "scheme, every query), [B] the dithered-int8 cache's Tier B bound (its minimum with Tier A). **task**: the "
     "workload (needle, text, code or a file).",
     "- **cells**: measured (layer, query head, query) cells over the probe chunk and the decode steps.",
-    "- **violations**: cells whose true TV exceeds the meter. Must be 0 (the meter is proved); "
-    "`witcert observe` exits 1 otherwise.",
-    "- **certified@tau**: fraction of cells with meter <= tau: their TV is proved to be at most tau.",
+    "- **bounds**: how many cells carry a proved meter and how many a meter that holds with probability at "
+    "least 1 - delta (the largest delta shown): the spot check lowered it, or Tier B's sub-Gaussian branch "
+    "entered it (the teacher-forced probe of the dithered cache). Each cell's `bound_kind` and `bound_delta` "
+    "in `telemetry.jsonl`.",
+    "- **violations**: cells whose true TV exceeds the meter. Must be 0; `witcert observe` exits 1 otherwise.",
+    "- **certified@tau**: fraction of cells whose deterministic meter (before any spot check) is <= tau: their "
+    "TV is proved to be at most tau (Tier B's probe cells: with probability 1 - delta).",
+    "- **spot certified@tau**: fraction of cells whose reported meter, min(deterministic meter, spot bound), "
+    "is <= tau: their TV is at most tau, with probability at least 1 - delta per spot-checked cell.",
     "- **joint cov**: fraction of cells that pass both the key test (meter <= tau) and the value test "
     "(`witcert.core.values`).",
     "- **danger recall**: of the cells with true TV > tau (count in brackets), the fraction whose meter "
@@ -201,6 +266,8 @@ COLUMN_DOCS = [
     "and heads like their true TV; results page, \"Which layers are risky\"), with its mean true TV.",
     "- **KL**: teacher-forced KL(p_exact || p_compressed) per probe token; **top-1**: agreement of the argmax "
     "tokens with the uncompressed model.",
+    f"- A column marked `{ONE_CASE}` rests on one case per scheme (the demo's default): an example, not a rate; "
+    "`--cases 4` runs the full sweep.",
     "- **needle raw / needle gated**: needle exact-match accuracy without and with the gate.",
     "- **gated KL**: KL with the gate.",
     "- **fired**: fraction of cells over tau that the gate repaired, by paging exact 16-token blocks in "
@@ -221,7 +288,8 @@ def write_report(directory: Path, results, config, baseline: dict, model_source:
     """Write ``report.md`` and the PNG plots into ``directory``; returns the markdown path."""
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
-    header, rows = table_rows(results, config.tau, baseline)
+    cases = config.cases if config.task != "prompt" else None
+    header, rows = table_rows(results, config.tau, baseline, cases)
     plots = [_scatter(directory, results), _heatmaps(directory, results), _risk_coverage(directory, results, config.tau),
              *_run_pictures(directory, results, config.tau)]
     lines = [
@@ -233,13 +301,19 @@ def write_report(directory: Path, results, config, baseline: dict, model_source:
         f"- certificates: [A] Tier A band-norm witness (B = {config.bands}; adaptive-safe); [B] dithered-int8: "
         f"per-token min of Tier A and Tier B (delta_req = {config.delta_req:g} per request; sub-Gaussian branch "
         "only for the teacher-forced probe, deterministic Delta_t during greedy decoding)",
-        f"- context {config.context_tokens} tokens, {config.cases} cases; cells = (layer, query head, query) "
-        "over the probe chunk and the decode steps, after an exact prefill that is compressed on write",
+        *([f"- spot check on the cells above tau: {config.spot_keys} exact keys read per checked cell with the "
+           "meter's own randomness; its bound holds with probability >= 1 - delta per cell (column bounds)"]
+          if config.certificate == "spot" else []),
+        f"- mode: {'validation (the exact cache kept: true TV per cell)' if config.keep_exact else 'production (keep_exact=False: no exact cache, no true TV)'}",
+        f"- context {config.context_tokens} tokens, {1 if cases is None else config.cases} case(s); cells = "
+        "(layer, query head, query) over the probe chunk and the decode steps, after an exact prefill that is "
+        "compressed on write",
         f"- wall time {wall_s:.1f} s",
     ]
     if "needle_acc" in baseline:
         lines.append(f"- needle accuracy without compression: {baseline['needle_acc']:.2f}")
     lines += ["", markdown_table(header, rows), "", "## How to read it", "", *COLUMN_DOCS, "",
+              *[f"- {line}" for line in bound_lines(results)], "",
               "## Riskiest layers and heads", "",
               f"Ranked by the `{ranking.RANK_BY}` score of their cells; an order for triage, not a bound (the "
               "per-cell meter is the bound). Mean meter, fraction saturated and mean / max true TV beside it.", ""]
@@ -264,7 +338,9 @@ def _plt():
     return plt
 
 
-def _scatter(directory: Path, results, max_points: int = 20_000) -> Path:
+def _scatter(directory: Path, results, max_points: int = 20_000) -> Path | None:
+    if not any((~np.isnan(r.raw["true_tv"])).any() for r in results if len(r.raw)):
+        return None  # production: no true TV, nothing to set the meter against
     plt = _plt()
     fig, ax = plt.subplots(figsize=(6, 5))
     rng = np.random.default_rng(0)
@@ -276,7 +352,9 @@ def _scatter(directory: Path, results, max_points: int = 20_000) -> Path:
             idx = rng.choice(idx, max_points, replace=False)
         ax.scatter(np.maximum(tv[idx], 1e-8), np.maximum(meter[idx], 1e-8), s=2, alpha=0.3, label=r.scheme)
     ax.plot([1e-8, 1], [1e-8, 1], "k--", lw=1, label="meter = true TV")
-    ax.set(xscale="log", yscale="log", xlabel="true TV (exact shadow)", ylabel="meter (proved bound)",
+    mixed = any(bound_kind.counts(r.raw).probabilistic for r in results)
+    ax.set(xscale="log", yscale="log", xlabel="true TV (exact shadow)",
+           ylabel="meter (proved, or with probability >= 1 - delta)" if mixed else "meter (proved bound)",
            title="meter vs true TV per cell (all points must lie above the line)")
     ax.legend(markerscale=4, fontsize=7)
     path = directory / "scatter_meter_vs_tv.png"
@@ -332,7 +410,7 @@ def _risk_coverage(directory: Path, results, tau: float) -> Path:
            title="certified vs oracle coverage (no cell below its meter)")
     ax.legend(fontsize=6)
     ax_d.set(xlabel=f"coverage at tau = {tau:g}", ylabel="measured risk: fraction of cells with true TV > meter",
-             title="risk-coverage across delta (Tier B; Tier A: delta = 0)")
+             title="risk-coverage across delta (Tier B; Tier A: delta = 0, or the spot check's)")
     ax_d.set_ylim(bottom=-0.01)
     ax_d.legend(fontsize=6)
     path = directory / "risk_coverage.png"
@@ -362,9 +440,10 @@ def _file_name(scheme: str) -> str:
 def _delta_points(result, config_delta: float) -> list[tuple[str, np.ndarray]]:
     """(label, meter column) per budget: the run's delta_req plus any swept Tier B budgets."""
     if result.tier != "B":
-        return [("delta=0", result.raw["meter"])]
+        spot = bound_kind.counts(result.raw)
+        return [(f"spot delta<={spot.max_delta:.0e}" if spot.probabilistic else "delta=0", result.raw["meter"])]
     points = [(f"delta={config_delta:g}", result.raw["meter"])]
     for name in result.raw.columns:
         if name.startswith("meter_delta="):
             points.append((name.removeprefix("meter_"), result.raw[name]))
-    return sorted(points, key=lambda p: float(p[0].split("=")[1]))
+    return sorted(points, key=lambda p: float(p[0].split("=")[1]))  # Tier B: every label is delta=<d>

@@ -2,7 +2,8 @@
 
 For each case the context is prefilled (exact in-flight attention, compressed on write), then a
 *probe* chunk is fed on top of the compressed cache: the needle question (followed by greedy
-decoding of the answer) or the teacher-forced continuation of a text/code source. The model runs
+decoding of the answer), the teacher-forced continuation of a text/code source, or the last token
+of the user's own prompt (``task="prompt"``, followed by greedy decoding). The model runs
 under :func:`witcert.monitor` (the same attention path, stores and cells as any user's monitored
 model), one request per case; the prefill and the probe are declared non-adaptive
 (:meth:`~witcert.integrations.hf.monitoring.Monitor.non_adaptive`), the greedy answer is not. Every
@@ -24,7 +25,8 @@ from witcert.core.thresholds import check_certified_tau
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import telemetry
 from witcert.integrations.hf.monitoring import DITHERED, Monitor
-from witcert.observatory import workloads
+from witcert.observatory import plan, workloads
+from witcert.spot.cells import CERTIFICATES
 from witcert.tier_b.certificate import delta_local
 from witcert.tier_b.counters import check_seed
 
@@ -46,8 +48,11 @@ class ObserveConfig:
     new_tokens: int = 6  # greedy answer tokens (needle)
     cases: int = 4
     bands: int = 16
-    observe: bool = True
+    keep_exact: bool = True  # False: production mode (no exact cache, no true TV)
     seed: int | None = None  # dithered cache: None draws a secret seed per case (recorded); an int replays
+    certificate: str = "deterministic"  # "spot": cells above tau are spot-checked (witcert.spot)
+    spot_keys: int = 256  # exact keys per spot check
+    prompt: str | None = None  # task "prompt": the user's own prompt, run once
 
     def __post_init__(self):
         if not self.schemes:
@@ -59,9 +64,13 @@ class ObserveConfig:
         if not 0.0 < self.delta_req < 1.0:
             raise ValueError(f"delta_req must lie in (0, 1), got {self.delta_req}")
         check_certified_tau(self.tau)
-        for name in ("context_tokens", "probe_tokens", "new_tokens", "cases", "bands"):
+        for name in ("context_tokens", "probe_tokens", "new_tokens", "cases", "bands", "spot_keys"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.certificate not in CERTIFICATES:
+            raise ValueError(f"certificate must be one of {CERTIFICATES}, got {self.certificate!r}")
+        if (self.task == "prompt") != (self.prompt is not None) or (self.prompt is not None and not self.prompt.strip()):
+            raise ValueError("prompt: task 'prompt' runs a non-empty prompt, and a prompt needs task 'prompt'")
         if self.seed is not None:
             check_seed(self.seed)
 
@@ -95,8 +104,11 @@ def build_cases(tokenizer, config: ObserveConfig) -> list:
     """The workload cases of ``config.task``.
 
     Needle: about three quarters single-passkey cases at spread depths, the rest four-key
-    cases (one key asked) at spread depths; text/code/file: evenly spaced windows.
+    cases (one key asked) at spread depths; text/code/file: evenly spaced windows; prompt: the
+    prompt, once (:func:`witcert.observatory.workloads.prompt_case`).
     """
+    if config.task == "prompt":
+        return [workloads.prompt_case(tokenizer, config.prompt)]
     if config.task == "needle":
         n_multi = config.cases // 4
         n_single = config.cases - n_multi
@@ -120,13 +132,11 @@ def run_case(model, tokenizer, case, new_tokens: int, monitor: Monitor | None = 
     record it), and its Tier B budget is ``delta_req`` spread over the request's cells (Lemma 3:
     layers x query heads x measured steps).
     """
-    context, probe = (case.context, case.question) if hasattr(case, "question") else (case.context, case.continuation)
-    ctx_ids = tokenizer(context, return_tensors="pt").input_ids
-    probe_ids = tokenizer(probe, return_tensors="pt", add_special_tokens=False).input_ids
+    ctx_ids, probe_ids = _token_ids(tokenizer, case)
     with torch.no_grad():
         if monitor is None:
             return _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens)
-        steps = probe_ids.shape[1] + (new_tokens if hasattr(case, "question") else 0)
+        steps = probe_ids.shape[1] + (new_tokens if workloads.generates(case) else 0)
         config = model.config
         n_layers, n_heads = config.num_hidden_layers, config.num_attention_heads
         monitor.delta_loc = delta_local(delta_req, n_layers, n_heads, steps)
@@ -137,6 +147,15 @@ def run_case(model, tokenizer, case, new_tokens: int, monitor: Monitor | None = 
         return out
 
 
+def _token_ids(tokenizer, case) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(context ids, probe ids)``, each (1, n): a prompt case splits its own ids, the others tokenize their text."""
+    if isinstance(case, workloads.PromptCase):
+        return case.context_ids, case.probe_ids
+    probe = case.question if isinstance(case, workloads.NeedleCase) else case.continuation
+    return (tokenizer(case.context, return_tensors="pt").input_ids,
+            tokenizer(probe, return_tensors="pt", add_special_tokens=False).input_ids)
+
+
 def _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, monitor=None) -> CaseOutput:
     cache = DynamicCache(config=model.config)
     # the context and the probe are given text: their queries do not depend on the dither
@@ -144,7 +163,7 @@ def _forward_case(model, tokenizer, ctx_ids, probe_ids, case, new_tokens, monito
         model(ctx_ids, past_key_values=cache, use_cache=True)
         logits = model(probe_ids, past_key_values=cache, use_cache=True).logits[0]  # (Tp, V)
     answer = ""
-    if hasattr(case, "question"):  # greedy decoding: from here on the queries depend on the compressed cache
+    if workloads.generates(case):  # greedy decoding: from here on the queries depend on the compressed cache
         generated = []
         next_id = logits[-1].argmax()
         for _ in range(new_tokens):
@@ -165,7 +184,7 @@ def quality(reference: list[CaseOutput], outputs: list[CaseOutput], cases) -> di
         kls.append((log_p.exp() * (log_p - log_q)).sum(-1))
         top1.append(ref.probe_logits.argmax(-1) == out.probe_logits.argmax(-1))
     result = {"kl": float(torch.cat(kls).mean()), "top1": float(torch.cat(top1).float().mean())}
-    if cases and hasattr(cases[0], "question"):
+    if cases and isinstance(cases[0], workloads.NeedleCase):
         result["needle_acc"] = float(np.mean([c.score(o.answer) for c, o in zip(cases, outputs)]))
     return result
 
@@ -174,17 +193,18 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
     """Run every scheme of ``config`` on its task; returns the results and the reference quality.
 
     ``on_result(result, baseline)``, if given, is called as each scheme finishes (the CLI prints its row then).
+    ``progress.start(steps)`` receives the run's :func:`witcert.observatory.plan.steps` and returns
+    ``tick(label)``, called as each step finishes.
     """
     model, tokenizer = loaded.model, loaded.tokenizer
     cases = build_cases(tokenizer, config)
-    steps = len(cases) * (1 + len(config.schemes) * (2 if config.gate else 1))
-    tick = progress.start(steps) if progress else (lambda *_: None)
+    tick = progress.start(plan.steps(config, len(cases))) if progress else (lambda *_: None)
     reference = []
     for case in cases:
         reference.append(run_case(model, tokenizer, case, config.new_tokens))
         tick("uncompressed reference")
     baseline = {}
-    if hasattr(cases[0], "question"):
+    if isinstance(cases[0], workloads.NeedleCase):
         baseline["needle_acc"] = float(np.mean([c.score(o.answer) for c, o in zip(cases, reference)]))
     results = []
     for scheme in config.schemes:
@@ -208,9 +228,12 @@ def run_observe(loaded, config: ObserveConfig, progress=None, on_result=None) ->
 
 def _monitor(model, scheme, config: ObserveConfig, tier: str, gate: Gate | None = None) -> Monitor:
     """One monitor per (scheme, gated) run: one request per case, numbered from 0 like the cases; the full
-    meter (``P1r`` and ``MS`` too), as the observatory measures how tight the certificate can be."""
-    return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=config.observe, bands=config.bands,
-                   seed=config.seed, tau=config.tau, meter="full")
+    meter (``P1r`` and ``MS`` too), as the observatory measures how tight the certificate can be; the
+    config's certificate (the spot check: ``spot_keys`` exact keys per checked cell at the monitor's
+    default ``spot_delta``) and mode (``keep_exact``)."""
+    return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=config.keep_exact, bands=config.bands,
+                   seed=config.seed, tau=config.tau, meter="full", certificate=config.certificate,
+                   spot_keys=config.spot_keys)
 
 
 def _run_scheme(model, tokenizer, cases, config, monitor: Monitor, tick) -> list[CaseOutput]:

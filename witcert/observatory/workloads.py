@@ -7,7 +7,8 @@ network is needed:
   Python reference manual shipped in the standard library (``pydoc_data.topics``);
 - code: Python standard library sources (``json``, ``argparse``, ``dataclasses``, ...);
 - needle: a passkey (or several keyed passkeys) hidden at a chosen depth of a natural-text
-  haystack, asked for at the end and scored by exact match of the digits generated.
+  haystack, asked for at the end and scored by exact match of the digits generated;
+- prompt: the user's own text, prefilled and continued greedily (nothing to score).
 """
 from __future__ import annotations
 
@@ -66,6 +67,33 @@ class TextCase:
     def __post_init__(self):
         if not self.context or not self.continuation:
             raise ValueError("context and continuation must be non-empty")
+
+
+@dataclass(frozen=True, eq=False)
+class PromptCase:
+    """The user's own prompt: every token but the last is prefilled, the last is the probe, then greedy decoding.
+
+    Build it with :func:`prompt_case` (the split is made on token ids, so nothing is re-tokenized).
+    Nothing is scored: its quality figures are the KL and top-1 agreement of the probe token.
+    """
+
+    prompt: str
+    context_ids: object  # (1, n - 1) LongTensor
+    probe_ids: object  # (1, 1) LongTensor
+
+
+def prompt_case(tokenizer, prompt: str) -> PromptCase:
+    """A :class:`PromptCase` of ``prompt``; ``ValueError`` unless it is at least two tokens long."""
+    ids = tokenizer(prompt, return_tensors="pt").input_ids
+    if ids.shape[1] < 2:
+        raise ValueError(f"prompt: {prompt!r} is {ids.shape[1]} token(s) with this model's tokenizer; give at least "
+                         "two (the last is the first metered query)")
+    return PromptCase(prompt=prompt, context_ids=ids[:, :-1], probe_ids=ids[:, -1:])
+
+
+def generates(case) -> bool:
+    """Whether a case is followed by greedy decoding (a needle's answer, a prompt's continuation)."""
+    return isinstance(case, (NeedleCase, PromptCase))
 
 
 def natural_text() -> tuple[str, str]:

@@ -2,3 +2,4 @@
 """
 
 from witcert.schemes import builtin  # noqa: F401  (the built-in schemes register themselves)
+from witcert.schemes import engine_formats  # noqa: F401  (the engine KV formats register themselves)

@@ -39,7 +39,10 @@ def plugin_names() -> list[str]:
 
 def unknown_scheme_message(name) -> str:
     """What to say about a scheme name nothing answers to: every name ``witcert schemes`` lists."""
-    message = f"unknown scheme {name!r}; registered schemes: {', '.join(list_schemes())}"
+    from witcert.schemes.engine_formats import engine_name_note
+
+    note = engine_name_note(name)  # an engine's own spelling: which scheme it is, or why it is refused
+    message = (f"{note}; " if note else "") + f"unknown scheme {name!r}; registered schemes: {', '.join(list_schemes())}"
     plugins = sorted(entry_points())  # a loaded plugin is registered too: named in both lists
     if plugins:
         message += f"; installed plugins: {', '.join(plugins)}"

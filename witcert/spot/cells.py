@@ -1,162 +1,158 @@
-"""The spot check inside the monitor: every cell whose deterministic meter exceeds ``tau``.
+"""The spot check inside the monitor: every cell whose meter exceeds ``tau``, one batched check per layer-step.
 
 ``witcert.monitor(..., certificate="spot", spot_keys=m, spot_delta=delta)`` builds a
 :class:`SpotSettings`; the ``"witcert"`` attention calls :meth:`SpotSettings.apply` on each
-call's fp64 cells. The reported meter becomes ``min(deterministic meter, spot bound)`` (valid
-with probability ``1 - spot_delta`` per checked cell: a union of two events, the deterministic one
-certain), and the output bound and the joint pass are recomputed from it. Extra columns:
-``meter_deterministic``, ``spot_bound`` (NaN where no check ran), ``spot_keys`` and ``spot_bytes``
-(exact keys read and their bytes), ``spot_delta`` (the failure probability of each checked cell; 0
-where the meter is deterministic).
+call's fp64 cells, which checks every cell above ``tau`` at once (:func:`witcert.spot.check_cells`:
+adaptive rounds of 32, 128, 512, ... up to ``spot_keys`` exact keys, stopping at a bound ``<= tau``). The
+reported meter becomes ``min(meter before the check, spot bound)``, and the output bound and the joint
+pass are recomputed from it. Extra columns:
+
+- ``meter_before_spot``: the meter the check started from. Deterministic under Tier A and inside
+  ``generate``; under Tier B's probabilistic branch (``mon.non_adaptive()`` on the dithered cache) it
+  is Tier B's meter, valid with probability ``1 - delta_loc`` (the check itself relies on deterministic
+  radii, so its bound does not);
+- ``spot_bound`` (NaN where no check ran), ``spot_keys`` (distinct exact keys the cell read),
+  ``spot_rounds``, ``spot_bytes`` (bytes the checks read, each key row or verified block charged to the
+  first cell of the call that needed it, so the column sums to the traffic), ``spot_delta`` (the failure
+  probability the cell's checks spent: at most its ``delta``; 0 where the meter is deterministic and where
+  a check read the cell whole, which makes its bound the true TV).
+
+``spot_delta`` is a float (each checked cell's failure probability) or a request budget, a callable
+``(step, cells) -> delta`` of the request's metered decode step and the cells that step may check
+(:class:`witcert.spot.budget.RequestBudget`). With a gate, half of each cell's ``delta`` goes to this
+check and half to the gate's re-checks (:mod:`witcert.spot.gate`), so the cell's statements together
+fail with probability at most ``delta``.
 
 Exact keys come from the exact cache the store keeps (validation, ``keep_exact=True``) or, in
 production (``keep_exact=False``), from the content-checked host backing store the monitor keeps
-for the request (:class:`BackedKeys`): the blocks holding the sampled tokens are paged in and
-verified against the CRC of the bytes written, and ``spot_bytes`` counts the bytes paged (whole
-blocks, keys and values) instead of the key rows used.
+for the request (:class:`~witcert.spot.gather.BackedKeys`): the blocks holding the sampled tokens
+are paged in and verified against the CRC of the bytes written.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
 import torch
 
 from witcert.core import values
-from witcert.spot.one_sided import spot_check
+from witcert.spot.batched import check_cells
+from witcert.spot.gather import BackedKeys, KeyGather
 from witcert.spot.randomness import SpotRandomness, spot_randomness
+from witcert.spot.rounds import DEFAULT_SPLIT, SPLITS
 
 CERTIFICATES = ("deterministic", "spot")
 SPOT_BLOCK_SIZE = 16
 """Tokens per backing-store block when the spot check alone keeps the store (a gate's block size otherwise)."""
+GATE_SHARE = 0.5
+"""Share of a cell's ``delta`` left to the gate's re-checks when a gate repairs after the check."""
+
+__all__ = ["BackedKeys", "CERTIFICATES", "GATE_SHARE", "SPOT_BLOCK_SIZE", "SpotSettings", "spot_settings"]
 
 
 @dataclass
 class SpotSettings:
-    """Key budget, per-cell failure probability and threshold of the monitor's spot checks."""
+    """Key budget, failure probability and threshold of the monitor's spot checks."""
 
     keys: int = 256
-    delta: float = 1e-6  # per checked cell (witcert.spot.budget turns a request budget into this)
-    tau: float = 0.2  # cells with a deterministic meter above tau are checked
+    delta: float | Callable[[int, int], float] = 1e-6  # per checked cell, or a request budget (step, cells) -> delta
+    tau: float = 0.2  # cells with a meter above tau are checked; a check stops at a bound <= tau
     seed: int | None = None  # replay opt-in; None: the OS's cryptographic source
+    adaptive: bool = True  # read in rounds of 32, 128, 512, ... keys (witcert.spot.rounds); False: all keys at once
+    split: str = DEFAULT_SPLIT  # how a cell's delta divides over its rounds
+    gated: bool = False  # a gate repairs after the check: the check spends 1 - GATE_SHARE of each cell's delta
     randomness: SpotRandomness = field(init=False)
 
     def __post_init__(self):
         if not isinstance(self.keys, int) or isinstance(self.keys, bool) or self.keys < 1:
             raise ValueError(f"spot_keys must be a positive int, got {self.keys!r}")
-        if not 0 < self.delta < 1:
-            raise ValueError(f"spot_delta must lie in (0, 1), got {self.delta!r}")
+        if not callable(self.delta) and not (isinstance(self.delta, (int, float)) and 0 < self.delta < 1):
+            raise ValueError(f"spot_delta must lie in (0, 1) or be a request budget (step, cells) -> delta, "
+                             f"got {self.delta!r}")
+        if self.split not in SPLITS:
+            raise ValueError(f"spot split must be one of {SPLITS}, got {self.split!r}")
         self.randomness = spot_randomness(self.seed)
 
-    def apply(self, math, query, exact_keys, scale: float, tau_k: float, tau_v: float, radii=None):
+    def cell_delta(self, step: int | None, cells: int) -> float:
+        """Each cell's failure probability at the request's metered ``step`` (``cells`` it may check)."""
+        if not callable(self.delta):
+            return float(self.delta)
+        value = self.delta(max(1, step or 1), cells)
+        if not (isinstance(value, (int, float)) and 0 < value < 1):
+            raise ValueError(f"spot_delta: the request budget returned {value!r} for step {step}, not a probability "
+                             "in (0, 1)")
+        return float(value)
+
+    def pending(self, tau_k: float, tau_v: float, step: int | None):
+        """The :class:`~witcert.spot.deferred.PendingChecks` of one forward call (no gate: checked at its end)."""
+        from witcert.spot.deferred import PendingChecks
+
+        return PendingChecks(self, tau_k, tau_v, step)
+
+    def check_share(self) -> float:
+        """The share of a cell's ``delta`` this check spends (the rest is the gate's)."""
+        return 1 - GATE_SHARE if self.gated else 1.0
+
+    def apply(self, math, query, exact_keys, scale: float, tau_k: float, tau_v: float, radii=None,
+              step: int | None = None, layers: int = 1):
         """``(math with the spot meter, extra columns)`` for one call (see the module docstring).
 
-        ``math`` a :class:`~witcert.integrations.hf.cells.CallMath`; ``query`` (B, Hq, Tq, d)
-        post-RoPE; ``exact_keys`` (B, Hkv, S, d) the exact cache or a :class:`BackedKeys`;
-        ``radii`` (B, Hq, Tq, S) the per-token radii the check relies on (default ``math.c``). The
-        monitor passes radii that hold for every query (Tier A's where a dithered cache's Tier B
-        branch is probabilistic), so ``spot_delta`` is each cell's whole failure probability.
+        ``math`` a :class:`~witcert.integrations.hf.cells.CallMath`; ``query`` (B, Hq, Tq, d) post-RoPE;
+        ``exact_keys`` (B, Hkv, S, d) the exact cache or a :class:`BackedKeys`; ``radii`` (B, Hq, Tq, S) the
+        per-token radii the check relies on (default ``math.c``; the monitor passes radii that hold for every
+        query, so the check's ``delta`` is its whole failure probability); ``step`` the request's metered
+        decode step and ``layers`` the model's, for a request budget.
         """
-        deterministic = math.cells["meter"]
-        checked = (deterministic > self.tau) & ~math.blank  # (B, Hq, Tq)
-        bound = torch.full(deterministic.shape, torch.nan, dtype=torch.float64)
-        keys_read = torch.zeros(deterministic.shape, dtype=torch.float64)
-        bytes_read = torch.zeros(deterministic.shape, dtype=torch.float64)
-        readers = ExactReaders(query, exact_keys, scale, math.bias)
-        scores = math.scores_hat.detach().cpu()
-        radii = (math.c if radii is None else radii).detach().cpu()
-        for b, h, t in checked.nonzero().tolist():
-            before = readers.bytes_paged
-            result = spot_check(scores[b, h, t], radii[b, h, t], readers.cell(b, h, t), keys=self.keys,
-                                delta=self.delta, generator=self.randomness.generator)
-            bound[b, h, t], keys_read[b, h, t] = result.bound, result.keys_read
-            bytes_read[b, h, t] = readers.bytes_paged - before if readers.paged else result.keys_read * readers.row_bytes
-        bound = bound.to(deterministic.device)
-        meter = torch.where(torch.isnan(bound), deterministic, torch.minimum(deterministic, bound))
+        before = math.cells["meter"]
+        checked = (before > self.tau) & ~math.blank  # (B, Hq, Tq)
+        shape = before.shape
+        bound = torch.full(shape, torch.nan, dtype=torch.float64)
+        columns = {name: torch.zeros(shape, dtype=torch.float64) for name in ("spot_keys", "spot_bytes",
+                                                                             "spot_rounds", "spot_delta")}
+        at = checked.cpu().nonzero()  # (M, 3): row, query head, query
+        if at.numel():
+            delta = self.cell_delta(step, layers * shape[1] * shape[2]) * self.check_share()
+            scores, source = self.cells(math, query, exact_keys, scale, at)
+            radii = (math.c if radii is None else radii).detach()[checked].cpu()
+            result = check_cells(scores, radii, source, keys=self.keys, delta=delta,
+                                 tau=self.tau if self.adaptive else None, generator=self.randomness.generator,
+                                 split=self.split)
+            where = tuple(at.T)
+            bound[where] = result.bound
+            for name, value in (("spot_keys", result.keys_read), ("spot_bytes", source.bytes_read),
+                                ("spot_rounds", result.rounds), ("spot_delta", result.delta)):
+                columns[name][where] = value.to(torch.float64)
+        bound = bound.to(before.device)
+        meter = torch.where(torch.isnan(bound), before, torch.minimum(before, bound.to(before.dtype)))
         passes = values.joint_pass(meter, math.value_term, math.v_norm_max, tau_k, tau_v)
         cells = dict(math.cells, meter=meter, joint=passes.joint,
                      output_bound=values.output_bound(meter, math.value_term, math.v_norm_max))
-        extra = {
-            "meter_deterministic": torch.where(math.blank.cpu(), torch.nan, deterministic.cpu().to(torch.float64)),
-            "spot_bound": bound.cpu(), "spot_keys": keys_read, "spot_bytes": bytes_read,
-            "spot_delta": torch.where(checked.cpu(), self.delta, 0.0).to(torch.float64),
-        }
+        extra = {"meter_before_spot": torch.where(math.blank.cpu(), torch.nan, before.cpu().to(torch.float64)),
+                 "spot_bound": bound.cpu(), **columns}
         return replace(math, cells=cells), extra
 
-
-class BackedKeys:
-    """One layer's exact keys in the content-checked backing store, paged in by verified blocks.
-
-    ``length`` is the number of keys the call attends; the store must hold exactly those (a scheme
-    that drops or reorders tokens would make the store's positions mean other keys).
-    """
-
-    def __init__(self, backing, layer: int, length: int):
-        if backing is None:
-            raise RuntimeError("spot check in production: the monitor keeps no backing store for this request")
-        held = backing.length(layer)
-        if held != length:
-            raise ValueError(f"backing store: layer {layer} holds {held} exact keys, the call attends {length}: "
-                             "its positions would not be the call's tokens")
-        self.backing, self.layer, self.kv_heads = backing, layer, backing.lead_shape(layer)[1]
-        self._blocks: dict[tuple[int, int, int], torch.Tensor] = {}
-
-    def rows(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
-        """``(k, d)`` fp64 exact keys of tokens ``index`` of row ``b``, kv head ``kv`` (each block paged once)."""
-        size = self.backing.block_size
-        for block in sorted(set((index // size).tolist())):
-            if (b, kv, block) not in self._blocks:
-                self._blocks[b, kv, block] = self.backing.page_in(self.layer, (b, kv), block).k.to(torch.float64)
-        return torch.stack([self._blocks[b, kv, t // size][t % size] for t in index.tolist()])
+    @staticmethod
+    def cells(math, query, exact_keys, scale: float, at: torch.Tensor, rows=None):
+        """``(scores (M, S), source)``: the compressed logits of the cells ``at`` (M, 3) (``rows``: other logits of
+        those cells to check, e.g. partly repaired ones) and a :class:`~witcert.spot.gather.KeyGather` of their
+        exact logits."""
+        b, h, t = at.T
+        kv_heads = exact_keys.kv_heads if isinstance(exact_keys, BackedKeys) else exact_keys.shape[1]
+        group = query.shape[1] // kv_heads
+        rows = (math.scores_hat.detach()[b, h, t] if rows is None else rows).cpu()
+        bias = None
+        if math.bias is not None:
+            full = math.bias.expand(*math.scores_hat.shape)
+            bias = full[b, h, t]
+        source = KeyGather(query.detach()[b, h, t], b, h // group, exact_keys, scale, bias)
+        return rows, source
 
 
-class ExactReaders:
-    """Exact-key readers of one call's cells: fp64 logits ``(q . k_t) * scale + bias_t`` as ``cells.exact_logits``
-    forms them.
-
-    ``exact_keys``: the exact cache ``(B, Hkv, S, d)`` or a :class:`BackedKeys`. ``bias``: the additive
-    mask term ``(B|1, Hq|1, Tq, S)`` the compressed logits hold (``CallMath.bias``), or ``None``; the
-    exact logits must carry it too, or ``W`` would compare logits under two different masks.
-    """
-
-    def __init__(self, query, exact_keys, scale: float, bias: torch.Tensor | None = None):
-        self.q64 = query.detach().to(torch.float64).cpu()  # (B, Hq, Tq, d)
-        self.bias = None if bias is None else bias.detach().to(torch.float64).cpu()
-        self.paged = isinstance(exact_keys, BackedKeys)
-        if self.paged:
-            self._backed, self._paged_at_start = exact_keys, exact_keys.backing.bytes_paged
-            kv_heads, self.row_bytes = exact_keys.kv_heads, 0
-        else:
-            self.k64 = exact_keys.detach().to(torch.float64).cpu()  # (B, Hkv, S, d)
-            kv_heads, self.row_bytes = self.k64.shape[1], exact_keys.shape[-1] * exact_keys.element_size()
-        self.groups, self.scale = self.q64.shape[1] // kv_heads, scale
-
-    @property
-    def bytes_paged(self) -> int:
-        """Bytes the backing store paged in for this call's checks so far (0 from the exact cache)."""
-        return self._backed.backing.bytes_paged - self._paged_at_start if self.paged else 0
-
-    def cell(self, b: int, h: int, t: int):
-        """``read(index (k,)) -> (k,)`` exact logits of cell (row ``b``, query head ``h``, query ``t``)."""
-        q, kv = self.q64[b, h, t], h // self.groups
-        row = None if self.bias is None else self.bias[min(b, self.bias.shape[0] - 1), min(h, self.bias.shape[1] - 1), t]
-        if self.paged:
-            def keys(index):
-                return self._backed.rows(b, kv, index)
-        else:
-            def keys(index, cached=self.k64[b, kv]):
-                return cached[index]
-
-        def read(index):
-            logits = (keys(index) @ q) * self.scale
-            return logits if row is None else logits + row[index]
-        return read
-
-
-def spot_settings(certificate: str, keys: int, delta: float, tau: float,
-                  seed: int | None = None) -> SpotSettings | None:
+def spot_settings(certificate: str, keys: int, delta, tau: float, seed: int | None = None,
+                  gated: bool = False) -> SpotSettings | None:
     """The monitor's spot settings (``None`` for the deterministic certificate), checked."""
     if certificate not in CERTIFICATES:
         raise ValueError(f"certificate must be one of {CERTIFICATES}, got {certificate!r}")
     if certificate == "deterministic":
         return None
-    return SpotSettings(keys=keys, delta=delta, tau=tau, seed=seed)
+    return SpotSettings(keys=keys, delta=delta, tau=tau, seed=seed, gated=gated)

@@ -21,6 +21,7 @@ against the exact ``sm_scale q . k^_t``. A runtime that computes its own logits 
 rounds far more; a caller metering *those* logits adds :func:`score_rounding_bound` for the
 runtime's dtypes to ``c`` (Theorem 1 needs ``c_t >= |runtime logit - exact logit|``).
 """
+import math
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from witcert.fastpath.fused import lean_cells
 from witcert.fastpath.stored_pass import pass_constants, stored_pass
 from witcert.schemes.registry import apply_scheme
 from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.query_radius import read_scores
 from witcert.tier_a.score_rounding import bias_rounding_bound, score_rounding_bound
 from witcert.tier_a.witness import _check_key_pair, _check_layout, check_head_pairing, logit_bound, residual_witness
 
@@ -177,7 +179,7 @@ def observe(
 def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_scale: float | None = None,
                    mask: torch.Tensor | None = None, truth: tuple | None = None,
                    tau_k: float = 0.2, tau_v: float = 0.05, fused: bool = False,
-                   bias: torch.Tensor | None = None) -> Observation:
+                   bias: torch.Tensor | None = None, q_read: torch.Tensor | None = None) -> Observation:
     """Tier A observation from what a compressed cache holds (``T2``, ``T1``, value side).
 
     ``q`` (..., Hq, Tq, d) post-RoPE queries; ``stored`` the layer's :class:`StoredKeys`
@@ -194,7 +196,10 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
     additive term broadcastable to (..., Hq, Tq, S) that the model adds to both logits (a soft
     attention mask, a ``position_bias``): it changes ``p~`` and no ``eps_t``, so it is added to the
     compressed and the exact logits alike, and its fp64 addition's rounding to ``c``
-    (:func:`~witcert.tier_a.score_rounding.bias_rounding_bound`).
+    (:func:`~witcert.tier_a.score_rounding.bias_rounding_bound`). ``q_read``: the query the attention kernel
+    reads when it quantizes the query (..., Hq, Tq, d), ``None`` when it reads ``q``: the compressed logits are
+    then ``q_read``'s and every radius gains ``|sm (q_read - q) . k^_t|`` (``QR``,
+    :mod:`witcert.tier_a.query_radius`); the exact reference, and so the true TV, keeps ``q``.
     """
     hkv, groups = check_head_pairing(q.shape, stored.k_hat.shape, "q", "k_hat")
     d = q.shape[-1]
@@ -218,8 +223,11 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
         scores, c, meter, risk, value_term, v_max, bound, pass_k, pass_v = (
             x.reshape(*grouped, *x.shape[len(folded):]) for x in results)
         passes = values.JointPass(pass_k, pass_v, pass_k & pass_v)
-        if bias is not None:  # the pass metered the unbiased logits: the cells again over the biased ones
+        if q_read is not None:  # the pass metered the exact query's logits: the kernel reads q_read's
+            scores, c = _read_query(scores, c, q_read, stored.k_hat, scale, grouped)
+        if bias is not None:
             scores, c = _biased(scores, c, bias, grouped)
+        if bias is not None or q_read is not None:  # the cells again over the logits attention used
             lean = lean_cells(scores, c, stored.value_residual.double()[..., None, None, :],
                               stored.value_norm.double()[..., None, None, :], checked=True)
             meter, risk, value_term, v_max = lean.meter, lean.risk, lean.value_term, lean.v_norm_max
@@ -234,6 +242,8 @@ def observe_stored(q: torch.Tensor, stored: StoredKeys, layout: BandLayout, sm_s
                                                     accumulate_dtype=torch.float64))
         scores = (_folded_matmul(qg, k_hat64.transpose(-1, -2)) * scale).masked_fill(~keep, float("-inf"))
         c = c.reshape(*grouped, s).masked_fill(~keep, 0.0)  # as the fused pass: no bound needs a masked radius
+        if q_read is not None:
+            scores, c = _read_query(scores, c, q_read, stored.k_hat, scale, grouped)
         if bias is not None:
             scores, c = _biased(scores, c, bias, grouped)
         meter = tv_meter(scores, c)  # (..., Hkv, G, Tq): the full minimum (MS on the eager grid)
@@ -272,6 +282,16 @@ def _grouped(bias: torch.Tensor, grouped: tuple) -> torch.Tensor:
     except RuntimeError:
         raise ValueError(f"bias of shape {tuple(bias.shape)} does not broadcast to (..., Hq, Tq, S)") from None
     return full.reshape(*grouped, s).to(torch.float64)
+
+
+def _read_query(scores: torch.Tensor, c: torch.Tensor, q_read: torch.Tensor, k_hat: torch.Tensor, scale: float,
+                grouped: tuple) -> tuple:
+    """The read query's logits and ``c`` plus the query term (``QR``), both (..., Hkv, G, Tq, S)."""
+    if q_read.shape[-1] != k_hat.shape[-1] or q_read.numel() != math.prod(grouped) * k_hat.shape[-1]:
+        raise ValueError(f"q_read must have the query's shape (..., Hq, Tq, d), got {tuple(q_read.shape)}")
+    folded = (*grouped[:-2], grouped[-2] * grouped[-1])
+    read, radius = read_scores(scores.reshape(*folded, -1), q_read.reshape(*folded, -1), k_hat, scale)
+    return read.reshape(scores.shape), rounding.add_up(c, radius.reshape(c.shape))
 
 
 def _biased(scores: torch.Tensor, c: torch.Tensor, bias: torch.Tensor, grouped: tuple) -> tuple:

@@ -39,7 +39,7 @@ from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
 from witcert.integrations.hf.sampling import MeterSampling, selection
-from witcert.spot.cells import BackedKeys, ExactReaders
+from witcert.spot.gather import BackedKeys
 from witcert.tier_a.bands import BandLayout
 
 ATTN_NAME = "witcert"
@@ -97,9 +97,12 @@ class CallScope:
     tau_v: float = 0.05
     fused: bool = True  # the fast path's fused cells (min(1, T1, P1, MN, CS, MS)); False: the full eager meter
     spot: object = None  # witcert.spot.cells.SpotSettings: spot-check the cells above its tau
+    spot_step: int | None = None  # the request's metered decode step (a request budget's spot_delta spends by it)
+    spot_pending: object = None  # witcert.spot.deferred.PendingChecks: no gate, the call's checks run at its end
     backing: object = None  # witcert.gate.backing_store.BackingStore: exact keys when the exact cache is not kept
     sample: MeterSampling | None = None  # sampled metering (None: every cell)
     pending: object = None  # witcert.integrations.hf.pending.PendingCells: meter the call later (None: now)
+    query_format: object = None  # witcert.tier_a.query_radius.QueryFormat: the kernel reads q' (None: q)
 
     def layer(self, index: int) -> MonitoredLayer:
         """The cache's layer ``index``; raises unless it is the monitored layer the monitor installed."""
@@ -136,7 +139,8 @@ def witcert_attention_forward(module, query, key, value, attention_mask, scaling
         raise ValueError(f"dropout={dropout!r}: attention with dropout (a model in training mode) is random, the meter "
                          "covers eval-mode attention (call model.eval())")
     scores_mask = _scores_mask(module, query, key, attention_mask, kwargs)
-    output, weights = sdpa_attention_forward(module, query, key, value, attention_mask, scaling=scaling,
+    kernel_query = query if scope.query_format is None else scope.query_format.read(query).to(query.dtype)
+    output, weights = sdpa_attention_forward(module, kernel_query, key, value, attention_mask, scaling=scaling,
                                              dropout=dropout, **kwargs)
     scale = float(module.scaling if scaling is None else scaling)
     if scope.pending is not None and scope.pending.defer(module.layer_idx, query, scores_mask, key.shape[-2], scale,
@@ -191,15 +195,17 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     if chosen is not None and chosen.empty:  # sampled metering: no cell of these calls is metered
         return output, _unmetered(scope, layer, (b, hq, tq), positions)
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
+    # the query the kernel read (QR): the model's attention ran with it; the exact reference keeps `query`
+    query_read = None if scope.query_format is None else scope.query_format.read(query)
     if chosen is not None:  # sampled metering: the chosen queries and query heads only, every kv head
-        query = chosen.pick(query)
-        visible, bias = (None if x is None else chosen.pick(x) for x in (visible, bias))
+        query, query_read, visible, bias = (None if x is None else chosen.pick(x)
+                                            for x in (query, query_read, visible, bias))
     if bias is not None and scope.gate is not None and not scope.truth:
         raise ValueError("attention_mask: an additive mask with soft values (or a position_bias) and a production "
                          "gate (keep_exact=False): the backing store's page-ins do not carry the bias; use "
                          "keep_exact=True or a bool / minimum-value mask")
     math = cells.measure(query, store, read, visible, scale, scope.layout, truth=scope.truth, fused=scope.fused,
-                         bias=bias)
+                         bias=bias, query_read=query_read)
     extra = {}
     deterministic_c = math.c  # Tier A's radii hold for every query; Tier B's probabilistic branch only on its event
     if scope.tier == "B":
@@ -211,10 +217,14 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             extra[name] = swept.cells["meter"].cpu()
         math = cells.tighten_with_tier_b(math, query, key_stores, read[0], scope.delta_loc, scale, scope.adaptive,
                                          scope.tau_k, scope.tau_v, slack=slack)
-    if scope.spot is not None:  # witcert.spot.cells: reported meter = min(deterministic, spot bound)
-        keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
+    if scope.spot is not None:  # witcert.spot.cells: reported meter = min(meter, spot bound), one batched check
+        spot_keys = store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx, s)
         radii = math.c if scope.tier == "A" or scope.adaptive else deterministic_c  # spot_delta is then the whole story
-        math, spot_extra = scope.spot.apply(math, query, keys, scale, scope.tau_k, scope.tau_v, radii=radii)
+        if scope.spot_pending is not None:  # nothing fed back (no gate): checked with every layer at the call's end
+            math, spot_extra = scope.spot_pending.add(math, query, spot_keys, scale, radii, len(scope.layers))
+        else:
+            math, spot_extra = scope.spot.apply(math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii,
+                                                step=scope.spot_step, layers=len(scope.layers))
         extra.update(spot_extra)
     blank = math.blank.cpu() if math.any_blank else None
     fired = torch.zeros_like(math.cells["meter"], dtype=torch.bool)
@@ -224,10 +234,10 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
             source = dict(exact=(cells.exact_logits(query, exact_k, scale, math.scores_hat, math.bias), exact_v))
         else:
             source = dict(paging=(scope.repairer, layer.layer_idx, query, scale))
-        if scope.spot is not None and scope.truth:  # the spot-certified gate (witcert.spot.gate)
-            readers = ExactReaders(query, exact_k, scale, math.bias)
-            repair, counts = cells.spot_gated_output(math, scope.gate, scope.spot, readers, radii,
-                                                     extra["spot_bound"], source["exact"], read[1], output)
+        if scope.spot is not None:  # the spot-certified gate (witcert.spot.gate), validation or production
+            repair, counts = cells.spot_gated_output(math, scope.gate, scope.spot, query, spot_keys, scale, radii,
+                                                     extra["spot_bound"], read[1], output, step=scope.spot_step,
+                                                     layers=len(scope.layers), **source)
             extra["spot_delta"] = extra["spot_delta"] + counts.pop("added_delta")
             extra.update(counts)
         else:
@@ -247,8 +257,11 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attentio
     batch = cells.CellBatch(
         layer=layer.layer_idx, positions=positions, requests=scope.rows,
         tier=scope.tier, adaptive=scope.adaptive, extra=extra, seed=scope.seed,
+        tier_b_delta=scope.delta_loc if scope.tier == "B" and not scope.adaptive else 0.0,
         **fields,
     )
+    if scope.spot is not None and scope.spot_pending is not None:
+        scope.spot_pending.attach(spot_extra, batch)
     return output, batch
 
 

@@ -27,6 +27,8 @@ covers exactly the visible tokens; tokens beyond the window are not evicted.
 """
 from __future__ import annotations
 
+import weakref
+
 import torch
 from transformers.cache_utils import CacheLayerMixin, DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
@@ -45,7 +47,7 @@ class MonitoredLayer(CacheLayerMixin):
         self.store = store
         self.layer_idx = layer_idx
         self.read_exact = False  # the last update returned the exact in-flight tokens (nothing compressed read)
-        self.last_read: tuple | None = None  # what the last update returned
+        self._last_read: tuple | None = None  # weak references to what the last update returned
 
     def lazy_initialization(self, key_states: torch.Tensor, value_states: torch.Tensor) -> None:
         self.dtype, self.device = key_states.dtype, key_states.device
@@ -57,8 +59,16 @@ class MonitoredLayer(CacheLayerMixin):
             self.lazy_initialization(key_states, value_states)
         self.read_exact = self.store.length == 0
         self.store.append(key_states, value_states)
-        self.last_read = (key_states, value_states) if self.read_exact else self.store.read()
-        return self.last_read
+        read = (key_states, value_states) if self.read_exact else self.store.read()
+        self._last_read = tuple(weakref.ref(x) for x in read)
+        return read
+
+    @property
+    def last_read(self) -> tuple | None:
+        """What the last update returned, while the forward call attending it holds it (else ``None``): a
+        decode-on-read store's decoded keys are freed with that call, never held between steps."""
+        read = None if self._last_read is None else tuple(ref() for ref in self._last_read)
+        return None if read is None or any(x is None for x in read) else read
 
     @property
     def keys(self):
@@ -137,7 +147,9 @@ def check_exact_layers(cache) -> None:
             f"past_key_values layer {index} is a {type(layer).__name__}: WitCert attention runs only over a cache "
             "whose writes it sees exactly (a DynamicCache). A quantized cache (QuantizedCache, quanto/HQQ/fp8 "
             "layers) holds keys that are not the exact keys, so a meter and a 'true TV' against them would "
-            "certify nothing; let witcert.monitor compress the cache itself (scheme=...) instead")
+            "certify nothing; let witcert.monitor compress the cache itself instead: to meter transformers' own "
+            "QuantizedCache, pass its configuration as the scheme (scheme=\"hf-quanto-int4\", \"hf-hqq-int8\", ...; "
+            "witcert schemes lists them) and no past_key_values")
 
 
 def adopt(cache, make_store, n_layers: int) -> list[MonitoredLayer]:

@@ -45,7 +45,9 @@ class CellBatch:
     ``repaired`` marks the cells the gate fired on (their output was recomputed). ``tier`` is
     the certificate actually used (``"A"``, or ``"B"`` for the dithered cache with the Tier A
     minimum); ``adaptive`` says Tier B used only its deterministic branch (the queries may depend
-    on the dither: inside ``generate``, or not declared non-adaptive).
+    on the dither: inside ``generate``, or not declared non-adaptive); ``tier_b_delta`` is the
+    per-cell failure probability of Tier B's probabilistic branch where it was used (``delta_loc``
+    of a non-adaptive Tier B call), 0 where every radius is deterministic.
     """
 
     layer: int
@@ -63,6 +65,7 @@ class CellBatch:
     adaptive: bool = True
     extra: dict = field(default_factory=dict)  # name -> (B, Hq, Tq), e.g. Tier B meters at other deltas
     seed: int | None = None  # Philox seed of a dithered cache (None: no dither), for replay
+    tier_b_delta: float = 0.0  # failure probability of Tier B's probabilistic branch per cell (0: not used)
 
     def __post_init__(self):
         shape = self.meter.shape
@@ -80,6 +83,8 @@ class CellBatch:
             raise ValueError(f"tier must be one of {TIERS} (the tier used, never 'auto'), got {self.tier!r}")
         if self.tier == "B" and self.seed is None:
             raise ValueError("a Tier B batch must record the dither seed of its cache (replay)")
+        if not 0.0 <= self.tier_b_delta < 1.0 or (self.tier_b_delta and self.tier != "B"):
+            raise ValueError(f"tier_b_delta must lie in [0, 1) and be 0 outside Tier B, got {self.tier_b_delta!r}")
 
 
 @dataclass(frozen=True)
@@ -125,7 +130,7 @@ def mask_terms(attention_mask, q_len: int, kv_len: int, device) -> tuple[torch.T
 
 
 def measure(query, store, read: tuple, visible, scale: float, layout, truth: bool = True, fused: bool = True,
-            bias: torch.Tensor | None = None) -> CallMath:
+            bias: torch.Tensor | None = None, query_read: torch.Tensor | None = None) -> CallMath:
     """Tier A observation of every (row, query head, query) of one call, in one batched pass.
 
     ``query`` (B, Hq, Tq, d) post-RoPE; ``store`` the layer's
@@ -133,7 +138,8 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
     attention read (B, Hkv, S, d); ``visible`` bool, broadcastable to (B, Hq, Tq, S); ``truth``:
     also the true TV, when the store keeps the exact keys; ``fused``: the fast path's cells
     (:func:`~witcert.tier_a.observation.observe_stored`), else the full eager meter; ``bias`` the fp64
-    additive term of both logits (:func:`mask_terms`), broadcastable to (B, Hq, Tq, S).
+    additive term of both logits (:func:`mask_terms`), broadcastable to (B, Hq, Tq, S); ``query_read`` the query
+    the attention kernel read when it quantizes the query (``QR``; ``None``: it read ``query``).
     """
     k_hat, v_hat = read
     b, hq, tq, _ = query.shape
@@ -145,7 +151,7 @@ def measure(query, store, read: tuple, visible, scale: float, layout, truth: boo
         mask = visible | blank[..., None]
     exact = store.exact() if truth else None
     obs = observe_stored(query, store.stored(k_hat), layout, scale, mask=mask,
-                         truth=None if exact is None else (*exact, v_hat), fused=fused, bias=bias)
+                         truth=None if exact is None else (*exact, v_hat), fused=fused, bias=bias, q_read=query_read)
     c = obs.c.masked_fill(blank[..., None], 0.0) if any_blank else obs.c  # 0 on masked tokens already
     nan = torch.full_like(obs.meter, torch.nan)
     cells = {
@@ -288,26 +294,40 @@ def _repaired_output(math: CallMath, v_hat, exact_values, scores_after, repaired
     return torch.where(fired.transpose(1, 2)[..., None], y, output)
 
 
-def spot_gated_output(math: CallMath, gate: Gate, spot, readers, radii, spot_bound, exact: tuple, v_hat,
-                      output) -> tuple[Repair, dict]:
-    """:func:`gated_output` with the spot-certified gate (:mod:`witcert.spot.gate`; exact cache in memory).
+def spot_gated_output(math: CallMath, gate: Gate, spot, query, exact_keys, scale: float, radii, spot_bound, v_hat,
+                      output, *, exact: tuple | None = None, paging: tuple | None = None, step: int | None = None,
+                      layers: int = 1) -> tuple[Repair, dict]:
+    """:func:`gated_output` with the spot-certified gate (:mod:`witcert.spot.gate`), in either mode.
 
-    ``exact=(exact_logits, exact_values)``. Returns the :class:`Repair` (0 bytes moved) and, per
-    cell, the failure probability its repair checks added (``added_delta``), their number
-    (``spot_gate_checks``) and the exact keys they read (``spot_gate_keys``).
+    ``exact=(exact_logits, exact_values)`` in memory (validation) or ``paging=(repairer, stream, query, scale)``
+    over the verified backing store (production), as :func:`gated_output`; ``exact_keys`` what the gate's
+    checks read (the exact cache or a :class:`~witcert.spot.gather.BackedKeys`). Returns the :class:`Repair`
+    and, per cell, the failure probability the gate's checks spent (``added_delta``), their number
+    (``spot_gate_checks``), the exact keys they read (``spot_gate_keys``) and those keys' bytes
+    (``spot_gate_bytes``; the pages' bytes are the repair's ``bytes``).
     """
     from witcert.spot.gate import spot_gated
 
-    exact_scores, exact_values = exact
-    fired, scores_after, repaired, meter_after, added, checks, keys = spot_gated(
-        math, gate, spot, readers, radii, spot_bound, exact_scores)
+    if (exact is None) == (paging is None):
+        raise ValueError("give exactly one of exact=(logits, values) and paging=(repairer, stream, query, scale)")
+    if exact is not None:
+        exact_scores, exact_values = exact
+        source = gate.page_source(math.scores_hat, math.c.dtype, exact=exact_scores)
+    else:
+        repairer, stream, paging_query, paging_scale = paging
+        exact_scores, exact_values = None, v_hat.clone()  # the pager writes each paged block's exact values here
+        pager = LayerPager(repairer, stream, paging_query.to(torch.float64), paging_scale,
+                           group=paging_query.shape[1] // v_hat.shape[1], v_cache=exact_values)
+        source = gate.page_source(math.scores_hat, math.c.dtype, pager=pager)
+    result = spot_gated(math, gate, spot, query, exact_keys, scale, radii, spot_bound, source, step=step,
+                        layers=layers)
     seen = ~torch.isneginf(math.scores_hat)
-    paged = repaired.sum(-1) / seen.sum(-1).clamp(min=1)
-    true_tv_after = _true_tv_after(math, fired, scores_after, exact_scores)
-    output = _repaired_output(math, v_hat, exact_values, scores_after, repaired, fired, output)
-    nothing = torch.zeros(fired.shape, dtype=torch.int64)
-    counts = {"added_delta": added, "spot_gate_checks": checks, "spot_gate_keys": keys}
-    return Repair(output, fired, paged, nothing, meter_after, true_tv_after), counts
+    paged = result.repaired.sum(-1) / seen.sum(-1).clamp(min=1)
+    true_tv_after = _true_tv_after(math, result.fired, result.scores, exact_scores)
+    output = _repaired_output(math, v_hat, exact_values, result.scores, result.repaired, result.fired, output)
+    counts = {"added_delta": result.delta, "spot_gate_checks": result.checks, "spot_gate_keys": result.keys,
+              "spot_gate_bytes": result.check_bytes}
+    return Repair(output, result.fired, paged, result.page_bytes, result.meter_after, true_tv_after), counts
 
 
 def _meter_after(math: CallMath, gate: Gate, result) -> torch.Tensor:

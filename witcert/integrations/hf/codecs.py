@@ -8,10 +8,16 @@ so the certificate never depends on how the codec packs.
 What saves memory, honestly:
 
 - :class:`IntCodes`: the built-in ``rtn-int8``/``rtn-int4``/``rtn-int2`` schemes as integer codes
-  (int8, two int4 or four int2 codes per byte) plus one fp32 scale per group of 32 channels;
-  bit-identical to the registered scheme;
+  (int8, two int4 or four int2 codes per byte) plus each group's absolute maximum in the input's
+  dtype (2 bytes per 32 channels for a bf16 model: it is one of the group's values, so exact), from
+  which decoding forms the registered scheme's scale; bit-identical to the registered scheme;
+- :class:`KiviCodes`: the built-in ``kivi-2bit`` as 2-bit codes, four per byte, with each group's
+  minimum and maximum in the input's dtype (keys: per channel over each complete 32-token group, the
+  rest of a chunk exact; values: per token over 32 channels); bit-identical to the registered scheme;
 - :class:`ScaledFloat8`: the built-in ``fp8-e4m3-scaled`` as fp8 codes plus one fp32 scale per
   chunk; bit-identical to the registered scheme;
+- the engine formats (:mod:`witcert.schemes.engine_formats`: per-token-head INT8/FP8/INT4, NVFP4, MXFP4,
+  TurboQuant): each format object is its own codec, storing the engine's packed codes and scales;
 - :class:`Dither`: the Tier B dithered INT8 store (int8 payload, fp16 scales; the dither is
   regenerated from its counter, never stored);
 - :class:`Reconstruction`: any other scheme, including a plain user callable. A callable
@@ -19,7 +25,8 @@ What saves memory, honestly:
   the cache can only hold that reconstruction: in the narrowest float dtype that represents every
   value *exactly* (checked per chunk: a raw ``fp8-e4m3`` cast fits fp8, one byte per value),
   otherwise in the model's dtype. Then the compressed cache plus its witness is *larger* than the
-  exact cache, and the monitor's memory report says so. A user who wants the saving writes a
+  exact cache: the first such chunk of a production cache warns once (:class:`HeldReconstructionWarning`),
+  naming the bytes, and the monitor's memory report says so. A user who wants the saving writes a
   codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods (and,
   optionally, ``join(first, second)``: one packed chunk of both, which the cache then holds instead of
   one chunk per step, as :class:`IntCodes` does) and passes it as the scheme.
@@ -36,11 +43,14 @@ held as they are.
 from __future__ import annotations
 
 import copy
+import warnings
 from dataclasses import dataclass, field
 
 import torch
 
 from witcert.schemes import builtin
+from witcert.schemes.engine_formats import format_of
+from witcert.schemes.kv_format import KVFormat
 from witcert.schemes.registry import apply_scheme, get_scheme
 
 NARROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16)  # narrowest first
@@ -51,12 +61,28 @@ def nbytes(*tensors) -> int:
     return sum(t.numel() * t.element_size() for t in tensors if t is not None)
 
 
+class HeldReconstructionWarning(UserWarning):
+    """A production cache holds a scheme's reconstruction in the model's dtype: no memory saved (use a codec)."""
+
+
+def _warn_held(scheme, x: torch.Tensor) -> None:
+    name = scheme if isinstance(scheme, str) else getattr(scheme, "__name__", type(scheme).__name__)
+    per_token = 2 * x.shape[-1] * x.element_size()
+    warnings.warn(
+        f"scheme {name!r}: a production cache (keep_exact=False) holds this function's reconstruction as {x.dtype} "
+        f"values, {per_token} bytes per token and kv head for keys and values: as much as the exact cache, plus "
+        "the witness, so nothing is saved. Give the scheme as a codec (encode to packed codes and scales, decode, "
+        "nbytes) to hold the codes: docs/guides/own-scheme.md, 'A codec: what saves memory'",
+        HeldReconstructionWarning, stacklevel=3)
+
+
 @dataclass(frozen=True)
 class Reconstruction:
     """Any scheme ``fn(x) -> x_hat``: hold the reconstruction, narrowed losslessly when ``narrow``."""
 
     scheme: object  # registered name or callable
     narrow: bool = False
+    _warned: list = field(default_factory=list, compare=False, repr=False)  # the one-time memory warning, once given
 
     def encode(self, x: torch.Tensor, role: str, start: int = 0) -> torch.Tensor:
         x_hat = apply_scheme(self.scheme, x, role=role)  # private copy, checked shape/dtype/finite
@@ -67,6 +93,9 @@ class Reconstruction:
                 narrow = x_hat.to(dtype)
                 if torch.equal(narrow.to(x_hat.dtype), x_hat):
                     return narrow
+            if not self._warned:  # once per codec, i.e. per monitor
+                self._warned.append(True)
+                _warn_held(self.scheme, x)
         return x_hat
 
     token_axes = -2  # the reconstruction (..., T, d): a store grows it in place (packed_history)
@@ -92,14 +121,22 @@ class IntCodes:
     def encode(self, x: torch.Tensor, role: str, start: int = 0) -> tuple:
         work = builtin._work(x)  # fp32 (fp64 for fp64), as the registered scheme computes
         grouped = builtin._channel_groups(work, self.group)  # (..., d/g, g)
-        qmax = 2 ** (self.bits - 1) - 1
-        amax = grouped.abs().amax(dim=-1, keepdim=True) / qmax
-        scale = torch.where(amax > 0, amax, 1.0)  # builtin._safe, the registered scheme's scale
-        codes = (grouped / scale).round_().clamp_(-qmax, qmax).to(torch.int8).flatten(-2)  # (..., d)
-        return _pack(codes, self.bits), scale, x.shape[-1]
+        amax = grouped.abs().amax(dim=-1, keepdim=True)  # one of x's values: exact in x.dtype
+        codes = (grouped / self._scale(amax)).round_().clamp_(-self.qmax, self.qmax).to(torch.int8).flatten(-2)
+        return _pack(codes, self.bits), amax.to(x.dtype), x.shape[-1]
+
+    @property
+    def qmax(self) -> int:
+        return 2 ** (self.bits - 1) - 1
+
+    def _scale(self, amax: torch.Tensor) -> torch.Tensor:
+        """The registered scheme's scale from a group's absolute maximum, in the work dtype."""
+        amax = builtin._work(amax) / self.qmax
+        return torch.where(amax > 0, amax, 1.0)  # builtin._safe
 
     def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
-        payload, scale, d = packed
+        payload, amax, d = packed
+        scale = self._scale(amax)  # the same fp32 (fp64) scale encode used, from the same maximum
         # the codes converted to the scales' dtype (exactly: |code| <= 127), then scaled in place: one rounding per
         # product, the values of the registered scheme; a plain conversion and an in-place multiply stream the
         # cache faster than one mixed-dtype multiply (measured 123 against 167 us for SmolLM2's keys and values
@@ -118,6 +155,80 @@ class IntCodes:
         """One packed chunk: ``first``'s tokens then ``second``'s (codes and scales concatenated on the
         token axis), so the cache decodes its whole history in one call instead of one per step."""
         return torch.cat([first[0], second[0]], dim=-2), torch.cat([first[1], second[1]], dim=-3), first[2]
+
+
+@dataclass(frozen=True)
+class KiviCodes:
+    """Built-in ``kivi-2bit`` (one written chunk at a time) as 2-bit codes with each group's minimum and maximum.
+
+    A packed chunk is a tuple of segments in token order, each ``(kind, tensors...)``:
+    ``("groups", codes, lo, hi)`` keys of complete 32-token groups, per channel ((..., G, 32, d/4) codes,
+    (..., G, 1, d) bounds); ``("rows", codes, lo, hi)`` values per token over 32-channel groups
+    ((..., T, d/4), (..., T, d/g, 1)); ``("exact", x)`` the keys of a chunk's last ``T mod 32`` tokens.
+    ``lo``/``hi`` are values of the chunk, so the input's dtype holds them exactly and decoding forms the
+    registered scheme's scale ``(hi - lo) / 3`` bit for bit. :meth:`join` concatenates, merging segments
+    of one kind: a decode step's exact key joins the exact tail, its value row the rows.
+    """
+
+    group: int = builtin.GROUP
+    LEVELS = 3  # 2 bits: codes 0..3
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0) -> tuple:
+        work = builtin._work(x)
+        if role == "value":
+            grouped = builtin._channel_groups(work, self.group)  # (..., T, d/g, g)
+            return (self._segment("rows", grouped, -1, x.dtype),)
+        full = (x.shape[-2] // self.group) * self.group
+        segments = []
+        if full:
+            head = work[..., :full, :].unflatten(-2, (-1, self.group))  # (..., G, 32, d)
+            segments.append(self._segment("groups", head, -2, x.dtype))
+        if full < x.shape[-2]:
+            segments.append(("exact", x[..., full:, :].clone()))
+        return tuple(segments)
+
+    def _segment(self, kind: str, grouped: torch.Tensor, dim: int, dtype: torch.dtype) -> tuple:
+        lo, hi = grouped.amin(dim=dim, keepdim=True), grouped.amax(dim=dim, keepdim=True)
+        codes = torch.round((grouped - lo) / self._scale(lo, hi)).clamp(0, self.LEVELS).to(torch.int8)
+        flat = codes.flatten(-2) if kind == "rows" else codes  # values: (..., T, d); keys: (..., G, 32, d)
+        return kind, _pack(flat - 2, 2), lo.to(dtype), hi.to(dtype)  # 0..3 stored as -2..1, four per byte
+
+    def _scale(self, lo: torch.Tensor, hi: torch.Tensor) -> torch.Tensor:
+        """The registered scheme's scale (builtin._asymmetric) from the group's bounds, in the work dtype."""
+        return builtin._safe((builtin._work(hi) - builtin._work(lo)) / self.LEVELS)
+
+    def decode(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        parts = [self._decoded(segment, dtype) for segment in packed]
+        return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+
+    def _decoded(self, segment: tuple, dtype: torch.dtype) -> torch.Tensor:
+        if segment[0] == "exact":
+            return segment[1].to(dtype)
+        kind, payload, lo, hi = segment
+        lo_w = builtin._work(lo)
+        d = payload.shape[-1] * 4 if payload.dtype == torch.uint8 else payload.shape[-1]  # packed four per byte
+        codes = (_unpack(payload, 2, d) + 2).to(lo_w.dtype)
+        if kind == "rows":
+            codes = codes.unflatten(-1, (lo.shape[-2], -1))  # (..., T, d/g, g)
+        decoded = codes * self._scale(lo, hi) + lo_w  # the registered scheme's two roundings
+        return (decoded.flatten(-2) if kind == "rows" else decoded.flatten(-3, -2)).to(dtype)
+
+    def nbytes(self, packed: tuple) -> int:
+        return sum(nbytes(*segment[1:]) for segment in packed)
+
+    def join(self, first: tuple, second: tuple) -> tuple:
+        """``first``'s tokens then ``second``'s: segments concatenated, neighbours of one kind merged."""
+        segments = list(first)
+        for segment in second:
+            if segments and segments[-1][0] == segment[0]:
+                held = segments.pop()
+                joined = (torch.cat([a, b], dim=axis) for a, b, axis in zip(held[1:], segment[1:], _KIVI_AXES[held[0]]))
+                segment = (segment[0], *joined)
+            segments.append(segment)
+        return tuple(segments)
+
+
+_KIVI_AXES = {"groups": (-3, -3, -3), "rows": (-2, -3, -3), "exact": (-2,)}  # each tensor's group or token axis
 
 
 @dataclass(frozen=True)
@@ -246,7 +357,8 @@ class OwnedCodec:
 def owned_codec(codec):
     """``codec`` as a store holds it: a built-in codec as it is (fresh outputs, concatenating join), any
     other wrapped in :class:`OwnedCodec`."""
-    return codec if type(codec) in _BUILTIN_CODECS or isinstance(codec, OwnedCodec) else OwnedCodec(codec)
+    held = type(codec) in _BUILTIN_CODECS or isinstance(codec, (OwnedCodec, KVFormat))  # fresh outputs, no join
+    return codec if held else OwnedCodec(codec)
 
 
 def _copied(packed):
@@ -272,6 +384,8 @@ def codec_for(scheme, packed: bool):
         return scheme
     if isinstance(scheme, str):
         registered = getattr(get_scheme(scheme), "__wrapped__", None)  # raises on an unknown name
+        if packed and format_of(registered) is not None:  # an engine format is its own codec: the engine's bytes
+            return registered
         for fn, codec in _PACKED_BUILTINS.items():
             if packed and registered is fn:
                 return codec
@@ -281,12 +395,13 @@ def codec_for(scheme, packed: bool):
     return Reconstruction(scheme, narrow=packed)
 
 
-_BUILTIN_CODECS = (Reconstruction, IntCodes, ScaledFloat8, Dither)  # every output fresh; a join concatenates
+_BUILTIN_CODECS = (Reconstruction, IntCodes, KiviCodes, ScaledFloat8, Dither)  # every output fresh; joins concatenate
 
 _PACKED_BUILTINS = {
     builtin.rtn_int8: IntCodes(8),
     builtin.rtn_int4: IntCodes(4),
     builtin.rtn_int2: IntCodes(2),
+    builtin.kivi_2bit: KiviCodes(),
     builtin.fp8_e4m3_scaled: ScaledFloat8(),
 }
 

@@ -11,7 +11,8 @@ A store is small on purpose (:class:`LayerStore`, the protocol every kind of sto
 - ``exact()``: the exact keys and values when the store keeps them (the shadow the true TV and
   the in-memory gate use), else ``None``. It must hold only what the model computed, never a
   reconstruction: that is what makes it the oracle;
-- ``memory()``: the bytes it holds, by part, against the exact cache of the same tokens.
+- ``memory()``: the bytes it holds, by part, against the exact cache of the same tokens
+  (:class:`~witcert.integrations.hf.memory.MemoryAccount`).
 
 :class:`CompressedLayer` is the store for every WitCert scheme: a codec
 (:mod:`witcert.integrations.hf.codecs`) holds the compressed chunks, in the packed form where
@@ -32,46 +33,14 @@ from typing import Hashable, Protocol
 
 import torch
 
-from witcert.core.rounding import round_up_to
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
+from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.packed_history import PackedPair
-from witcert.integrations.hf.token_buffer import TokenBuffer
+from witcert.integrations.hf.token_buffer import TokenBuffer, split_pair
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.observation import StoredKeys, stored_keys
-
-
-@dataclass(frozen=True)
-class MemoryAccount:
-    """Bytes one store (or a sum of stores) holds, by part, and what the exact cache would hold.
-
-    ``compressed``: the compressed keys and values as stored (packed codes, scales, fp8 values,
-    or reconstructions); ``witness``: the Tier A witness and the value statistics;
-    ``decoded``: a cached decoded copy of the reconstruction (only with the exact cache kept);
-    ``exact_shadow``: exact keys and values kept on the device; ``exact_cache``: the bytes an
-    uncompressed cache of the same tokens holds; ``backing_host``: exact blocks in the gate's
-    host (or file) backing store, not on the device.
-    """
-
-    compressed: int = 0
-    witness: int = 0
-    decoded: int = 0
-    exact_shadow: int = 0
-    exact_cache: int = 0
-    backing_host: int = 0
-
-    @property
-    def held(self) -> int:
-        """Bytes the cache holds on the device: compressed + witness + decoded copy + exact shadow."""
-        return self.compressed + self.witness + self.decoded + self.exact_shadow
-
-    @property
-    def saved(self) -> int:
-        """``exact_cache - held``: negative when the monitored cache holds more than the exact one."""
-        return self.exact_cache - self.held
-
-    def __add__(self, other: "MemoryAccount") -> "MemoryAccount":
-        return MemoryAccount(*(getattr(self, f) + getattr(other, f) for f in self.__dataclass_fields__))
+from witcert.tier_a.witness_code import WitnessCode
 
 
 class LayerStore(Protocol):
@@ -106,6 +75,9 @@ class CompressedLayer:
         Write every exact token there too (the production gate's page-in source).
     backing_key : hashable
         The backing-store stream of this layer.
+    witness_code : WitnessCode
+        How the witness and the value statistics are kept (fp16, or one byte per band norm; always
+        rounded up: :mod:`witcert.tier_a.witness_code`).
 
     Every per-token tensor (packed codes where the codec names its token axes, witness, value
     statistics, exact shadow, decoded copy) grows in place in a
@@ -123,6 +95,7 @@ class CompressedLayer:
     keep_exact: bool = True
     backing: BackingStore | None = None
     backing_key: Hashable = 0
+    witness_code: WitnessCode = field(default_factory=WitnessCode)
     append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
     lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
     _packed: PackedPair = field(init=False, repr=False)
@@ -143,6 +116,8 @@ class CompressedLayer:
             raise ValueError(f"layout must be a BandLayout, got {type(self.layout).__name__}")
         if self.backing is not None and not isinstance(self.backing, BackingStore):
             raise ValueError(f"backing must be a BackingStore or None, got {type(self.backing).__name__}")
+        if not isinstance(self.witness_code, WitnessCode):
+            raise ValueError(f"witness_code must be a WitnessCode, got {type(self.witness_code).__name__}")
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
         self._packed = PackedPair(self.codec)
         if self.keep_exact:
@@ -211,16 +186,13 @@ class CompressedLayer:
         with self.lock:
             self._settle()
             k_hat = self._read()[0] if k_hat is None else k_hat
-            witness = self._stats["witness"].view().transpose(-1, -2)  # band-major: what the fast band dot reads
-            return StoredKeys(k_hat=k_hat, witness=witness, value_residual=self._stats["value_residual"].view(),
-                              value_norm=self._stats["value_norm"].view())
+            witness, rho, v_norm = self.witness_code.readable(*(self._stats[name].view() for name in _STATS))
+            # band-major: what the fast band dot reads
+            return StoredKeys(k_hat=k_hat, witness=witness.transpose(-1, -2), value_residual=rho, value_norm=v_norm)
 
     def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
         """The exact keys and values (B, Hkv, S, d) as the model computed them, when kept."""
-        if self._exact is None or not self._length:
-            return None
-        pair = self._exact.view()
-        return pair[0], pair[1]
+        return split_pair(self._exact)
 
     def memory(self) -> MemoryAccount:
         """Bytes held, by part (:class:`MemoryAccount`), every written token's witness formed."""
@@ -230,16 +202,15 @@ class CompressedLayer:
             self._settle()
         itemsize = torch.empty((), dtype=self._dtype).element_size()
         b, hkv = self._heads
-        backing = 0
-        if self.backing is not None and self.backing_key in self.backing:
-            backing = self.backing.length(self.backing_key) * b * hkv * self.layout.head_dim * itemsize * 2
+        buffers = [*self._stats.values(), *(x for x in (self._decoded, self._exact) if x is not None)]
         return MemoryAccount(
             compressed=self._packed.nbytes(),
             witness=sum(buffer.nbytes() for buffer in self._stats.values()),
             decoded=0 if self._decoded is None else self._decoded.nbytes(),
             exact_shadow=0 if self._exact is None else self._exact.nbytes(),
             exact_cache=2 * b * hkv * self._length * self.layout.head_dim * itemsize,
-            backing_host=backing,
+            reserved=self._packed.reserved() + sum(buffer.reserved() for buffer in buffers),
+            **backing_bytes(self.backing, self.backing_key),
         )
 
     def _settle(self) -> None:
@@ -250,9 +221,9 @@ class CompressedLayer:
         with torch.no_grad():  # statistics of stored tokens, whatever grad mode the caller is in
             new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], self.layout)
         self._unsettled, self._settled = [], self._length
-        _grow(self._stats, axis=-1, witness=new.witness.transpose(-1, -2), value_residual=new.value_residual,
-              # the value norm (fp64) is kept rounded up to fp32: 4 bytes per token per head, still >= ||v_t||
-              value_norm=round_up_to(new.value_norm, torch.float32))
+        code = self.witness_code  # every stored value rounded up: still >= the norm it stands for
+        _grow(self._stats, axis=-1, witness=code.witness(new.witness.transpose(-1, -2)),
+              value_residual=code.residual(new.value_residual), value_norm=code.norm(new.value_norm))
 
     def _unsettled_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact and decoded (2, B, Hkv, n, d) of the tokens without statistics: from the kept buffers, else the
@@ -264,6 +235,16 @@ class CompressedLayer:
         if self._packed.ranged:
             return exact, self._packed.decode(self._dtype, start)
         return exact, _cat_tokens([d for _, d in self._unsettled])
+
+
+_STATS = ("witness", "value_residual", "value_norm")  # per-token statistics, band-major witness first
+
+
+def backing_bytes(backing: BackingStore | None, key: Hashable) -> dict:
+    """``MemoryAccount`` fields of one layer's backing stream: its allocated bytes, in host memory or in files."""
+    if backing is None or key not in backing:
+        return {}
+    return {"backing_files" if backing.directory is not None else "backing_host": backing.stream_nbytes(key)}
 
 
 def _cat_tokens(parts: list) -> torch.Tensor:

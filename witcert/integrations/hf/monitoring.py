@@ -56,15 +56,19 @@ from witcert.gate.policy import Gate
 from witcert.gate.repair import Repairer
 from witcert.integrations.hf import telemetry
 from witcert.integrations.hf.codecs import Dither, codec_for
-from witcert.integrations.hf.compressed_cache import CompressedLayer, MemoryAccount
+from witcert.integrations.hf.compressed_cache import CompressedLayer
 from witcert.integrations.hf.geometry import geometry_of
+from witcert.integrations.hf.memory import MemoryAccount, MemoryReport
 from witcert.integrations.hf.pending import FLUSH_CALLS, PendingCells
-from witcert.integrations.hf.quantized_cache import QuantizedLayerStore, cache_spec_of
+from witcert.integrations.hf.quantized_cache import cache_spec_of
+from witcert.integrations.hf.quantized_store import QuantizedLayerStore
 from witcert.integrations.hf.sampling import MeterSampling
 from witcert.integrations.hf.summary import LayerSummary
 from witcert.schemes.catalog import DITHERED
 from witcert.schemes.plugins import resolve_scheme
 from witcert.spot.cells import SPOT_BLOCK_SIZE, spot_settings
+from witcert.tier_a.query_radius import query_format_of
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS, WitnessCode
 from witcert.tier_b.counters import check_seed, fresh_seed
 
 TIERS = ("auto", "A", "B")
@@ -73,8 +77,9 @@ TIERS = ("auto", "A", "B")
 def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
             bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
             backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
-            certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
-            sample: MeterSampling | None = None) -> "Monitor":
+            certificate: str = "deterministic", spot_keys: int = 256, spot_delta=1e-6,
+            sample: MeterSampling | None = None, witness_bits: int | None = None,
+            query_format=None) -> "Monitor":
     """A :class:`Monitor` of ``model`` under ``scheme``: use it as a context manager.
 
     Parameters
@@ -101,6 +106,11 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         mode (memory saved; the gate pages from a host backing store).
     bands : int, optional
         Witness bands (default: the largest divisor of ``head_dim / 2`` not above 16).
+    witness_bits : {16, 8}, optional
+        Bits per stored band norm (:mod:`witcert.tier_a.witness_code`): fp16, or one byte (e5m3), each
+        rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
+        norm in fp16. Default 8 (``witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS``: at 16 bands on SmolLM2
+        it cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead of 40).
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
@@ -108,7 +118,9 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
     seed : int, optional
         Fix the dither seed (replay and tests only: a known seed voids Tier B's guarantee).
     backing_dir : str or Path, optional
-        Production gate or spot check: keep the backing store in memory-mapped files under this directory.
+        Production gate or spot check: keep the backing store in memory-mapped files under this directory
+        (created mode 0700 if missing): one directory per request (mode 0700, files 0600, the request's exact
+        keys and values), removed when the request's cache is released or the monitor closes.
     tau : float
         Threshold of the summary's coverage column (and of ``pass_K``), strictly between 0 and 1
         (:func:`witcert.core.thresholds.check_certified_tau`; the gate's own threshold is ``gate.tau``).
@@ -119,24 +131,39 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         rounding and MS over twelve thresholds (as tight or a little tighter, several times slower
         per cell). Both are sound.
     certificate : {"deterministic", "spot"}
-        ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked with ``spot_keys`` exact
-        keys drawn with the monitor's own randomness (OS-seeded), and its reported meter is
+        ``"spot"``: every cell whose meter exceeds ``tau`` is spot-checked, all cells of a layer-step at
+        once, reading up to ``spot_keys`` exact keys in rounds (32, 128, 512, ...) drawn with the monitor's own
+        randomness (OS-seeded) and stopping at a bound ``<= tau``; its reported meter is
         ``min(meter, spot bound)``, valid with probability ``1 - spot_delta`` per checked cell for
         adaptive queries and any scheme (:mod:`witcert.spot`). Exact keys come from the exact cache
-        (``keep_exact=True``) or, in production, from the content-checked host backing store. Extra
-        columns: ``meter_deterministic``, ``spot_bound``, ``spot_keys``, ``spot_bytes``, ``spot_delta``.
-    spot_keys, spot_delta : int, float
-        Exact keys per checked cell and its failure probability (:func:`witcert.spot.delta_per_cell`
-        and :func:`witcert.spot.delta_at_step` turn a request budget into one).
+        (``keep_exact=True``) or, in production, from the content-checked host backing store. With a
+        gate, the gate decides on that meter and re-checks the cells it repairs (both modes). Extra
+        columns: ``meter_before_spot``, ``spot_bound``, ``spot_keys``, ``spot_rounds``, ``spot_bytes``,
+        ``spot_delta`` (:mod:`witcert.spot.cells`).
+    spot_keys : int
+        The most exact keys a checked cell reads.
+    spot_delta : float or callable
+        Each checked cell's failure probability, or a request budget ``(step, cells) -> delta`` of the
+        request's metered decode step (:class:`witcert.spot.budget.RequestBudget`: ``6 / (pi^2 k^2)`` of
+        ``delta_req`` at step ``k``, so a whole ``generate`` stays within ``delta_req``). With a gate, half goes
+        to the check before repair and half to the gate's re-checks.
     sample : witcert.MeterSampling, optional
         Meter fewer cells, by choice (default ``None``: every cell): every ``every``-th step and a random
         ``heads`` fraction of each kv head's query heads (:mod:`witcert.integrations.hf.sampling`). The
         cells left out are reported with NaN measurements and ``metered=False``, never as certified. Not
         with a gate or a spot check (they need every cell's meter).
+    query_format : str, QueryFormat or callable, optional
+        The attention kernel quantizes the query (default ``None``: it reads the exact query). ``"fp8-e4m3"``:
+        vLLM's static per-tensor FP8 query (scale 1.0; ``witcert.tier_a.query_radius.Fp8Query(scale)`` for a
+        calibrated one), as FlashAttention-3 reads it with an fp8 cache; or any ``fn(q) -> q'``. The model's
+        attention then runs with ``q'`` (the kernel, simulated), every cell's compressed logits are ``q'``'s and
+        its radius gains ``|sm (q' - q) . k^_t|`` (``QR``, :mod:`witcert.tier_a.query_radius`); the exact
+        reference and the true TV keep ``q``. Not with the Tier B certificate (refused).
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
                    delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
-                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample)
+                   certificate=certificate, spot_keys=spot_keys, spot_delta=spot_delta, sample=sample,
+                   witness_bits=witness_bits, query_format=query_format)
 
 
 @dataclass
@@ -162,7 +189,9 @@ class _Live:
     repairer: Repairer | None
     backing: BackingStore | None  # production gate or spot check: the content-checked exact keys
     adaptive: bool = False  # it served an adaptive call: its tokens may have been chosen through the dither
+    steps: int = 0  # forward calls that read the compressed cache (metered steps; a spot request budget spends by them)
     pending: PendingCells | None = None  # calls recorded for deferred metering (witcert.integrations.hf.pending)
+    release: weakref.finalize | None = None  # closes the backing store (files removed) when the cache is released
 
 
 class _ThreadState(threading.local):
@@ -186,8 +215,9 @@ class Monitor:
     def __init__(self, model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep_exact: bool = True,
                  bands: int | None = None, rope: str | None = None, delta_loc: float = 1e-7, seed: int | None = None,
                  backing_dir: str | Path | None = None, tau: float = 0.2, meter: str = "fused",
-                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta: float = 1e-6,
-                 sample: MeterSampling | None = None):
+                 certificate: str = "deterministic", spot_keys: int = 256, spot_delta=1e-6,
+                 sample: MeterSampling | None = None, witness_bits: int | None = None,
+                 query_format=None):
         if meter not in ("fused", "full"):
             raise ValueError(f"meter must be 'fused' or 'full', got {meter!r}")
         self.meter = meter
@@ -195,6 +225,7 @@ class Monitor:
         self.model = model
         self.geometry = geometry_of(model, rope)
         self.layout = self.geometry.layout(bands)
+        self.witness_code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         self.dithered = isinstance(scheme, str) and scheme == DITHERED
@@ -202,6 +233,10 @@ class Monitor:
         if tier == "B" and not self.dithered:
             raise ValueError(f"tier B certifies the {DITHERED!r} cache only, not scheme {scheme!r}")
         self.tier = "B" if self.dithered and tier != "A" else "A"  # the tier used, never "auto"
+        self.query_format = query_format_of(query_format)
+        if self.query_format is not None and self.tier == "B":
+            raise ValueError("query_format: a quantized query is metered with Tier A radii (QR); the Tier B "
+                             f"certificate of {DITHERED!r} does not carry the query term (use tier='A')")
         if self.hf_cache is not None:
             self.hf_cache.layer()  # ImportError naming the extra, now rather than at the first forward call
         elif not self.dithered:
@@ -222,12 +257,14 @@ class Monitor:
         tau = check_certified_tau(tau)  # the one range of a meter threshold (the CLI's --tau too)
         self.scheme, self.gate, self.keep_exact, self.seed, self.tau = scheme, gate, keep_exact, seed, tau
         self.delta_loc = delta_loc
-        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau)  # None: deterministic only
+        self.spot = spot_settings(certificate, spot_keys, spot_delta, tau, gated=gate is not None)  # None: deterministic
         self.sample = _checked_sampling(sample, gate, self.spot)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
         # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check
         self.defer = self.tier == "A" and gate is None and self.spot is None
+        # a query format that is not elementwise (a scale over the whole call) gives another q' over a fold of calls
+        self.defer &= self.query_format is None or self.query_format.elementwise
         self._batches: list = []
         self._unflushed: list[_Live] = []  # requests with recorded calls (held until metered)
         self.requests: list[RequestRecord] = []
@@ -275,6 +312,8 @@ class Monitor:
         self._restore_generate()
         self.model.set_attn_implementation(self._previous_attn)
         self.flush()
+        self._record_live_memory()  # what the live caches held, their backing stores included, at the close
+        self._release_backing()
 
     @property
     def batches(self) -> list:
@@ -338,11 +377,17 @@ class Monitor:
             layout=self.layout, tier=self.tier, adaptive=adaptive,
             truth=self.keep_exact, record=self._batches.append, gate=self.gate, delta_loc=self.delta_loc,
             delta_sweep=dict(self.delta_sweep), fused=self.meter == "fused", spot=self.spot, sample=self.sample,
+            query_format=self.query_format,
         )
         if live is not None:
             scope.cache, scope.layers, scope.rows, scope.repairer = cache, live.layers, live.record.ids, live.repairer
             scope.backing = live.backing
             scope.seed = live.record.seed
+            if live.layers and live.layers[0].store.length > 0:  # this call reads compressed keys: a metered step
+                live.steps += 1
+                scope.spot_step = live.steps
+            if self.spot is not None and self.gate is None:  # the call's spot checks run together at its end
+                scope.spot_pending = self.spot.pending(scope.tau_k, scope.tau_v, scope.spot_step)
             scope.pending = self._pending_of(live, scope)
         attention._ACTIVE.append(scope)
         self._thread.scopes.append(scope)
@@ -356,10 +401,12 @@ class Monitor:
             return output  # the pre-hook raised before pushing this call's scope
         scope = scopes.pop()
         attention._ACTIVE.pop()
+        if scope.spot_pending is not None:
+            scope.spot_pending.run()
         if scope.layers is not None:
             live = self._live.get(kwargs.get("past_key_values"))
-            if live is not None and scope.pending is None:
-                live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
+            if live is not None and (scope.pending is None or not len(scope.pending)):  # (nothing left to meter
+                live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())  # later)
             elif live is not None and len(scope.pending) >= FLUSH_CALLS:  # bound the queries a request holds
                 with self._lock:
                     self._unflushed = [held for held in self._unflushed if held is not live]
@@ -401,32 +448,48 @@ class Monitor:
         backing = repairer = None
         if not self.keep_exact and (self.gate is not None or self.spot is not None):  # exact keys live on the host
             directory = None
-            if self.backing_dir is not None:
+            if self.backing_dir is not None:  # mkdtemp: a fresh directory, mode 0700
                 directory = tempfile.mkdtemp(prefix=f"request-{record.first}-", dir=self._backing_root())
             block_size = self.gate.block_size if self.gate is not None else SPOT_BLOCK_SIZE
             backing = BackingStore(block_size=block_size, directory=directory)
             repairer = Repairer(backing) if self.gate is not None else None
         layers = adopt(cache, lambda index: self._store(index, record, backing), self.geometry.layers)
         live = _Live(record, layers, repairer, backing)
+        if backing is not None:  # the request's exact keys go with its cache (or with the monitor, whichever first)
+            live.release = weakref.finalize(cache, backing.close)
         self._live[cache] = live
         self.requests.append(record)
         return live
 
     def _backing_root(self) -> Path:
-        self.backing_dir.mkdir(parents=True, exist_ok=True)
+        self.backing_dir.mkdir(mode=0o700, parents=True, exist_ok=True)  # made here: owner only
         return self.backing_dir
+
+    def _record_live_memory(self) -> None:
+        for live in list(self._live.values()):
+            live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())
+
+    def _release_backing(self) -> None:
+        """Close every live request's backing store (its files removed): the monitor is closing, and no call
+        after it pages exact keys in; the stores stop writing to it."""
+        for live in list(self._live.values()):
+            if live.release is not None:
+                live.release()
+                for layer in live.layers:
+                    layer.store.backing = None
 
     def _store(self, index: int, record: RequestRecord, backing: BackingStore | None):
         if self.hf_cache is not None:
             return QuantizedLayerStore(self.hf_cache, self.layout, keep_exact=self.keep_exact, backing=backing,
-                                       backing_key=index)
+                                       backing_key=index, witness_code=self.witness_code)
         if self.dithered:
             from witcert.tier_b.quantizer import DitheredInt8
 
             codec = Dither(DitheredInt8(rope=self.layout.rope), layer=index, seed=record.seed, requests=record.ids)
         else:
             codec = self._codec
-        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index)
+        return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index,
+                               witness_code=self.witness_code)
 
     # -- results ---------------------------------------------------------------------------------
     def table(self) -> telemetry.CellTable:
@@ -468,7 +531,7 @@ class Monitor:
 
     def summary(self, tau: float | None = None) -> "LayerSummary":
         """Per-layer summary of every cell (see :class:`LayerSummary`)."""
-        return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier)
+        return LayerSummary.of(self.table(), self.tau if tau is None else tau, self.tier, memory=self.memory())
 
     def plot(self, path: str | Path | None = None, tau: float | None = None):
         """A picture of the run: meter and true TV per (layer, step), saturated and repaired cells marked, and
@@ -495,8 +558,11 @@ class Monitor:
         return telemetry.write_jsonl(Path(path), self.table(), tags)
 
     def memory(self) -> "MemoryReport":
-        """Bytes the monitored caches held (each at its last call) against exact caches of the same tokens."""
+        """Bytes the monitored caches held (each live one now, each released one at its last call) against exact
+        caches of the same tokens (:class:`~witcert.integrations.hf.memory.MemoryReport`)."""
         self.flush()
+        if self._hooks:  # active: the live caches as they are now (after the block: as they were when it closed)
+            self._record_live_memory()
         return MemoryReport(total=sum((r.memory for r in self.requests), MemoryAccount()),
                             requests=tuple(r.memory for r in self.requests))
 
@@ -537,36 +603,3 @@ def _batch_size(args, kwargs) -> int:
         if isinstance(x, torch.Tensor) and x.dim() >= 2:
             return int(x.shape[0])
     raise ValueError("a monitored forward call needs input_ids or inputs_embeds of shape (batch, tokens, ...)")
-
-
-def _saved_line(t: MemoryAccount) -> str:
-    if not t.exact_cache:
-        return "saved                  n/a (nothing cached)"
-    if t.exact_shadow:
-        return (f"saved                  n/a: validation mode (keep_exact=True) keeps the exact cache beside the "
-                f"compressed one ({t.held / t.exact_cache:.1%} of the exact cache held); keep_exact=False measures "
-                "the saving")
-    return f"saved                  {t.saved:>12,d} B  ({t.saved / t.exact_cache:.1%} of the exact cache)"
-
-
-@dataclass(frozen=True)
-class MemoryReport:
-    """:meth:`Monitor.memory`: the sum over requests and each request's :class:`MemoryAccount`.
-
-    It compares the bytes the monitored caches hold on the device with an uncompressed cache of
-    the same tokens. In validation mode (``keep_exact=True``) the exact cache is held too, so
-    nothing is saved by design: the report says so instead of printing a negative saving.
-    """
-
-    total: MemoryAccount
-    requests: tuple
-
-    def __str__(self) -> str:
-        t = self.total
-        lines = [f"exact cache            {t.exact_cache:>12,d} B  (an uncompressed cache of the same tokens)",
-                 f"held on the device     {t.held:>12,d} B  (compressed {t.compressed:,d} + witness {t.witness:,d}"
-                 f" + decoded copy {t.decoded:,d} + exact shadow {t.exact_shadow:,d})",
-                 _saved_line(t)]
-        if t.backing_host:
-            lines.append(f"gate backing (host)    {t.backing_host:>12,d} B")
-        return "\n".join(lines)

@@ -63,6 +63,10 @@ class PackedHistory:
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.chunks)
 
+    def reserved(self) -> int:
+        """Bytes the growable buffers allocated beyond the tokens held."""
+        return sum(buffer.reserved() for buffer in self._buffers or () if buffer is not None)
+
     def _grow(self, index: int, axis: int, part: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         if self._buffers is None:
             self._buffers = [None] * (1 if isinstance(self.axes, int) else len(self.axes))
@@ -124,3 +128,6 @@ class PackedPair:
 
     def nbytes(self) -> int:
         return sum(history.nbytes() for history in self.histories)
+
+    def reserved(self) -> int:
+        return sum(history.reserved() for history in self.histories)

@@ -33,9 +33,11 @@ Values get the same treatment with one band (``rho_t >= ||v^_t - v_t||``, the va
 
 In ``witcert.monitor`` (and so ``witcert observe``) a :class:`QuantizedCacheSpec` (or its name in
 :data:`HF_CACHE_SCHEMES`, e.g. ``"hf-quanto-int4"``) is a cache kind: each monitored layer is a
-:class:`QuantizedLayerStore`, transformers' own quantized layer with its maintained witness (never
-recomputed from the exact keys, so the meter is the one a production cache without an exact copy
-reports), beside an exact shadow the monitor uses only as the oracle of the true TV and the gate.
+:class:`~witcert.integrations.hf.quantized_store.QuantizedLayerStore`, transformers' own quantized layer
+with its maintained witness and no decoded copy between reads (never recomputed from the exact keys, so
+the meter is the one a production cache without an exact copy reports), beside an exact shadow the
+monitor uses only as the oracle of the true TV and the gate. :class:`QuantizedCacheWitness`, for a
+cache of one's own, holds what each ``update`` returned (its :attr:`~QuantizedCacheWitness.keys`).
 
 Requires the optional extra ``quant`` (optimum-quanto, hqq) for the quanto and HQQ backends;
 transformers' ``fp8`` backend needs nothing more and is covered the same way.
@@ -43,17 +45,12 @@ transformers' ``fp8`` backend needs nothing more and is covered the same way.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Hashable
 
 import torch
 
-from witcert.core.rounding import round_up_to
-from witcert.core.values import value_norms
-from witcert.integrations.hf.compressed_cache import MemoryAccount
 from witcert.schemes.registry import shares_memory
 from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.maintenance import WitnessedTensor
-from witcert.tier_a.observation import StoredKeys
 
 BACKEND_MODULES = {"quanto": "optimum.quanto", "hqq": "hqq"}  # what each backend imports
 _ATTR = "_witcert_witness"  # the attached witness, on the layer
@@ -297,89 +294,6 @@ def require_backend(backend: str) -> None:
         )
 
 
-@dataclass
-class QuantizedLayerStore:
-    """The monitor's store of one layer (``LayerStore`` protocol) over a transformers quantized layer.
-
-    ``append`` runs the layer's own ``update`` through a :class:`QuantizedCacheWitness` (maintained
-    witnesses, ``WM``); ``read`` returns exactly what that ``update`` returned, so the model attends
-    over transformers' cache and the meter describes it. The value norms ``>= ||v_t||`` are formed
-    on write from the exact values. ``keep_exact`` keeps an exact shadow for the true TV and the
-    in-memory gate only (the witness never uses it); ``backing`` receives every exact token (the
-    production gate's page-in source).
-    """
-
-    spec: QuantizedCacheSpec
-    layout: BandLayout
-    keep_exact: bool = True
-    backing: object = None  # witcert.gate.backing_store.BackingStore
-    backing_key: Hashable = 0
-    witness: QuantizedCacheWitness = field(init=False, repr=False)
-    _value_norm: torch.Tensor | None = field(default=None, init=False, repr=False)
-    _exact: tuple | None = field(default=None, init=False, repr=False)
-
-    def __post_init__(self):
-        if not isinstance(self.spec, QuantizedCacheSpec):
-            raise ValueError(f"spec must be a QuantizedCacheSpec, got {type(self.spec).__name__}")
-        self.witness = QuantizedCacheWitness(self.spec.layer(), self.layout).attach()
-
-    @property
-    def length(self) -> int:
-        return 0 if self.witness.keys is None else self.witness.keys.shape[-2]
-
-    def append(self, key: torch.Tensor, value: torch.Tensor) -> None:
-        """Write the exact new tokens (B, Hkv, T, d) through the layer's ``update``; witnesses follow."""
-        if not isinstance(key, torch.Tensor) or key.shape != getattr(value, "shape", None) or key.dim() != 4:
-            raise ValueError(f"key/value must both be (B, Hkv, T, d), got {getattr(key, 'shape', key)} and "
-                             f"{getattr(value, 'shape', value)}")
-        if key.shape[-2] == 0:
-            return
-        norm = round_up_to(value_norms(value), torch.float32)  # >= ||v_t||, 4 bytes per token per head
-        if self.keep_exact:  # copied before the backend sees the tensors
-            exact = (key.detach().clone(), value.detach().clone())
-            self._exact = exact if self._exact is None else tuple(map(_cat, self._exact, exact))
-        if self.backing is not None:
-            self.backing.write(self.backing_key, key.detach(), value.detach())
-        self.witness.layer.update(key, value)
-        self._value_norm = _cat(self._value_norm, norm)
-
-    def read(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """What the layer's last ``update`` returned (B, Hkv, S, d): what attention reads."""
-        if not self.length:
-            raise ValueError("the store is empty: nothing was appended")
-        return self.witness.keys, self.witness.values
-
-    def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
-        """The read keys, their maintained witnesses and the value statistics (``k_hat`` must be the read keys)."""
-        keys = self.read()[0]
-        if k_hat is not None and k_hat is not keys:
-            raise ValueError("k_hat must be the keys this store's layer returned last (the witnessed tensor)")
-        return StoredKeys(k_hat=keys, witness=self.witness.key_witness, value_residual=self.witness.value_witness,
-                          value_norm=self._value_norm)
-
-    def exact(self) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The exact keys and values as the model wrote them (``keep_exact``), else ``None``."""
-        return self._exact
-
-    def memory(self) -> MemoryAccount:
-        """Bytes held: the layer's quantized states and exact window (compressed), the witnesses, the
-        maintained reconstruction the witness follows (decoded), the exact shadow, the host backing store."""
-        if not self.length:
-            return MemoryAccount()
-        layer, keys = self.witness.layer, self.witness.keys
-        backing = 0
-        if self.backing is not None and self.backing_key in self.backing:
-            backing = 2 * self.backing.length(self.backing_key) * keys[..., :1, :].numel() * keys.element_size()
-        return MemoryAccount(
-            compressed=_bytes(layer._quantized_keys, layer._quantized_values, layer.keys, layer.values),
-            witness=_bytes(self.witness.key_witness, self.witness.value_witness, self._value_norm),
-            decoded=_bytes(keys, self.witness.values),
-            exact_shadow=_bytes(self._exact),
-            exact_cache=2 * keys.numel() * keys.element_size(),
-            backing_host=backing,
-        )
-
-
 def _owned(read, held: tuple):
     """``read`` (what the layer's ``update`` returned), or a copy when it shares memory with a tensor someone
     else may write again: the model's in-flight keys or values (transformers returns them themselves on
@@ -392,24 +306,3 @@ def _owned(read, held: tuple):
     if any(shares_memory(read, t) for t in tensors if type(t) is torch.Tensor):
         return read.clone()
     return read
-
-
-def _cat(held: torch.Tensor | None, new: torch.Tensor) -> torch.Tensor:
-    return new if held is None else torch.cat([held, new], dim=2)
-
-
-def _bytes(*parts) -> int:
-    """Bytes of the tensors inside ``parts`` (tuples, dicts, tensor subclasses such as quanto's QTensor)."""
-    total = 0
-    for part in parts:
-        if isinstance(part, (tuple, list)):
-            total += _bytes(*part)
-        elif isinstance(part, dict):
-            total += _bytes(*part.values())
-        elif isinstance(part, torch.Tensor):
-            if type(part) is not torch.Tensor and hasattr(part, "__tensor_flatten__"):
-                names, _ = part.__tensor_flatten__()
-                total += _bytes(*(getattr(part, name) for name in names))
-            else:
-                total += part.numel() * part.element_size()
-    return total

@@ -1,7 +1,8 @@
 """Cell telemetry: flatten :class:`witcert.integrations.hf.cells.CellBatch` records into columns and JSONL.
 
-One JSONL line per cell: the run tags, ``request`` (the monitor's request id of the cell's
-batch row), ``case`` (observatory workload case), ``layer``, ``head``, ``pos`` (absolute query
+Every column is listed with its meaning in :data:`COLUMNS` (and on the documentation's column
+reference, generated from it). One JSONL line per cell: the run tags, ``request`` (the monitor's
+request id of the cell's batch row), ``case`` (observatory workload case), ``layer``, ``head``, ``pos`` (absolute query
 position), ``batch`` (row in its forward call), ``tier`` (the certificate actually used: ``"A"``
 or ``"B"``, never ``"auto"``), ``adaptive`` (Tier B used only its deterministic branch), ``meter``,
 ``risk``, ``true_tv``, ``output_bound``, ``true_output_error``, ``joint``, ``c_max``,
@@ -12,7 +13,11 @@ request): with it and ``request`` a run can be replayed. Cells of a gated monito
 ``paged_fraction`` (fraction of the cell's visible tokens paged in), ``bytes_paged``,
 ``meter_after`` (the meter of the repaired attention: recomputed where the gate fired, the cell's
 own meter elsewhere) and ``true_tv_after`` (its TV against the exact logits; ``null`` when the
-exact keys were not kept).
+exact keys were not kept). ``tier_b_delta`` is the failure probability of Tier B's probabilistic
+branch per cell where it was used (0 elsewhere). Every table also carries the two label columns of
+:mod:`witcert.integrations.hf.bound_kind`: ``bound_kind`` (``"proved"``, ``"probabilistic"``, or
+``"none"`` for a cell without a meter) and ``bound_delta`` (the probability that the cell's bound
+fails: 0 when proved).
 """
 from __future__ import annotations
 
@@ -22,6 +27,64 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+
+from witcert.integrations.hf import bound_kind
+
+# Every column a cell table (and its JSONL line) can carry: (name, when present, meaning). The one source of
+# the column list: docs/reference/columns.md is generated from it (scripts/gen_cli_reference.py), and
+# tests/test_columns_documented.py checks every column a monitored run produces is here.
+COLUMNS = (
+    ("case", "always", "the observatory's workload case (0 outside `witcert observe`)"),
+    ("request", "always", "the monitor's request id of the cell's batch row (one per row of each cache)"),
+    ("layer", "always", "decoder layer"),
+    ("head", "always", "query head"),
+    ("pos", "always", "absolute query position (one per decoded token at decode time)"),
+    ("batch", "always", "row of the cell in its forward call"),
+    ("tier", "always", "the certificate used: `A` (band-norm witness) or `B` (the dithered cache, with the Tier A "
+     "minimum); never `auto`"),
+    ("adaptive", "always", "the query may depend on the dither (inside `generate`, or not declared non-adaptive): "
+     "Tier B used only its deterministic branch"),
+    ("tier_b_delta", "always", "failure probability of Tier B's probabilistic branch for the cell where it was used "
+     "(`delta_loc` of a non-adaptive call of the dithered cache), else 0"),
+    ("meter", "always", "the reported upper bound on the cell's attention TV, in [0, 1]; NaN on a row that sees no "
+     "token or a cell sampled metering left out"),
+    ("risk", "always", "the raw e-form score behind the meter, not clamped at 1 (`inf` on overflow, written "
+     "`\"inf\"`); above 1 no guarantee, an order for triage"),
+    ("true_tv", "always", "TV between attention over the exact and over the compressed keys, measured against the "
+     "exact cache; `null` with `keep_exact=False`"),
+    ("output_bound", "always", "upper bound on the norm of the attention output's error `y - y^`: "
+     "2 meter max_t norm(v_t) + sum_t p~_t norm(v^_t - v_t)"),
+    ("true_output_error", "always", "the output's error measured against the exact cache; `null` with "
+     "`keep_exact=False`"),
+    ("joint", "always", "the cell passes both the key test (meter <= tau) and the value test"),
+    ("c_max", "always", "the largest per-token logit-error radius over the visible tokens"),
+    ("repaired", "always", "the gate fired on the cell (its output was recomputed over the repaired cache)"),
+    ("bound_kind", "always", "`proved`, `probabilistic` (the meter holds with probability >= 1 - `bound_delta`: the "
+     "spot check lowered it, or Tier B's probabilistic branch entered it) or `none` (no meter)"),
+    ("bound_delta", "always", "probability that the cell's meter fails to bound its TV: 0 when proved, NaN for `none`"),
+    ("seed", "the dithered cache", "the secret Philox seed drawn for the request (replay with `request`)"),
+    ("meter_delta=<d>", "`witcert observe`, the dithered cache", "the Tier B meter at request budget `d` "
+     "(the risk-coverage plot)"),
+    ("meter_before_spot", "`certificate=\"spot\"`", "the meter before the spot check (proved; Tier B's "
+     "probabilistic branch included on non-adaptive calls)"),
+    ("spot_bound", "`certificate=\"spot\"`", "the spot check's bound, NaN where no check ran (meter <= tau)"),
+    ("spot_keys", "`certificate=\"spot\"`", "exact keys the check read"),
+    ("spot_rounds", "`certificate=\"spot\"`", "rounds of exact keys the adaptive check read (0 where no check ran)"),
+    ("spot_bytes", "`certificate=\"spot\"`", "bytes those reads moved (whole verified blocks in production)"),
+    ("spot_delta", "`certificate=\"spot\"`", "failure probability of the cell's checks (0 where none ran; with "
+     "the spot-certified gate, its checks' budgets added)"),
+    ("paged_fraction", "a gate", "fraction of the cell's visible tokens paged in exactly"),
+    ("bytes_paged", "a gate", "bytes paged in from the backing store (0 from the exact cache in memory)"),
+    ("meter_after", "a gate", "the meter of the repaired attention (the cell's own meter where the gate did not fire)"),
+    ("true_tv_after", "a gate", "its TV against the exact logits; `null` with `keep_exact=False`"),
+    ("spot_gate_checks", "a gate with `certificate=\"spot\"`", "spot checks the spot-certified gate ran on the "
+     "cell while repairing it"),
+    ("spot_gate_keys", "a gate with `certificate=\"spot\"`", "distinct exact keys those checks read"),
+    ("spot_gate_bytes", "a gate with `certificate=\"spot\"`", "bytes those checks read (the pages' bytes are "
+     "`bytes_paged`)"),
+    ("metered", "`sample=`", "whether sampled metering metered the cell (False: every measurement NaN)"),
+)
+"""(name, when present, meaning) of every cell column, in the order of :func:`cell_table`."""
 
 _FLOATS = ("meter", "risk", "true_tv", "output_bound", "true_output_error", "c_max")
 _BOOLS = ("joint", "repaired")
@@ -52,8 +115,8 @@ def cell_table(batches, case: int = 0) -> CellTable:
     """Flatten a list of ``CellBatch`` into a :class:`CellTable` (``case`` fills the case column)."""
     extras = sorted(batches[0].extra) if batches else []
     dithered = bool(batches) and all(batch.seed is not None for batch in batches)
-    cols = {k: [] for k in ("case", "request", "layer", "head", "pos", "batch", "tier", "adaptive", *_FLOATS, *_BOOLS,
-                            *extras, *(("seed",) if dithered else ()))}
+    cols = {k: [] for k in ("case", "request", "layer", "head", "pos", "batch", "tier", "adaptive", "tier_b_delta",
+                            *_FLOATS, *_BOOLS, *extras, *(("seed",) if dithered else ()))}
     for batch in batches:
         b, hq, tq = batch.meter.shape
         grid_b, grid_h, grid_t = np.meshgrid(np.arange(b), np.arange(hq), np.arange(tq), indexing="ij")
@@ -66,6 +129,7 @@ def cell_table(batches, case: int = 0) -> CellTable:
         cols["batch"].append(grid_b.ravel())
         cols["tier"].append(np.full(n, batch.tier))
         cols["adaptive"].append(np.full(n, batch.adaptive))
+        cols["tier_b_delta"].append(np.full(n, batch.tier_b_delta))
         for name in (*_FLOATS, *_BOOLS):
             cols[name].append(getattr(batch, name).numpy().ravel())
         for name in extras:
@@ -73,8 +137,9 @@ def cell_table(batches, case: int = 0) -> CellTable:
         if dithered:
             cols["seed"].append(np.full(n, batch.seed, dtype=np.uint64))
     if not cols["layer"]:
-        return CellTable({k: np.array([]) for k in cols})
-    return CellTable({k: np.concatenate(v) for k, v in cols.items()})
+        return CellTable({k: np.array([]) for k in (*cols, bound_kind.KIND, bound_kind.DELTA)})
+    columns = {k: np.concatenate(v) for k, v in cols.items()}
+    return CellTable({**columns, **bound_kind.label_columns(columns)})
 
 
 def concat(tables) -> CellTable:

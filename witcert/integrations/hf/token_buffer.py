@@ -2,23 +2,28 @@
 
 ``torch.cat`` of a layer's history with one new token copies the whole history on every decode
 step (O(S) bytes per token and a fresh allocation). :class:`TokenBuffer` preallocates and grows
-by doubling (amortised O(1) copies per token); :meth:`TokenBuffer.append` writes the new tokens in
-place and returns a view of every token written so far.
+by a quarter (:data:`GROWTH`: amortised ``1 / (GROWTH - 1) = 4`` tokens copied per token written, against
+the ``S`` tokens a decode-on-read store decodes per step; the room kept ahead is at most a quarter of the
+tokens held, where doubling kept up to as many again); :meth:`TokenBuffer.append` writes the new tokens
+in place and returns a view of every token written so far.
 
 Why a view handed out earlier stays valid: tokens are only ever appended, never rewritten, so a
 view covers tokens that keep their values; after a regrowth the old view keeps the old storage
-alive. What a store reports as held are the views' bytes (the tokens); the spare capacity is at
-most the size of the history.
+alive. What a store reports as held are the views' bytes (the tokens); the spare room
+(:meth:`TokenBuffer.reserved`) is reported apart.
 """
 from __future__ import annotations
+
+import math
 
 import torch
 
 MIN_CAPACITY = 16  # tokens: the first allocation (a prefill usually sets a larger one)
+GROWTH = 1.25  # a full buffer grows to this many times its capacity
 
 
 class TokenBuffer:
-    """Tokens appended along ``axis`` (negative: counted from the last dimension), preallocated and doubled."""
+    """Tokens appended along ``axis`` (negative: counted from the last dimension), preallocated, grown by a quarter."""
 
     def __init__(self, axis: int):
         if axis >= 0:
@@ -42,7 +47,7 @@ class TokenBuffer:
                 raise ValueError(f"a chunk {tuple(new.shape)} / {new.dtype} does not continue the buffer "
                                  f"{tuple(data.shape)} / {data.dtype} along axis {self.axis}")
             if self.length + n > data.shape[axis]:
-                data = self._grow(axis, max(2 * data.shape[axis], self.length + n))
+                data = self._grow(axis, max(math.ceil(GROWTH * data.shape[axis]), self.length + n))
         data.narrow(axis, self.length, n).copy_(new)
         self.length += n
         return data.narrow(axis, 0, self.length)
@@ -61,8 +66,20 @@ class TokenBuffer:
         view = self.view()
         return 0 if view is None else view.numel() * view.element_size()
 
+    def reserved(self) -> int:
+        """Bytes allocated beyond the tokens held (the room growth keeps ahead)."""
+        return 0 if self.data is None else self.data.numel() * self.data.element_size() - self.nbytes()
+
     def _grow(self, axis: int, capacity: int) -> torch.Tensor:
         grown = self.data.new_empty(*self.data.shape[:axis], capacity, *self.data.shape[axis + 1:])
         grown.narrow(axis, 0, self.length).copy_(self.data.narrow(axis, 0, self.length))
         self.data = grown
         return grown
+
+
+def split_pair(buffer: TokenBuffer | None) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """Keys and values (views) of a buffer of stacked pairs ``(2, ..., S, d)``; ``None`` when there is none yet."""
+    if buffer is None or not buffer.length:
+        return None
+    pair = buffer.view()
+    return pair[0], pair[1]

@@ -5,7 +5,8 @@ Soundness is judged at the API surface, so every class of input that once slippe
 (subnormal radii, an underflowing mass, RoPE applied in the cache dtype, a half-precision
 model, a batch sharing one dither stream, an unreachable gate threshold, a scheme that mutates
 its input, tiny kernel queries, a scheme or codec that reuses its output buffers or re-quantizes on
-join) has a module here that generates that class by itself and
+join, a token whose compressed weight underflows while its exact weight is large, an engine KV format or a
+quantized query) has a module here that generates that class by itself and
 checks every reported bound per query against an exact oracle.
 
 A module defines ``NAME`` (one short label), ``SHARE`` (the fraction of ``--trials`` it runs;
@@ -19,7 +20,7 @@ from importlib import import_module
 # module names under witcert.verification.attacks, in report order
 ATTACKS: tuple[str, ...] = (
     "underflow", "split_mass", "gate_tau", "rope_frame", "mutating_scheme", "model_dtypes", "batched_dither",
-    "kernel_range", "fast_path", "fast_radii", "user_components",
+    "kernel_range", "fast_path", "fast_radii", "user_components", "spot_underflow", "kv_formats",
 )
 
 

@@ -4,7 +4,7 @@ Each trial is one :class:`witcert.Gate` call on one to three cells. Exact logits
 the compressed logits (errors in a box, ``c`` covering them) are fp32 or fp64, so a repaired
 token keeps ``c`` = the cast's rounding (fp32 scores) or the pager's own fp64 dot-product error
 (:class:`witcert.gate.repair.LayerPager`). The exact logits arrive through ``exact=``, a table pager, or the
-production ``LayerPager`` over a :class:`witcert.gate.backing_store.BackingStore`. ``tau`` is 0, 1e-9, 1e-300,
+production ``LayerPager`` over a :class:`witcert.gate.backing_store.BackingStore`. ``tau`` is 1e-9, 1e-300,
 ``2^-1074``, an fp32 neighbour of a random ``tau`` (where an fp32 comparison would round it),
 or the fully repaired floor times ``1 +- 1e-6``; sometimes ``tau >= 1`` (risk-ranked).
 Granularities, repair policies and block sizes 1..16 vary. Every call runs under
@@ -121,8 +121,8 @@ def _store_inputs(g, n_cells, s, dtype, block_size):
 
 def _tau(g, floor: torch.Tensor | None) -> float:
     kind = int(torch.randint(7, (1,), generator=g))
-    if kind == 0:
-        return 0.0
+    if kind == 0:  # the least positive threshold (Gate refuses tau = 0)
+        return 2.0**-1074
     if kind == 1:
         return 1e-9
     if kind == 2:
@@ -177,7 +177,7 @@ def _one_call(g, tally: AttackTally) -> None:
         source = {"exact": exact} if source_kind == "exact" else {"pager": _TablePager(exact, block_size)}
     floor = None
     if int(torch.randint(4, (1,), generator=g)) == 0 and source_kind != "store":  # near the repaired floor
-        floor = Gate(0.0, block_size=block_size, repair="whole")(scores, c, **source).after
+        floor = Gate(2.0**-1074, block_size=block_size, repair="whole")(scores, c, **source).after
     tau = _tau(g, floor)
     gate = Gate(tau, granularity=_choice(("head", "request"), g), repair=_choice(("blocks", "whole"), g),
                 block_size=block_size)

@@ -1,0 +1,117 @@
+"""Generation with the spot check in production: ``python -m benchmarks.spot_generation``.
+
+SmolLM2 ``generate`` (greedy, batch 1, a prompt of ``context`` fixed random ids, ``new_tokens`` new tokens)
+stock against ``witcert.monitor(model, "rtn-int4", keep_exact=False, ...)``:
+
+* ``meter``: the deterministic meter alone;
+* ``spot``: ``certificate="spot"`` (every cell above tau 0.2 checked, up to ``spot_keys`` exact keys read in
+  rounds from the verified host backing store; without a gate the call's checks run together at its end);
+* ``spot gate``: the same with ``gate=witcert.Gate(tau=0.2)``: the production spot-certified gate (in-step
+  checks, repairs from the backing store);
+
+each eager and, when ``torch.compile`` works, with ``WITCERT_COMPILE=1`` (compiled before timing). Runs are
+interleaved round by round; the figure is the median wall time of ``generate`` (prefill included, as a user
+feels it), with the cells checked, their mean exact keys and the share certified. One torch thread.
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+import witcert
+from benchmarks import spot_records
+from benchmarks.timing import compile_choice, compiled_available
+
+SCHEME = "rtn-int4"
+TAU = 0.2
+OUT = Path(__file__).with_name("results") / "spot_generation.json"
+
+
+def configs(compiled: bool, spot_keys: int, gate: bool = True) -> dict:
+    """name -> (monitor keywords or None for stock, compiled); ``gate``: with the production spot gate."""
+    base = {"stock": (None, False), "meter": (dict(), False),
+            "spot": (dict(certificate="spot", spot_keys=spot_keys), False)}
+    if gate:
+        base["spot gate"] = (dict(certificate="spot", spot_keys=spot_keys, gate=witcert.Gate(tau=TAU)), False)
+    if compiled:
+        base |= {f"{name}, compiled": (kwargs, True) for name, (kwargs, _) in base.items() if kwargs is not None}
+    return base
+
+
+def timed_generate(model, ids, new_tokens: int, kwargs: dict | None, compiled: bool) -> tuple[float, dict]:
+    """Seconds of one greedy ``generate`` of exactly ``new_tokens``, and what the spot check did."""
+    args = dict(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens, do_sample=False)
+    with compile_choice(compiled):
+        started = time.perf_counter()
+        if kwargs is None:
+            model.generate(**args)
+            return time.perf_counter() - started, {}
+        with witcert.monitor(model, SCHEME, keep_exact=False, tau=TAU, **kwargs) as mon:
+            model.generate(**args)
+        seconds = time.perf_counter() - started
+    table = mon.table()
+    live = ~np.isnan(table["meter"])
+    info = {"cells": int(live.sum()), "certified": float(np.mean(table["meter"][live] <= TAU))}
+    if "spot_bound" in table.columns:
+        checked = ~np.isnan(table["spot_bound"])
+        info |= {"checked": int(checked.sum()), "mean_keys": float(table["spot_keys"][checked].mean()),
+                 "spot_bytes": float(np.nansum(table["spot_bytes"]))}
+    if "paged_fraction" in table.columns:
+        info |= {"paged_fraction": float(np.mean(table["paged_fraction"][live])),
+                 "bytes_paged": float(np.nansum(table["bytes_paged"])),
+                 "spot_gate_bytes": float(np.nansum(table["spot_gate_bytes"]))}
+    return seconds, info
+
+
+def run(context: int, new_tokens: int, reps: int, compiled: bool, spot_keys: int, gate: bool = True) -> dict:
+    from witcert.integrations.hf.default_model import load_model
+
+    model = load_model().model
+    ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0))
+    chosen = configs(compiled and compiled_available(), spot_keys, gate)
+    for kwargs, comp in chosen.values():  # warm-up: first-call costs (and compilation) out of the timing
+        timed_generate(model, ids, 2, kwargs, comp)
+    samples, infos = {name: [] for name in chosen}, {}
+    for _ in range(reps):
+        for name, (kwargs, comp) in chosen.items():
+            seconds, infos[name] = timed_generate(model, ids, new_tokens, kwargs, comp)
+            samples[name].append(seconds)
+    seconds = {name: statistics.median(v) for name, v in samples.items()}
+    rate = {name: new_tokens / s for name, s in seconds.items()}
+    out = {"context": context, "new_tokens": new_tokens, "reps": reps, "median_s": seconds, "tokens_per_s": rate,
+           "ratio_to_stock": {name: rate[name] / rate["stock"] for name in chosen if name != "stock"},
+           "checks": infos}
+    print(f"  {context}: " + ", ".join(f"{k} {v:.2f}x" for k, v in out["ratio_to_stock"].items()), flush=True)
+    return out
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--contexts", type=int, nargs="+", default=[512, 4096])
+    p.add_argument("--new-tokens", type=int, default=8)
+    p.add_argument("--reps", type=int, default=3)
+    p.add_argument("--spot-keys", type=int, default=256)
+    p.add_argument("--no-compile", dest="compiled", action="store_false")
+    p.add_argument("--gate-up-to", type=int, default=1 << 30,
+                   help="time the spot gate only at contexts up to this (it is the slowest configuration)")
+    p.add_argument("--out", type=Path, default=OUT)
+    args = p.parse_args(argv)
+    torch.set_num_threads(1)
+    record = spot_records.provenance("benchmarks.spot_generation", argv) | {
+        "scheme": SCHEME, "tau": TAU, "spot_keys": args.spot_keys, "runs": []}
+    for context in args.contexts:  # written after each context: a long run keeps what it measured
+        record["runs"].append(run(context, args.new_tokens, args.reps, args.compiled, args.spot_keys,
+                                  gate=context <= args.gate_up_to))
+        spot_records.write(record, args.out)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,326 @@
+"""Spot checks of many cells at once: every checked cell of one layer-step in one pass (registry SCO, SCB, SCR).
+
+:func:`check_cells` runs the statistics of :func:`witcert.spot.spot_check` (the one-sided form, its rounds and
+log-space weights; :mod:`witcert.spot.one_sided`, :mod:`witcert.spot.cell`) on ``N`` cells as tensors
+``(N, S)``: each stage draws for every cell in one sampling call over the cells' weight matrix, reads the
+exact logits of every new token at once (:mod:`witcert.spot.gather`: one gather of exact keys per kv head,
+shared by the query heads over it), and bounds every cell's mean in one bisection
+(:func:`witcert.spot.confidence.row_betting_upper`). Python loops run over rounds, stages and bisection steps,
+never over cells or draws. Given the same draws a cell gets the bound the one-cell form gives it (the tests
+replay one form's draws in the other); the draws are the caller's own randomness, made after the queries
+are fixed.
+
+Use::
+
+    from witcert.spot import check_cells, TableLogits
+    result = check_cells(scores, radii, TableLogits(exact_logits), keys=256, delta=1e-6, tau=0.2)
+    result.bound, result.keys_read, result.delta   # (N,) each
+
+With ``tau`` a cell reads keys in rounds (:mod:`witcert.spot.rounds`) and stops at its first bound ``<= tau``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from witcert.fastpath.compiled import pick
+from witcert.gate.blocks import log_expm1
+from witcert.spot.cell import (ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, Z_FLOOR, check_keys, checked_cells,
+                               exact_order, unit_ratio)
+from witcert.spot.confidence import ONE_SIDED_CAP, row_betting_upper
+from witcert.spot.one_sided import EXACT_SHARE, ROUNDING, SMALL, Z_KEYS_SHARE, Z_SHARE_OF_DELTA, exact_keys
+from witcert.spot.randomness import MultinomialSampler, draw_until_new, spot_randomness
+from witcert.spot.rounds import DEFAULT_SPLIT, ROUND_GROWTH, schedule
+
+
+@dataclass(frozen=True)
+class CellChecks:
+    """Results of :func:`check_cells`, each ``(N,)``.
+
+    ``bound`` holds for its cell with probability ``>= 1 - delta`` (``delta`` what the rounds run spent; 0 for
+    a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read;
+    ``rounds`` rounds run; ``whole`` the cell was read whole.
+    """
+
+    bound: torch.Tensor  # fp64
+    keys_read: torch.Tensor  # int64
+    delta: torch.Tensor  # fp64
+    rounds: torch.Tensor  # int64
+    whole: torch.Tensor  # bool
+
+
+def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = None,
+                generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
+                exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
+                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH) -> CellChecks:
+    """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
+
+    Parameters
+    ----------
+    scores : (N, S) tensor
+        Compressed logits ``l~`` of each cell (``-inf`` masked; every finite one is visible).
+    radii : (N, S) tensor
+        Per-token bounds ``c >= |l~ - l|`` (checked on every token read).
+    source : object
+        ``source.logits(cells (M,), tokens (M,)) -> (M,)`` exact logits (:mod:`witcert.spot.gather`).
+    keys : int
+        Most distinct exact keys a cell may read.
+    delta : float or (N,) tensor
+        Each cell's failure probability (:mod:`witcert.spot.budget` turns a request budget into it).
+    tau : float, optional
+        Read in rounds, stopping at a bound ``<= tau`` (:mod:`witcert.spot.rounds`); ``None``: one round.
+    generator : torch.Generator, optional
+        The draws' randomness (default: a fresh one seeded from the operating system).
+    split : str
+        How ``delta`` divides over the rounds (:data:`witcert.spot.rounds.SPLITS`).
+    growth : int
+        Each round's key budget is ``growth`` times the last one's (:func:`witcert.spot.rounds.budgets`).
+    sampler : optional
+        Draws the tokens (default: a :class:`~witcert.spot.randomness.MultinomialSampler` of ``generator``).
+    exact_share, z_keys_share, z_share : float
+        Each round's split of keys and ``delta`` between the stages, as :func:`witcert.spot.spot_check`.
+
+    Returns
+    -------
+    CellChecks
+    """
+    s, c, delta = _checked(scores, radii, keys, delta, tau)
+    if not (0 <= exact_share <= 1 and 0 <= z_keys_share <= 1 and 0 < z_share < 1):
+        raise ValueError(f"exact_share, z_keys_share, z_share: expected shares in [0, 1] (z_share in (0, 1)), "
+                         f"got {exact_share!r}, {z_keys_share!r}, {z_share!r}")
+    if sampler is None:
+        sampler = MultinomialSampler(spot_randomness().generator if generator is None else generator)
+    cells = _Cells(s, c, source, sampler, (exact_share, z_keys_share, z_share), keys)
+    n = s.shape[0]
+    best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
+    rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
+    active = torch.ones(n, dtype=torch.bool)
+    for budget, share in schedule(keys, tau, split, growth):
+        rows = active.nonzero().reshape(-1)
+        if not rows.numel():
+            break
+        rounds[rows] += 1
+        small = cells.n_visible[rows] <= budget  # read whole: the true TV, no draws, no delta
+        if bool(small.any()):
+            done = rows[small]
+            best[done] = torch.minimum(best[done], cells.whole(done))
+            whole[done], active[done] = True, False
+        rows = rows[~small]
+        if rows.numel():
+            best[rows] = torch.minimum(best[rows], cells.round(rows, budget, share * delta[rows]))
+            spent[rows] += share * delta[rows]
+            if tau is not None:
+                active[rows] = best[rows] > tau
+    return CellChecks(best, cells.known.sum(-1), spent, rounds, whole)
+
+
+def _checked(scores, radii, keys: int, delta, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    check_keys(keys)
+    if tau is not None and not 0 <= tau < 1:
+        raise ValueError(f"tau: expected a threshold in [0, 1) or None, got {tau!r}")
+    s, c = checked_cells(scores, radii, 2)
+    d = torch.as_tensor(delta, dtype=torch.float64).expand(s.shape[0]).clone()
+    if not bool(((d > 0) & (d < 1)).all()):
+        raise ValueError(f"delta: expected probabilities in (0, 1), got {delta!r}")
+    return s, c, d
+
+
+def _row_weights(log_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`witcert.spot.cell.sampling_weights` of every row: ``(totals (M,), weights (M, S))``, the weights
+    ``e^{log w - max}`` and the total ``e^{max} sum(weights)`` (``inf`` on overflow, 0 for a row of none)."""
+    top = log_weights.amax(-1, keepdim=True)
+    finite = torch.isfinite(top)
+    weights = torch.exp(log_weights - torch.where(finite, top, 0.0))  # a row of -inf: 0; of +inf: not used
+    weights = torch.where(finite, weights, 0.0)
+    total = torch.where(finite[:, 0], torch.exp(top[:, 0]) * weights.sum(-1),
+                        torch.where(top[:, 0] == torch.inf, torch.inf, 0.0))
+    return total, weights
+
+
+def _inflated(value: torch.Tensor) -> torch.Tensor:
+    """:func:`witcert.spot.cell.inflated` of every row."""
+    up = (value * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK).clamp(max=1.0)
+    return torch.where(torch.isnan(value) | (value >= 1), 1.0, up)
+
+
+def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """What no round changes, per (cell, token): ``visible``, ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the
+    small radii (``e^c - 1 < SMALL``), per cell ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` (every term in log space),
+    and each token's ``log p~ (e^c - 1)`` (``+inf`` for an infinite radius). Tensors only: ``WITCERT_COMPILE=1``
+    compiles it."""
+    visible = torch.isfinite(scores)
+    log_p = scores - torch.logsumexp(scores, -1, keepdim=True)
+    log_u = log_expm1(c)
+    a_minus = torch.exp(log_p - c).sum(-1)  # masked: exp(-inf) = 0
+    a_plus = torch.exp(torch.where(visible, log_p + c, -torch.inf)).sum(-1)  # Z in [A-, A]
+    contribution = torch.where(visible & torch.isinf(c), torch.inf, log_p + log_u)
+    return (visible, log_p, torch.exp(log_p), log_u, torch.exp(-c), torch.expm1(c) < SMALL, a_minus, a_plus,
+            contribution)
+
+
+def _z_terms(log_p, c, log_u, visible, known, small, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(z_known, G, weights)`` of every row: ``z_known = sum_visible p~ e^{o}`` with ``o = l - l~`` on known
+    tokens, ``c`` on small unknown ones, 0 on the sampled ones; the sampling weights ``p~ (e^c - 1)`` on the sampled
+    ones, in log space, and their total (:func:`_row_weights`). Tensors only: compiled with ``WITCERT_COMPILE=1``."""
+    sampled = visible & ~known & ~small
+    offset = torch.where(known, x, torch.where(small, c, 0.0))
+    z_known = torch.exp(log_p + offset).sum(-1)  # masked: exp(-inf) = 0
+    g_total, weights = _row_weights(torch.where(sampled, log_p + log_u, -torch.inf))
+    return z_known, g_total, weights
+
+
+def _h_terms(p, e_minus, visible, known, x, z_upper) -> tuple[torch.Tensor, ...]:
+    """``(total, H, weights, h)`` of every row of the one-sided stage: the known terms ``p~ (1 - W/Z_U)^+`` and the
+    small ``p~ h`` (each at most ``h``), the sampling weights ``p~ h`` on the others and their total ``H``, and
+    ``h = (1 - e^{-c} / Z_U)^+``. Tensors only: compiled with ``WITCERT_COMPILE=1``."""
+    log_z = torch.log(z_upper)[:, None]
+    h = (1 - e_minus / z_upper[:, None]).clamp_min(0)
+    rest = visible & ~known
+    small = rest & (h < SMALL)
+    known_terms = torch.where(known, (1 - torch.exp(x - log_z)).clamp_min(0), 0.0)
+    total = (p * torch.where(small, h, known_terms)).sum(-1)
+    weights = torch.where(rest & ~small, p * h, 0.0)  # a term p~ h <= p~: the rounded p~ serves
+    return total, weights.sum(-1), weights, h
+
+
+def _prepared_probe() -> tuple:
+    return torch.zeros(2, 3, dtype=torch.float64), torch.full((2, 3), 0.5, dtype=torch.float64)
+
+
+def _z_terms_probe() -> tuple:
+    f = torch.zeros(2, 3, dtype=torch.float64)
+    b = torch.zeros(2, 3, dtype=torch.bool)
+    return f, f, f, ~b, b, b, f
+
+
+def _h_terms_probe() -> tuple:
+    f = torch.full((2, 3), 0.5, dtype=torch.float64)
+    b = torch.zeros(2, 3, dtype=torch.bool)
+    return f, f, ~b, b, f, torch.ones(2, dtype=torch.float64)
+
+
+class _Cells:
+    """``N`` cells in log space (:class:`witcert.spot.cell.CellWeights` as rows) and the exact logits read so far.
+
+    What no round changes is formed once: ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the small-radius tokens,
+    ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` per row, and the ranking of the heaviest contributions (every round's
+    exact set is a prefix of it).
+    """
+
+    def __init__(self, scores: torch.Tensor, c: torch.Tensor, source, sampler, shares: tuple, keys: int):
+        self.scores, self.c, self.source, self.sampler = scores, c, source, sampler
+        self.exact_share, self.z_keys_share, self.z_share = shares
+        (self.visible, self.log_p, self.p, self.log_u, self.e_minus, self.small, self.a_minus, self.a_plus,
+         contribution) = pick(_prepared, _prepared_probe)(scores, c)
+        self.n_visible = self.visible.sum(-1)
+        self.order = exact_order(contribution, self.visible, exact_keys(keys, self.exact_share))  # rounds: prefixes
+        self.known = torch.zeros_like(self.visible)
+        self.x = torch.zeros_like(scores)  # l - l~ where known
+
+    # -- reads -------------------------------------------------------------------------------------------------
+    def read(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """Read the exact logits of the (cell, token) pairs not known yet (each once) and check their radii."""
+        fresh = ~self.known[rows, tokens]
+        flat = torch.unique(rows[fresh] * self.scores.shape[1] + tokens[fresh])
+        if not flat.numel():
+            return
+        rows, tokens = flat // self.scores.shape[1], flat % self.scores.shape[1]
+        logits = torch.as_tensor(self.source.logits(rows, tokens)).to(torch.float64).reshape(-1).cpu()
+        if logits.numel() != rows.numel():
+            raise ValueError(f"source: returned {logits.numel()} logits for {rows.numel()} tokens")
+        if not bool(torch.isfinite(logits).all()):
+            raise ValueError("source: returned a non-finite exact logit for a visible token")
+        x = logits - self.scores[rows, tokens]
+        radius = self.c[rows, tokens]
+        bad = x.abs() > radius * (1 + RANGE_TOLERANCE) + ABSOLUTE_SLACK
+        if bool(bad.any()):
+            i = int(bad.nonzero()[0, 0])
+            raise ValueError(f"radii: c = {float(radius[i])!r} of cell {int(rows[i])}, token {int(tokens[i])} does not "
+                             "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
+        self.x[rows, tokens] = x
+        self.known[rows, tokens] = True
+
+    def keys_read(self, rows: torch.Tensor) -> torch.Tensor:
+        return self.take(self.known, rows).sum(-1)
+
+    def take(self, values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        """``values[rows]``, without a copy when ``rows`` is every row in order (the first round's usual case)."""
+        return values if rows.numel() == values.shape[0] else values[rows]
+
+    def draw(self, rows: torch.Tensor, weights: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`witcert.spot.randomness.draw_until_new` of ``rows``, then their new tokens read."""
+        draws, valid = draw_until_new(self.sampler, weights, counts, self.take(self.known, rows), cells=rows)
+        self.read(rows[:, None].expand_as(draws)[valid], draws[valid])
+        return draws, valid
+
+    # -- a round -----------------------------------------------------------------------------------------------
+    def whole(self, rows: torch.Tensor) -> torch.Tensor:
+        """Read every visible token of ``rows``: the true TV rounded up, (M,)."""
+        visible = self.take(self.visible, rows)
+        self.read(rows[:, None].expand_as(visible)[visible], visible.nonzero()[:, 1])
+        log_p = self.take(self.log_p, rows)
+        exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
+        return _inflated((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)
+
+    def round(self, rows: torch.Tensor, budget: int, delta: torch.Tensor) -> torch.Tensor:
+        """One round of :func:`witcert.spot.one_sided._round` for every row at the cumulative ``budget``: (M,) bounds."""
+        self._read_exact_set(rows, budget)
+        z_upper = self._z_upper(rows, budget, self.z_share * delta)
+        bound = torch.ones(rows.numel(), dtype=torch.float64)
+        resolved = (self.scores.shape[1] * Z_FLOOR <= z_upper) & (z_upper < torch.inf)
+        if bool(resolved.any()):
+            bound[resolved] = _inflated(self._one_sided(rows[resolved], budget, z_upper[resolved],
+                                                        (1 - self.z_share) * delta[resolved]))
+        return bound
+
+    def _read_exact_set(self, rows: torch.Tensor, budget: int) -> None:
+        """The heaviest ``budget * exact_share`` contributions, at most the budget left of them unknown
+        (:func:`witcert.spot.one_sided.exact_set_within`)."""
+        k_exact = exact_keys(budget, self.exact_share)
+        candidates = self.order[rows, :k_exact]  # (M, k)
+        inside = torch.arange(k_exact)[None, :] < self.n_visible[rows][:, None]
+        fresh = ~self.known[rows[:, None], candidates] & inside
+        room = budget - self.keys_read(rows)
+        keep = fresh & (torch.cumsum(fresh, -1) <= room[:, None])
+        self.read(rows[:, None].expand_as(candidates)[keep], candidates[keep])
+
+    def _z_upper(self, rows: torch.Tensor, budget: int, delta_z: torch.Tensor) -> torch.Tensor:
+        """:func:`witcert.spot.one_sided._z_upper` of every row: ``Z_U`` (M,) (dense terms: :func:`_z_terms`)."""
+        z_known, g_total, weights = pick(_z_terms, _z_terms_probe)(
+            self.take(self.log_p, rows), self.take(self.c, rows), self.take(self.log_u, rows),
+            self.take(self.visible, rows), self.take(self.known, rows), self.take(self.small, rows),
+            self.take(self.x, rows))
+        a_minus, a_plus = self.a_minus[rows], self.a_plus[rows]
+        z_keys = torch.round((budget - self.keys_read(rows)).to(torch.float64) * self.z_keys_share).to(torch.int64)
+        z_upper = torch.where(g_total == 0, z_known, a_plus)
+        drawn = (g_total > 0) & (g_total < torch.inf) & (z_keys > 0)
+        if bool(drawn.any()):
+            at = rows[drawn]
+            draws, valid = self.draw(at, weights[drawn], z_keys[drawn])
+            c = self.c[at[:, None], draws]
+            y = unit_ratio(self.x[at[:, None], draws], torch.expm1(c), log_expm1(c))
+            upper = row_betting_upper((1 + y) / 2, valid, delta_z[drawn], z_keys[drawn].to(torch.float64),
+                                      ONE_SIDED_CAP)
+            g = g_total[drawn]
+            z_upper[drawn] = z_known[drawn] + g * (2 * upper - 1) + g * ROUNDING
+        return torch.maximum(torch.minimum(z_upper, a_plus), a_minus) * (1 + ROUNDING)
+
+    def _one_sided(self, rows: torch.Tensor, budget: int, z_upper: torch.Tensor, delta_f: torch.Tensor) -> torch.Tensor:
+        """:func:`witcert.spot.one_sided._one_sided_mean` of every row: the bound before rounding up (M,) (dense terms:
+        :func:`_h_terms`)."""
+        new_keys = budget - self.keys_read(rows)  # fixed before the stage's draws: predictable bets
+        log_z = torch.log(z_upper)[:, None]
+        total, h_total, weights, h = pick(_h_terms, _h_terms_probe)(
+            self.take(self.p, rows), self.take(self.e_minus, rows), self.take(self.visible, rows),
+            self.take(self.known, rows), self.take(self.x, rows), z_upper)
+        bound = total + h_total  # no draws: E X <= 1
+        drawn = (h_total > 0) & (new_keys >= 1)
+        if bool(drawn.any()):
+            at = rows[drawn]
+            draws, valid = self.draw(at, weights[drawn], new_keys[drawn])
+            term = (1 - torch.exp(self.x[at[:, None], draws] - log_z[drawn])).clamp_min(0)
+            x = (term / h[drawn].gather(1, draws)).clamp(0.0, 1.0)  # <= 1 as W >= e^-c
+            upper = row_betting_upper(x, valid, delta_f[drawn], new_keys[drawn].to(torch.float64), ONE_SIDED_CAP)
+            bound[drawn] = total[drawn] + h_total[drawn] * (upper + ROUNDING)
+        return bound

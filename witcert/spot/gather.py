@@ -1,0 +1,161 @@
+"""Where the batched spot check's exact logits come from: one gather of exact keys per kv head and call.
+
+:func:`witcert.spot.batched.check_cells` asks a source for the exact logits ``l`` of many (cell, token) pairs
+at once: ``source.logits(cells (M,), tokens (M,)) -> (M,)`` fp64. Sources:
+
+* :class:`TableLogits`: exact logits already in memory (tests, callers that hold them);
+* :class:`KeyGather`: the checked cells' queries against exact keys, the exact cache ``(B, Hkv, S, d)``
+  (validation) or the content-checked backing store (:class:`BackedKeys`, production). Each call gathers
+  the distinct (row, kv head, token) keys its pairs need once, so query heads sharing a kv head share
+  their reads, then forms every logit ``(q . k_t) scale + bias_t`` in fp64 as the monitor's exact logits
+  are formed (the bias: the additive mask term both logits carry).
+
+``bytes_read`` (per cell, fp64) charges each key row of the exact cache to the first cell that asked for it in
+the call, and each verified block of the backing store to the first cell of its (row, kv head), so its sum is
+the traffic the checks caused.
+"""
+from __future__ import annotations
+
+import torch
+
+
+class TableLogits:
+    """Exact logits ``(N, S)`` held in memory; reads cost nothing."""
+
+    def __init__(self, exact: torch.Tensor):
+        self.exact = torch.as_tensor(exact).detach().to(torch.float64).cpu()
+        self.bytes_read = torch.zeros(self.exact.shape[0], dtype=torch.float64)
+
+    def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        return self.exact[cells, tokens]
+
+
+class BackedKeys:
+    """One layer's exact keys in the content-checked backing store, paged in by verified blocks.
+
+    ``length`` is the number of keys the call attends; the store must hold exactly those (a scheme
+    that drops or reorders tokens would make the store's positions mean other keys). Each (row, kv head)
+    keeps the blocks paged so far in one fp64 buffer, so a read of any tokens already paged is one indexing.
+    """
+
+    def __init__(self, backing, layer: int, length: int):
+        if backing is None:
+            raise RuntimeError("spot check in production: the monitor keeps no backing store for this request")
+        held = backing.length(layer)
+        if held != length:
+            raise ValueError(f"backing store: layer {layer} holds {held} exact keys, the call attends {length}: "
+                             "its positions would not be the call's tokens")
+        self.backing, self.layer, self.length = backing, layer, length
+        self.kv_heads = backing.lead_shape(layer)[1]
+        self._keys: dict[tuple[int, int], torch.Tensor] = {}  # (row, kv head) -> (length, d) fp64, paged blocks
+        self._paged: dict[tuple[int, int], torch.Tensor] = {}  # (row, kv head) -> (n_blocks,) bool
+
+    def rows(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
+        """``(k, d)`` fp64 exact keys of tokens ``index`` of row ``b``, kv head ``kv`` (each block paged once)."""
+        self.page(b, kv, index)
+        return self._keys[b, kv][index]
+
+    def page(self, b: int, kv: int, index: torch.Tensor) -> list[tuple[int, int]]:
+        """Page in (verified) every block of ``index`` not held yet; ``[(block, bytes)]`` of those paged now."""
+        size = self.backing.block_size
+        if (b, kv) not in self._paged:
+            self._paged[b, kv] = torch.zeros(-(-self.length // size), dtype=torch.bool)
+        paged, done = [], self._paged[b, kv]
+        wanted = torch.unique(index // size)
+        for block in wanted[~done[wanted]].tolist():
+            before = self.backing.bytes_paged
+            keys = self.backing.page_in(self.layer, (b, kv), block, keys_only=True).k.to(torch.float64)
+            if (b, kv) not in self._keys:
+                self._keys[b, kv] = torch.empty(self.length, keys.shape[-1], dtype=torch.float64)
+            self._keys[b, kv][block * size:block * size + keys.shape[0]] = keys
+            done[block] = True
+            paged.append((block, self.backing.bytes_paged - before))
+        return paged
+
+    def gather(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
+        """``(k, d)`` fp64 keys of ``index`` from blocks already paged (:meth:`page`), in one indexing."""
+        return self._keys[b, kv][index]
+
+
+class KeyGather:
+    """Exact logits of ``N`` cells from exact keys, one gather per kv head and call (see the module docstring).
+
+    ``queries`` (N, d) the cells' post-RoPE queries; ``rows`` (N,) int64 each cell's batch row and ``kv`` (N,)
+    its kv head; ``keys`` the exact cache (B, Hkv, S, d) or a :class:`BackedKeys`; ``scale`` the softmax
+    scale; ``bias`` (N, S) fp64 the additive mask term of each cell's logits, or ``None``.
+    """
+
+    def __init__(self, queries: torch.Tensor, rows: torch.Tensor, kv: torch.Tensor, keys, scale: float,
+                 bias: torch.Tensor | None = None):
+        self.q = queries.detach().to(torch.float64).cpu()
+        self.rows, self.kv, self.scale = rows.cpu(), kv.cpu(), scale
+        self.bias = None if bias is None else bias.detach().to(torch.float64).cpu()
+        self.backed = isinstance(keys, BackedKeys)
+        if self.backed:
+            self.keys, self.kv_heads, self.length = keys, keys.kv_heads, keys.backing.length(keys.layer)
+        else:
+            self.keys = keys.detach()
+            self.kv_heads, self.length = keys.shape[1], keys.shape[2]
+            self.row_bytes = keys.shape[-1] * keys.element_size()
+        self._bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
+        self._read = torch.zeros(0, dtype=torch.int64)  # flat (row, kv, token) keys read in this call
+        self._first_cell = None  # (row, kv head) -> first cell asking for it (block charges)
+        self._block_bytes: dict[int, int] = {}  # cell -> bytes of the verified blocks charged to it
+
+    @property
+    def bytes_read(self) -> torch.Tensor:
+        """(N,) fp64 bytes the checks' reads cost, each charged once (see the module docstring)."""
+        out = self._bytes_read.clone()
+        for cell, nbytes in self._block_bytes.items():
+            out[cell] += nbytes
+        return out
+
+    def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``(q_cell . k_token) scale + bias`` fp64 for every pair, (M,)."""
+        head = self.rows[cells] * self.kv_heads + self.kv[cells]  # (M,) flat (row, kv head)
+        flat = head * self.length + tokens
+        unique, inverse = torch.unique(flat, return_inverse=True)
+        keys = self._backed(unique) if self.backed else self._cached(unique)  # (U, d) fp64, one gather
+        if not self.backed:
+            self._charge_rows(flat, cells)
+        logits = (keys[inverse] * self.q[cells]).sum(-1) * self.scale
+        return logits if self.bias is None else logits + self.bias[cells, tokens]
+
+    def _cached(self, unique: torch.Tensor) -> torch.Tensor:
+        """Key rows ``unique`` of the exact cache, gathered where the cache lives (an accelerator too), to the host."""
+        d = self.keys.shape[-1]
+        return self.keys.reshape(-1, d)[unique.to(self.keys.device)].to(device="cpu", dtype=torch.float64)
+
+    def _backed(self, unique: torch.Tensor) -> torch.Tensor:
+        """Keys of ``unique`` flat indices from the backing store: per (row, kv head), its blocks paged and checked."""
+        heads, tokens = unique // self.length, unique % self.length
+        out = torch.empty(unique.numel(), self.q.shape[-1], dtype=torch.float64)
+        for head in torch.unique(heads).tolist():
+            at = heads == head
+            b, kv = divmod(head, self.kv_heads)
+            for block, nbytes in self.keys.page(b, kv, tokens[at]):
+                self._charge_block(head, block, nbytes)
+            out[at] = self.keys.gather(b, kv, tokens[at])
+        return out
+
+    def _charge_rows(self, flat: torch.Tensor, cells: torch.Tensor) -> None:
+        """Charge each key row read for the first time in this call to the first cell that asked for it."""
+        new = ~torch.isin(flat, self._read)
+        if not bool(new.any()):
+            return
+        fresh, fresh_cells = flat[new], cells[new]
+        unique, inverse = torch.unique(fresh, return_inverse=True)
+        first = torch.full((unique.numel(),), fresh.numel()).scatter_reduce(0, inverse, torch.arange(fresh.numel()),
+                                                                             "amin")
+        self._bytes_read.index_add_(0, fresh_cells[first], torch.full((first.numel(),), float(self.row_bytes),
+                                                                       dtype=torch.float64))
+        self._read = torch.cat([self._read, unique])
+
+    def _charge_block(self, head: int, block: int, nbytes: int) -> None:
+        """Charge a verified block paged now to the first cell of its (row, kv head) in this call."""
+        if self._first_cell is None:
+            heads = (self.rows * self.kv_heads + self.kv).tolist()
+            self._first_cell = {}
+            for cell, h in enumerate(heads):
+                self._first_cell.setdefault(h, cell)
+        self._block_bytes[self._first_cell[head]] = self._block_bytes.get(self._first_cell[head], 0) + nbytes
