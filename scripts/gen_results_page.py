@@ -662,7 +662,8 @@ def vllm_speed_section() -> str | None:
              "before the decode steps are timed (decode tokens over the time of those steps); the modes "
              f"interleaved over {record['repeats']} rounds after one untimed round; the plugin without the shadow, "
              "with its defaults (deferred metering over 8 steps). Ratios: the median against the median of the "
-             "plugin off with the same cache, same run. The machine is shared with other work.", "",
+             "plugin off with the same cache, same run. The machine is shared with other work"
+             + (f"; the whole run took {record['wall_s'] / 60:.1f} minutes." if record.get("wall_s") else "."), "",
              "| mode | decode tokens/s (median) | vs plugin off | runs |", "|---|---|---|---|"]
     for name, values in rates.items():
         m = median(values)

@@ -311,11 +311,16 @@ def table(args) -> dict:
               **measured, "needle_check": needle_check(measured), "vllm_caches": caches,
               "vllm_caches_skipped": skipped}
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        save(args.out, result)
     return result
+
+
+def save(path: str, record: dict) -> None:
+    """Write a measured record as indented JSON (its folder made if missing)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
 
 
 def needle_check(measured: dict) -> dict:
@@ -472,10 +477,7 @@ def speed_command(args) -> dict:
               "command": "python -m witcert.integrations.vllm.bench " + " ".join(args.argv), "machine": machine(),
               "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype, **result}
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(record, f, indent=1)
-            f.write("\n")
+        save(args.out, record)
     return record
 
 
