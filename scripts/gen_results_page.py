@@ -512,19 +512,14 @@ def vllm_glance(link: str) -> str | None:
     cells = sum(r["cells"] for r in results)
     violations = sum(r["violations"] for r in results)
     by = {(r["workload"], r["scheme"], r["gate"]): r for r in results}
-    text = (f"In vLLM ({record['model']}, lossy schemes {', '.join(lossy)} stored in vLLM's own cache, "
-            f"measured {record['date'][:10]}, `python -m witcert.integrations.vllm.bench table`): "
-            f"{cells:,} decode cells audited against the exact keys, {violations} with true TV above the meter")
+    text = (f"In vLLM ({record['model']}, {len(lossy)} lossy schemes in vLLM's own cache, {record['date'][:10]}, "
+            f"`python -m witcert.integrations.vllm.bench table`): {cells:,} decode cells audited against the exact keys, {violations} with true TV "
+            "above the meter")
     base, check = by.get(("needle", "none", False)), record.get("needle_check") or {}
     if base is not None and check:
-        lo, hi = check["interval"]  # the bench's Wilson interval and verdicts (witcert.integrations.vllm.bench)
-        within = [s for s in lossy if check.get(s, {}).get("within")]
-        text += (f"; gated needle accuracy within the uncompressed accuracy's 95% interval "
-                 f"({base['needle_hits']}/{base['needle_cases']}, [{lo:.2f}, {hi:.2f}]) for {len(within)} of "
+        within = [s for s in lossy if check.get(s, {}).get("within")]  # the bench's Wilson-interval verdicts
+        text += (f"; gated needle accuracy within the uncompressed one's 95% interval for {len(within)} of "
                  f"{len(lossy)} schemes")
-        if ("needle", "kivi-2bit", True) in by:
-            k = by["needle", "kivi-2bit", True]
-            text += f" (kivi-2bit: {k['needle_hits']}/{k['needle_cases']})"
     return text + _vllm_speed_glance() + f" ([the vLLM table]({link}))."
 
 
@@ -680,8 +675,8 @@ def _vllm_speed_glance() -> str:
     if record is None:
         return ""
     ratios = record["ratios"]
-    return (f"; decode tokens/s against the plugin off ({record['date'][:10]}, `python -m "
-            f"witcert.integrations.vllm.bench speed`): " + ", ".join(f"`{m}` {r:.2f}x" for m, r in ratios.items()))
+    return (f"; decode tokens/s against the plugin off ({record['date'][:10]}, its `speed` mode): "
+            + ", ".join(f"{m.removeprefix('metering').strip(' ,()')} {r:.2f}x" for m, r in ratios.items()))
 
 
 GENERATION_CONFIGS = ("monitored", "monitored, compiled", "observed", "observed, compiled",
