@@ -83,3 +83,15 @@ def test_collector_merges_live_engine_snapshots(tmp_path):
     assert 'witcert_cells_by_bound_total{bound="proved",delta=""} 9.0' in text
     assert "witcert_unmetered_cells_total 0.0" in text
     assert f"witcert_engines {1.0}" in text and os.getpid() == t.snapshot()["pid"]
+
+
+def test_the_log_line_counts_cells_by_the_kind_of_bound_they_carry():
+    from witcert.integrations.vllm.telemetry import CellBatch
+
+    t = _fed()  # 9 proved cells, 7 at or below tau = 0.2, 1 saturated, 1 shadow violation of 6
+    t._fold([CellBatch(2, ["d"], ["none"], [False], [0], torch.tensor([[0.05, float("nan")]]))], "probabilistic",
+            delta=1e-3)
+    assert t.log_line() == ("WitCert: Metered cells: 10 (proved: 9, probabilistic: 1, delta=0.001: 1), "
+                            "Unmetered cells: 1, Certified at tau=0.2: 80.0%, Saturated cells: 1, "
+                            "Shadow violations: 1 of 6")  # the last batch had no shadow truth
+    assert "Shadow" not in Telemetry(tau=0.1, max_requests=2).log_line()  # no shadow, no cells: nothing to divide

@@ -30,7 +30,7 @@ import logging
 
 from . import config
 
-logger = logging.getLogger("witcert.vllm")
+logger = logging.getLogger("vllm.witcert")  # under vLLM's logger: its handler, level and format
 
 _REGISTERED = False
 

@@ -11,11 +11,12 @@ from collections import OrderedDict
 
 from witcert.schemes.catalog import DITHERED
 
-from . import config
+from . import config, logger
 from .step_plan import Planner, StepPlan
 from .telemetry import CellLog, Telemetry
 
 PUBLISH_S = 0.5  # at most two snapshots a second while the engine runs
+LOG_S = 10.0  # the aggregate logged at most every 10 s (vLLM's own stats interval), and when the engine goes idle
 
 
 class Runtime:
@@ -42,6 +43,7 @@ class Runtime:
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
         self._published = -math.inf  # when the snapshot was last written
+        self._logged = (-math.inf, 0)  # when the aggregate was last logged, and its cells then
         self._default = config.default_settings(cfg)
 
     def request_id(self, row: int) -> str:
@@ -64,6 +66,15 @@ class Runtime:
         self.telemetry.publish(self.config.metrics_dir)
         if self.cell_log is not None:
             self.cell_log.flush()
+        self.log(time.monotonic(), every=0.0)
+
+    def log(self, now: float, every: float = LOG_S) -> None:
+        """Log the aggregate (:meth:`.telemetry.Telemetry.log_line`) if ``every`` seconds have passed since the last
+        line and the cells changed since."""
+        last, cells = self._logged
+        if now - last >= every and self.telemetry.cells + self.telemetry.unmetered != cells:
+            self._logged = (now, self.telemetry.cells + self.telemetry.unmetered)
+            logger.info(self.telemetry.log_line())
 
     def snapshot(self) -> dict:
         """The telemetry's snapshot with every deferred row metered first."""
@@ -83,6 +94,7 @@ class Runtime:
                 self.telemetry.publish(self.config.metrics_dir)
                 if self.cell_log is not None:
                     self.cell_log.flush()
+                self.log(now)
 
 
 _RUNTIME: Runtime | None = None

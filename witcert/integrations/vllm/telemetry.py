@@ -226,6 +226,19 @@ class Telemetry:
             "prefill_tokens": self.prefill_tokens, "prefill_tokens_lossy": self.prefill_tokens_lossy,
         }
 
+    def log_line(self) -> str:
+        """The aggregate as one log line in the style of vLLM's own ("Engine 000: ..."): metered cells by the kind of
+        bound they carry (proved; probabilistic, per ``delta``), unmetered cells, coverage at ``tau``, saturated
+        cells, and with the shadow its violations."""
+        deltas = "".join(f", delta={d}: {n}" for d, n in sorted(self.deltas.items()))
+        line = (f"WitCert: Metered cells: {self.cells} (proved: {self.bounds.get(PROVED, 0)}, probabilistic: "
+                f"{self.bounds.get(PROBABILISTIC, 0)}{deltas}), Unmetered cells: {self.unmetered}, "
+                f"Certified at tau={self.tau:g}: {100.0 * self.certified / self.cells if self.cells else 100.0:.1f}%, "
+                f"Saturated cells: {self.saturated}")
+        if self.shadow:
+            line += f", Shadow violations: {self.shadow_violations} of {self.shadow_cells}"
+        return line
+
     def publish(self, directory: str | None) -> None:
         """Write the snapshot to ``<directory>/witcert-<pid>.json`` atomically."""
         if not directory:
