@@ -5,7 +5,7 @@
         [--workload W] [--prompts ...] [--xargs JSON] [--prefix-caching] [--speculative-ngram K]
     python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12]
         [--cache-dtypes fp8,fp8_e4m3,fp8_e5m2] [--out benchmarks/results/vllm.json]
-    python -m witcert.integrations.vllm.bench speed MODEL [--repeats 3] [--max-tokens 32]
+    python -m witcert.integrations.vllm.bench speed MODEL [--repeats 3] [--max-tokens 16]
         [--out benchmarks/results/vllm_speed.json]
 
 ``run`` starts one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with ``--tp 2`` its
@@ -435,7 +435,7 @@ def main(argv=None) -> int:
     fast.add_argument("model")
     fast.add_argument("--dtype", default="float32")
     fast.add_argument("--repeats", type=int, default=3, help="interleaved rounds (the median is reported)")
-    fast.add_argument("--max-tokens", type=int, default=32, help="new tokens per request")
+    fast.add_argument("--max-tokens", type=int, default=16, help="new tokens per request (the run stays within minutes)")
     fast.add_argument("--scheme", default=SPEED_SCHEME, help="the lossy scheme's mode")
     fast.add_argument("--every", type=int, default=4, help="the sampled mode meters every k-th step")
     fast.add_argument("--kv-cache-dtypes", type=lambda s: tuple(s.split(",")), default=("auto", "fp8"),
