@@ -322,8 +322,11 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
     # -- deferred metering ---------------------------------------------------------------------
     def _deferrable(self, plan, settings) -> bool:
         """Deferred metering (``WITCERT_VLLM_DEFER`` steps at a time): only where nothing feeds back (no gate on
-        any metered row) and every metered row is a plain decode step (one query token)."""
-        return self.defer > 1 and plan.query_tokens.shape[1] == 1 and not any(s.gate for s in settings)
+        any metered row), every metered row is a plain decode step (one query token), and this process steps
+        vLLM's engine core (whose idle hook meters what is left queued; a worker process of a multiprocess
+        executor never sees the engine go idle)."""
+        return (self.defer > 1 and plan.query_tokens.shape[1] == 1 and not any(s.gate for s in settings)
+                and runtime.idle_hook_here())
 
     def _continues(self, plan) -> bool:
         """Whether this step leaves the queued rows where they were (same rows, nothing moved or read anew)."""

@@ -88,7 +88,7 @@ class Runtime:
         if layer >= self.last_layer:
             self.last_layer = layer
             now = time.monotonic()
-            if now - self._published >= PUBLISH_S:
+            if now - self._published >= PUBLISH_S or not idle_hook_here():  # no idle hook: publish every step
                 self._published = now
                 self.telemetry.fold()
                 self.telemetry.publish(self.config.metrics_dir)
@@ -98,6 +98,7 @@ class Runtime:
 
 
 _RUNTIME: Runtime | None = None
+_IDLE_HOOK_HERE = False  # whether this process steps vLLM's engine core (flush_when_idle's hook runs here)
 
 
 def get() -> Runtime:
@@ -122,6 +123,8 @@ def flush_when_idle() -> None:
             continue
 
         def wrapped(self, *args, _original=original, **kwargs):
+            global _IDLE_HOOK_HERE
+            _IDLE_HOOK_HERE = True
             out = _original(self, *args, **kwargs)
             if _RUNTIME is not None and not self.scheduler.has_requests():
                 _RUNTIME.flush()
@@ -130,6 +133,13 @@ def flush_when_idle() -> None:
         wrapped = functools.wraps(original)(wrapped)
         wrapped._witcert = True
         setattr(EngineCore, name, wrapped)
+
+
+def idle_hook_here() -> bool:
+    """Whether this process steps vLLM's engine core, so that :func:`flush_when_idle` meters and publishes what is
+    left when the engine goes idle. A worker process of a multiprocess executor (``vllm serve``'s default on CPU,
+    tensor parallelism) never sees that: it defers nothing and publishes after every step."""
+    return _IDLE_HOOK_HERE
 
 
 def ensure_metrics_dir() -> str:
