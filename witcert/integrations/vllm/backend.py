@@ -554,7 +554,11 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             rt.cell_log.add_batch(batch, head_offset=self.head_offset)
 
     def _count_prefill(self, plan, md) -> None:
-        """Count the prefill chunks' query tokens (not metered), and whether they read keys stored lossy earlier."""
+        """Count the prefill chunks' query tokens (not metered), and whether they read keys stored lossy earlier: once
+        per step (its first layer), on the first tensor-parallel worker (the workers' snapshots are summed)."""
+        if "prefill counted" in plan.cache or self.head_offset:
+            return
+        plan.cache["prefill counted"] = True
         telemetry = self.runtime.telemetry
         block_size = self.witness.shape[2]
         for batch_row, q_len, context in plan.prefill:

@@ -79,8 +79,10 @@ class Planner:
         contexts = [seq_lens[r] - q_lens[r] for r in range(batch)]
         ids = [request_ids[r] if r < len(request_ids) else f"row{r}" for r in range(batch)]
         prompts = [prompt_lens[r] if r < len(prompt_lens) else None for r in range(batch)]
-        metered = [r for r in range(batch) if q_lens[r] == 1 or (q_lens[r] > 1 and prompts[r] is not None
-                                                                  and contexts[r] >= prompts[r])]
+        # a decode or verification step starts past the prompt; a prompt's (last) chunk, one token long or more,
+        # is prefill (with the prompt unknown, one query token is taken for a decode step)
+        metered = [r for r in range(batch) if q_lens[r] >= 1 and (contexts[r] >= prompts[r] if prompts[r] is not None
+                                                                   else q_lens[r] == 1)]
         order = metered + [r for r in range(batch) if r not in set(metered)]
         moves, fresh, valid, blocks = self._arrange([ids[r] for r in order])
         table = md.block_table
