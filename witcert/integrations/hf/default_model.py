@@ -128,7 +128,7 @@ def load_model(path: str | os.PathLike | None = None, attn_implementation: str =
     if path is not None:
         return LoadedModel(model, tokenizer, str(path))
     if copy is None:
-        return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; cached copy {directory}")
+        return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; cached copy {directory.name}")  # (no host path in records)
     _save_copy(model, tokenizer, copy)
     return LoadedModel(model, tokenizer, f"{DEFAULT_MODEL_NAME}; from {directory / gguf}")
 
