@@ -5,7 +5,8 @@ prefix caching on, ``rtn-int4`` loadable per request) serves one prompt three ti
 other: ``rtn-int4``, then ``none``, then ``rtn-int4`` again. Oracles: the shadow's fp64 true TV of every cell
 (the ``none`` request must attend exact keys: true TV 0 and a meter at the score rounding), vLLM's own prefix
 cache counters (the third request reuses the first one's blocks: the sharing still works within a scheme),
-and the first request's cells (the third, whose prefix comes from the cache, meters the same cells).
+and the first request's cells (the third, whose prefix comes from the cache, meters the same cells, and in layer 0
+the same first decode step).
 """
 import json
 
@@ -38,4 +39,9 @@ def test_a_request_attends_the_keys_of_its_own_scheme_with_prefix_caching_on(tmp
                 cells.setdefault(base, {})[(row["layer"], row["head"], row["step"])] = row["meter"]
     first, third = cells[ids[0]], cells[ids[2]]
     assert len(first) == 3 * 30 * 9 and first.keys() == third.keys()
-    assert all(abs(first[k] - third[k]) <= 1e-9 * first[k] + 1e-15 for k in first)  # the prefix read from the cache
+    # layer 0's keys and its first decode query depend on the tokens alone (deeper layers' tail keys do not: the
+    # third request's tail prefill attends the cached prefix as stored, rtn-int4, the first attended it exact)
+    step = min(k[2] for k in first)
+    same = [k for k in first if k[0] == 0 and k[2] == step]
+    assert len(same) == 9
+    assert all(abs(first[k] - third[k]) <= 1e-6 * first[k] + 1e-12 for k in same)  # the prefix read from the cache
