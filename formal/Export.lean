@@ -248,3 +248,6 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.sum_range_one_div_sq_le
 #print axioms WitCert.sum_range_one_div_sq_le
+
+#check @WitCert.abs_logit_error_le_query_radius
+#print axioms WitCert.abs_logit_error_le_query_radius

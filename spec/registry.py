@@ -342,12 +342,12 @@ THEOREMS: tuple[Theorem, ...] = (
         key="QR",
         paper='query-side radius (beyond the paper; docs/design.md "The query-side radius")',
         statement="|sm q'.k^_t - sm q.k_t| <= sm sum_b ||q_b|| w_{t,b} + |sm (q' - q).k^_t|  for w_{t,b} >= ||(k^_t - k_t)_b||",
-        lean=None,
+        lean="WitCert.abs_logit_error_le_query_radius",
         spec="witcert.spec.query_radius.bound_query_key",
         torch="witcert.tier_a.query_radius.query_radius",
         kernel=None,
         tests=("tests/test_query_radius.py", "tests/test_fuzz.py"),
-        note="Lean statement planned (logit_error_le_query_key_bound in the WitCert namespace, the formal layer); until it is declared in formal/ this row names none. The identity sm q'.k^ - sm q.k = sm q.(k^ - k) + sm (q' - q).k^, T2 on the first term and the second evaluated exactly (two fp64 logits and their SR rounding bounds, witcert.tier_a.query_radius.read_scores); its band Cauchy-Schwarz form sm sum_b ||e_b|| ||k^_b|| (spec bound_query_cauchy_schwarz) is valid and never smaller.",
+        note="Helper WitCert.inner_add_sub_inner_eq (the split, band by band). The identity sm q'.k^ - sm q.k = sm q.(k^ - k) + sm (q' - q).k^, T2 on the first term and the second evaluated exactly (two fp64 logits and their SR rounding bounds, witcert.tier_a.query_radius.read_scores); its band Cauchy-Schwarz form sm sum_b ||e_b|| ||k^_b|| (spec bound_query_cauchy_schwarz) is valid and never smaller.",
     ),
 )
 

@@ -81,7 +81,9 @@ def test_every_public_name_is_on_the_api_reference():
 
 
 def test_the_readme_is_a_front_door():
-    assert len((ROOT / "README.md").read_text(encoding="utf-8")) <= 12_000
+    """Short enough to read at once: the two commands, two examples, what the numbers mean, one line per result
+    family (spot check, engine formats, gate, generation, vLLM, audit) and the links."""
+    assert len((ROOT / "README.md").read_text(encoding="utf-8")) <= 14_000
 
 
 def test_no_user_facing_page_tells_the_history_of_a_figure():

@@ -20,7 +20,6 @@ The import check of the dotted Python names (spec/torch/kernel) lives in
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import shutil
 import subprocess
@@ -31,19 +30,12 @@ import re
 
 import pytest
 
+from tests.scripts_loader import load_script
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _load_script(name: str):
-    """The module ``scripts/<name>.py`` (the scripts directory is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-GEN = _load_script("gen_theorem_map")
+GEN = load_script("gen_theorem_map")
 REGISTRY = GEN.load_registry()
 DECLS = GEN.declared_names()
 
@@ -343,7 +335,7 @@ def test_theorem_map_says_which_checks_each_theorem_passed():
 
 # --- the build pins: targeted imports and the committed manifest (scripts/lean_pins.py) ----------
 
-PINS = _load_script("lean_pins")
+PINS = load_script("lean_pins")
 # Mathlib's tag v4.31.0 is commit fabf563a7c95a166b8d7b6efca11c8b4dc9d911f ("chore: bump toolchain
 # to v4.31.0 (#40633)", 2026-06-15), as recorded by independent downstream projects pinned to it;
 # formal/mathlib-manifest-v4.31.0.json says why it is a record and not a byte copy.

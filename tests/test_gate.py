@@ -420,14 +420,11 @@ def test_bad_gate_input_raises_value_error():
 
 def test_gate_table_script_runs_sound_on_a_tiny_config(tmp_path, capsys):
     """scripts/gate_table.py end to end on a tiny config: every certified cell checked per query."""
-    import importlib.util
     import json
-    from pathlib import Path
 
-    path = Path(__file__).resolve().parents[1] / "scripts" / "gate_table.py"
-    spec_ = importlib.util.spec_from_file_location("gate_table", path)
-    module = importlib.util.module_from_spec(spec_)
-    spec_.loader.exec_module(module)
+    from tests.scripts_loader import load_script
+
+    module = load_script("gate_table")
     out = tmp_path / "table.json"
     argv = ["--heads", "2", "--tokens", "96", "--queries", "4", "--dim", "64", "--decode-steps", "3", "--json", str(out)]
     assert module.main(argv) == 0

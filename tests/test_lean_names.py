@@ -15,33 +15,24 @@ small Lean projects whose errors are known by construction. Domain: every Lean f
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import lzma
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+
+from tests.scripts_loader import load_script
 
 ROOT = Path(__file__).resolve().parent.parent
 FIXTURES = Path(__file__).resolve().parent / "fixtures" / "lean"
 
 
-def _load_script(name: str):
-    """The module ``scripts/<name>.py`` (the scripts directory is not a package)."""
-    spec = importlib.util.spec_from_file_location(name, ROOT / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
-
-
-T = _load_script("mathlib_translate")
-L = _load_script("lean_syntax")
-MI = _load_script("mathlib_index")
-N = _load_script("lean_names")
+T = load_script("mathlib_translate")
+L = load_script("lean_syntax")
+MI = load_script("mathlib_index")
+N = load_script("lean_names")
 INDEX = MI.load(MI.index_path(N.mathlib_tag()))
 
 

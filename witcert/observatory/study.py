@@ -319,7 +319,8 @@ def summarize(confs, tallies: dict, config: StudyConfig, n_layers: int, source: 
                                                                for r in losses)}
     metered = [t for t in tallies.values() if t.cells]
     return {
-        "model": source, "wall_s": wall_s, "config": _config_dict(config), "layers": n_layers,
+        "model": source, "date": time.strftime("%Y-%m-%d", time.gmtime()), "wall_s": wall_s,
+        "config": _config_dict(config), "layers": n_layers,
         "intervals": {"level": stats.LEVEL, "accuracy": "exact binomial (Clopper-Pearson)",
                       "paired_difference": "Newcombe hybrid score (method 10, from Wilson intervals)",
                       "paired_test": "exact McNemar (two-sided binomial test of the discordant pairs)"},

@@ -39,7 +39,7 @@ def plugin_names() -> list[str]:
 
 def unknown_scheme_message(name) -> str:
     """What to say about a scheme name nothing answers to: every name ``witcert schemes`` lists."""
-    from witcert.schemes.engine_formats import engine_name_note
+    from witcert.schemes.engine_names import engine_name_note
 
     note = engine_name_note(name)  # an engine's own spelling: which scheme it is, or why it is refused
     message = (f"{note}; " if note else "") + f"unknown scheme {name!r}; registered schemes: {', '.join(list_schemes())}"

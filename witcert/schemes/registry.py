@@ -74,7 +74,7 @@ def get_scheme(name: str) -> Callable[..., torch.Tensor]:
     The returned callable is ``checked(x, role="key") -> x_hat``.
     """
     if name not in _REGISTRY:
-        from witcert.schemes.engine_formats import engine_name_note  # an engine's spelling: say which scheme it is
+        from witcert.schemes.engine_names import engine_name_note  # an engine's spelling: say which scheme it is
 
         note = engine_name_note(name)
         raise ValueError((f"{note}; " if note else "") + f"unknown scheme {name!r}; known schemes: "

@@ -6,7 +6,7 @@ logit error against the exact ``l_t = sm q . k_t`` splits as
 
     l~_t - l_t = sm q . (k^_t - k_t) + sm e . k^_t,
 
-(Lean statement planned, logit_error_le_query_key_bound in the WitCert namespace; spec mirror
+(Lean ``WitCert.abs_logit_error_le_query_radius``; spec mirror
 :mod:`witcert.spec.query_radius`), so the per-token radius is the key-side one (Theorem 2, ``T2``, from the stored witness and the *exact* query) plus
 ``|sm e . k^_t|``. Both ``e`` and ``k^_t`` are known when the cell is metered, so that term is not bounded by
 Cauchy-Schwarz (``sm sum_b ||e_b|| ||k^_{t,b}||``, never smaller) but computed: it is the difference of two fp64
