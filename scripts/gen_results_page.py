@@ -603,27 +603,15 @@ def vllm_glance(link: str) -> str | None:
     cells = sum(r["cells"] for r in results)
     violations = sum(r["violations"] for r in results)
     by = {(r["workload"], r["scheme"], r["gate"]): r for r in results}
-    text = (f"In vLLM ({record['model']}, lossy schemes {', '.join(lossy)} stored in vLLM's own cache, "
-            f"measured {record['date'][:10]}, `python -m witcert.integrations.vllm.bench table`): "
-            f"{cells:,} decode cells audited against the exact keys, {violations} with true TV above the meter")
+    text = (f"In vLLM ({record['model']}, {len(lossy)} lossy schemes in vLLM's own cache, {record['date'][:10]}, "
+            f"`python -m witcert.integrations.vllm.bench table`): {cells:,} decode cells audited against the exact keys, {violations} with true TV "
+            "above the meter")
     base, check = by.get(("needle", "none", False)), record.get("needle_check") or {}
     if base is not None and check:
-        lo, hi = check["interval"]  # the bench's Wilson interval and verdicts (witcert.integrations.vllm.bench)
-        within = [s for s in lossy if check.get(s, {}).get("within")]
-        text += (f"; gated needle accuracy within the uncompressed accuracy's 95% interval "
-                 f"({base['needle_hits']}/{base['needle_cases']}, [{lo:.2f}, {hi:.2f}]) for {len(within)} of "
+        within = [s for s in lossy if check.get(s, {}).get("within")]  # the bench's Wilson-interval verdicts
+        text += (f"; gated needle accuracy within the uncompressed one's 95% interval for {len(within)} of "
                  f"{len(lossy)} schemes")
-        if ("needle", "kivi-2bit", True) in by:
-            k = by["needle", "kivi-2bit", True]
-            text += f" (kivi-2bit: {k['needle_hits']}/{k['needle_cases']})"
-    rates = (record.get("speed") or {}).get("decode_tokens_per_s") or {}
-    if rates.get("plugin off"):
-        from statistics import median
-
-        off = median(rates["plugin off"])
-        text += "; decode tokens/s against the plugin off: " + ", ".join(
-            f"`{mode}` {median(v) / off:.2f}x" for mode, v in rates.items() if mode != "plugin off")
-    return text + f" ([the vLLM table]({link}))."
+    return text + _vllm_speed_glance() + f" ([the vLLM table]({link}))."
 
 
 def vllm_section() -> str | None:
@@ -670,6 +658,7 @@ def vllm_section() -> str | None:
                          f"| {raw['violations'] + (gated['violations'] if gated else 0)} | {coverage} "
                          f"| {pair('median_meter', '.3g')} | {pair('median_true_tv', '.3g')} "
                          f"| {pair('max_true_tv', '.3g')} |")
+    lines += _request_tokens(record["results"], workloads)
     base, check = by.get(("needle", "none", False)), record.get("needle_check") or {}
     if base is not None and check:
         lo, hi = check["interval"]
@@ -688,21 +677,97 @@ def vllm_section() -> str | None:
         lines += ["", "Gate work over the run: " + ", ".join(
             f"{name.replace('_', ' ')} {value:,}" for name, value in counts.items()
             if not name.startswith("shadow_")) + "."]
-    speed = record.get("speed", {})
-    rates = speed.get("decode_tokens_per_s") or {}
-    if rates and rates.get("plugin off"):
-        from statistics import median
-
-        base_rate = median(rates["plugin off"])
-        lines += ["", f"Decode speed: {speed['workload']} prompts, {speed['max_tokens']} new tokens each, one fresh "
-                  "engine process per run, the modes interleaved in each round; the plugin without the shadow; the "
-                  f"scheme `{speed['scheme']}`. Decode tokens/s from the first token to the last (prefill "
-                  "excluded); ratios against the plugin off in the same run.", "",
-                  "| mode | decode tokens/s (median) | vs plugin off | runs |", "|---|---|---|---|"]
-        for mode, values in rates.items():
-            m = median(values)
-            lines.append(f"| {mode} | {m:.2f} | {m / base_rate:.2f}x | {', '.join(f'{v:.2f}' for v in values)} |")
+    lines += _vllm_caches(record)
+    speed = vllm_speed_section()
+    if speed:
+        lines += ["", speed]
     return "\n".join(lines)
+
+
+def _request_tokens(results: list, workloads: list) -> list:
+    """Each workload's requests as prompt + generated tokens (recorded per row; older records have none)."""
+    parts = []
+    for workload in workloads:
+        requests = next((r.get("requests") for r in results if r["workload"] == workload and r.get("requests")), None)
+        if requests:
+            counts = sorted({(q["prompt_tokens"], q["generated_tokens"]) for q in requests})
+            parts.append(f"{workload}: {len(requests)} requests of " + ", ".join(f"{p} + {g}" for p, g in counts))
+    return ["", "Tokens per request (prompt + generated): " + "; ".join(parts) + "."] if parts else []
+
+
+def _vllm_caches(record: dict) -> list:
+    """vLLM's own fp8 caches (``vllm_caches`` of ``vllm.json``): one engine each, raw and gated, or why not."""
+    caches, skipped = record.get("vllm_caches") or {}, record.get("vllm_caches_skipped") or {}
+    if not caches and not skipped:
+        return []
+    tau = record["tau"]
+    lines = ["", "### vLLM's own fp8 caches", "",
+             "The same workloads in an engine per `--kv-cache-dtype`, no WitCert scheme: vLLM's writer stores the "
+             "exact keys cast to fp8, its kernel attends them, the plugin meters what it reads back; gated: the "
+             "gate writes exact keys back, which the fp8 cache casts again (a repaired token keeps its fp8 "
+             "rounding, so some cells stay above tau: *unreachable*).", "",
+             f"| cache | workload | cells raw / gated | violations | coverage at tau = {tau:g} raw -> gated "
+             "| median meter raw / gated | max true TV raw / gated | tokens per request (prompt + generated) |",
+             "|---|---|---|---|---|---|---|---|"]
+    for dtype, measured in caches.items():
+        by = {(r["workload"], r["gate"]): r for r in measured["results"]}
+        for workload in dict.fromkeys(r["workload"] for r in measured["results"]):
+            raw, gated = by.get((workload, False)), by.get((workload, True))
+            if raw is None:
+                continue
+            both = [x for x in (raw, gated) if x]
+            requests = raw.get("requests") or []
+            counts = sorted({(q["prompt_tokens"], q["generated_tokens"]) for q in requests})
+            tokens = ", ".join(f"{p} + {g}" for p, g in counts) or "-"
+            cells = " / ".join(format(x["cells"], ",") for x in both)
+            lines.append(f"| `{dtype}` | {workload} | {cells} | {sum(x['violations'] for x in both)} | "
+                         f"{' -> '.join(format(x['coverage'], '.3f') for x in both)} | "
+                         f"{' / '.join(format(x['median_meter'], '.3g') for x in both)} | "
+                         f"{' / '.join(format(x['max_true_tv'], '.3g') for x in both)} | {tokens} |")
+    for dtype, reason in skipped.items():
+        lines.append(f"| `{dtype}` | - | not measured: {reason} | | | | | |")
+    return lines
+
+
+def vllm_speed_section() -> str | None:
+    """Decode speed against the plugin off (``vllm_speed.json``, ``witcert.integrations.vllm.bench speed``)."""
+    record = _load("vllm_speed.json")
+    if record is None:
+        return None
+    from statistics import median
+
+    modes = record["modes"]
+    rates = {name: [r["decode_tokens_per_s"] for r in mode["runs"]] for name, mode in modes.items()}
+    requests = next(iter(modes.values()))["runs"][0]["requests"]
+    counts = sorted({(q["prompt_tokens"], q["generated_tokens"]) for q in requests})
+    lines = ["### Decode speed", "",
+             _provenance(record["date"], _vllm_machine(record["machine"]), record["command"]), "",
+             f"{record['model']} ({record['dtype']}), {record['workload']} prompts: {len(requests)} requests of "
+             + ", ".join(f"{p} prompt + {g} generated tokens" for p, g in counts)
+             + ". One engine process per configuration, one OpenMP thread each; every request is prefilled "
+             "before the decode steps are timed (decode tokens over the time of those steps); the modes "
+             f"interleaved over {record['repeats']} rounds after one untimed round; the plugin without the shadow, "
+             "with its defaults (deferred metering over 8 steps). Ratios: the median against the median of the "
+             "plugin off with the same cache, same run. The machine is shared with other work"
+             + (f"; the whole run took {record['wall_s'] / 60:.1f} minutes." if record.get("wall_s") else "."), "",
+             "| mode | decode tokens/s (median) | vs plugin off | runs |", "|---|---|---|---|"]
+    for name, values in rates.items():
+        m = median(values)
+        base = median(rates[modes[name]["baseline"]]) if modes[name]["plugin"] else m
+        lines.append(f"| {name} | {m:.2f} | {m / base:.2f}x | {', '.join(f'{v:.2f}' for v in values)} |")
+    if record.get("fp8_skipped"):
+        lines += ["", f"vLLM's fp8 cache: not measured ({record['fp8_skipped']})."]
+    return "\n".join(lines)
+
+
+def _vllm_speed_glance() -> str:
+    """The speed ratios of ``vllm_speed.json`` as a clause of the glance sentence ('' without it)."""
+    record = _load("vllm_speed.json")
+    if record is None:
+        return ""
+    ratios = record["ratios"]
+    return (f"; decode tokens/s against the plugin off ({record['date'][:10]}, its `speed` mode): "
+            + ", ".join(f"{m.removeprefix('metering').strip(' ,()')} {r:.2f}x" for m, r in ratios.items()))
 
 
 GENERATION_CONFIGS = ("monitored", "monitored, compiled", "observed", "observed, compiled",

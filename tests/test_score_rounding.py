@@ -91,3 +91,31 @@ def test_bound_checks_its_arguments():
     with pytest.raises(ValueError, match="sm_scale"):
         witcert.score_rounding_bound(q, k, -1.0, score_dtype=torch.float32)
     assert (witcert.score_rounding_bound(q, k, SCALE, score_dtype=torch.float32) >= 0).all()
+
+
+@pytest.mark.parametrize("magnitude", [1.0, 2.0**-60, 2.0**40])
+@pytest.mark.parametrize("scale", [SCALE, 96**-0.5])
+def test_linear_form_covers_an_fp32_gemm_scaled_in_fp32(magnitude, scale):
+    """``score_rounding_linear``: every (query, token) of an fp32 GEMM scaled by ``fl32(scale)`` in fp32 is within
+    ``rate ||k^_t|| + floor`` of ``scale q . k^`` (exact rationals: the products and their sum, times the exact
+    scale), with ``rate``/``floor`` from upper bounds on the norms (the vLLM plugin's pass)."""
+    from fractions import Fraction
+
+    from witcert.tier_a.score_rounding import score_rounding_coefficients, score_rounding_linear
+
+    g = torch.Generator().manual_seed(11)
+    q = torch.randn(1, 5, D, generator=g) * magnitude
+    k_hat = torch.randn(1, 40, D, generator=g) * magnitude
+    k_hat[0, 3] *= 1e3  # one key far larger than the rest: the rate, not the largest norm, sets each token's term
+    runtime = ((q @ k_hat.transpose(-1, -2)) * torch.tensor(scale, dtype=torch.float32))[0].double()
+    coefficients = score_rounding_coefficients(D, scale, torch.float32, torch.float32, torch.float32)
+    q_norm = torch.linalg.vector_norm(q[0], dim=-1, dtype=torch.float64) * (1 + 2.0**-30)
+    k_norm = torch.linalg.vector_norm(k_hat[0], dim=-1, dtype=torch.float64) * (1 + 2.0**-30)
+    rate, floor = score_rounding_linear(q_norm, k_norm.max(), D, scale, coefficients)
+    bound = rate[:, None] * k_norm[None, :] + floor[:, None]
+    for i in range(5):
+        for t in range(40):
+            exact = Fraction(scale) * sum(Fraction(a) * Fraction(b) for a, b in zip(q[0, i].tolist(),
+                                                                                     k_hat[0, t].tolist()))
+            assert abs(Fraction(runtime[i, t].item()) - exact) <= Fraction(bound[i, t].item()), (i, t)
+    assert (bound < 1e-4 * (q_norm[:, None] * k_norm[None, :] * scale) + 1e-30).all()  # tight: fp32 rounding only

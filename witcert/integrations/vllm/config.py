@@ -2,14 +2,19 @@
 
 ``WITCERT_VLLM=1`` turns the plugin on; anything else (or unset) leaves vLLM untouched.
 
-Two settings can also be chosen per request, in vLLM's ``SamplingParams.extra_args`` (over the
+Settings can also be chosen per request, in vLLM's ``SamplingParams.extra_args`` (over the
 OpenAI-compatible API: ``extra_body={"vllm_xargs": {...}}``): ``witcert_scheme`` (one of the
-schemes the operator loaded: ``WITCERT_VLLM_SCHEME`` or ``WITCERT_VLLM_SCHEMES``) and
-``witcert_gate`` (``true``/``false``; turning it on needs ``WITCERT_VLLM_GATE=1``). A request
-never loads code: only the operator's names can be chosen.
+schemes the operator loaded: ``WITCERT_VLLM_SCHEME`` or ``WITCERT_VLLM_SCHEMES``),
+``witcert_gate`` (``true``/``false``; turning it on needs ``WITCERT_VLLM_GATE=1``) and the
+sampled-metering switches of :mod:`.sampling` (``witcert_meter_every``, ``witcert_meter_heads``,
+``witcert_meter_layers``, ``witcert_meter_seed``; engine defaults ``WITCERT_VLLM_METER_EVERY``,
+``WITCERT_VLLM_METER_HEADS``, ``WITCERT_VLLM_METER_LAYERS``). A request never loads code: only the
+operator's names can be chosen.
 """
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from . import sampling
 
 ENABLE = "WITCERT_VLLM"
 BANDS = "WITCERT_VLLM_BANDS"
@@ -22,6 +27,11 @@ SCHEME = "WITCERT_VLLM_SCHEME"
 SCHEMES = "WITCERT_VLLM_SCHEMES"
 GATE = "WITCERT_VLLM_GATE"
 GATE_BLOCK = "WITCERT_VLLM_GATE_BLOCK"
+COMPILE = "WITCERT_VLLM_COMPILE"
+DEFER = "WITCERT_VLLM_DEFER"
+METER_EVERY = "WITCERT_VLLM_METER_EVERY"
+METER_HEADS = "WITCERT_VLLM_METER_HEADS"
+METER_LAYERS = "WITCERT_VLLM_METER_LAYERS"
 
 # per-request keys of SamplingParams.extra_args
 XARG_SCHEME = "witcert_scheme"
@@ -70,6 +80,18 @@ class PluginConfig:
         (requests may opt out with ``witcert_gate: false``).
     gate_block : int
         ``WITCERT_VLLM_GATE_BLOCK``: tokens per repair block (default 16).
+    compile : bool
+        ``WITCERT_VLLM_COMPILE``: run the decode pass as one ``torch.compile`` graph (default on; the eager
+        pass, the same computation, where compilation is unavailable).
+    defer : int
+        ``WITCERT_VLLM_DEFER``: meter the decode rows of this many steps together (default 8; 1 meters every
+        step as it runs). Only where nothing feeds back: a step with a gated request or a speculative
+        verification is metered at once; queued rows are metered when the batch changes, when the engine
+        goes idle, and before a snapshot. Each row is metered over the keys it attended (its own token as
+        the cache held it then). Single-worker engines only (a tensor-parallel worker meters every step).
+    meter_every, meter_heads, meter_layers
+        ``WITCERT_VLLM_METER_EVERY`` / ``_HEADS`` / ``_LAYERS``: the engine's default sampled metering
+        (:mod:`.sampling`; default every cell).
     """
 
     enabled: bool = False
@@ -83,6 +105,11 @@ class PluginConfig:
     schemes: tuple = ()
     gate: bool = False
     gate_block: int = 16
+    compile: bool = True
+    defer: int = 8
+    meter_every: int = 1
+    meter_heads: float = 1.0
+    meter_layers: str = ""
 
     def __post_init__(self):
         if isinstance(self.bands, bool) or not isinstance(self.bands, int) or self.bands <= 0:
@@ -97,6 +124,15 @@ class PluginConfig:
             raise ValueError(f"{SCHEMES} must be a comma-separated list of scheme names, got {self.schemes!r}")
         if isinstance(self.gate_block, bool) or not isinstance(self.gate_block, int) or self.gate_block <= 0:
             raise ValueError(f"{GATE_BLOCK} must be a positive integer, got {self.gate_block!r}")
+        if isinstance(self.defer, bool) or not isinstance(self.defer, int) or self.defer <= 0:
+            raise ValueError(f"{DEFER} must be a positive integer (steps metered together), got {self.defer!r}")
+        for variable, key, value in ((METER_EVERY, sampling.EVERY, self.meter_every),
+                                     (METER_HEADS, sampling.HEADS, self.meter_heads),
+                                     (METER_LAYERS, sampling.LAYERS, self.meter_layers)):
+            try:
+                sampling.metering_of(**{k.rsplit("_", 1)[-1]: (value if k == key else None) for k in sampling.KEYS})
+            except ValueError as err:
+                raise ValueError(str(err).replace(key, variable, 1)) from None
 
     @property
     def allowed_schemes(self) -> tuple:
@@ -120,11 +156,16 @@ class PluginConfig:
             schemes=tuple(s.strip() for s in (env.get(SCHEMES) or "").split(",") if s.strip()),
             gate=_flag(env, GATE),
             gate_block=_int(env, GATE_BLOCK, 16),
+            compile=_flag(env, COMPILE, default="1"),
+            defer=_int(env, DEFER, 8),
+            meter_every=_int(env, METER_EVERY, 1),
+            meter_heads=_float(env, METER_HEADS, 1.0),
+            meter_layers=(env.get(METER_LAYERS) or "").strip(),
         )
 
 
-def _flag(env, name: str) -> bool:
-    value = env.get(name, "").strip().lower()
+def _flag(env, name: str, default: str = "") -> bool:
+    value = env.get(name, default).strip().lower()
     if value in _TRUE:
         return True
     if value in _FALSE:
@@ -153,17 +194,25 @@ def _parsed(env, name: str, default, kind, what: str):
 
 @dataclass(frozen=True)
 class RequestSettings:
-    """What the plugin does for one request: its scheme and whether the gate repairs its cells."""
+    """What the plugin does for one request: its scheme, whether the gate repairs its cells, which cells are
+    metered (:class:`.sampling.Metering`)."""
 
     scheme: str
     gate: bool
+    metering: sampling.Metering = field(default_factory=sampling.Metering)
+
+
+def default_settings(cfg: PluginConfig) -> RequestSettings:
+    """The settings of a request that names none (the engine's defaults)."""
+    return request_settings(cfg, None)
 
 
 def request_settings(cfg: PluginConfig, extra_args) -> RequestSettings:
     """A request's settings from its ``SamplingParams.extra_args`` (engine defaults where unset).
 
     Raises ``ValueError`` naming the key for a scheme the operator did not load, a non-boolean
-    ``witcert_gate``, or a gate asked for on an engine started without ``WITCERT_VLLM_GATE=1``.
+    ``witcert_gate``, a gate asked for on an engine started without ``WITCERT_VLLM_GATE=1``, a bad
+    sampling switch, or sampling together with the gate (which needs every cell's meter).
     """
     extra = extra_args or {}
     if not isinstance(extra, dict):
@@ -182,4 +231,9 @@ def request_settings(cfg: PluginConfig, extra_args) -> RequestSettings:
     if gate and not cfg.gate:
         raise ValueError(f"{XARG_GATE}=true needs an engine started with {GATE}=1 (it keeps the exact store "
                          "the gate repairs from)")
-    return RequestSettings(scheme=scheme, gate=gate)
+    metering = sampling.metering_of(extra.get(sampling.EVERY, cfg.meter_every), extra.get(sampling.HEADS, cfg.meter_heads),
+                                    extra.get(sampling.LAYERS, cfg.meter_layers), extra.get(sampling.SEED))
+    if gate and not metering.everything:
+        raise ValueError(f"sampled metering ({', '.join(sampling.KEYS[:3])}) leaves cells unmetered, and the gate "
+                         f"needs every cell's meter: turn one off ({XARG_GATE}=false, or meter every cell)")
+    return RequestSettings(scheme=scheme, gate=gate, metering=metering)

@@ -16,6 +16,7 @@ witness sound whatever rounding, saturation or scale the engine uses: the witnes
 from the very values attention reads. fp8 caches (``uint8`` storage) are decoded exactly in
 fp64 as ``fp8 value * scale`` (a 4- or 3-bit mantissa times an fp32 scale is exact in fp64).
 """
+import functools
 import math
 from dataclasses import dataclass
 
@@ -64,11 +65,21 @@ class CacheLayout:
         o, i = torch.arange(block_size)[:, None], torch.arange(head_size)[None, :]
         return cls(key_index=i * block_size + o, value_index=block_size * head_size + o * head_size + i)
 
-    def keys_at_slots(self, kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
-        """Stored key entries at flat ``slots`` (N,): ``[N, Hkv, d]`` in the storage dtype."""
-        slabs = self._slabs(kv_cache)[slots // self.block_size]  # (N, Hkv, 2 bs d)
-        index = self.key_index[slots % self.block_size]  # (N, d)
-        return slabs.gather(2, index[:, None, :].expand(-1, slabs.shape[1], -1))
+    def keys_at_slots(self, kv_cache: torch.Tensor, slots: torch.Tensor, index: torch.Tensor | None = None) -> torch.Tensor:
+        """Stored key entries at flat ``slots`` (N,): ``[N, Hkv, d]`` in the storage dtype, read by index (only
+        the ``N Hkv d`` entries, not the slots' whole block slabs); ``index``: :meth:`key_entries` of these slots
+        (every layer of a step reads the same slots of a cache of the same shape)."""
+        if index is None:
+            index = self.key_entries(kv_cache, slots)
+        return self._slabs(kv_cache).reshape(-1)[index]
+
+    def key_entries(self, kv_cache: torch.Tensor, slots: torch.Tensor) -> torch.Tensor:
+        """(N, Hkv, d) the positions, in the flattened cache, of the key entries of ``slots`` (N,)."""
+        heads, width = kv_cache.shape[1], 2 * self.block_size * self.head_size
+        slots = slots.long()
+        start = (slots // self.block_size) * (heads * width)  # (N,) first entry of each slot's block
+        return (start[:, None, None] + _head_starts(heads, width)
+                + self.key_index[slots % self.block_size][:, None, :])
 
     def keys_of_blocks(self, kv_cache: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:
         """Stored keys of one sequence: ``[Hkv, length, d]`` from its ``block_ids`` (in order)."""
@@ -91,10 +102,20 @@ class CacheLayout:
         return per_block.transpose(0, 1).reshape(slabs.shape[1], -1, self.head_size)[:, :length]
 
     def _slabs(self, kv_cache: torch.Tensor) -> torch.Tensor:
+        """The cache as ``(blocks, Hkv, 2 bs d)`` slabs: a view (vLLM allocates each layer's cache contiguous; a
+        non-contiguous one is refused rather than copied whole at every read)."""
         if kv_cache.dim() != 4 or kv_cache.shape[2] != self.block_size or kv_cache.shape[3] != 2 * self.head_size:
             raise ValueError(f"kv_cache must be [blocks, Hkv, {self.block_size}, {2 * self.head_size}] for this "
                              f"layout, got {tuple(kv_cache.shape)}")
-        return kv_cache.reshape(kv_cache.shape[0], kv_cache.shape[1], -1)
+        if not kv_cache.is_contiguous():
+            raise ValueError(f"kv_cache must be contiguous (strides {kv_cache.stride()})")
+        return kv_cache.view(kv_cache.shape[0], kv_cache.shape[1], -1)
+
+
+@functools.lru_cache(maxsize=16)
+def _head_starts(heads: int, width: int) -> torch.Tensor:
+    """(1, Hkv, 1): the first entry of each kv head's slab within a block (never written)."""
+    return (torch.arange(heads) * width)[None, :, None]
 
 
 def measure(write, *, num_kv_heads: int, head_size: int, block_size: int, model_dtype: torch.dtype,
@@ -165,6 +186,14 @@ def decode(stored: torch.Tensor, kv_cache_dtype: str, scale: float) -> torch.Ten
     if codes.dtype != _FP8[kv_cache_dtype]:
         raise ValueError(f"cache storage dtype {stored.dtype} does not match kv_cache_dtype {kv_cache_dtype!r}")
     return codes.to(torch.float64) * float(scale)
+
+
+def decode_kept(stored: torch.Tensor, kv_cache_dtype: str, scale: float) -> torch.Tensor:
+    """What the meter keeps of ``stored`` entries: :func:`decode` rounded to fp32 (exact for ``auto`` caches, whose
+    entries are fp32/bf16/fp16, widened without a detour through fp64)."""
+    if kv_cache_dtype in LOSSLESS and stored.dtype in (torch.float32, torch.bfloat16, torch.float16):
+        return stored.float()
+    return decode(stored, kv_cache_dtype, scale).float()
 
 
 def rows_of_blocks(side: torch.Tensor, block_ids: torch.Tensor, length: int) -> torch.Tensor:

@@ -23,6 +23,16 @@ class WitCertCollector:
         merged = merge(snaps)
         tau = str(merged["tau"])
         yield _counter("witcert_cells", "Metered cells (request, layer, query head, decode step).", merged["cells"])
+        by_bound = CounterMetricFamily("witcert_cells_by_bound",
+                                       "Metered cells by the kind of bound their meter is: proved (deterministic), "
+                                       "or probabilistic (holding with probability 1 - delta, label delta).",
+                                       labels=["bound", "delta"])
+        by_bound.add_metric(["proved", ""], merged["bounds"].get("proved", 0))
+        for delta, count in sorted(merged["deltas"].items()):
+            by_bound.add_metric(["probabilistic", delta], count)
+        yield by_bound
+        yield _counter("witcert_unmetered_cells",
+                       "Cells left out by the operator's sampled metering (never certified).", merged["unmetered"])
         fraction = GaugeMetricFamily("witcert_certified_fraction",
                                      "Fraction of metered cells whose meter (proved TV bound) is <= tau.",
                                      labels=["tau"])
@@ -140,9 +150,14 @@ def merge(snaps: list[dict]) -> dict:
            "gate": any(s.get("gate", False) for s in snaps),
            "buckets": list(METER_BUCKETS), "bucket_counts": [0] * len(METER_BUCKETS), "layer_max": {},
            "request_max": {}, "schemes": {}, "gate_counts": {k: 0 for k in GATE_COUNTS}}
-    for key in ("cells", "certified", "saturated", "meter_sum", "shadow_cells", "shadow_violations",
+    for key in ("cells", "certified", "saturated", "unmetered", "meter_sum", "shadow_cells", "shadow_violations",
                 "prefill_tokens", "prefill_tokens_lossy"):
         out[key] = sum(s.get(key, 0) for s in snaps)
+    for key in ("bounds", "deltas"):  # proved / probabilistic cells; probabilistic cells per delta
+        out[key] = {}
+        for s in snaps:
+            for name, count in s.get(key, {}).items():
+                out[key][name] = out[key].get(name, 0) + count
     for s in snaps:
         for name, stats in s.get("schemes", {}).items():
             into = out["schemes"].setdefault(name, _scheme_stats())

@@ -3,13 +3,20 @@ import atexit
 import functools
 import os
 import shutil
+import math
 import tempfile
+import time
+import weakref
 from collections import OrderedDict
 
 from witcert.schemes.catalog import DITHERED
 
-from . import config
+from . import config, logger
+from .step_plan import Planner, StepPlan
 from .telemetry import CellLog, Telemetry
+
+PUBLISH_S = 0.5  # at most two snapshots a second while the engine runs
+LOG_S = 10.0  # the aggregate logged at most every 10 s (vLLM's own stats interval), and when the engine goes idle
 
 
 class Runtime:
@@ -29,8 +36,15 @@ class Runtime:
         self.cell_log = CellLog(cfg.jsonl) if cfg.jsonl else None
         self.request_ids: list[str] = []
         self.row_settings: list[config.RequestSettings] = []
+        self.prompt_lens: list[int] = []  # prompt tokens of each batch row (a verification step starts past them)
+        self.step = 0  # engine steps seen (the model runner's input preparation)
+        self.planner = Planner()
+        self.slot_cache = None  # (step, slot mapping, cache shape, tokens, slots, key entries) of the step
+        self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
-        self._default = config.RequestSettings(scheme=cfg.scheme, gate=cfg.gate)
+        self._published = -math.inf  # when the snapshot was last written
+        self._logged = (-math.inf, 0)  # when the aggregate was last logged, and its cells then
+        self._default = config.default_settings(cfg)
 
     def request_id(self, row: int) -> str:
         """The request in batch row ``row`` of the running step (``row<i>`` if unknown)."""
@@ -40,24 +54,92 @@ class Runtime:
         """Scheme and gate of the request in batch row ``row`` (the engine defaults if unknown)."""
         return self.row_settings[row] if row < len(self.row_settings) else self._default
 
+    def plan(self, md, block_size: int) -> StepPlan:
+        """This step's :class:`~.step_plan.StepPlan` (made by the first layer that asks, shared by the others)."""
+        return self.planner.plan(self.step, self.request_ids, self.prompt_lens, md, block_size)
+
+    def flush(self) -> None:
+        """Meter every layer's deferred rows now, then fold and publish (engine idle, a snapshot, exit)."""
+        for impl in list(self.impls):
+            impl.flush()
+        self.telemetry.fold()
+        self.telemetry.publish(self.config.metrics_dir)
+        if self.cell_log is not None:
+            self.cell_log.flush()
+        self.log(time.monotonic(), every=0.0)
+
+    def log(self, now: float, every: float = LOG_S) -> None:
+        """Log the aggregate (:meth:`.telemetry.Telemetry.log_line`) if ``every`` seconds have passed since the last
+        line and the cells changed since."""
+        last, cells = self._logged
+        if now - last >= every and self.telemetry.cells + self.telemetry.unmetered != cells:
+            self._logged = (now, self.telemetry.cells + self.telemetry.unmetered)
+            logger.info(self.telemetry.log_line())
+
+    def snapshot(self) -> dict:
+        """The telemetry's snapshot with every deferred row metered first."""
+        self.flush()
+        return self.telemetry.snapshot()
+
     def end_layer(self, layer: int) -> None:
-        """After each metered layer: publish once the last layer of the step is done."""
+        """After each metered layer: once the step's last layer is done, fold the queued cells in and publish, at
+        most every ``PUBLISH_S`` seconds (a scrape reads the last snapshot; the engine going idle, a snapshot and
+        the exit publish at once)."""
         if layer >= self.last_layer:
             self.last_layer = layer
-            self.telemetry.publish(self.config.metrics_dir)
-            if self.cell_log is not None:
-                self.cell_log.flush()
+            now = time.monotonic()
+            if now - self._published >= PUBLISH_S or not idle_hook_here():  # no idle hook: publish every step
+                self._published = now
+                self.telemetry.fold()
+                self.telemetry.publish(self.config.metrics_dir)
+                if self.cell_log is not None:
+                    self.cell_log.flush()
+                self.log(now)
 
 
 _RUNTIME: Runtime | None = None
+_IDLE_HOOK_HERE = False  # whether this process steps vLLM's engine core (flush_when_idle's hook runs here)
 
 
 def get() -> Runtime:
-    """The process's runtime (created from the environment on first use)."""
+    """The process's runtime (created from the environment on first use; its deferred rows flushed at exit)."""
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = Runtime(config.PluginConfig.from_env())
+        atexit.register(_RUNTIME.flush)
     return _RUNTIME
+
+
+def flush_when_idle() -> None:
+    """Meter the deferred rows once the engine core has no request left (its step wraps vLLM's; idempotent).
+
+    The engine core steps the model runner in this process for a single worker; a tensor-parallel worker
+    defers nothing (:class:`~.config.PluginConfig` ``defer``)."""
+    from vllm.v1.engine.core import EngineCore
+
+    for name in ("step", "step_with_batch_queue"):
+        original = getattr(EngineCore, name)
+        if getattr(original, "_witcert", False):
+            continue
+
+        def wrapped(self, *args, _original=original, **kwargs):
+            global _IDLE_HOOK_HERE
+            _IDLE_HOOK_HERE = True
+            out = _original(self, *args, **kwargs)
+            if _RUNTIME is not None and not self.scheduler.has_requests():
+                _RUNTIME.flush()
+            return out
+
+        wrapped = functools.wraps(original)(wrapped)
+        wrapped._witcert = True
+        setattr(EngineCore, name, wrapped)
+
+
+def idle_hook_here() -> bool:
+    """Whether this process steps vLLM's engine core, so that :func:`flush_when_idle` meters and publishes what is
+    left when the engine goes idle. A worker process of a multiprocess executor (``vllm serve``'s default on CPU,
+    tensor parallelism) never sees that: it defers nothing and publishes after every step."""
+    return _IDLE_HOOK_HERE
 
 
 def ensure_metrics_dir() -> str:
@@ -86,7 +168,9 @@ def track_request_ids() -> None:
     def _prepare_inputs(self, *args, **kwargs):
         rt = get()
         rt.request_ids = list(self.input_batch.req_ids)
+        rt.prompt_lens = self.input_batch.num_prompt_tokens[:len(rt.request_ids)].tolist()
         rt.row_settings = [_settings_of(rt, rid, self.requests.get(rid)) for rid in rt.request_ids]
+        rt.step += 1
         return original(self, *args, **kwargs)
 
     _prepare_inputs._witcert = True

@@ -1,0 +1,29 @@
+"""The speed mode's table logic (no engine): the modes, each against the plugin off with its own cache, one line each."""
+from witcert.integrations.vllm.speed import lines, modes, ratios
+
+
+def _runs(*rates):
+    return [{"decode_tokens_per_s": r} for r in rates]
+
+
+def test_each_metered_mode_is_the_median_over_its_own_caches_plugin_off():
+    chosen = modes(fp8=True, scheme="rtn-int4", every=4)
+    names = [m.name for m in chosen]
+    assert names == ["plugin off", "metering (no scheme)", "metering, rtn-int4", "metering every 4th step",
+                     "plugin off, fp8 cache", "metering, fp8 cache"]
+    assert {m.name: m.xargs for m in chosen}["metering every 4th step"] == {"witcert_meter_every": 4}
+    runs = {"plugin off": _runs(10, 30, 20), "metering (no scheme)": _runs(17, 1, 18),
+            "metering, rtn-int4": _runs(14, 14, 100), "metering every 4th step": _runs(19, 19, 19),
+            "plugin off, fp8 cache": _runs(40, 40, 40), "metering, fp8 cache": _runs(30, 36, 34)}
+    got = ratios(runs, chosen)
+    assert set(got) == {n for n in names if not n.startswith("plugin off")}  # baselines have no ratio
+    assert got["metering (no scheme)"] == 17 / 20 and got["metering, rtn-int4"] == 14 / 20  # medians, not means
+    assert got["metering, fp8 cache"] == 34 / 40  # against the fp8 cache's own plugin-off engine
+    record = {"ratios": got, "modes": {m.name: {"baseline": m.baseline} for m in chosen}}
+    assert lines(record) == ["metering (no scheme): 0.85x of plugin off", "metering, rtn-int4: 0.70x of plugin off",
+                             "metering every 4th step: 0.95x of plugin off",
+                             "metering, fp8 cache: 0.85x of plugin off, fp8 cache"]
+
+
+def test_without_fp8_only_the_auto_cache_is_measured():
+    assert all(m.kv_cache_dtype == "auto" for m in modes(fp8=False))

@@ -1,0 +1,191 @@
+"""Decode speed of the plugin against vLLM without it: every request prefilled first, only decode steps timed.
+
+``python -m witcert.integrations.vllm.bench speed MODEL`` starts one engine process per configuration that
+needs its own (plugin off and on; vLLM's own cache ``auto`` and, where the CPU runs it, ``fp8``), keeps them
+alive, and measures the modes interleaved, round after round (a change of machine load hits every mode
+alike). One measurement (:func:`decode_rate`): the observatory's needle prompts are added to the engine,
+stepped until every request has its first token (the prefill, not timed; prefix caching keeps later rounds'
+prefills short), then every remaining step is timed: decode tokens after that point over the time of those
+steps. Each mode is run once untimed first, with a few new tokens (compilation, the prompts' cached prefix).
+A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the metering
+switches), so the modes of one engine share its process. Every engine is started at once (their startups
+overlap; an engine waiting for its next measurement is idle) and lives until the end, each on one OpenMP
+thread, unbound (the repository's benchmarks run one thread on the shared machine); every round measures
+every mode, the cache dtypes interleaved too.
+
+It prints one line per mode, ``<mode>: <ratio>x of plugin off`` (the median decode tokens/s of the mode over
+the median of plugin off with the same cache, same run), and returns every measurement with its per-request
+token counts.
+"""
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+
+SPEED = "WITCERT-SPEED "
+READY = "WITCERT-READY"
+WARM_TOKENS = 10  # the untimed round's new tokens: one full deferred pass (8 steps) and the flush at the end
+
+
+@dataclass(frozen=True)
+class Mode:
+    """One measured configuration: an engine (``plugin``, ``kv_cache_dtype``) and a request's ``xargs``."""
+
+    name: str
+    plugin: bool
+    kv_cache_dtype: str = "auto"
+    xargs: dict = field(default_factory=dict)
+
+    @property
+    def baseline(self) -> str:
+        return "plugin off" if self.kv_cache_dtype == "auto" else f"plugin off, {self.kv_cache_dtype} cache"
+
+
+def modes(fp8: bool, scheme: str = "rtn-int4", every: int = 4) -> list:
+    """The modes of the speed table: plugin off, metering an exact cache, a lossy scheme, every k-th step, and
+    vLLM's own fp8 cache off and metered (``fp8``: where the CPU runs it)."""
+    out = [Mode("plugin off", False), Mode("metering (no scheme)", True),
+           Mode(f"metering, {scheme}", True, xargs={"witcert_scheme": scheme}),
+           Mode(f"metering every {every}th step", True, xargs={"witcert_meter_every": every})]
+    if fp8:
+        out += [Mode("plugin off, fp8 cache", False, "fp8"), Mode("metering, fp8 cache", True, "fp8")]
+    return out
+
+
+def decode_rate(llm, prompts: list, max_tokens: int, xargs: dict, tag: str) -> dict:
+    """Decode tokens/s of ``prompts`` in ``llm`` with every request prefilled first; per-request token counts."""
+    from vllm import SamplingParams
+
+    engine = llm.llm_engine
+    params = SamplingParams(max_tokens=max_tokens, temperature=0, ignore_eos=True, extra_args=dict(xargs) or None)
+    ids = [f"{tag}-{i}" for i in range(len(prompts))]
+    for rid, prompt in zip(ids, prompts):
+        engine.add_request(rid, prompt, params)
+    made, prompt_tokens = {rid: 0 for rid in ids}, {}
+
+    def step() -> None:
+        for out in engine.step():
+            made[out.request_id] = len(out.outputs[0].token_ids)
+            prompt_tokens[out.request_id] = len(out.prompt_token_ids or ())
+
+    while min(made.values()) < 1:  # the prefill: every request's first token
+        step()
+    before, steps = sum(made.values()), 0
+    started = time.perf_counter()
+    while engine.has_unfinished_requests():
+        step()
+        steps += 1
+    elapsed = time.perf_counter() - started
+    tokens = sum(made.values()) - before
+    return {"decode_tokens_per_s": tokens / elapsed if elapsed > 0 else None, "decode_tokens": tokens,
+            "decode_steps": steps, "decode_s": elapsed,
+            "requests": [{"prompt_tokens": prompt_tokens.get(rid), "generated_tokens": made[rid]} for rid in ids]}
+
+
+def serve(args) -> None:
+    """An engine process for the speed table: reads ``{"xargs": ..., "tag": ...}`` lines, answers ``WITCERT-SPEED``."""
+    from .bench import _environment, engine, workload_prompts
+
+    args.shadow, args.gate, args.scheme, args.jsonl, args.tp = False, False, "none", None, 1
+    _environment(args)
+    prompts = workload_prompts(args.model, "needle")
+    llm = engine(args)
+    llm.generate(["Hello"], _warm(), use_tqdm=False)
+    print(READY, flush=True)
+    for line in sys.stdin:
+        ask = json.loads(line)
+        rate = decode_rate(llm, prompts, ask["max_tokens"], ask.get("xargs") or {}, ask["tag"])
+        print(SPEED + json.dumps(rate), flush=True)
+
+
+def _warm():
+    from vllm import SamplingParams
+
+    return SamplingParams(max_tokens=2, temperature=0)
+
+
+class _Engine:
+    """A :func:`serve` process (its own engine), driven over stdin/stdout."""
+
+    def __init__(self, model: str, mode: Mode, args, schemes: str):
+        flags = ["--kv-cache-dtype", mode.kv_cache_dtype, "--dtype", args.dtype, "--schemes", schemes]
+        if mode.plugin:
+            flags.append("--plugin")
+        # one OpenMP thread per engine, not bound to a core (the machine is shared: a thread pinned to a busy core,
+        # or two threads meeting at every parallel region, measure the other tenants more than the engine)
+        env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
+        env.pop("WITCERT_VLLM_METRICS_DIR", None)
+        self.proc = subprocess.Popen([sys.executable, "-m", "witcert.integrations.vllm.bench", "speed-engine", model,
+                                      *flags], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+
+    def wait_ready(self) -> None:
+        """Block until the engine has loaded, compiled and served its first request."""
+        self._expect(READY)
+
+    def measure(self, mode: Mode, max_tokens: int, tag: str) -> dict:
+        self.proc.stdin.write(json.dumps({"xargs": mode.xargs, "max_tokens": max_tokens, "tag": tag}) + "\n")
+        self.proc.stdin.flush()
+        return json.loads(self._expect(SPEED)[len(SPEED):])
+
+    def _expect(self, prefix: str) -> str:
+        for line in self.proc.stdout:
+            if line.startswith(prefix):
+                return line.strip()
+        raise RuntimeError(f"speed engine exited (rc={self.proc.wait()}) before answering {prefix.strip()}")
+
+    def close(self) -> None:
+        self.proc.stdin.close()
+        self.proc.wait(timeout=120)
+
+
+def speed(args) -> dict:
+    """Every mode, interleaved over ``args.repeats`` rounds: the measurements and the ratios."""
+    from .bench import fp8_unsupported_reason
+
+    started = time.perf_counter()
+    fp8 = "fp8" in args.kv_cache_dtypes and fp8_unsupported_reason() is None
+    chosen = modes(fp8, args.scheme, args.every)
+    runs = {m.name: [] for m in chosen}
+    engines = {}
+    try:
+        for m in chosen:  # every engine started before any is waited for: their startups overlap
+            if (m.plugin, m.kv_cache_dtype) not in engines:
+                engines[m.plugin, m.kv_cache_dtype] = _Engine(args.model, m, args, args.scheme)
+        for e in engines.values():
+            e.wait_ready()
+        for i, m in enumerate(chosen):  # untimed: every graph compiled, every prompt's prefix cached, in every mode
+            engines[m.plugin, m.kv_cache_dtype].measure(m, WARM_TOKENS, f"warm-{i}")
+        for round_ in range(args.repeats):
+            for i, m in enumerate(chosen):
+                runs[m.name].append(engines[m.plugin, m.kv_cache_dtype].measure(m, args.max_tokens, f"r{round_}-{i}"))
+    finally:
+        for e in engines.values():
+            e.close()
+    result = {"modes": {m.name: {"plugin": m.plugin, "kv_cache_dtype": m.kv_cache_dtype, "xargs": m.xargs,
+                                 "baseline": m.baseline, "runs": runs[m.name]} for m in chosen},
+              "ratios": ratios(runs, chosen), "max_tokens": args.max_tokens, "repeats": args.repeats,
+              "workload": "needle", "wall_s": time.perf_counter() - started}
+    if not fp8:
+        result["fp8_skipped"] = _fp8_reason(args)
+    return result
+
+
+def ratios(runs: dict, chosen: list) -> dict:
+    """Median decode tokens/s of each mode over the median of its baseline (plugin off, same cache)."""
+    median = {name: statistics.median(r["decode_tokens_per_s"] for r in values) for name, values in runs.items()
+              if values}
+    return {m.name: median[m.name] / median[m.baseline] for m in chosen if m.plugin and m.name in median}
+
+
+def _fp8_reason(args) -> str:
+    from .bench import fp8_unsupported_reason
+
+    return "not asked for (--kv-cache-dtypes)" if "fp8" not in args.kv_cache_dtypes else fp8_unsupported_reason()
+
+
+def lines(result: dict) -> list:
+    """``<mode>: <ratio>x of plugin off`` per metered mode."""
+    return [f"{name}: {ratio:.2f}x of {result['modes'][name]['baseline']}" for name, ratio in result["ratios"].items()]
