@@ -1,6 +1,7 @@
 """Process-wide state of the enabled plugin: config, telemetry, request ids of the running step."""
 import atexit
 import functools
+import logging
 import os
 import shutil
 import math
@@ -11,9 +12,11 @@ from collections import OrderedDict
 
 from witcert.schemes.catalog import DITHERED
 
-from . import config, logger
+from . import config
 from .step_plan import Planner, StepPlan
 from .telemetry import CellLog, Telemetry
+
+logger = logging.getLogger("vllm.witcert")  # the package's logger (one object by name; no import of the package)
 
 PUBLISH_S = 0.5  # at most two snapshots a second while the engine runs
 LOG_S = 10.0  # the aggregate logged at most every 10 s (vLLM's own stats interval), and when the engine goes idle

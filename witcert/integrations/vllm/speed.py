@@ -87,7 +87,7 @@ def decode_rate(llm, prompts: list, max_tokens: int, xargs: dict, tag: str) -> d
 
 def serve(args) -> None:
     """An engine process for the speed table: reads ``{"xargs": ..., "tag": ...}`` lines, answers ``WITCERT-SPEED``."""
-    from .bench import _environment, engine, workload_prompts
+    from .engines import _environment, engine, workload_prompts
 
     args.shadow, args.gate, args.scheme, args.jsonl, args.tp = False, False, "none", None, 1
     _environment(args)
@@ -143,7 +143,7 @@ class _Engine:
 
 def speed(args) -> dict:
     """Every mode, interleaved over ``args.repeats`` rounds: the measurements and the ratios."""
-    from .bench import fp8_unsupported_reason
+    from .engines import fp8_unsupported_reason
 
     started = time.perf_counter()
     fp8 = "fp8" in args.kv_cache_dtypes and fp8_unsupported_reason() is None
@@ -181,7 +181,7 @@ def ratios(runs: dict, chosen: list) -> dict:
 
 
 def _fp8_reason(args) -> str:
-    from .bench import fp8_unsupported_reason
+    from .engines import fp8_unsupported_reason
 
     return "not asked for (--kv-cache-dtypes)" if "fp8" not in args.kv_cache_dtypes else fp8_unsupported_reason()
 
