@@ -32,7 +32,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
-from . import config, gate, layout, runtime, schemes, selftest
+from . import audit, config, gate, layout, runtime, schemes, selftest
 from .decode_pass import cell_terms, meter_rows, warm_up
 from .exact_store import ExactStore
 from .sequence_state import SequenceState
@@ -81,6 +81,7 @@ class _Queued:
     own_witness: torch.Tensor | None
     own_norms: torch.Tensor | None
     true_tv: torch.Tensor | None
+    picks: list | None = None  # per row, its audit's picked heads (Hq, 1) in this layer (None: no audit)
 
 
 class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
@@ -260,10 +261,11 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if not plan.metered_rows:
             return
         settings, positions = self._step_rows(plan)
-        chosen = self._chosen(plan, settings, positions)
+        picks = self._layer_picks(plan, settings, positions)
+        chosen = self._chosen(plan, settings, positions, picks)
         active = [i for i in range(plan.metered_rows) if any(chosen[i])]
         if self._deferrable(plan, settings) and active:
-            self._queue_rows(plan, query, settings, positions, chosen, md)
+            self._queue_rows(plan, query, settings, positions, chosen, md, picks)
             if len(self._deferred) >= self.defer:
                 self.flush()
             return
@@ -298,9 +300,9 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                     raw_tv = torch.full_like(meter, math.nan)
                     raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
                 self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
-            meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv)
+            meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv, picks)
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
-        self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired)
+        self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks)
 
     def _step_rows(self, plan) -> tuple[list, list]:
         """The metered rows' settings and query positions (the same for every layer of the step)."""
@@ -309,15 +311,33 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             plan.cache["rows"] = settings, (plan.query_lengths - 1).tolist()
         return plan.cache["rows"]
 
-    def _chosen(self, plan, settings, positions) -> list:
-        """Per metered row and query token: whether the operator's sampling meters it in this layer."""
-        if all(s.metering.everything for s in settings):
+    def _chosen(self, plan, settings, positions, picks) -> list:
+        """Per metered row and query token: whether the operator's sampling or the request's audit meters it in this
+        layer (with the shadow, every token of an audited request: the audit's statement is checked against every
+        cell's truth; its meter is still kept on the picked cells only)."""
+        if all(s.everything for s in settings):
             if "chosen" not in plan.cache:
                 plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
                                         for i in range(len(settings))]
             return plan.cache["chosen"]
-        return [[j < plan.query_counts[i] and s.metering.meters(self.layer_index, positions[i][j])
+        layer, shadow = self.layer_index, self.shadow is not None
+        return [[j < plan.query_counts[i] and (
+                    s.metering.meters(layer, positions[i][j]) if s.audit is None else
+                    shadow or bool(picks[i][:, j].any())
+                    or (not s.metering.everything and s.metering.meters(layer, positions[i][j])))
                  for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+
+    def _layer_picks(self, plan, settings, positions) -> list | None:
+        """Per metered row, its audit's picked heads of this layer at its query positions, bool (Hq, T) (``None``: no
+        audit); every layer's picks of a row are drawn once per step (one Philox call)."""
+        if "picks" not in plan.cache:
+            layers = max(len(self.runtime.impls), self.layer_index + 1)
+            plan.cache["picks"] = None if all(s.audit is None for s in settings) else [
+                None if s.audit is None else audit.cell_picks(s.audit, layers, self.num_heads, positions[i],
+                                                              self.head_offset)
+                for i, s in enumerate(settings)]
+        every = plan.cache["picks"]
+        return None if every is None else [None if p is None else p[self.layer_index] for p in every]
 
     # -- deferred metering ---------------------------------------------------------------------
     def _deferrable(self, plan, settings) -> bool:
@@ -334,7 +354,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         return (plan.moves is None and plan.fresh is None and not plan.fills and plan.metered_rows == queued.rows
                 and [self.runtime.request_id(plan.batch_of_row[i]) for i in range(queued.rows)] == queued.requests)
 
-    def _queue_rows(self, plan, query, settings, positions, chosen, md) -> None:
+    def _queue_rows(self, plan, query, settings, positions, chosen, md, picks) -> None:
         """Queue this step's decode rows (state rows ``0 .. Rm-1``) with their own token as the cache holds it now
         (a scheme stores it compressed after this step; the deferred pass must see what this step attended)."""
         rows = plan.metered_rows
@@ -350,7 +370,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             lengths=lengths, own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
             own_witness=None if own is None else self.state.witness[own[0], :, :, own[1]],
             own_norms=None if own is None else self.state.key_norms[own[0], :, own[1]],
-            true_tv=None if self.shadow is None else self._queued_truth(plan, query, md, rows, lengths)))
+            true_tv=None if self.shadow is None else self._queued_truth(plan, query, md, rows, lengths),
+            picks=None if picks is None else [None if p is None else p[:, :1] for p in picks]))
 
     def _queued_truth(self, plan, query, md, rows: int, lengths: torch.Tensor) -> torch.Tensor:
         """Shadow: the true TV (R, 1, Hq) of a queued step's rows, now: the state holds what they attended, and the
@@ -391,9 +412,9 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
         for j, e in enumerate(queued):
             cells = _mask_unmetered(meter[:, j:j + 1].clone(), [[c] for c in e.chosen], e.settings, self.layer_index,
-                                    [[p] for p in e.positions], self.num_heads, hkv)
+                                    [[p] for p in e.positions], self.num_heads, hkv, e.picks)
             self._queue(e.requests, e.settings, [[p] for p in e.positions], [1] * rows, cells, risk[:, j:j + 1],
-                        None, None if tv is None else tv[:, j:j + 1], None, None)
+                        None, None if tv is None else tv[:, j:j + 1], None, None, e.picks)
         self.runtime.telemetry.fold()
 
     def _query_rows(self, query, plan, active: list) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -531,12 +552,20 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self.runtime.telemetry.add_output_gap(*_output_gap(qi, view["keys"][k, :, :n].double(), v_hat,
                                                                    self.scale, output[token], self.model_dtype))
 
-    def _queue(self, requests, settings, positions, counts, meter, risk, raw, tv, raw_tv, repaired) -> None:
+    def _queue(self, requests, settings, positions, counts, meter, risk, raw, tv, raw_tv, repaired, picks=None) -> None:
         """Queue metered cells of this layer (one row per real query token: ``counts[i]`` of row ``i``'s
-        ``positions[i]``) for the telemetry and the cell log."""
+        ``positions[i]``) for the telemetry and the cell log; add audited rows' cells to their request's audit
+        (``picks[i]`` (Hq, T): row ``i``'s picked heads)."""
         rows = [(i, j) for i in range(len(requests)) for j in range(counts[i])]
         if not rows:
             return
+        if picks is not None:
+            ledger = self.runtime.telemetry.audit
+            for i, j in rows:
+                if picks[i] is not None:
+                    ledger.tally(requests[i], settings[i].audit).add(
+                        self.layer_index, positions[i][j], picks[i][:, j], meter[i, j], None if tv is None else tv[i, j],
+                        self.head_offset)
         ii = torch.tensor([i for i, _ in rows])
         jj = torch.tensor([j for _, j in rows])
 
@@ -637,19 +666,38 @@ def _spread(values: list, active: list, rows: int) -> list:
     return out
 
 
-def _mask_unmetered(meter, chosen, settings, layer, positions, hq, hkv) -> torch.Tensor:
-    """NaN on the cells the operator's sampling left out (tokens not chosen, heads not drawn)."""
+def _mask_unmetered(meter, chosen, settings, layer, positions, hq, hkv, picks=None) -> torch.Tensor:
+    """NaN on the cells the operator's sampling and the request's audit left out (tokens not chosen, heads not
+    drawn, cells not picked); ``picks[i]`` (Hq, T) row ``i``'s picked heads (``None``: no audit)."""
     for i, s in enumerate(settings):
         for j, picked in enumerate(chosen[i]):
             if not picked:
                 meter[i, j] = math.nan
-            elif s.metering.sample is not None:
-                heads = s.metering.heads(layer, positions[i][j], hq, hkv)
-                if heads is not None:
-                    keep = torch.zeros(hq, dtype=torch.bool)
-                    keep[heads] = True
-                    meter[i, j, ~keep] = math.nan
+                continue
+            audit_picks = None if picks is None or picks[i] is None else picks[i][:, j]
+            keep = _kept_heads(s.metering, layer, positions[i][j], hq, hkv, audit_picks)
+            if keep is not None:
+                meter[i, j, ~keep] = math.nan
     return meter
+
+
+def _kept_heads(metering, layer, position, hq, hkv, audit_picks) -> torch.Tensor | None:
+    """bool (Hq,): the metered heads of a chosen query token (``None``: every one). With an audit, its picks plus
+    what an explicit sampling switch meters; without one, the sampling's heads."""
+    if audit_picks is None:
+        if metering.sample is None:
+            return None
+        heads = metering.heads(layer, position, hq, hkv)
+        if heads is None:
+            return None
+        keep = torch.zeros(hq, dtype=torch.bool)
+        keep[heads] = True
+        return keep
+    keep = audit_picks.clone()
+    if not metering.everything and metering.meters(layer, position):
+        sampled = _kept_heads(metering, layer, position, hq, hkv, None)
+        keep |= True if sampled is None else sampled
+    return keep
 
 
 def _world_size() -> int:

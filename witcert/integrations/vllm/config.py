@@ -8,12 +8,14 @@ schemes the operator loaded: ``WITCERT_VLLM_SCHEME`` or ``WITCERT_VLLM_SCHEMES``
 ``witcert_gate`` (``true``/``false``; turning it on needs ``WITCERT_VLLM_GATE=1``) and the
 sampled-metering switches of :mod:`.sampling` (``witcert_meter_every``, ``witcert_meter_heads``,
 ``witcert_meter_layers``, ``witcert_meter_seed``; engine defaults ``WITCERT_VLLM_METER_EVERY``,
-``WITCERT_VLLM_METER_HEADS``, ``WITCERT_VLLM_METER_LAYERS``). A request never loads code: only the
-operator's names can be chosen.
+``WITCERT_VLLM_METER_HEADS``, ``WITCERT_VLLM_METER_LAYERS``), and the request audit of :mod:`.audit`
+(``witcert_audit_rate``, ``witcert_audit_tau``, ``witcert_audit_delta``, ``witcert_audit_seed``). A request
+never loads code: only the operator's names can be chosen.
 """
 import os
 from dataclasses import dataclass, field
 
+from . import audit as request_audit
 from . import sampling
 
 ENABLE = "WITCERT_VLLM"
@@ -195,11 +197,18 @@ def _parsed(env, name: str, default, kind, what: str):
 @dataclass(frozen=True)
 class RequestSettings:
     """What the plugin does for one request: its scheme, whether the gate repairs its cells, which cells are
-    metered (:class:`.sampling.Metering`)."""
+    metered (:class:`.sampling.Metering`), and its request audit (:class:`witcert.Audit`, ``None``: none; with an
+    audit and no sampling switch only the picked cells are metered)."""
 
     scheme: str
     gate: bool
     metering: sampling.Metering = field(default_factory=sampling.Metering)
+    audit: object = None
+
+    @property
+    def everything(self) -> bool:
+        """Every cell of the request is metered (no sampling, no audit)."""
+        return self.metering.everything and self.audit is None
 
 
 def default_settings(cfg: PluginConfig) -> RequestSettings:
@@ -212,7 +221,8 @@ def request_settings(cfg: PluginConfig, extra_args) -> RequestSettings:
 
     Raises ``ValueError`` naming the key for a scheme the operator did not load, a non-boolean
     ``witcert_gate``, a gate asked for on an engine started without ``WITCERT_VLLM_GATE=1``, a bad
-    sampling switch, or sampling together with the gate (which needs every cell's meter).
+    sampling switch or audit setting, or sampling or the audit together with the gate (which needs every cell's
+    meter, and would act on the audit's own outcomes).
     """
     extra = extra_args or {}
     if not isinstance(extra, dict):
@@ -236,4 +246,9 @@ def request_settings(cfg: PluginConfig, extra_args) -> RequestSettings:
     if gate and not metering.everything:
         raise ValueError(f"sampled metering ({', '.join(sampling.KEYS[:3])}) leaves cells unmetered, and the gate "
                          f"needs every cell's meter: turn one off ({XARG_GATE}=false, or meter every cell)")
-    return RequestSettings(scheme=scheme, gate=gate, metering=metering)
+    audit = request_audit.audit_of(extra)
+    if gate and audit is not None:
+        raise ValueError(f"{request_audit.RATE} meters only the audit's picked cells, and the gate needs every cell's "
+                         f"meter (repairs driven by them would also change the population the audit states about): "
+                         f"turn one off ({XARG_GATE}=false, or no audit)")
+    return RequestSettings(scheme=scheme, gate=gate, metering=metering, audit=audit)

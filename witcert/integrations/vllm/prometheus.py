@@ -52,6 +52,7 @@ class WitCertCollector:
                         merged["request_max"])
         yield GaugeMetricFamily("witcert_engines", "Engine processes publishing WitCert meters.", value=len(snaps))
         yield from _scheme_series(merged)
+        yield from _audit_series(merged["audit"])
         if merged["gate"]:
             counts = merged["gate_counts"]
             yield _counter("witcert_gate_blocks_repaired",
@@ -127,6 +128,47 @@ def _scheme_series(merged: dict):
         yield from (violations, top)
 
 
+def _audit_series(audit: dict):
+    """The request audit's series (:mod:`.audit`), labelled with the statement's ``tau`` and ``delta``: finished
+    audited requests, those with a flagged cell, picked and flagged cells, the distribution of ``fraction_upper``
+    (with probability at least ``1 - delta``, at most that fraction of a request's cells has TV above ``tau``)."""
+    from .audit import FRACTION_BUCKETS
+
+    labels = ["tau", "delta"]
+    requests = CounterMetricFamily("witcert_audit_requests", "Finished requests with a request audit.", labels=labels)
+    flagged = CounterMetricFamily("witcert_audit_flagged_requests",
+                                  "Audited requests with at least one flagged cell (picked, meter above tau).",
+                                  labels=labels)
+    picked = CounterMetricFamily("witcert_audit_picked_cells", "Cells the audits picked (and metered).", labels=labels)
+    flags = CounterMetricFamily("witcert_audit_flagged_cells", "Picked cells whose meter exceeded tau.", labels=labels)
+    hist = HistogramMetricFamily("witcert_audit_fraction_upper",
+                                 "Per audited request: the fraction of its cells that, with probability at least "
+                                 "1 - delta, bounds the fraction with attention TV above tau.", labels=labels)
+    shadow = CounterMetricFamily("witcert_audit_shadow_violations",
+                                 "Audited requests whose true count of cells above tau (exact shadow) exceeded "
+                                 "M_upper (at most a delta fraction of requests; 0 expected at small delta).",
+                                 labels=labels)
+    any_shadow = False
+    for label, stats in sorted(audit["by_level"].items()):
+        values = label.split("|")
+        requests.add_metric(values, stats["requests"])
+        flagged.add_metric(values, stats["flagged_requests"])
+        picked.add_metric(values, stats["picked_cells"])
+        flags.add_metric(values, stats["flagged_cells"])
+        cumulative, buckets = 0, []
+        for edge, count in zip(FRACTION_BUCKETS, stats["fraction_counts"]):
+            cumulative += count
+            buckets.append((repr(float(edge)), cumulative))
+        buckets.append(("+Inf", cumulative))
+        hist.add_metric(values, buckets, sum_value=stats["fraction_sum"])
+        if stats["shadow_requests"]:
+            any_shadow = True
+            shadow.add_metric(values, stats["shadow_violations"])
+    yield from (requests, flagged, picked, flags, hist)
+    if any_shadow:
+        yield shadow
+
+
 def read_snapshots(directory: str) -> list[dict]:
     """Snapshots of the engine processes that are still alive (stale files are skipped)."""
     snaps = []
@@ -144,6 +186,7 @@ def read_snapshots(directory: str) -> list[dict]:
 def merge(snaps: list[dict]) -> dict:
     """Sum the counts and take the max of the worst meters over engine processes (tensor
     parallel workers each meter their own query heads, so their cells add up)."""
+    from .audit import merge as merge_audits
     from .telemetry import GATE_COUNTS, METER_BUCKETS, SCHEME_MAXIMA, _scheme_stats
 
     out = {"tau": snaps[0]["tau"] if snaps else None, "shadow": any(s["shadow"] for s in snaps),
@@ -165,6 +208,7 @@ def merge(snaps: list[dict]) -> dict:
                 into[key] = max(into[key], value) if key in SCHEME_MAXIMA else into[key] + value
         for key, value in s.get("gate_counts", {}).items():
             out["gate_counts"][key] += value
+    out["audit"] = merge_audits(snaps)
     for key in ("shadow_max_true_tv", "shadow_max_output_gap", "shadow_max_output_gap_ratio"):
         out[key] = max((s.get(key, 0.0) for s in snaps), default=0.0)
     for s in snaps:

@@ -79,6 +79,21 @@ class Runtime:
             self._logged = (now, self.telemetry.cells + self.telemetry.unmetered)
             logger.info(self.telemetry.log_line())
 
+    def finish(self, requests=None) -> None:
+        """Form the audit verdicts of the finished ``requests`` (ids; ``None``: every open one, the engine being
+        idle or the process exiting), their deferred rows metered first."""
+        for impl in list(self.impls):  # a deferred row may be a finished request's first audited cells
+            impl.flush()  # (no extra pass: the batch changes next step, which flushes them anyway)
+        self.telemetry.fold()
+        ledger = self.telemetry.audit
+        ledger.finish(list(ledger.open) if requests is None else requests)
+
+    def idle(self) -> None:
+        """The engine has no request left (or the process exits): meter what is deferred, close every audit,
+        publish."""
+        self.finish()
+        self.flush()
+
     def snapshot(self) -> dict:
         """The telemetry's snapshot with every deferred row metered first."""
         self.flush()
@@ -109,12 +124,13 @@ def get() -> Runtime:
     global _RUNTIME
     if _RUNTIME is None:
         _RUNTIME = Runtime(config.PluginConfig.from_env())
-        atexit.register(_RUNTIME.flush)
+        atexit.register(_RUNTIME.idle)
     return _RUNTIME
 
 
 def flush_when_idle() -> None:
-    """Meter the deferred rows once the engine core has no request left (its step wraps vLLM's; idempotent).
+    """Meter the deferred rows once the engine core has no request left, and form the audit verdicts of the
+    requests that ended in a step (its step wraps vLLM's; idempotent).
 
     The engine core steps the model runner in this process for a single worker; a tensor-parallel worker
     defers nothing (:class:`~.config.PluginConfig` ``defer``)."""
@@ -129,8 +145,12 @@ def flush_when_idle() -> None:
             global _IDLE_HOOK_HERE
             _IDLE_HOOK_HERE = True
             out = _original(self, *args, **kwargs)
-            if _RUNTIME is not None and not self.scheduler.has_requests():
-                _RUNTIME.flush()
+            if _RUNTIME is not None:
+                finished = getattr(self.scheduler, "finished_req_ids", None)
+                if finished:  # requests that ended in this step: their audit verdicts
+                    _RUNTIME.finish(list(finished))
+                if not self.scheduler.has_requests():
+                    _RUNTIME.idle()
             return out
 
         wrapped = functools.wraps(original)(wrapped)
@@ -170,6 +190,9 @@ def track_request_ids() -> None:
     @functools.wraps(original)
     def _prepare_inputs(self, *args, **kwargs):
         rt = get()
+        finished = getattr(args[0] if args else kwargs.get("scheduler_output"), "finished_req_ids", None)
+        if finished:
+            rt.finish(finished)  # before this step's layers touch the state the deferred rows were queued against
         rt.request_ids = list(self.input_batch.req_ids)
         rt.prompt_lens = self.input_batch.num_prompt_tokens[:len(rt.request_ids)].tolist()
         rt.row_settings = [_settings_of(rt, rid, self.requests.get(rid)) for rid in rt.request_ids]

@@ -22,6 +22,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from .audit import Ledger
+
 # histogram upper edges of the meter (Prometheus ``le``); 1.0 is the trivial bound
 METER_BUCKETS = (0.0, 1e-6, 1e-4, 1e-3, 1e-2, 0.05, 0.1, 0.2, 0.5, 0.999999, 1.0)
 PROVED = "proved"  # the kinds of bound a cell carries (label ``bound``)
@@ -98,6 +100,7 @@ class Telemetry:
     prefill_tokens: int = 0  # prefill query tokens (not metered)
     prefill_tokens_lossy: int = 0  # ... of them, attending keys stored lossy in an earlier step
     pending: list = field(default_factory=list)  # CellBatch queued by this step's layers
+    audit: Ledger = field(default_factory=Ledger)  # request audits: running tallies, finished verdicts (.audit)
 
     def queue(self, batch: CellBatch) -> None:
         """Queue one layer's cells; :meth:`fold` adds them in."""
@@ -224,6 +227,7 @@ class Telemetry:
             "shadow_max_output_gap_ratio": self.shadow_max_output_gap_ratio, "selftest": dict(self.selftest),
             "schemes": {k: dict(v) for k, v in self.schemes.items()}, "gate_counts": dict(self.gate_counts),
             "prefill_tokens": self.prefill_tokens, "prefill_tokens_lossy": self.prefill_tokens_lossy,
+            "audit": self.audit.snapshot(),
         }
 
     def log_line(self) -> str:

@@ -1,0 +1,200 @@
+"""The request audit in the plugin (registry AU): a per-request statement from a few randomly picked cells.
+
+A request asks for it in ``SamplingParams.extra_args`` (over the OpenAI API ``vllm_xargs``):
+``witcert_audit_rate`` (in (0, 1]; set: the audit is on), ``witcert_audit_tau`` (in (0, 1), default 0.2),
+``witcert_audit_delta`` (in (0, 1), default 1e-3), ``witcert_audit_seed`` (replay only; by default a
+secret seed from the operating system's cryptographic source). The settings are :class:`witcert.Audit`.
+
+What the audit does here is :mod:`witcert.audit`'s, reused as is: which cells are picked
+(:func:`witcert.audit.picks.picked`, Philox keyed by the request's seed and the cell's layer, query
+head and position, never by a query), the binomial limit and the interval
+(:func:`witcert.audit.limit.upper_limit`, :func:`~witcert.audit.limit.flagged_interval`) and the
+verdict (:class:`witcert.audit.RequestAudit`). The plugin meters only the picked cells (a layer's pass
+runs for a row only where one of its heads is picked; the other cells are counted *unmetered*), and
+flags a picked cell when its meter exceeds ``tau``. The meter is a proved bound, so a picked cell with
+TV above ``tau`` is always flagged: the flagged count is at least ``Binomial(M, rate)`` with no spot-check
+failure to pay for, and the limit taken at ``delta_s = delta / 2`` (the audit package's split) holds at
+level ``1 - delta / 2 >= 1 - delta`` (conservative: no spot check spends the other half here).
+
+The population ``N`` of a request is its decode cells: (layer, query head, query position) of every
+query token past the prompt (decode and speculative verification steps); prefill is not metered.
+A request's verdict is formed when it finishes (vLLM's ``finished_req_ids``, or the engine going idle)
+and goes to the log (one line per request), the snapshot and the Prometheus series
+(:mod:`.prometheus`). With the exact shadow, every cell's true TV is counted too, and a request whose
+true count above ``tau`` exceeds ``M_upper`` is an audit violation (must stay 0 at the default delta).
+"""
+import logging
+import secrets
+from collections import OrderedDict
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from witcert.audit import Audit, RequestAudit
+from witcert.audit.limit import LEVEL, flagged_interval, upper_limit
+from witcert.audit.picks import pick_probability, picked
+
+RATE, TAU, DELTA, SEED = "witcert_audit_rate", "witcert_audit_tau", "witcert_audit_delta", "witcert_audit_seed"
+KEYS = (RATE, TAU, DELTA, SEED)
+FRACTION_BUCKETS = (0.0, 0.001, 0.005, 0.01, 0.02, 0.05, 0.1, 0.2, 0.5, 1.0)
+"""Histogram upper edges of ``fraction_upper`` (Prometheus ``le``)."""
+RECENT = 64  # verdicts kept in the snapshot
+
+logger = logging.getLogger("vllm.witcert")
+
+
+def audit_of(extra: dict) -> Audit | None:
+    """The request's :class:`witcert.Audit` from its ``extra_args`` (``None``: no ``witcert_audit_rate``); a
+    ``ValueError`` naming the key on a bad value. The seed is drawn here when the request gives none."""
+    if extra.get(RATE) in (None, ""):
+        for key in (TAU, DELTA, SEED):
+            if extra.get(key) not in (None, ""):
+                raise ValueError(f"{key} needs {RATE} (the audit is on only with a pick rate)")
+        return None
+    values = {name: _number(key, extra.get(key)) for name, key in (("rate", RATE), ("tau", TAU), ("delta", DELTA))}
+    seed = extra.get(SEED)
+    if seed in (None, ""):
+        seed = secrets.randbits(63)
+    elif isinstance(seed, str) and seed.strip().isdigit():
+        seed = int(seed)
+    try:
+        return Audit(**{k: v for k, v in values.items() if v is not None}, seed=seed)
+    except ValueError as err:
+        name = str(err).split(" ", 1)[0]
+        key = {"rate": RATE, "tau": TAU, "delta": DELTA, "seed": SEED}.get(name)
+        raise ValueError(str(err).replace(name, key, 1) if key else str(err)) from None
+
+
+def _number(key: str, value):
+    if value in (None, ""):
+        return None
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            raise ValueError(f"{key} must be a number, got {value!r}") from None
+    return value
+
+
+def cell_picks(audit: Audit, layers: int, heads: int, positions: list, head_offset: int = 0) -> torch.Tensor:
+    """bool (L, Hq, T): the picked cells of one request at query ``positions`` in every layer, for this worker's
+    query heads ``head_offset .. head_offset + heads - 1`` (head numbers model-wide: the same picks under
+    tensor parallelism). The request's own seed keys the picks, so its id in the counter is 0."""
+    out = picked(audit.seed, [0], range(layers), head_offset + heads, positions, audit.rate)
+    return out[:, 0, head_offset:]
+
+
+@dataclass
+class Tally:
+    """One running request's audit counts: ``cells`` (N), ``picked``, the flagged cells ``(layer, head, pos)``;
+    with the shadow, ``truth_cells`` whose true TV is known and ``true_above`` of them above ``tau``."""
+
+    audit: Audit
+    cells: int = 0
+    picked: int = 0
+    flagged: list = field(default_factory=list)
+    truth_cells: int = 0
+    true_above: int = 0
+
+    def add(self, layer: int, position: int, picks: torch.Tensor, meter: torch.Tensor, true_tv, head_offset: int):
+        """One (layer, query token)'s heads: ``picks`` (Hq,) bool, ``meter`` (Hq,) (a picked cell's is metered),
+        ``true_tv`` (Hq,) or ``None``."""
+        self.cells += picks.numel()
+        self.picked += int(picks.sum())
+        over = picks & (meter > self.audit.tau)
+        self.flagged.extend((layer, head_offset + h, position) for h in over.nonzero().flatten().tolist())
+        if true_tv is not None and not bool(torch.isnan(true_tv).any()):
+            self.truth_cells += true_tv.numel()
+            self.true_above += int((true_tv > self.audit.tau).sum())
+
+    def verdict(self, number: int) -> RequestAudit:
+        """The request's statement (adapter: :func:`witcert.audit.requests_of` reads one row per cell; here the
+        counts are kept, and the same limit, interval and record are formed from them)."""
+        a, x, n = self.audit, len(self.flagged), self.cells
+        rate = pick_probability(a.rate)
+        m_upper = int(upper_limit(x, n, rate, a.delta_sampling))
+        estimate, low, high = flagged_interval(x, n, rate, LEVEL)
+        return RequestAudit(request=number, N=n, picked=self.picked, flagged=x, M_upper=m_upper,
+                            fraction_upper=m_upper / n if n else 0.0, tau=a.tau, delta=a.delta, rate=a.rate,
+                            estimate=float(np.asarray(estimate)), interval=(float(np.asarray(low)),
+                                                                            float(np.asarray(high))),
+                            level=LEVEL, flagged_cells=tuple(self.flagged), seed=a.seed)
+
+
+def _label(audit: Audit) -> str:
+    return f"{audit.tau!r}|{audit.delta!r}"
+
+
+@dataclass
+class Ledger:
+    """Audits of one engine process: running tallies by request id, and the finished requests' aggregate per
+    ``(tau, delta)`` (``by_level``), with the most recent verdicts."""
+
+    open: dict = field(default_factory=dict)
+    by_level: dict = field(default_factory=dict)
+    recent: OrderedDict = field(default_factory=OrderedDict)
+    finished: int = 0
+
+    def tally(self, request: str, audit: Audit) -> Tally:
+        found = self.open.get(request)
+        if found is None:
+            found = self.open[request] = Tally(audit)
+        return found
+
+    def finish(self, requests) -> list:
+        """Form the verdicts of ``requests`` (ids; those without an audit are skipped), log one line each."""
+        out = []
+        for request in requests:
+            tally = self.open.pop(request, None)
+            if tally is None or not tally.cells:
+                continue
+            self.finished += 1
+            verdict = tally.verdict(self.finished)
+            stats = self.by_level.setdefault(_label(tally.audit), _level_stats())
+            stats["requests"] += 1
+            stats["flagged_requests"] += verdict.flagged > 0
+            stats["cells"] += verdict.N
+            stats["picked_cells"] += verdict.picked
+            stats["flagged_cells"] += verdict.flagged
+            stats["fraction_sum"] += verdict.fraction_upper
+            bucket = int(np.searchsorted(FRACTION_BUCKETS, verdict.fraction_upper, side="left"))
+            stats["fraction_counts"][min(bucket, len(FRACTION_BUCKETS) - 1)] += 1
+            record = dict(verdict.as_dict(), request_id=request)
+            if tally.truth_cells == tally.cells:
+                stats["shadow_requests"] += 1
+                violated = tally.true_above > verdict.M_upper
+                stats["shadow_violations"] += violated
+                record.update(true_above=tally.true_above, true_fraction=tally.true_above / tally.cells)
+            self.recent[request] = record
+            while len(self.recent) > RECENT:
+                self.recent.popitem(last=False)
+            logger.info("WitCert audit %s: %s (tau=%g, delta=%g)", request, verdict.line(), verdict.tau,
+                        verdict.delta)
+            out.append(record)
+        return out
+
+    def snapshot(self) -> dict:
+        return {"finished": self.finished, "open": len(self.open),
+                "by_level": {k: dict(v, fraction_counts=list(v["fraction_counts"])) for k, v in self.by_level.items()},
+                "recent": dict(self.recent)}
+
+
+def _level_stats() -> dict:
+    return {"requests": 0, "flagged_requests": 0, "cells": 0, "picked_cells": 0, "flagged_cells": 0,
+            "fraction_sum": 0.0, "fraction_counts": [0] * len(FRACTION_BUCKETS), "shadow_requests": 0,
+            "shadow_violations": 0}
+
+
+def merge(snaps: list) -> dict:
+    """The audit parts of several engine processes' snapshots, summed per ``(tau, delta)``."""
+    out = {"finished": 0, "by_level": {}, "recent": {}}
+    for snap in snaps:
+        part = snap.get("audit") or {}
+        out["finished"] += part.get("finished", 0)
+        out["recent"].update(part.get("recent", {}))
+        for label, stats in part.get("by_level", {}).items():
+            into = out["by_level"].setdefault(label, _level_stats())
+            for key, value in stats.items():
+                into[key] = [a + b for a, b in zip(into[key], value)] if key == "fraction_counts" else into[key] + value
+    return out
