@@ -382,22 +382,26 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         return self._true_tv(q, self.state.view(rows, spans), q_lengths, blocks, 1)
 
     def flush(self) -> None:
-        """Meter the queued decode rows in one pass (each kv head's rows: ``G`` query heads x the queued steps)."""
+        """Meter the queued decode rows in one pass (each kv head's rows: ``G`` query heads x the queued steps a row
+        meters: only its chosen steps are gathered, so sampled metering and the audit cost what they meter)."""
         queued, self._deferred = self._deferred, []
         if not queued:
             return
         steps, rows, hkv = len(queued), queued[0].rows, self.num_kv_heads
         groups = self.num_heads // hkv
+        idx, k = _chosen_steps(torch.tensor([e.chosen for e in queued], dtype=torch.bool).T)  # (R, k)
 
-        def fold(x):  # (steps, R, Hkv, ...) -> (R, Hkv, G steps, ...): row m = g steps + j, as _by_token reads it
+        def fold(x):  # (steps, R, Hkv, ...) -> (R, Hkv, G k, ...): row m = g k + j, as _by_token reads it
             x = x.movedim(0, 2)  # (R, Hkv, steps, ...)
-            return x.unsqueeze(2).expand(rows, hkv, groups, *x.shape[2:]).reshape(rows, hkv, groups * steps,
-                                                                                 *x.shape[3:])
+            x = torch.take_along_dim(x, idx.view(rows, 1, k, *[1] * (x.dim() - 3)), dim=2)  # (R, Hkv, k, ...)
+            return x.unsqueeze(2).expand(rows, hkv, groups, *x.shape[2:]).reshape(rows, hkv, groups * k, *x.shape[3:])
 
         q = torch.stack([e.q for e in queued]).view(steps, rows, hkv, groups, -1)  # (steps, R, Hkv, G, d)
-        q = q.permute(1, 2, 3, 0, 4).reshape(rows, hkv, groups * steps, -1).float()
+        q = torch.take_along_dim(q.permute(1, 2, 3, 0, 4), idx.view(rows, 1, 1, k, 1), dim=3)  # (R, Hkv, G, k, d)
+        q = q.reshape(rows, hkv, groups * k, -1).float()
         per_step = torch.stack([e.lengths for e in queued], dim=1)  # (R, steps)
-        lengths = per_step[:, None, None, :].expand(rows, 1, groups, steps).reshape(rows, 1, groups * steps)
+        picked = per_step.gather(1, idx)  # (R, k)
+        lengths = picked[:, None, None, :].expand(rows, 1, groups, k).reshape(rows, 1, groups * k)
         own = None
         if all(e.own_keys is not None for e in queued):
             own = tuple(fold(torch.stack([getattr(e, name) for e in queued]))
@@ -408,7 +412,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         norm_max = view["norm_max"] if own is None else torch.maximum(view["norm_max"], own[2].amax(-1))
         m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], norm_max,
                           self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
-        meter, risk = _by_token(m, steps), _by_token(r, steps)  # (R, steps, Hq)
+        meter, risk = _spread_steps(_by_token(m, k), idx, steps), _spread_steps(_by_token(r, k), idx, steps)
         tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
         for j, e in enumerate(queued):
             cells = _mask_unmetered(meter[:, j:j + 1].clone(), [[c] for c in e.chosen], e.settings, self.layer_index,
@@ -657,6 +661,23 @@ def _by_token(x: torch.Tensor, width: int) -> torch.Tensor:
     """(R, Hkv, G Qmax) -> (R, Qmax, Hq): query head ``h = kv G + g`` (vLLM's order) of each query token."""
     r, hkv, m = x.shape
     return x.view(r, hkv, m // width, width).permute(0, 3, 1, 2).reshape(r, width, -1)
+
+
+def _chosen_steps(chosen: torch.Tensor) -> tuple[torch.Tensor, int]:
+    """``(idx, k)``: per row of ``chosen`` (R, steps) bool, the steps it meters, first ``k`` columns (R, k) int64; a
+    row with fewer repeats its first (results discarded: those cells are masked unmetered). ``k`` is the most any
+    row meters, rounded up to a power of two (at most ``steps``): few distinct pass shapes to compile."""
+    counts = chosen.sum(1)
+    most = max(int(counts.max()), 1)
+    k = min(chosen.shape[1], 1 << (most - 1).bit_length())
+    order = torch.argsort((~chosen).to(torch.int8), dim=1, stable=True)[:, :k]  # chosen steps first, in order
+    return torch.where(torch.arange(k) < counts.unsqueeze(1), order, order[:, :1]), k
+
+
+def _spread_steps(x: torch.Tensor, idx: torch.Tensor, steps: int) -> torch.Tensor:
+    """(R, k, Hq) results of the gathered steps ``idx`` (R, k) -> (R, steps, Hq), NaN where no step was gathered."""
+    out = torch.full((x.shape[0], steps, x.shape[2]), math.nan, dtype=x.dtype)
+    return out.scatter_(1, idx.unsqueeze(-1).expand_as(x), x)  # a repeated step writes its own value again
 
 
 def _spread(values: list, active: list, rows: int) -> list:
