@@ -678,9 +678,10 @@ def vllm_section() -> str | None:
             f"{name.replace('_', ' ')} {value:,}" for name, value in counts.items()
             if not name.startswith("shadow_")) + "."]
     lines += _vllm_caches(record)
-    speed = vllm_speed_section()
-    if speed:
-        lines += ["", speed]
+    for name, heading in (("vllm_speed.json", "Decode speed"), ("vllm_speed_fp8.json", "Decode speed, vLLM's fp8 caches")):
+        speed = vllm_speed_section(name, heading)
+        if speed:
+            lines += ["", speed]
     return "\n".join(lines)
 
 
@@ -729,9 +730,9 @@ def _vllm_caches(record: dict) -> list:
     return lines
 
 
-def vllm_speed_section() -> str | None:
-    """Decode speed against the plugin off (``vllm_speed.json``, ``witcert.integrations.vllm.bench speed``)."""
-    record = _load("vllm_speed.json")
+def vllm_speed_section(name: str = "vllm_speed.json", heading: str = "Decode speed") -> str | None:
+    """Decode speed against the plugin off (a ``vllm_speed*.json`` record, ``witcert.integrations.vllm.bench speed``)."""
+    record = _load(name)
     if record is None:
         return None
     from statistics import median
@@ -740,7 +741,8 @@ def vllm_speed_section() -> str | None:
     rates = {name: [r["decode_tokens_per_s"] for r in mode["runs"]] for name, mode in modes.items()}
     requests = next(iter(modes.values()))["runs"][0]["requests"]
     counts = sorted({(q["prompt_tokens"], q["generated_tokens"]) for q in requests})
-    lines = ["### Decode speed", "",
+    ran = record.get("modes_run")
+    lines = [f"### {heading}", "",
              _provenance(record["date"], _vllm_machine(record["machine"]), record["command"]), "",
              f"{record['model']} ({record['dtype']}), {record['workload']} prompts: {len(requests)} requests of "
              + ", ".join(f"{p} prompt + {g} generated tokens" for p, g in counts)
@@ -749,7 +751,8 @@ def vllm_speed_section() -> str | None:
              f"interleaved over {record['repeats']} rounds after one untimed round; the plugin without the shadow, "
              "with its defaults (deferred metering over 8 steps). Ratios: the median against the median of the "
              "plugin off with the same cache, same run. The machine is shared with other work"
-             + (f"; the whole run took {record['wall_s'] / 60:.1f} minutes." if record.get("wall_s") else "."), "",
+             + (f"; the whole run took {record['wall_s'] / 60:.1f} minutes." if record.get("wall_s") else ".")
+             + (f" This run measured the modes `{','.join(ran)}` of the bench's `--modes`." if ran else ""), "",
              "| mode | decode tokens/s (median) | vs plugin off | runs |", "|---|---|---|---|"]
     for name, values in rates.items():
         m = median(values)

@@ -358,7 +358,8 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.audit.upper_limit",
         torch="witcert.audit.limit.upper_limit",
         kernel=None,
-        tests=("tests/test_audit_limit.py", "tests/test_audit_validity.py", "tests/test_audit_monitor.py"),
+        tests=("tests/test_audit_limit.py", "tests/test_audit_validity.py", "tests/test_audit_monitor.py",
+               "tests/vllm/test_audit.py"),
     ),
 )
 

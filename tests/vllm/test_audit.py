@@ -52,11 +52,14 @@ def test_verdict_is_the_audit_packages_on_the_same_cells():
     settings = Audit(rate=0.25, tau=0.2, delta=0.05, seed=99)
     positions = [40, 41, 42, 43]
     picks = audit.cell_picks(settings, 8, HEADS, positions)  # (L, Hq, T)
-    tally = audit.Tally(settings)
+    tally, ledger = audit.Tally(settings), audit.Ledger()
     rows = {name: [] for name in ("request", "layer", "head", "pos", "audited", "flagged")}
     for layer in range(8):
+        meters = torch.rand(len(positions), HEADS, generator=g, dtype=torch.float64) * 0.22
+        ledger.add_rows(["r"] * len(positions), [settings] * len(positions), layer, positions, picks[layer].T, meters,
+                        None, head_offset=0)  # a layer's rows at once, as the backend adds them
         for t, pos in enumerate(positions):
-            meter = torch.rand(HEADS, generator=g, dtype=torch.float64) * 0.22
+            meter = meters[t]
             tally.add(layer, pos, picks[layer, :, t], meter, None, head_offset=0)
             for h in range(HEADS):
                 for name, value in zip(rows, (7, layer, h, pos, bool(picks[layer, h, t]),
@@ -65,6 +68,7 @@ def test_verdict_is_the_audit_packages_on_the_same_cells():
     expected, = requests_of({k: np.asarray(v) for k, v in rows.items()}, settings, seed=settings.seed)
     got = tally.verdict(7)
     assert 0 < got.flagged and got.M_upper < got.N and got == expected
+    assert ledger.open["r"].verdict(7) == expected
 
 
 def test_audit_series_appear_on_metrics(tmp_path):

@@ -1,4 +1,6 @@
 """The speed mode's table logic (no engine): the modes, each against the plugin off with its own cache, one line each."""
+import pytest
+
 from witcert.integrations.vllm.speed import lines, modes, ratios
 
 
@@ -7,7 +9,7 @@ def _runs(*rates):
 
 
 def test_each_metered_mode_is_the_median_over_its_own_caches_plugin_off():
-    chosen = modes(fp8=True, scheme="rtn-int4", every=4)
+    chosen = modes(("fp8",), scheme="rtn-int4", every=4, keys=("exact", "scheme", "every", "caches"))
     names = [m.name for m in chosen]
     assert names == ["plugin off", "metering (no scheme)", "metering, rtn-int4", "metering every 4th step",
                      "plugin off, fp8 cache", "metering, fp8 cache"]
@@ -26,4 +28,15 @@ def test_each_metered_mode_is_the_median_over_its_own_caches_plugin_off():
 
 
 def test_without_fp8_only_the_auto_cache_is_measured():
-    assert all(m.kv_cache_dtype == "auto" for m in modes(fp8=False))
+    assert all(m.kv_cache_dtype == "auto" for m in modes(()))
+
+
+def test_a_subset_of_modes_and_every_fp8_cache_with_its_own_baseline():
+    assert [m.name for m in modes(("fp8_e4m3", "fp8_e5m2"), keys=("caches",))] == [
+        "plugin off, fp8_e4m3 cache", "metering, fp8_e4m3 cache", "plugin off, fp8_e5m2 cache",
+        "metering, fp8_e5m2 cache"]
+    audit = modes((), audit_rate=0.02, keys=("audit",))
+    assert [(m.name, m.xargs) for m in audit] == [("plugin off", {}), ("audit at rate 0.02",
+                                                                       {"witcert_audit_rate": 0.02})]
+    with pytest.raises(ValueError, match="--modes: unknown"):
+        modes((), keys=("fast",))

@@ -100,13 +100,21 @@ class Tally:
     def add(self, layer: int, position: int, picks: torch.Tensor, meter: torch.Tensor, true_tv, head_offset: int):
         """One (layer, query token)'s heads: ``picks`` (Hq,) bool, ``meter`` (Hq,) (a picked cell's is metered),
         ``true_tv`` (Hq,) or ``None``."""
-        self.cells += picks.numel()
-        self.picked += int(picks.sum())
-        over = picks & (meter > self.audit.tau)
-        self.flagged.extend((layer, head_offset + h, position) for h in over.nonzero().flatten().tolist())
-        if true_tv is not None and not bool(torch.isnan(true_tv).any()):
-            self.truth_cells += true_tv.numel()
-            self.true_above += int((true_tv > self.audit.tau).sum())
+        self.add_counts(picks.numel(), int(picks.sum()),
+                        [(layer, head_offset + h, position)
+                         for h in (picks & (meter > self.audit.tau)).nonzero().flatten().tolist()],
+                        None if true_tv is None or bool(torch.isnan(true_tv).any())
+                        else int((true_tv > self.audit.tau).sum()))
+
+    def add_counts(self, cells: int, picked: int, flagged: list, true_above: int | None) -> None:
+        """Add ``cells`` cells, ``picked`` of them picked, the ``flagged`` ones, and (``None``: unknown) how many of
+        them have true TV above ``tau``."""
+        self.cells += cells
+        self.picked += picked
+        self.flagged.extend(flagged)
+        if true_above is not None:
+            self.truth_cells += cells
+            self.true_above += true_above
 
     def verdict(self, number: int) -> RequestAudit:
         """The request's statement (adapter: :func:`witcert.audit.requests_of` reads one row per cell; here the
@@ -141,6 +149,24 @@ class Ledger:
         if found is None:
             found = self.open[request] = Tally(audit)
         return found
+
+    def add_rows(self, requests: list, audits: list, layer: int, positions: list, picks: torch.Tensor,
+                 meter: torch.Tensor, true_tv: torch.Tensor | None, head_offset: int) -> None:
+        """One layer's audited query tokens at once: row ``i`` is request ``requests[i]`` (audited under ``audits[i]``)
+        at ``positions[i]``; ``picks``, ``meter``, ``true_tv`` (n, Hq)."""
+        tau = torch.tensor([a.tau for a in audits], dtype=torch.float64).unsqueeze(-1)
+        over = (picks & (meter > tau)).nonzero().tolist()
+        picked = picks.sum(-1).tolist()
+        above = [None] * len(requests)
+        if true_tv is not None:
+            known = ~torch.isnan(true_tv).any(-1)
+            counts = (true_tv > tau).sum(-1)
+            above = [int(c) if k else None for c, k in zip(counts.tolist(), known.tolist())]
+        flagged = [[] for _ in requests]
+        for i, h in over:
+            flagged[i].append((layer, head_offset + h, positions[i]))
+        for i, request in enumerate(requests):
+            self.tally(request, audits[i]).add_counts(picks.shape[-1], picked[i], flagged[i], above[i])
 
     def finish(self, requests) -> list:
         """Form the verdicts of ``requests`` (ids; those without an audit are skipped), log one line each."""

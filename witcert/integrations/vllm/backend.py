@@ -563,13 +563,13 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         rows = [(i, j) for i in range(len(requests)) for j in range(counts[i])]
         if not rows:
             return
-        if picks is not None:
-            ledger = self.runtime.telemetry.audit
-            for i, j in rows:
-                if picks[i] is not None:
-                    ledger.tally(requests[i], settings[i].audit).add(
-                        self.layer_index, positions[i][j], picks[i][:, j], meter[i, j], None if tv is None else tv[i, j],
-                        self.head_offset)
+        audited = [(i, j) for i, j in rows if picks is not None and picks[i] is not None]
+        if audited:
+            ii, jj = torch.tensor([i for i, _ in audited]), torch.tensor([j for _, j in audited])
+            self.runtime.telemetry.audit.add_rows(
+                [requests[i] for i, _ in audited], [settings[i].audit for i, _ in audited], self.layer_index,
+                [positions[i][j] for i, j in audited], torch.stack([picks[i][:, j] for i, j in audited]),
+                meter[ii, jj], None if tv is None else tv[ii, jj], self.head_offset)
         ii = torch.tensor([i for i, _ in rows])
         jj = torch.tensor([j for _, j in rows])
 

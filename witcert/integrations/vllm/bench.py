@@ -6,7 +6,8 @@
     python -m witcert.integrations.vllm.bench table MODEL [--lossy A,B] [--needle-cases 12]
         [--cache-dtypes fp8,fp8_e4m3,fp8_e5m2] [--out benchmarks/results/vllm.json]
     python -m witcert.integrations.vllm.bench speed MODEL [--repeats 3] [--max-tokens 16]
-        [--out benchmarks/results/vllm_speed.json]
+        [--modes exact,scheme,every,audit,caches] [--kv-cache-dtypes auto,fp8,fp8_e4m3,fp8_e5m2]
+        [--audit-rate 0.02] [--out benchmarks/results/vllm_speed.json]
 
 ``run`` starts one in-process engine (``VLLM_ENABLE_V1_MULTIPROCESSING=0``; with ``--tp 2`` its
 two workers are processes of their own), switches the plugin by the environment it sets before
@@ -374,7 +375,11 @@ def main(argv=None) -> int:
     fast.add_argument("--scheme", default=SPEED_SCHEME, help="the lossy scheme's mode")
     fast.add_argument("--every", type=int, default=4, help="the sampled mode meters every k-th step")
     fast.add_argument("--kv-cache-dtypes", type=lambda s: tuple(s.split(",")), default=("auto", "fp8"),
-                      help="vLLM cache dtypes (fp8 where the CPU runs it)")
+                      help="vLLM cache dtypes (fp8, fp8_e4m3, fp8_e5m2 where the CPU runs them)")
+    fast.add_argument("--audit-rate", type=float, default=0.02, help="the audit mode's pick rate")
+    fast.add_argument("--modes", type=lambda s: tuple(x for x in s.split(",") if x),
+                      default=("exact", "scheme", "every", "audit", "caches"),
+                      help="modes to run: exact, scheme, every, audit, caches (plugin off always)")
     fast.add_argument("--out", help="write the measurements as JSON here")
     worker = sub.add_parser("speed-engine", help=argparse.SUPPRESS)
     worker.add_argument("model")

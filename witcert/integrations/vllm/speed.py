@@ -1,12 +1,14 @@
 """Decode speed of the plugin against vLLM without it: every request prefilled first, only decode steps timed.
 
 ``python -m witcert.integrations.vllm.bench speed MODEL`` starts one engine process per configuration that
-needs its own (plugin off and on; vLLM's own cache ``auto`` and, where the CPU runs it, ``fp8``), keeps them
+needs its own (plugin off and on; vLLM's own cache ``auto`` and, where the CPU runs it, ``fp8``, ``fp8_e4m3``,
+``fp8_e5m2``), keeps them
 alive, and measures the modes interleaved, round after round (a change of machine load hits every mode
 alike). One measurement (:func:`decode_rate`): the observatory's needle prompts are added to the engine,
 stepped until every request has its first token (the prefill, not timed; prefix caching keeps later rounds'
 prefills short), then every remaining step is timed: decode tokens after that point over the time of those
-steps. Each mode is run once untimed first, with a few new tokens (compilation, the prompts' cached prefix).
+steps. Each mode is run once untimed first, as measured (compilation of the shapes the timed rounds meet, the
+prompts' cached prefix).
 A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the metering
 switches), so the modes of one engine share its process. Every engine is started at once (their startups
 overlap; an engine waiting for its next measurement is idle) and lives until the end, each on one OpenMP
@@ -15,7 +17,7 @@ every mode, the cache dtypes interleaved too.
 
 It prints one line per mode, ``<mode>: <ratio>x of plugin off`` (the median decode tokens/s of the mode over
 the median of plugin off with the same cache, same run), and returns every measurement with its per-request
-token counts.
+token counts. ``--modes`` runs a subset (the record names the modes that ran), so a run stays within minutes.
 """
 import json
 import os
@@ -27,7 +29,9 @@ from dataclasses import dataclass, field
 
 SPEED = "WITCERT-SPEED "
 READY = "WITCERT-READY"
-WARM_TOKENS = 10  # the untimed round's new tokens: one full deferred pass (8 steps) and the flush at the end
+MODE_KEYS = ("exact", "scheme", "every", "audit", "caches")
+"""``--modes`` choices: metering an exact cache, the lossy scheme, every k-th step, the request audit, and vLLM's own
+caches of ``--kv-cache-dtypes`` other than ``auto`` (each with its own plugin-off engine)."""
 
 
 @dataclass(frozen=True)
@@ -44,14 +48,23 @@ class Mode:
         return "plugin off" if self.kv_cache_dtype == "auto" else f"plugin off, {self.kv_cache_dtype} cache"
 
 
-def modes(fp8: bool, scheme: str = "rtn-int4", every: int = 4) -> list:
-    """The modes of the speed table: plugin off, metering an exact cache, a lossy scheme, every k-th step, and
-    vLLM's own fp8 cache off and metered (``fp8``: where the CPU runs it)."""
-    out = [Mode("plugin off", False), Mode("metering (no scheme)", True),
-           Mode(f"metering, {scheme}", True, xargs={"witcert_scheme": scheme}),
-           Mode(f"metering every {every}th step", True, xargs={"witcert_meter_every": every})]
-    if fp8:
-        out += [Mode("plugin off, fp8 cache", False, "fp8"), Mode("metering, fp8 cache", True, "fp8")]
+def modes(caches: tuple = (), scheme: str = "rtn-int4", every: int = 4, audit_rate: float = 0.02,
+          keys: tuple = MODE_KEYS) -> list:
+    """The modes of the speed table (those of ``keys``, :data:`MODE_KEYS`): metering an exact cache, a lossy scheme,
+    every k-th step, the request audit at ``audit_rate``, and vLLM's own ``caches`` (e.g. ``fp8``; where the CPU runs
+    them) off and metered; each metered mode with its plugin-off baseline."""
+    unknown = set(keys) - set(MODE_KEYS)
+    if unknown:
+        raise ValueError(f"--modes: unknown {sorted(unknown)}; choose from {', '.join(MODE_KEYS)}")
+    chosen = {"exact": Mode("metering (no scheme)", True),
+              "scheme": Mode(f"metering, {scheme}", True, xargs={"witcert_scheme": scheme}),
+              "every": Mode(f"metering every {every}th step", True, xargs={"witcert_meter_every": every}),
+              "audit": Mode(f"audit at rate {audit_rate:g}", True, xargs={"witcert_audit_rate": audit_rate})}
+    out = [m for key, m in chosen.items() if key in keys]
+    out = ([Mode("plugin off", False)] if out else []) + out
+    if "caches" in keys:
+        for dtype in caches:
+            out += [Mode(f"plugin off, {dtype} cache", False, dtype), Mode(f"metering, {dtype} cache", True, dtype)]
     return out
 
 
@@ -146,8 +159,9 @@ def speed(args) -> dict:
     from .engines import fp8_unsupported_reason
 
     started = time.perf_counter()
-    fp8 = "fp8" in args.kv_cache_dtypes and fp8_unsupported_reason() is None
-    chosen = modes(fp8, args.scheme, args.every)
+    asked = tuple(d for d in args.kv_cache_dtypes if d != "auto")
+    caches = () if fp8_unsupported_reason() else asked
+    chosen = modes(caches, args.scheme, args.every, args.audit_rate, args.modes)
     runs = {m.name: [] for m in chosen}
     engines = {}
     try:
@@ -157,7 +171,7 @@ def speed(args) -> dict:
         for e in engines.values():
             e.wait_ready()
         for i, m in enumerate(chosen):  # untimed: every graph compiled, every prompt's prefix cached, in every mode
-            engines[m.plugin, m.kv_cache_dtype].measure(m, WARM_TOKENS, f"warm-{i}")
+            engines[m.plugin, m.kv_cache_dtype].measure(m, args.max_tokens, f"warm-{i}")
         for round_ in range(args.repeats):
             for i, m in enumerate(chosen):
                 runs[m.name].append(engines[m.plugin, m.kv_cache_dtype].measure(m, args.max_tokens, f"r{round_}-{i}"))
@@ -167,9 +181,9 @@ def speed(args) -> dict:
     result = {"modes": {m.name: {"plugin": m.plugin, "kv_cache_dtype": m.kv_cache_dtype, "xargs": m.xargs,
                                  "baseline": m.baseline, "runs": runs[m.name]} for m in chosen},
               "ratios": ratios(runs, chosen), "max_tokens": args.max_tokens, "repeats": args.repeats,
-              "workload": "needle", "wall_s": time.perf_counter() - started}
-    if not fp8:
-        result["fp8_skipped"] = _fp8_reason(args)
+              "workload": "needle", "modes_run": list(args.modes), "wall_s": time.perf_counter() - started}
+    if asked and not caches:
+        result["fp8_skipped"] = fp8_unsupported_reason()
     return result
 
 
@@ -178,12 +192,6 @@ def ratios(runs: dict, chosen: list) -> dict:
     median = {name: statistics.median(r["decode_tokens_per_s"] for r in values) for name, values in runs.items()
               if values}
     return {m.name: median[m.name] / median[m.baseline] for m in chosen if m.plugin and m.name in median}
-
-
-def _fp8_reason(args) -> str:
-    from .engines import fp8_unsupported_reason
-
-    return "not asked for (--kv-cache-dtypes)" if "fp8" not in args.kv_cache_dtypes else fp8_unsupported_reason()
 
 
 def lines(result: dict) -> list:
