@@ -22,6 +22,7 @@ import WitCert.SpotRounds
 import WitCert.RequestAudit
 import WitCert.WitnessCodes
 import WitCert.QueryRadius
+import WitCert.DerivedWitness
 
 /-!
 # WitCert: the statements the runtime meter relies on

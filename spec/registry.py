@@ -184,6 +184,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_witness_code.py", "contracts/test_witness_write.py", "tests/test_memory_account.py"),
     ),
     Theorem(
+        key="DW",
+        paper='a witness derived from the codec\'s elementwise error bound (beyond the paper; docs/design.md "Tier A: the band witness")',
+        statement="|x^_i - x_i| <= e_i for every i  =>  ||(x^ - x)_b|| <= ||e_b|| = sqrt(sum_{i in b} e_i^2)",
+        lean="WitCert.band_norm_le_of_abs_le",
+        note="With Theorem 2 (`WitCert.abs_inner_div_sqrt_le_derived`) the band norms of a codec's elementwise bounds are a witness (witness_bits=0): recomputed at every read from the stored scales, never stored. The hypothesis is checked in fp64 against the exact tokens when each is written (witcert.tier_a.derived_witness.check_error_bound: a codec whose bound fails is refused, never trusted); the norms are rounded up as a stored witness is.",
+        spec="witcert.spec.derived.bound_derived_witness",
+        torch="witcert.tier_a.derived_witness.derived_witness",
+        kernel=None,
+        tests=("tests/test_derived_witness.py",),
+    ),
+    Theorem(
         key="L2s",
         paper="Lemma 2 (sinh bound)",
         statement="x >= 0  =>  sinh x <= x exp(x^2/6)",

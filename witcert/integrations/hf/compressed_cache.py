@@ -38,7 +38,9 @@ from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.packed_history import PackedPair
 from witcert.integrations.hf.token_buffer import TokenBuffer, split_pair
+from witcert.core.values import value_norms
 from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.derived_witness import check_error_bound, derived_residual, derived_witness
 from witcert.tier_a.observation import StoredKeys, stored_keys
 from witcert.tier_a.witness_code import WitnessCode
 
@@ -80,7 +82,8 @@ class CompressedLayer:
         (:mod:`witcert.audit`) reads exact keys only, and halves the store's writes without them.
     witness_code : WitnessCode
         How the witness and the value statistics are kept (fp16, or one byte per band norm; always
-        rounded up: :mod:`witcert.tier_a.witness_code`).
+        rounded up: :mod:`witcert.tier_a.witness_code`), or derived at every read from the codec's
+        elementwise error bound (``witness_code.derived``; the codec must have ``error_bound``, ``DW``).
 
     Every per-token tensor (packed codes where the codec names its token axes, witness, value
     statistics, exact shadow, decoded copy) grows in place in a
@@ -124,6 +127,10 @@ class CompressedLayer:
             raise ValueError(f"witness_code must be a WitnessCode, got {type(self.witness_code).__name__}")
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
         self._packed = PackedPair(self.codec)
+        if self.witness_code.derived and not self._packed.bounded:
+            raise ValueError(f"witness_bits=0 (a witness derived from the codec's error bound) needs a codec with "
+                             f"error_bound(packed, decoded); {_codec_name(self.codec)} has none: store the witness "
+                             "(witness_bits=8 or 16)")
         if self.keep_exact:
             self._exact, self._decoded = TokenBuffer(-2), TokenBuffer(-2)
 
@@ -188,6 +195,8 @@ class CompressedLayer:
     def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
         """:class:`StoredKeys` of every token (``k_hat``: the keys just read, to skip a second decode)."""
         with self.lock:
+            if self.witness_code.derived:
+                return self._derived_stored(k_hat)
             self._settle()
             k_hat = self._read()[0] if k_hat is None else k_hat
             witness, rho, v_norm = self.witness_code.readable(*(self._stats[name].view() for name in _STATS))
@@ -217,10 +226,23 @@ class CompressedLayer:
             **backing_bytes(self.backing, self.backing_key),
         )
 
-    def _settle(self) -> None:
+    def _derived_stored(self, k_hat: torch.Tensor | None) -> StoredKeys:
+        """:meth:`stored` with the witness derived from the codec's error bound (``DW``): the history decoded once,
+        its elementwise bounds checked for the tokens written since the last call, then reduced to band norms."""
+        pair = self._decoded.view() if self.keep_exact else self._packed.decode(self._dtype)
+        with torch.no_grad():
+            bound = self._packed.error_bound(pair)  # (2, B, Hkv, S, d) fp64
+            self._settle(pair, bound)
+            witness, rho = derived_witness(bound[0], self.layout), derived_residual(bound[1])
+        return StoredKeys(k_hat=pair[0] if k_hat is None else k_hat, witness=witness, value_residual=rho,
+                          value_norm=self._stats["value_norm"].view().float())
+
+    def _settle(self, pair: torch.Tensor | None = None, bound: torch.Tensor | None = None) -> None:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
         if self._settled == self._length:
             return
+        if self.witness_code.derived:
+            return self._settle_derived(pair, bound)
         exact, decoded = self._unsettled_pairs()
         with torch.no_grad():  # statistics of stored tokens, whatever grad mode the caller is in
             new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], self.layout)
@@ -228,6 +250,19 @@ class CompressedLayer:
         code = self.witness_code  # every stored value rounded up: still >= the norm it stands for
         _grow(self._stats, axis=-1, witness=code.witness(new.witness.transpose(-1, -2)),
               value_residual=code.residual(new.value_residual), value_norm=code.norm(new.value_norm))
+
+    def _settle_derived(self, pair: torch.Tensor | None, bound: torch.Tensor | None) -> None:
+        """Derived mode: check ``|x - x^| <= error_bound`` for every new token (``ValueError`` naming the codec where
+        the codec's declaration fails: never a witness from a violated bound) and keep only ``||v_t||``."""
+        if pair is None:
+            pair = self._decoded.view() if self.keep_exact else self._packed.decode(self._dtype)
+        with torch.no_grad():
+            bound = self._packed.error_bound(pair) if bound is None else bound
+            start, n = self._settled, self._length - self._settled
+            exact = self._exact.view().narrow(-2, start, n) if self.keep_exact else _cat_tokens([e for e, _ in self._unsettled])
+            check_error_bound(exact, pair.narrow(-2, start, n), bound.narrow(-2, start, n), _codec_name(self.codec))
+            self._unsettled, self._settled = [], self._length
+            _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])))
 
     def _unsettled_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact and decoded (2, B, Hkv, n, d) of the tokens without statistics: from the kept buffers, else the
@@ -242,6 +277,10 @@ class CompressedLayer:
 
 
 _STATS = ("witness", "value_residual", "value_norm")  # per-token statistics, band-major witness first
+
+
+def _codec_name(codec) -> str:
+    return getattr(codec, "name", None) or type(getattr(codec, "inner", codec)).__name__
 
 
 def backing_bytes(backing: BackingStore | None, key: Hashable) -> dict:

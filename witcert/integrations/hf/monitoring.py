@@ -110,10 +110,12 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         mode (memory saved; the gate pages from a host backing store).
     bands : int, optional
         Witness bands (default: the largest divisor of ``head_dim / 2`` not above 16).
-    witness_bits : {16, 8}, optional
+    witness_bits : {16, 8, 0}, optional
         Bits per stored band norm (:mod:`witcert.tier_a.witness_code`): fp16, or one byte (e5m3), each
         rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
-        norm in fp16. Default 8 (``witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS``: at 16 bands on SmolLM2
+        norm in fp16. ``0``: no stored band norm, the witness is derived at every read from the codec's
+        elementwise error bound (``error_bound``, checked against the exact tokens on write:
+        :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). Default 8 (``witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS``: at 16 bands on SmolLM2
         it cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead of 40).
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
@@ -257,7 +259,12 @@ class Monitor:
         elif not self.dithered:
             # a plugin or module:function name loads here; an unknown name lists every known one
             named = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
-            self._codec = codec_for(named, packed=not keep_exact)  # validates the object
+            # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
+            self._codec = codec_for(named, packed=not keep_exact or self.witness_code.derived)  # validates the object
+        if self.witness_code.derived and not callable(getattr(getattr(self, "_codec", None), "error_bound", None)):
+            raise ValueError(f"witness_bits=0 derives the witness from the codec's elementwise error bound: scheme "
+                             f"{scheme!r} has no codec with error_bound (the built-in rtn, kivi and fp8 schemes and "
+                             "user codecs that declare one do); store the witness instead (witness_bits=8 or 16)")
         if gate is not None and not isinstance(gate, Gate):
             raise ValueError(f"gate must be a witcert.Gate or None, got {type(gate).__name__}")
         if not isinstance(keep_exact, bool):

@@ -1,0 +1,74 @@
+"""A witness derived from what a codec stores: no stored band norms (``DW``, then Theorem 2 ``T2``).
+
+A codec whose reconstruction error has a known elementwise bound ``|x_i - x^_i| <= e_i`` needs no stored
+witness: the residual of a band is bounded by the norm of the bounds over that band,
+
+    ``||r_b||_2 = sqrt(sum_{i in b} (x^_i - x_i)^2) <= sqrt(sum_{i in b} e_i^2)``
+
+(registry ``DW``: Lean ``WitCert.band_norm_le_of_abs_le``), and so are the value residual (one band over
+all channels) and every bound the meter forms from them (``T2`` is monotone in the witness, ``MW``). The
+bounds ``e`` come from the codec's ``error_bound(packed, decoded)`` (group steps from the stored scales,
+relative half-spacings of a float grid), recomputed at every read from what the cache holds anyway.
+
+Soundness never rests on the declaration: when a token is written, while the exact values exist,
+:func:`check_error_bound` compares ``|x - x^|`` with ``e`` elementwise in fp64 (exact: both are at most
+fp32 values, and their difference is exact in fp64) and refuses the write with a ``ValueError`` naming the
+codec where any element exceeds its bound. The comparison is of the very fp64 values the read recomputes:
+``error_bound`` is elementwise arithmetic on the packed chunk (no reduction whose order could change with
+the number of tokens), checked deterministic at its first call for a user codec
+(:class:`witcert.integrations.hf.codecs.OwnedCodec`).
+
+Rounding: ``e`` is taken as the exact real values of its fp64 entries; :func:`derived_witness` forms the band
+norms with :func:`witcert.core.norms.norms_upper_fp64` (each ``>=`` the exact norm) and rounds them up to
+fp16, as a stored witness is (:func:`witcert.witness_of`); the value residual is rounded up to fp32.
+"""
+from __future__ import annotations
+
+import torch
+
+from witcert.core.norms import norms_upper_fp64
+from witcert.core.rounding import round_up_to
+from witcert.tier_a.bands import BandLayout
+from witcert.tier_a.witness import band_major
+
+
+def rounding_terms(dtype: torch.dtype) -> tuple[float, float]:
+    """``(u, a)`` of a float ``dtype``: rounding a real ``y`` to nearest in it moves it by at most
+    ``u |fl(y)| + a`` (``u`` the unit roundoff, ``a`` half the subnormal spacing), below overflow."""
+    info = torch.finfo(dtype)
+    return info.eps / 2, info.smallest_normal * info.eps / 2
+
+
+def check_error_bound(x: torch.Tensor, x_hat: torch.Tensor, bound: torch.Tensor, codec: str) -> None:
+    """Refuse (``ValueError`` naming ``codec``) unless ``|x - x_hat| <= bound`` elementwise, in fp64.
+
+    ``x`` exact values, ``x_hat`` their decodes (..., T, d); ``bound`` the codec's declared elementwise bound,
+    broadcastable to them, fp64, ``>= 0`` (``inf`` allowed). NaN anywhere fails.
+    """
+    if not isinstance(bound, torch.Tensor) or bound.dtype != torch.float64:
+        raise ValueError(f"codec {codec}: error_bound must return a float64 tensor, got "
+                         f"{getattr(bound, 'dtype', type(bound).__name__)}")
+    try:
+        bound = bound.expand_as(x_hat)
+    except RuntimeError:
+        raise ValueError(f"codec {codec}: error_bound of shape {tuple(bound.shape)} does not broadcast to the "
+                         f"decoded chunk {tuple(x_hat.shape)}") from None
+    error = (x_hat.to(torch.float64) - x.to(torch.float64)).abs()
+    bad = ~(error <= bound)  # NaN in either compares False: refused
+    if bad.any():
+        tokens = int(bad.any(-1).sum())
+        excess = float((error - bound)[bad].nan_to_num(nan=float("inf")).max())
+        raise ValueError(f"codec {codec}: the reconstruction error exceeds the codec's declared error_bound on "
+                         f"{tokens} token(s) (by up to {excess:.3g}): a witness derived from that bound would be "
+                         "unsound. Fix error_bound, or store the witness (witness_bits=8 or 16)")
+
+
+def derived_witness(bound: torch.Tensor, layout: BandLayout) -> torch.Tensor:
+    """fp16 band witness (..., S, B), band-major, from elementwise bounds ``bound`` (..., S, d) fp64 (``DW``):
+    each entry ``>=`` the exact norm of the band's bounds, so ``>=`` the band norm of any residual they bound."""
+    return band_major(round_up_to(norms_upper_fp64(layout.split(bound)), torch.float16))
+
+
+def derived_residual(bound: torch.Tensor) -> torch.Tensor:
+    """Value residual bounds (..., S) fp32 from elementwise bounds (..., S, d) fp64 (``DW`` with one band)."""
+    return round_up_to(norms_upper_fp64(bound), torch.float32)
