@@ -25,7 +25,7 @@ import torch
 
 from benchmarks.record import write_json
 
-SCHEMES = ("rtn-int8", "rtn-int4", "fp8-e4m3")
+SCHEMES = ("rtn-int8", "rtn-int4", "fp8-e4m3")  # and kivi-2bit with --schemes
 BANDS = (16, 8, 4)
 BITS = (16, 8)
 TASKS = ("text", "code", "needle")

@@ -53,6 +53,7 @@ from witcert.schemes.engine_formats import format_of
 from witcert.schemes.kv_format import KVFormat
 from witcert.schemes.registry import apply_scheme, get_scheme
 from witcert.tier_a.derived_witness import rounding_terms
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS
 
 NARROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16)  # narrowest first
 
@@ -529,6 +530,18 @@ _PACKED_BUILTINS = {
     builtin.fp8_e4m3_scaled: ScaledFloat8(),
     builtin.fp8_e4m3: Float8Cast(),
 }
+
+
+def default_witness_bits(codec) -> int:
+    """The monitor's default witness for a codec (``witness_bits=None``): derived (``0``, no stored band norm, ``DW``)
+    for the built-in 4- and 2-bit codecs, whose meters saturate on SmolLM2 with any witness (held-out-style
+    coverage at tau 0.2: rtn-int4 0.000 with the stored 8-bit witness and derived, kivi-2bit 0.000 and 0.000;
+    benchmarks/results/witness_size.json), so the stored bytes buy nothing; the stored one-byte witness
+    (:data:`~witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS`) otherwise: derived, rtn-int8's coverage fell
+    from 0.970 to 0.524 and fp8-e4m3's from 0.062 to 0.006."""
+    if isinstance(codec, KiviCodes) or isinstance(codec, IntCodes) and codec.bits <= 4:
+        return 0
+    return DEFAULT_WITNESS_BITS
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:

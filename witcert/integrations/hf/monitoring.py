@@ -59,7 +59,7 @@ from witcert.gate.backing_store import BackingStore
 from witcert.gate.policy import Gate
 from witcert.gate.repair import Repairer
 from witcert.integrations.hf import telemetry
-from witcert.integrations.hf.codecs import Dither, codec_for
+from witcert.integrations.hf.codecs import Dither, codec_for, default_witness_bits
 from witcert.integrations.hf.compressed_cache import CompressedLayer
 from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.memory import MemoryAccount, MemoryReport
@@ -115,8 +115,11 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
         norm in fp16. ``0``: no stored band norm, the witness is derived at every read from the codec's
         elementwise error bound (``error_bound``, checked against the exact tokens on write:
-        :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). Default 8 (``witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS``: at 16 bands on SmolLM2
-        it cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead of 40).
+        :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). Default: ``0``
+        for the built-in 4- and 2-bit codecs (``rtn-int4``, ``rtn-int2``, ``kivi-2bit``: their meters saturate
+        with any witness), 8 otherwise (``witcert.integrations.hf.codecs.default_witness_bits``; at 16 bands on
+        SmolLM2 the byte cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead
+        of 40, derived 0.446).
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
@@ -242,7 +245,7 @@ class Monitor:
         self.model = model
         self.geometry = geometry_of(model, rope)
         self.layout = self.geometry.layout(bands)
-        self.witness_code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
+        self.witness_code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)  # checked now
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         self.dithered = isinstance(scheme, str) and scheme == DITHERED
@@ -259,8 +262,11 @@ class Monitor:
         elif not self.dithered:
             # a plugin or module:function name loads here; an unknown name lists every known one
             named = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
+            packed = codec_for(named, packed=True)  # validates the object
+            if witness_bits is None:
+                self.witness_code = WitnessCode(default_witness_bits(packed))
             # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
-            self._codec = codec_for(named, packed=not keep_exact or self.witness_code.derived)  # validates the object
+            self._codec = packed if not keep_exact or self.witness_code.derived else codec_for(named, packed=False)
         if self.witness_code.derived and not callable(getattr(getattr(self, "_codec", None), "error_bound", None)):
             raise ValueError(f"witness_bits=0 derives the witness from the codec's elementwise error bound: scheme "
                              f"{scheme!r} has no codec with error_bound (the built-in rtn, kivi and fp8 schemes and "
