@@ -25,7 +25,9 @@ from witcert.integrations.hf.footprint import footprint
 from witcert.spec.bands import band_norms
 from witcert.spec.derived import bound_derived_witness, hypotheses_derived_witness
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.derived_witness import check_error_bound, derived_residual, derived_witness
+from witcert.tier_a.derived_witness import (
+    RELATIVE_MARGIN, check_error_bound, derived_residual, derived_witness, pack_nibbles, relative_codes,
+    relative_witness, unpack_nibbles)
 from witcert.tier_a.witness_code import WitnessCode
 
 SCHEMES = ["rtn-int8", "rtn-int4", "rtn-int2", "kivi-2bit", "fp8-e4m3", "fp8-e4m3-scaled"]
@@ -72,12 +74,14 @@ def _hard_keys(dtype, tokens=70, d=64, seed=0):
 
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("dtype", DTYPES)
-def test_every_builtin_codec_keeps_its_declared_bound_and_the_witness_covers_the_residual(scheme, dtype):
-    layout = BandLayout(64, 16)
-    store = CompressedLayer(codec_for(scheme, packed=True), layout, keep_exact=False, witness_code=WitnessCode(0))
+@pytest.mark.parametrize("bits, bands", [(0, 16), (4, 16), (4, 5)])  # 5 bands: an odd count of nibbles
+def test_every_builtin_codec_keeps_its_declared_bound_and_the_witness_covers_the_residual(scheme, dtype, bits, bands):
+    layout = BandLayout(64, bands) if bands == 16 else BandLayout(160, bands)
+    store = CompressedLayer(codec_for(scheme, packed=True), layout, keep_exact=False, witness_code=WitnessCode(bits))
     keys, values = [], []
     for i, tokens in enumerate((70, 1, 1, 33)):  # a prefill, decode steps, a chunk (KIVI's exact tails)
-        k, v = _hard_keys(dtype, tokens, seed=i), _hard_keys(dtype, tokens, seed=10 + i).flip(-2)
+        k, v = (_hard_keys(dtype, tokens, d=layout.head_dim, seed=i),
+                _hard_keys(dtype, tokens, d=layout.head_dim, seed=10 + i).flip(-2))
         store.append(k, v)
         keys.append(k)
         values.append(v)
@@ -98,6 +102,27 @@ def test_the_derived_witness_is_at_most_a_small_factor_above_the_stored_one():
     store.append(x, x)
     ratio = store.stored().witness.double() / layout.band_norms(store.read()[0].double() - x.double())
     assert 1.0 <= float(ratio.median()) < 2.2
+
+
+# ----------------------------------------------------------------------------- the 4-bit fraction of the derived witness
+@settings(max_examples=200, deadline=None)
+@given(st.floats(0.0, 1e30, allow_subnormal=True), st.floats(0.0, 1.0), st.sampled_from([16, 256]),
+       st.floats(-2.0**-20, 2.0**-20))
+def test_a_relative_code_read_back_is_at_or_above_the_norm(derived, fraction, levels, drift):
+    """Whatever the residual's share of the derived bound, and a read whose fp64 derived norm moved by far more than
+    a reduction order can move it, the code read back is at or above the norm (or is the derived bound itself)."""
+    d = torch.tensor([derived], dtype=torch.float64)
+    norm = d * fraction
+    code = relative_codes(norm, d, levels)
+    read = relative_witness(code, d * (1 + drift), levels, torch.float64 if levels == 256 else torch.float16)
+    assert int(code) == levels - 1 or float(read) >= float(norm)
+    if int(code) < levels - 1:  # the smallest such fraction: one level less would not do
+        assert int(code) == 0 or float(d * RELATIVE_MARGIN * int(code) / levels) < float(norm)
+
+
+def test_nibbles_round_trip():
+    codes = torch.randint(0, 16, (2, 3, 6, 7), dtype=torch.uint8)
+    assert torch.equal(unpack_nibbles(pack_nibbles(codes)), codes)
 
 
 # ----------------------------------------------------------------------------- codecs that lie are caught
@@ -168,11 +193,19 @@ def test_a_scheme_without_an_error_bound_is_refused_up_front(scheme):
 
 # ----------------------------------------------------------------------------- through the public API, per query
 @pytest.mark.parametrize("scheme", ["rtn-int8", "rtn-int4", "kivi-2bit", "fp8-e4m3", "fp8-e4m3-scaled"])
-def test_every_cell_of_a_derived_witness_is_at_or_above_its_true_tv(scheme):
-    table = _generate(scheme, witness_bits=0, bands=4).table()
+@pytest.mark.parametrize("bits", [0, 4])
+def test_every_cell_of_a_derived_witness_is_at_or_above_its_true_tv(scheme, bits):
+    table = _generate(scheme, witness_bits=bits, bands=4).table()
     assert len(table) and not np.isnan(table["true_tv"]).any()
     assert not (table["true_tv"] > table["meter"]).any()
     assert np.nanmax(table["true_tv"]) > 0
+
+
+def test_the_relative_meter_lies_between_the_stored_and_the_derived_ones():
+    """The meter is monotone in the witness (MW): fp16 norm <= 4-bit fraction of the derived bound <= derived bound."""
+    fine, relative, derived = (_generate("rtn-int8", witness_bits=bits).table() for bits in (16, 4, 0))
+    assert (fine["meter"] <= relative["meter"]).all() and (relative["meter"] <= derived["meter"]).all()
+    assert (relative["meter"] < derived["meter"]).any()
 
 
 def test_production_meters_what_validation_meters():
@@ -182,7 +215,9 @@ def test_production_meters_what_validation_meters():
     assert np.array_equal(kept["meter"], production["meter"])
 
 
-def test_a_derived_witness_costs_two_bytes_per_token_and_kv_head():
+def test_a_derived_witness_costs_two_bytes_per_token_and_kv_head_and_the_relative_one_eleven():
     fp = footprint("rtn-int8", 128, witness_bits=0)
     assert fp.witness == WitnessCode(0).bytes_per_token(16) == 2
     assert fp.capacity() > 1.8
+    assert footprint("rtn-int8", 128, witness_bits=4).witness == WitnessCode(4).bytes_per_token(16) == 11
+    assert footprint("rtn-int8", 160, witness_bits=4, bands=5).witness == WitnessCode(4).bytes_per_token(5) == 6

@@ -72,3 +72,47 @@ def derived_witness(bound: torch.Tensor, layout: BandLayout) -> torch.Tensor:
 def derived_residual(bound: torch.Tensor) -> torch.Tensor:
     """Value residual bounds (..., S) fp32 from elementwise bounds (..., S, d) fp64 (``DW`` with one band)."""
     return round_up_to(norms_upper_fp64(bound), torch.float32)
+
+
+# -- a short code relative to the derived witness (witness_bits=4) -------------------------------------------------
+RELATIVE_MARGIN = 1.0 - 2.0**-8  # the derived norms at a read may differ from the write's by fp64 reduction order
+
+
+def derived_norms(bound: torch.Tensor, layout: BandLayout | None) -> torch.Tensor:
+    """fp64 upper band norms (..., S, B) of elementwise bounds (..., S, d), before any rounding to storage
+    (``layout=None``: one band over all of ``d``, the value residual)."""
+    return norms_upper_fp64(bound if layout is None else layout.split(bound))
+
+
+def relative_codes(norms: torch.Tensor, derived: torch.Tensor, levels: int) -> torch.Tensor:
+    """Codes ``k - 1`` (uint8) of the smallest ``k`` in ``1 .. levels`` with ``(1 - 2^-8) derived k / levels >= norms``,
+    ``k = levels`` where none is: the stored fraction of the derived witness (``DW``, ``MW``).
+
+    ``norms`` fp64 upper band norms of the actual residual, ``derived`` fp64 upper band norms of the elementwise
+    bounds (``>= norms`` in exact arithmetic). A read forms ``derived' k / levels`` rounded up
+    (:func:`relative_witness`): for ``k < levels`` it is ``>= norms`` by the checked inequality, ``derived'`` being
+    the same fp64 reduction within far less than ``2^-8`` of ``derived``; for ``k = levels`` it is the derived
+    witness itself, sound by ``DW`` whatever the residual.
+    """
+    base = derived * RELATIVE_MARGIN / levels  # rounded: checked below, exactly, against each candidate
+    k = torch.ceil(norms / torch.where(base > 0, base, torch.ones_like(base))).clamp(1, levels)
+    k = torch.where(base * k >= norms, k, k + 1).clamp(max=levels)  # one step up where the quotient rounded low
+    k = torch.where((base > 0) & (base * k >= norms), k, torch.full_like(k, levels))
+    return (k - 1).to(torch.uint8)
+
+
+def relative_witness(codes: torch.Tensor, derived: torch.Tensor, levels: int, dtype: torch.dtype) -> torch.Tensor:
+    """``derived (code + 1) / levels`` rounded up to ``dtype``: the witness (or value residual) a relative code
+    stands for (:func:`relative_codes`)."""
+    scaled = derived * ((codes.to(torch.float64) + 1) / levels)  # (code + 1) / levels: exact (levels a power of 2)
+    return round_up_to(scaled * (1 + 2.0**-52), dtype)  # the product's rounding, covered
+
+
+def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes 0..15 (..., B, S), ``B`` even, -> (..., B/2, S): band ``2j`` low nibble, ``2j + 1`` high."""
+    return codes[..., 0::2, :] | (codes[..., 1::2, :] << 4)
+
+
+def unpack_nibbles(packed: torch.Tensor) -> torch.Tensor:
+    """Inverse of :func:`pack_nibbles`: (..., B/2, S) -> (..., B, S)."""
+    return torch.stack([packed & 15, packed >> 4], dim=-2).flatten(-3, -2)

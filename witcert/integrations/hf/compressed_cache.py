@@ -40,7 +40,10 @@ from witcert.integrations.hf.packed_history import PackedPair
 from witcert.integrations.hf.token_buffer import TokenBuffer, split_pair
 from witcert.core.values import value_norms
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.derived_witness import check_error_bound, derived_residual, derived_witness
+from witcert.tier_a.derived_witness import (
+    check_error_bound, derived_norms, derived_residual, derived_witness, pack_nibbles, relative_codes, relative_witness,
+    unpack_nibbles)
+from witcert.tier_a.witness import band_major
 from witcert.tier_a.observation import StoredKeys, stored_keys
 from witcert.tier_a.witness_code import WitnessCode
 
@@ -128,7 +131,8 @@ class CompressedLayer:
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
         self._packed = PackedPair(self.codec)
         if self.witness_code.derived and not self._packed.bounded:
-            raise ValueError(f"witness_bits=0 (a witness derived from the codec's error bound) needs a codec with "
+            raise ValueError(f"witness_bits={self.witness_code.bits} (a witness derived from the codec's error bound) "
+                             "needs a codec with "
                              f"error_bound(packed, decoded); {_codec_name(self.codec)} has none: store the witness "
                              "(witness_bits=8 or 16)")
         if self.keep_exact:
@@ -233,7 +237,10 @@ class CompressedLayer:
         with torch.no_grad():
             bound = self._packed.error_bound(pair)  # (2, B, Hkv, S, d) fp64
             self._settle(pair, bound)
-            witness, rho = derived_witness(bound[0], self.layout), derived_residual(bound[1])
+            if self.witness_code.relative:
+                witness, rho = self._relative_stats(bound)
+            else:
+                witness, rho = derived_witness(bound[0], self.layout), derived_residual(bound[1])
         return StoredKeys(k_hat=pair[0] if k_hat is None else k_hat, witness=witness, value_residual=rho,
                           value_norm=self._stats["value_norm"].view().float())
 
@@ -260,9 +267,29 @@ class CompressedLayer:
             bound = self._packed.error_bound(pair) if bound is None else bound
             start, n = self._settled, self._length - self._settled
             exact = self._exact.view().narrow(-2, start, n) if self.keep_exact else _cat_tokens([e for e, _ in self._unsettled])
-            check_error_bound(exact, pair.narrow(-2, start, n), bound.narrow(-2, start, n), _codec_name(self.codec))
+            decoded, bound = pair.narrow(-2, start, n), bound.narrow(-2, start, n)
+            check_error_bound(exact, decoded, bound, _codec_name(self.codec))
             self._unsettled, self._settled = [], self._length
-            _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])))
+            codes = self._relative_codes(exact, decoded, bound) if self.witness_code.relative else {}
+            _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])), **codes)
+
+    def _relative_codes(self, exact: torch.Tensor, decoded: torch.Tensor, bound: torch.Tensor) -> dict:
+        """``witness_bits=4``: each band norm of the new tokens' residuals as a 4-bit fraction of the derived witness
+        (nibbles, band-major (..., ceil(B/2), n)), each value residual as an 8-bit fraction of its derived bound."""
+        residual = decoded.double() - exact.double()  # exact: both at most fp32
+        keys = relative_codes(derived_norms(residual[0], self.layout), derived_norms(bound[0], self.layout), 16)
+        keys = keys.transpose(-1, -2)  # (..., B, n)
+        if keys.shape[-2] % 2:
+            keys = torch.cat([keys, torch.zeros_like(keys[..., :1, :])], dim=-2)
+        values = relative_codes(derived_norms(residual[1], None), derived_norms(bound[1], None), 256)
+        return {"witness": pack_nibbles(keys), "value_residual": values}
+
+    def _relative_stats(self, bound: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp16 witness (band-major) and fp32 value residual the stored fractions stand for (``witness_bits=4``)."""
+        codes = unpack_nibbles(self._stats["witness"].view())[..., :self.layout.bands, :].transpose(-1, -2)
+        witness = relative_witness(codes, derived_norms(bound[0], self.layout), 16, torch.float16)
+        rho = relative_witness(self._stats["value_residual"].view(), derived_norms(bound[1], None), 256, torch.float32)
+        return band_major(witness), rho
 
     def _unsettled_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact and decoded (2, B, Hkv, n, d) of the tokens without statistics: from the kept buffers, else the

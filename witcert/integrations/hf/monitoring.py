@@ -110,12 +110,13 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         mode (memory saved; the gate pages from a host backing store).
     bands : int, optional
         Witness bands (default: the largest divisor of ``head_dim / 2`` not above 16).
-    witness_bits : {16, 8, 0}, optional
+    witness_bits : {16, 8, 4, 0}, optional
         Bits per stored band norm (:mod:`witcert.tier_a.witness_code`): fp16, or one byte (e5m3), each
         rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
         norm in fp16. ``0``: no stored band norm, the witness is derived at every read from the codec's
         elementwise error bound (``error_bound``, checked against the exact tokens on write:
-        :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). Default: ``0``
+        :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). ``4``: each band
+        norm stored as a 4-bit fraction of that derived witness (11 bytes at 16 bands). Default: ``0``
         for the built-in 4- and 2-bit codecs (``rtn-int4``, ``rtn-int2``, ``kivi-2bit``: their meters saturate
         with any witness), 8 otherwise (``witcert.integrations.hf.codecs.default_witness_bits``; at 16 bands on
         SmolLM2 the byte cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead
@@ -268,7 +269,8 @@ class Monitor:
             # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
             self._codec = packed if not keep_exact or self.witness_code.derived else codec_for(named, packed=False)
         if self.witness_code.derived and not callable(getattr(getattr(self, "_codec", None), "error_bound", None)):
-            raise ValueError(f"witness_bits=0 derives the witness from the codec's elementwise error bound: scheme "
+            raise ValueError(f"witness_bits={self.witness_code.bits} derives the witness from the codec's elementwise "
+                             f"error bound: scheme "
                              f"{scheme!r} has no codec with error_bound (the built-in rtn, kivi and fp8 schemes and "
                              "user codecs that declare one do); store the witness instead (witness_bits=8 or 16)")
         if gate is not None and not isinstance(gate, Gate):

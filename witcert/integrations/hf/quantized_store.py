@@ -105,7 +105,8 @@ class QuantizedLayerStore:
         if not isinstance(self.witness_code, WitnessCode):
             raise ValueError(f"witness_code must be a WitnessCode, got {type(self.witness_code).__name__}")
         if self.witness_code.derived:
-            raise ValueError(f"{self.spec.name}: witness_bits=0 derives the witness from a codec's elementwise error "
+            raise ValueError(f"{self.spec.name}: witness_bits={self.witness_code.bits} derives the witness from a "
+                             "codec's elementwise error "
                              "bound; transformers' quantized layers declare none: store the witness (witness_bits=8 "
                              "or 16)")
         self.layer = self.spec.layer()
