@@ -69,6 +69,39 @@ def derived_witness(bound: torch.Tensor, layout: BandLayout) -> torch.Tensor:
     return band_major(round_up_to(norms_upper_fp64(layout.split(bound)), torch.float16))
 
 
+def group_counts(layout: BandLayout, groups: int) -> torch.Tensor:
+    """(G, B) float64: how many channels of band ``b`` lie in channel group ``g`` (groups of ``d / G`` contiguous
+    channels; ``layout=None`` style one band is ``BandLayout(d, 1)``)."""
+    d = layout.head_dim
+    if groups < 1 or d % groups:
+        raise ValueError(f"groups must divide the head dim {d}, got {groups}")
+    of_channel = layout.split(torch.arange(d)) // (d // groups)  # (B, 2P): each band's channels' groups
+    return torch.stack([(of_channel == g).sum(-1) for g in range(groups)]).to(torch.float64)
+
+
+def group_band_norms(group_bound: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
+    """fp64 upper band norms (..., S, B) of elementwise bounds that are constant over channel groups: ``group_bound``
+    (..., S, G) fp64, ``counts`` from :func:`group_counts` (``DW`` with ``e_i = E_g`` for ``i`` in group ``g``).
+
+    ``||e_b|| = sqrt(sum_g n_{g,b} E_g^2)``: one fp64 matmul of the squares against the counts, after dividing each
+    token's bounds by their largest (no overflow); a ratio below ``2^-400`` is lifted to it (its square stays
+    normal: never lost to underflow, and an upper bound still). ``G + 5`` roundings (ratio, square, the matmul's
+    products and any-order sum, sqrt, rescale) are covered by the inflation ``1 + (G + 16) 2^-52``; ``inf`` stays
+    ``inf``. ``S G B`` operations and no decode: what makes the derived witness cheap to recompute at every read.
+    """
+    peak = group_bound.amax(-1, keepdim=True)  # (..., S, 1)
+    ratio = group_bound / torch.where(peak > 0, peak, 1.0)
+    ratio = torch.where(group_bound > 0, ratio.clamp(min=2.0**-400), ratio)
+    norms = peak * torch.sqrt((ratio * ratio) @ counts)  # (..., S, B)
+    norms = torch.where(torch.isinf(peak), peak, norms)
+    return norms * (1.0 + (counts.shape[0] + 16) * 2.0**-52)
+
+
+def witness_of_norms(norms: torch.Tensor) -> torch.Tensor:
+    """fp16 band-major witness (..., S, B) of fp64 upper band norms, rounded up."""
+    return band_major(round_up_to(norms, torch.float16))
+
+
 def derived_residual(bound: torch.Tensor) -> torch.Tensor:
     """Value residual bounds (..., S) fp32 from elementwise bounds (..., S, d) fp64 (``DW`` with one band)."""
     return round_up_to(norms_upper_fp64(bound), torch.float32)

@@ -150,21 +150,22 @@ class IntCodes:
     def nbytes(self, packed: tuple) -> int:
         return nbytes(packed[0], packed[1])
 
-    def error_bound(self, packed: tuple, decoded: torch.Tensor) -> torch.Tensor:
-        """Elementwise fp64 bound on ``|x - decode(packed)|`` (``DW``): half a step of the element's group, from the
-        stored maximum, plus the roundings of the work dtype and of ``decoded``'s dtype.
+    def group_error_bound(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """fp64 bound (..., T, G) on ``|x_i - decode(packed)_i|`` for every channel ``i`` of group ``g`` (``DW``), from
+        the stored maxima alone (no decode): half a step, the work dtype's roundings, the cast to ``dtype``.
 
-        ``|x/s - code| <= 1/2 + 2 u_w qmax`` (the division rounds, the clamp cuts at most ``u_w qmax``), the
-        product ``code s`` rounds by ``u_w qmax s``, the cast to the model dtype by ``u_m |x^| + a_m``
-        (:func:`~witcert.tier_a.derived_witness.rounding_terms`); each term is doubled here. A group whose
-        maximum is 0 decodes to 0 exactly.
+        ``|x/s - code| <= 1/2 + 2 u_w qmax`` (the division rounds, the clamp cuts at most ``u_w qmax``); the product
+        ``code s`` rounds by ``u_w qmax s`` and is at most ``qmax s (1 + u_w)``; the cast to the model dtype moves a
+        value ``y`` by ``u_m |fl(y)| + a_m <= u_m (1 + u_m) |y| + a_m``
+        (:func:`~witcert.tier_a.derived_witness.rounding_terms`). A group whose maximum is 0 decodes to 0 exactly.
         """
         _, amax, _ = packed
-        scale = self._scale(amax)  # (..., T, G, 1) in the work dtype, as decode forms it
-        u_w, _ = rounding_terms(scale.dtype)
-        step = scale.double() * (0.5 + 4 * u_w * self.qmax)
-        step = torch.where(amax.double() > 0, step, torch.zeros_like(step))
-        return _plus_cast(step.expand(*step.shape[:-1], decoded.shape[-1] // step.shape[-2]).flatten(-2), decoded)
+        scale = self._scale(amax)[..., 0].double()  # (..., T, G): the work-dtype scale decode uses, exactly
+        u_w, _ = rounding_terms(builtin._work(amax).dtype)
+        u_m, a_m = rounding_terms(dtype)
+        peak = scale * self.qmax * (1 + 4 * u_w)  # >= |code s| and its rounding
+        bound = scale * (0.5 + 4 * u_w * self.qmax) + u_m * (1 + 2 * u_m + 2.0**-20) * peak + a_m
+        return torch.where(amax[..., 0].double() > 0, bound, torch.zeros_like(bound))
 
     token_axes = (-2, -3, None)  # codes (..., T, d'), scales (..., T, d/g, 1), d: a store grows them in place
     roles_alike = True  # keys and values are coded the same way (role and start ignored): a store codes both at once
@@ -533,14 +534,21 @@ _PACKED_BUILTINS = {
 
 
 def default_witness_bits(codec) -> int:
-    """The monitor's default witness for a codec (``witness_bits=None``): derived (``0``, no stored band norm, ``DW``)
-    for the built-in 4- and 2-bit codecs, whose meters saturate on SmolLM2 with any witness (held-out-style
-    coverage at tau 0.2: rtn-int4 0.000 with the stored 8-bit witness and derived, kivi-2bit 0.000 and 0.000;
-    benchmarks/results/witness_size.json), so the stored bytes buy nothing; the stored one-byte witness
-    (:data:`~witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS`) otherwise: derived, rtn-int8's coverage fell
-    from 0.970 to 0.524 and fp8-e4m3's from 0.062 to 0.006."""
-    if isinstance(codec, KiviCodes) or isinstance(codec, IntCodes) and codec.bits <= 4:
-        return 0
+    """The monitor's default witness for a codec (``witness_bits=None``), chosen from the held-out-style coverage at
+    tau 0.2 on SmolLM2 (16 bands; ``benchmarks/results/witness_derived.json``) and from what a read costs:
+
+    - ``0`` (derived, nothing stored per band) for the built-in rtn-int4 and rtn-int2: their meters saturate with
+      any witness (rtn-int4 0.000 stored and derived), so stored bytes buy nothing;
+    - ``4`` (a 4-bit fraction of the derived witness) for the built-in rtn-int8: 0.965 against 0.970 with the stored
+      byte and 0.980 in fp16 (derived alone: 0.524);
+    - the stored byte (:data:`~witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS`) for every other codec: the rtn
+      codecs' bounds are constant over channel groups and recomputed from the scales alone
+      (``group_error_bound``), the others' (KIVI, fp8, a user's) elementwise from a decode at every read, which
+      measured 12x the per-step read of the stored byte (rtn-int8's elementwise bound, 4096 tokens); and a user's
+      declared bound may be loose. Deriving is then the user's choice (``witness_bits=0`` or ``4``).
+    """
+    if isinstance(codec, IntCodes):
+        return 0 if codec.bits <= 4 else 4
     return DEFAULT_WITNESS_BITS
 
 

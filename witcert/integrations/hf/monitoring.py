@@ -116,11 +116,10 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         norm in fp16. ``0``: no stored band norm, the witness is derived at every read from the codec's
         elementwise error bound (``error_bound``, checked against the exact tokens on write:
         :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). ``4``: each band
-        norm stored as a 4-bit fraction of that derived witness (11 bytes at 16 bands). Default: ``0``
-        for the built-in 4- and 2-bit codecs (``rtn-int4``, ``rtn-int2``, ``kivi-2bit``: their meters saturate
-        with any witness), 8 otherwise (``witcert.integrations.hf.codecs.default_witness_bits``; at 16 bands on
-        SmolLM2 the byte cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead
-        of 40, derived 0.446).
+        norm stored as a 4-bit fraction of that derived witness (11 bytes at 16 bands). Default, per scheme
+        (``witcert.integrations.hf.codecs.default_witness_bits``, from rtn-int8's coverage at tau 0.2 on SmolLM2):
+        ``0`` for ``rtn-int4``, ``rtn-int2`` and ``kivi-2bit`` (their meters saturate with any witness), ``4`` for
+        ``rtn-int8`` (0.965 against 0.980 in fp16) and the fp8 E4M3 schemes, 8 otherwise.
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
@@ -268,7 +267,9 @@ class Monitor:
                 self.witness_code = WitnessCode(default_witness_bits(packed))
             # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
             self._codec = packed if not keep_exact or self.witness_code.derived else codec_for(named, packed=False)
-        if self.witness_code.derived and not callable(getattr(getattr(self, "_codec", None), "error_bound", None)):
+        codec = getattr(self, "_codec", None)
+        if self.witness_code.derived and not any(callable(getattr(codec, name, None))
+                                                 for name in ("error_bound", "group_error_bound")):
             raise ValueError(f"witness_bits={self.witness_code.bits} derives the witness from the codec's elementwise "
                              f"error bound: scheme "
                              f"{scheme!r} has no codec with error_bound (the built-in rtn, kivi and fp8 schemes and "

@@ -18,7 +18,8 @@ role otherwise.
 
 A codec with ``error_bound(packed, decoded)`` (elementwise bounds on its reconstruction error, ``DW``) gets
 them for the whole history from :meth:`PackedPair.error_bound`, chunk by chunk against the decoded history
-(each chunk's token count is kept for that).
+(each chunk's token count is kept for that); one with ``group_error_bound(packed, dtype)`` (bounds constant
+over channel groups, from its scales) from :meth:`PackedPair.group_error_bound`, with no decode.
 """
 from __future__ import annotations
 
@@ -70,6 +71,12 @@ class PackedHistory:
         history decoded; each chunk's bound broadcast to its tokens."""
         parts = decoded.split(self.lengths, dim=-2) if self.axes is None else (decoded,)
         bounds = [self.codec.error_bound(p, d).expand_as(d) for p, d in zip(self.chunks, parts)]
+        return bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
+
+    def group_error_bound(self, dtype: torch.dtype) -> torch.Tensor:
+        """The codec's fp64 bounds per channel group (..., S, G) of every token held (``group_error_bound``: from the
+        stored scales, no decode)."""
+        bounds = [self.codec.group_error_bound(p, dtype) for p in self.chunks]
         return bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
 
     def nbytes(self) -> int:
@@ -134,9 +141,20 @@ class PackedPair:
         return torch.stack([history.decode(dtype, start) for history in self.histories])
 
     @property
+    def grouped(self) -> bool:
+        """Whether the codec declares its error bounds per channel group (``group_error_bound``, from its scales)."""
+        return callable(getattr(self.codec, "group_error_bound", None))
+
+    @property
     def bounded(self) -> bool:
-        """Whether the codec declares elementwise error bounds (``error_bound``: a witness can be derived)."""
-        return callable(getattr(self.codec, "error_bound", None))
+        """Whether the codec declares error bounds (``error_bound`` or ``group_error_bound``: a witness can be derived)."""
+        return self.grouped or callable(getattr(self.codec, "error_bound", None))
+
+    def group_error_bound(self, dtype: torch.dtype) -> torch.Tensor:
+        """fp64 bounds per channel group (2, B, Hkv, S, G) of keys and values, from the stored scales."""
+        if self.alike:
+            return self.histories[0].group_error_bound(dtype)
+        return torch.stack([history.group_error_bound(dtype) for history in self.histories])
 
     def error_bound(self, pair: torch.Tensor) -> torch.Tensor:
         """Elementwise fp64 bounds (2, B, Hkv, S, d) of keys and values against ``pair``, the history decoded."""
