@@ -505,23 +505,28 @@ def capacity_section() -> str | None:
     lines = ["## Capacity", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
              f"Tokens that fit in {setup['budget_bytes'] / 2**30:g} GiB of KV cache for a {setup['dtype']} model: the "
              "uncompressed cache, each scheme alone (its codes and their group statistics, as the production store "
-             "holds them), and with the production monitor (`keep_exact=False`: the witness added, "
-             f"{setup['witness_bits']}-bit band norms at the default bands, and in fp16 for comparison). Accounted "
+             "holds them), and with the production monitor (`keep_exact=False`: the witness added at the monitor's "
+             "default for the scheme, the *witness* column: 8 the one-byte band norms, 4 a 4-bit fraction of the "
+             "witness derived from the codec's error bound, 0 that derived witness alone with only the value norms "
+             "stored; and in fp16 and derived for comparison, *n/a* where the codec declares no bound). Accounted "
              "from the tensors the production store holds after a long prefill (`witcert.integrations.hf.footprint`). "
              "A gate or spot check in production also keeps the exact keys and values on the host (the uncompressed "
              "size, never on the device): the *host backing* column.", ""]
     for shape, rows in record["accounting"].items():
         bands = setup["bands"][shape]
         lines += [f"**{shape}**, {bands} bands:", "",
-                  "| scheme | bytes per token: bf16 | raw | monitored | tokens: bf16 | raw | monitored | "
-                  "capacity: raw | monitored | with an fp16 witness | host backing per token |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| scheme | witness | bytes per token: bf16 | raw | monitored | tokens: bf16 | raw | monitored | "
+                  "capacity: raw | monitored | with an fp16 witness | derived | host backing per token |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             t = r["tokens_in_budget"]
-            lines.append(f"| {r['scheme']} | {r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
+            derived = r.get("capacity_monitored_derived_witness")
+            lines.append(f"| {r['scheme']} | {r.get('witness_bits', setup['witness_bits'])} | "
+                         f"{r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
                          f"{r['bytes_per_token_monitored']:,.0f} | {int(t['bf16']):,d} | {int(t['raw']):,d} | {int(t['monitored']):,d} | "
                          f"{r['capacity_raw']:.2f}x | {r['capacity_monitored']:.2f}x | "
-                         f"{r['capacity_monitored_fp16_witness']:.2f}x | {r['host_backing_per_token']:,.0f} B |")
+                         f"{r['capacity_monitored_fp16_witness']:.2f}x | {'n/a' if derived is None else f'{derived:.2f}x'} | "
+                         f"{r['host_backing_per_token']:,.0f} B |")
         lines.append("")
     generation = record.get("generation")
     if generation:
@@ -582,7 +587,32 @@ def witness_size_section() -> str | None:
             lines.append(f"| {scheme} | {r['bands']} | {r['bits']} | {r['witness_bytes']} | {r['cells']:,d} | "
                          f"{_fraction(r['coverage'])} | {_fraction(r['ceiling'])} | "
                          f"{r['median_meter_over_true_tv']:.2f} | {r['p90_meter_over_true_tv']:.2f} | {r['violations']} |")
-    return "\n".join(lines)
+    return "\n".join(lines + derived_witness_lines(record["schemes"].get("rtn-int8", [])))
+
+
+def derived_witness_lines(fp16_rows: list) -> list[str]:
+    """The witness derived from the codec's error bound against the stored byte (``witness_derived.json``)."""
+    record = _load("witness_derived.json")
+    if record is None:
+        return []
+    setup = record["setup"]
+    fp16 = next((r for r in fp16_rows if r["bands"] == 16 and r["bits"] == 16), None)
+    lines = ["", "### A witness derived from the codec's error bound", "",
+             _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             "The same cases at 16 bands: the stored byte (bits 8); bits 0, no band norm stored, the witness derived "
+             "at every read from the codec's elementwise error bound (registry `DW`, checked against the exact tokens "
+             "on write), only the value norm kept; bits 4, each band norm stored as a 4-bit fraction of that derived "
+             "witness. The monitor's defaults come from this table: derived for rtn-int4 and rtn-int2 (their meters "
+             "saturate with any witness), the 4-bit fraction for rtn-int8"
+             + (f" (fp16 norms: {_fraction(fp16['coverage'])})" if fp16 else "") + ", the stored byte otherwise.", "",
+             "| scheme | bits | witness bytes | cells | coverage | ceiling | median meter / true TV | 90th percentile | "
+             "violations |", "|---|---|---|---|---|---|---|---|---|"]
+    for scheme, rows in record["schemes"].items():
+        for r in rows:
+            lines.append(f"| {scheme} | {r['bits']} | {r['witness_bytes']} | {r['cells']:,d} | {_fraction(r['coverage'])} | "
+                         f"{_fraction(r['ceiling'])} | {r['median_meter_over_true_tv']:.2f} | "
+                         f"{r['p90_meter_over_true_tv']:.2f} | {r['violations']} |")
+    return lines
 
 
 def _vllm_machine(m: dict | str) -> str:
