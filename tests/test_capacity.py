@@ -54,8 +54,8 @@ def test_witcert_schemes_lists_the_bytes_with_memory(capsys):
     assert main(["schemes", "--memory", "--head-dim", "64"]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^rtn-int4 +72 +74 +3\.46x +3\.46x ", out, re.M)  # derived by default
-    assert re.search(r"^kivi-2bit +48 +50 +5\.12x +5\.12x ", out, re.M)
-    assert re.search(r"^rtn-int8 +136 +155 +1\.65x +1\.86x ", out, re.M)  # stored by default, derived opt-in
+    assert re.search(r"^rtn-int8 +136 +147 +1\.74x +1\.86x ", out, re.M)  # a 4-bit fraction by default
+    assert re.search(r"^kivi-2bit +48 +67 +3\.82x +5\.12x ", out, re.M)  # the byte by default, derived opt-in
     assert re.search(r"^hf-quanto-int4 .* n/a ", out, re.M) or "extra 'quant'" in out
     assert main(["schemes"]) == 0
     assert "--memory" in capsys.readouterr().out  # the plain listing says where the bytes are
