@@ -138,7 +138,8 @@ def relative_witness(codes: torch.Tensor, derived: torch.Tensor, levels: int, dt
     """``derived (code + 1) / levels`` rounded up to ``dtype``: the witness (or value residual) a relative code
     stands for (:func:`relative_codes`)."""
     scaled = derived * ((codes.to(torch.float64) + 1) / levels)  # (code + 1) / levels: exact (levels a power of 2)
-    return round_up_to(scaled * (1 + 2.0**-52), dtype)  # the product's rounding, covered
+    scaled = torch.where(codes == levels - 1, derived, scaled * (1 + 2.0**-52))  # the product's rounding, covered
+    return round_up_to(scaled, dtype)  # the top code is the derived witness itself, rounded as it is
 
 
 def pack_nibbles(codes: torch.Tensor) -> torch.Tensor:
