@@ -15,7 +15,8 @@ What saves memory, honestly:
   minimum and maximum in the input's dtype (keys: per channel over each complete 32-token group, the
   rest of a chunk exact; values: per token over 32 channels); bit-identical to the registered scheme;
 - :class:`ScaledFloat8`: the built-in ``fp8-e4m3-scaled`` as fp8 codes plus one fp32 scale per
-  chunk; bit-identical to the registered scheme;
+  chunk; bit-identical to the registered scheme; :class:`Float8Cast`: the raw ``fp8-e4m3`` cast as its fp8
+  values (one byte each), bit-identical too;
 - the engine formats (:mod:`witcert.schemes.engine_formats`: per-token-head INT8/FP8/INT4, NVFP4, MXFP4,
   TurboQuant): each format object is its own codec, storing the engine's packed codes and scales;
 - :class:`Dither`: the Tier B dithered INT8 store (int8 payload, fp16 scales; the dither is
@@ -30,6 +31,14 @@ What saves memory, honestly:
   codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods (and,
   optionally, ``join(first, second)``: one packed chunk of both, which the cache then holds instead of
   one chunk per step, as :class:`IntCodes` does) and passes it as the scheme.
+
+A codec may also declare an elementwise bound on its reconstruction error, ``error_bound(packed, decoded)``
+(a float64 tensor ``e`` broadcastable to ``decoded``, ``|x - decode(packed)| <= e``): the monitor can then derive
+the witness from it instead of storing one (``witness_bits=0`` or ``4``, :mod:`witcert.tier_a.derived_witness`,
+``DW``), the bound checked against the exact tokens on write. The built-in :class:`KiviCodes`,
+:class:`ScaledFloat8` and :class:`Float8Cast` declare elementwise bounds; :class:`IntCodes` declares its bound per
+channel group from the stored maxima (``group_error_bound(packed, dtype)``), which a read reduces without a decode.
+:func:`default_witness_bits` picks the monitor's default witness per codec.
 
 A user codec is held through :class:`OwnedCodec` (:func:`owned_codec`): the store owns what it holds.
 ``encode`` gets a private copy of the exact tokens, and every tensor ``encode``, ``decode`` and
