@@ -98,7 +98,7 @@ class KeyGather:
             self.kv_heads, self.length = keys.shape[1], keys.shape[2]
             self.row_bytes = keys.shape[-1] * keys.element_size()
         self._bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
-        self._read = torch.zeros(0, dtype=torch.int64)  # flat (row, kv, token) keys read in this call
+        self._read = None  # (rows * kv heads * length,) bool: key rows read in this call (allocated at a first read)
         self._first_cell = None  # (row, kv head) -> first cell asking for it (block charges)
         self._block_bytes: dict[int, int] = {}  # cell -> bytes of the verified blocks charged to it
 
@@ -117,7 +117,7 @@ class KeyGather:
         unique, inverse = torch.unique(flat, return_inverse=True)
         keys = self._backed(unique) if self.backed else self._cached(unique)  # (U, d) fp64, one gather
         if not self.backed:
-            self._charge_rows(flat, cells)
+            self._charge_rows(unique, inverse, cells)
         logits = (keys[inverse] * self.q[cells]).sum(-1) * self.scale
         return logits if self.bias is None else logits + self.bias[cells, tokens]
 
@@ -138,18 +138,20 @@ class KeyGather:
             out[at] = self.keys.gather(b, kv, tokens[at])
         return out
 
-    def _charge_rows(self, flat: torch.Tensor, cells: torch.Tensor) -> None:
-        """Charge each key row read for the first time in this call to the first cell that asked for it."""
-        new = ~torch.isin(flat, self._read)
+    def _charge_rows(self, unique: torch.Tensor, inverse: torch.Tensor, cells: torch.Tensor) -> None:
+        """Charge each key row ``unique`` read for the first time in this call to the first cell that asked for it
+        (``inverse`` maps the call's pairs to ``unique``, ``cells`` their cells)."""
+        if self._read is None:
+            self._read = torch.zeros(int(self.rows.max()) + 1 if self.rows.numel() else 0, self.kv_heads,
+                                     self.length, dtype=torch.bool).reshape(-1)
+        new = ~self._read[unique]
         if not bool(new.any()):
             return
-        fresh, fresh_cells = flat[new], cells[new]
-        unique, inverse = torch.unique(fresh, return_inverse=True)
-        first = torch.full((unique.numel(),), fresh.numel()).scatter_reduce(0, inverse, torch.arange(fresh.numel()),
-                                                                             "amin")
-        self._bytes_read.index_add_(0, fresh_cells[first], torch.full((first.numel(),), float(self.row_bytes),
-                                                                       dtype=torch.float64))
-        self._read = torch.cat([self._read, unique])
+        first = torch.full((unique.numel(),), inverse.numel()).scatter_reduce(0, inverse, torch.arange(inverse.numel()),
+                                                                               "amin")  # each row's first pair
+        self._bytes_read.index_add_(0, cells[first[new]], torch.full((int(new.sum()),), float(self.row_bytes),
+                                                                     dtype=torch.float64))
+        self._read[unique[new]] = True
 
     def _charge_block(self, head: int, block: int, nbytes: int) -> None:
         """Charge a verified block paged now to the first cell of its (row, kv head) in this call."""
