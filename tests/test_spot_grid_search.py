@@ -1,6 +1,7 @@
-"""The betting bound's two-level grid search (registry SCB; ``witcert.spot.confidence.row_betting_upper``).
+"""The betting bound's searches (registry SCB; ``witcert.spot.confidence.row_betting_upper``): the two-level grid
+search of small inputs and the bisection of large ones.
 
-It must return the full grid's first rejected point ``j* / GRID_CELLS`` of every row: the fp64 capital at ``j*`` is
+Each must return the full grid's first rejected point ``j* / GRID_CELLS`` of every row: the fp64 capital at ``j*`` is
 rejected and the one at ``j* - 1`` is not, each up to the rounding of a sum (checked with a slack of ``1e-9``, far
 above it, so no test depends on the order a CPU sums in). Rows of every length, cap, ``delta`` and spread, and rows
 with no valid sample, are searched together, as the batched check does.
@@ -33,11 +34,17 @@ def random_rows(seed: int, rows: int = 24, width: int = 400):
     return x, valid, delta, planned
 
 
+SEARCHES = {"grid": confidence._grid_search, "bisection": confidence._bisection,
+            "row_betting_upper": lambda x, valid, delta, planned, cap: confidence.row_betting_upper(
+                x, valid, delta, planned, float(cap))}
+
+
+@pytest.mark.parametrize("search", SEARCHES)
 @pytest.mark.parametrize("cap", (confidence.BETTING_CAP, confidence.ONE_SIDED_CAP))
 @pytest.mark.parametrize("seed", (0, 1, 2))
-def test_grid_search_finds_the_first_rejected_grid_point(cap, seed):
+def test_search_finds_the_first_rejected_grid_point(search, cap, seed):
     x, valid, delta, planned = random_rows(seed)
-    bound = confidence.row_betting_upper(x, valid, delta, planned, cap)
+    bound = SEARCHES[search](x, valid, delta, planned, torch.tensor(cap, dtype=torch.float64))
     lambdas = confidence.row_lambdas(torch.where(valid, x, 0.0), valid, delta, planned)
     grid = confidence.GRID_CELLS
     for row in range(x.shape[0]):
@@ -55,14 +62,15 @@ def test_grid_search_finds_the_first_rejected_grid_point(cap, seed):
             assert log_capital(xs, lam, point - 1, cap) < threshold + confidence.LOG_MARGIN + SLACK, (row, point)
 
 
-def test_grid_search_bounds_every_grid_region():
+@pytest.mark.parametrize("search", SEARCHES)
+def test_search_bounds_every_grid_region(search):
     """Rows built to be rejected from every coarse block of the grid: the fine search covers each block."""
     means = torch.linspace(0.0, 0.99, 40, dtype=torch.float64)
     x = means[:, None].expand(-1, 600).clone()  # constant rows: the bound sits just above each mean
     valid = torch.ones_like(x, dtype=torch.bool)
     delta = torch.full((40,), 1e-3, dtype=torch.float64)
-    bound = confidence.row_betting_upper(x, valid, delta, torch.full((40,), 600.0, dtype=torch.float64),
-                                         confidence.ONE_SIDED_CAP)
+    bound = SEARCHES[search](x, valid, delta, torch.full((40,), 600.0, dtype=torch.float64),
+                             torch.tensor(confidence.ONE_SIDED_CAP, dtype=torch.float64))
     assert bool((bound >= means).all())
     assert bool((bound <= means + 0.1).all())
     assert len(set((bound * confidence.GRID_CELLS).long().div(confidence.GRID_STRIDE, rounding_mode="floor")

@@ -4,8 +4,9 @@
 log-space weights; :mod:`witcert.spot.one_sided`, :mod:`witcert.spot.cell`) on ``N`` cells as tensors
 ``(N, S)``: each stage draws for every cell in one sampling call over the cells' weight matrix, reads the
 exact logits of every new token at once (:mod:`witcert.spot.gather`: one gather of exact keys per kv head,
-shared by the query heads over it), and bounds every cell's mean in one grid search
-(:func:`witcert.spot.confidence.row_betting_upper`). Python loops run over rounds and stages,
+shared by the query heads over it), and bounds every cell's mean in one search over the grid
+(:func:`witcert.spot.confidence.row_betting_upper`). Python loops run over rounds, stages and (for many cells) the
+search's bisection steps,
 never over cells or draws. Given the same draws a cell gets the bound the one-cell form gives it (the tests
 replay one form's draws in the other); the draws are the caller's own randomness, made after the queries
 are fixed.

@@ -113,19 +113,24 @@ def row_betting_upper(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor,
     (1 - m_j))``, is non-decreasing in ``j``: each ``b(m) (m - X)`` is (for ``m >= X`` a product of non-negative
     non-decreasing factors; for ``m < X``, ``-min(lambda (X - m), cap (X - m) / (1 - m))`` with both non-increasing in
     ``m``). So the rejected grid points (``L_j >= log(1/delta) + LOG_MARGIN``) are those from the first rejected one
-    up, and the bound is that point ``j* / G`` (1 when none is rejected, 0 when all are). The search evaluates the
-    capital of every row at every ``GRID_STRIDE``-th point at once (one ``(R, G / GRID_STRIDE, T)`` evaluation), then
-    at the ``GRID_STRIDE - 1`` points below the first coarse point rejected (a second one): the full grid's first
-    rejected point, in two tensor evaluations, no loop per step. Wherever fp64 breaks the monotonicity by a rounding,
+    up, and the bound is that point ``j* / G`` (1 when none is rejected, 0 when all are). Small inputs (``R T <=
+    GRID_SEARCH_MOST``) are searched on the grid: the capital of every row at every ``GRID_STRIDE``-th point at once
+    (one ``(R, G / GRID_STRIDE, T)`` evaluation), then at the ``GRID_STRIDE - 1`` points below the first coarse point
+    rejected (a second one), no loop per step; larger ones by bisection (``log2 G + 1`` evaluations of ``(R, T)``: 3.5x
+    less arithmetic, which wins once the per-step overhead is small beside it). Both find the same first rejected
+    point. Wherever fp64 breaks the monotonicity by a rounding,
     the point found is rejected by ``LOG_MARGIN`` (so by the exact capital too) and every point above it is by the
     exact monotone ``L``: the bound is still valid. Rows without a valid sample give 1. Compiled with
     ``WITCERT_COMPILE=1`` (:func:`witcert.fastpath.compiled.pick`; the same operations, any order of the sums).
     """
     cap_t = torch.tensor(float(cap), dtype=torch.float64)
-    return pick(_grid_search, _grid_search_probe)(x.to(torch.float64), valid, delta.to(torch.float64),
-                                                 planned.to(torch.float64), cap_t)
+    search = (_grid_search, _grid_search_probe) if x.numel() <= GRID_SEARCH_MOST else (_bisection, _bisection_probe)
+    return pick(*search)(x.to(torch.float64), valid, delta.to(torch.float64), planned.to(torch.float64), cap_t)
 
 
+GRID_SEARCH_MOST = 4096
+"""Most samples (``R T``) searched on the grid; bisection above (measured, one thread: the grid wins at ``9 x 300``,
+bisection at ``9 x 2000`` and ``288 x 300``)."""
 GRID_STRIDE = 16
 """Grid points between the first search's points: ``GRID_CELLS / GRID_STRIDE`` coarse points, then ``GRID_STRIDE - 1``."""
 assert GRID_CELLS % GRID_STRIDE == 0
@@ -165,10 +170,31 @@ def _grid_search(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, plan
 
 
 def _grid_search_probe() -> tuple:
-    """Arguments that compile :func:`_grid_search` (sizes >= 2)."""
+    """Arguments that compile :func:`_grid_search` or :func:`_bisection` (sizes >= 2)."""
     x = torch.full((2, 4), 0.5, dtype=torch.float64)
     return (x, torch.ones_like(x, dtype=torch.bool), torch.full((2,), 0.1, dtype=torch.float64),
             torch.full((2,), 4.0, dtype=torch.float64), torch.tensor(0.9, dtype=torch.float64))
+
+
+_bisection_probe = _grid_search_probe
+_STEPS = GRID_CELLS.bit_length()  # bisection steps over GRID_CELLS + 1 outcomes
+
+
+def _bisection(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, planned: torch.Tensor,
+               cap: torch.Tensor) -> torch.Tensor:
+    """:func:`row_betting_upper` by bisection over the grid points, tensors only (``WITCERT_COMPILE=1`` compiles it)."""
+    x = torch.where(valid, x, 0.0)  # past a row's prefix: any value, its bet is 0
+    lambdas = row_lambdas(x, valid, delta, planned)  # (R, T)
+    threshold = torch.log(1 / delta) + LOG_MARGIN  # (R,)
+    low = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)  # invariant: points < low are not rejected
+    high = torch.full_like(low, GRID_CELLS)  # invariant: points >= high are rejected (GRID_CELLS: none known)
+    for _ in range(_STEPS):
+        middle = (low + high) // 2  # < GRID_CELLS while low < high
+        hit = _rejected(x, lambdas, threshold, middle.clamp(max=GRID_CELLS - 1)[:, None], cap)[:, 0]
+        open_ = low < high
+        high = torch.where(open_ & hit, middle, high)
+        low = torch.where(open_ & ~hit, middle + 1, low)
+    return torch.where(valid.any(-1), high.to(torch.float64) / GRID_CELLS, 1.0)  # GRID_CELLS -> 1
 
 
 def mean_upper(xs: torch.Tensor, delta: float) -> float:
