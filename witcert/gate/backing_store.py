@@ -32,9 +32,9 @@ a request's store when its cache is released and when the monitor closes).
 
 CRC-32 detects every error burst up to 32 bits and any other corruption with probability
 ``1 - 2^-32``; it is an integrity check against bugs and bit rot, not an adversarial MAC. The row
-checksum ``sum_i w_i b_i`` (bytes ``b_i``, fixed odd weights ``w_i < 2^31``, exact in int64) changes under
-every single-byte error (``w_i (b_i' - b_i) != 0``), so it catches a row never copied, a zeroed or
-shifted row and bit rot of one byte; like the CRC it is no MAC.
+checksum ``sum_i w_i b_i`` (16-bit words ``b_i``, fixed odd weights ``w_i < 2^31``, exact in int64) changes
+under every single-word error (``w_i (b_i' - b_i) != 0``), so it catches a row never copied, a zeroed or
+shifted row and bit rot within one word; like the CRC it is no MAC.
 """
 import itertools
 import os
@@ -425,19 +425,22 @@ def _fold_crc(crc: np.ndarray, rows: torch.Tensor, start: int, block_size: int) 
             crc[index + (block,)] = zlib.crc32(chunk, int(crc[index + (block,)]))
 
 
-_ROW_WEIGHTS = np.random.default_rng(0x5EED).integers(0, 1 << 30, size=1 << 16, dtype=np.int64) * 2 + 1
-"""Odd weights ``< 2^31`` of the row checksum, one per byte position (fixed: the checksum is part of the store)."""
+_ROW_WEIGHTS = np.random.default_rng(0x5EED).integers(0, 1 << 30, size=1 << 15, dtype=np.int64) * 2 + 1
+"""Odd weights ``< 2^31`` of the row checksum, one per word position (fixed: the checksum is part of the store)."""
 
 
 def row_checksums(rows: torch.Tensor) -> np.ndarray:
-    """``sum_i w_i b_i`` over the raw bytes ``b_i`` of each row of ``rows`` (..., T, d) -> (..., T) int64.
+    """``sum_i w_i b_i`` over the raw 16-bit words ``b_i`` of each row of ``rows`` (..., T, d) -> (..., T) int64
+    (bytes where a row has an odd number of them).
 
-    Exact: ``255 * 2^31 * 2^16 < 2^63``, so no sum wraps (rows of up to ``2^16`` bytes).
+    Exact: ``2^16 * 2^31 * 2^15 < 2^63``, so no sum wraps (rows of up to ``2^15`` words), and a word changed by
+    ``D != 0`` changes the sum by ``w_i D != 0``.
     """
     raw = _row_bytes(rows)
-    if raw.shape[-1] > _ROW_WEIGHTS.size:
-        raise ValueError(f"rows of {raw.shape[-1]} bytes: the row checksum covers at most {_ROW_WEIGHTS.size}")
-    return raw.astype(np.int64) @ _ROW_WEIGHTS[:raw.shape[-1]]
+    words = raw.view(np.uint16) if raw.shape[-1] % 2 == 0 else raw  # half the terms: the checksum runs at every write
+    if words.shape[-1] > _ROW_WEIGHTS.size:
+        raise ValueError(f"rows of {raw.shape[-1]} bytes: the row checksum covers at most {_ROW_WEIGHTS.size} words")
+    return words.astype(np.int64) @ _ROW_WEIGHTS[:words.shape[-1]]
 
 
 def _count_written(written: np.ndarray, start: int, stop: int, block_size: int) -> None:
