@@ -173,7 +173,8 @@ def spot_section() -> str:
     lines += ["", "![Coverage against exact keys read, per scheme](assets/spot-coverage.png)", "",
               "Drawn from this record by `python scripts/docs_pictures.py --records` (dotted: the deterministic "
               "meter's coverage)."]
-    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
+    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json"))
+                     + spot_gate_lines(_load("spot_gate.json")))
 
 
 def _needle_rows(record: dict) -> dict:
@@ -285,6 +286,28 @@ def spot_generation_lines(record: dict | None) -> list[str]:
     for run in record["runs"]:
         lines.append(f"| {run['context']:,} | " + " | ".join(
             f"{run['ratio_to_stock'][n]:.2f}x" if n in run["ratio_to_stock"] else "not run" for n in names) + " |")
+    return lines
+
+
+def spot_gate_lines(record: dict | None) -> list[str]:
+    """The production spot-certified gate on the needle task (``benchmarks.spot_gate``)."""
+    if not record:
+        return []
+    lines = ["", "### The production spot gate on the needle task", "",
+             _provenance(record["date"], record["machine"], record["command"]), "",
+             f"SmolLM2, {record['cases']} needle cases of {record['context_tokens']} tokens, production "
+             f"(`keep_exact=False`, `certificate=\"spot\"`, `gate=witcert.Gate({record['tau']})`), at most "
+             f"{record['spot_keys']} exact keys per check; exact-match accuracy with its 95% Clopper-Pearson interval, the "
+             "share of the visible tokens paged (mean over cells), the cells the gate repaired and the cells certified "
+             "after repair.", "",
+             "| configuration | accuracy [95%] | tokens paged | cells repaired | certified after | KiB paged / case |",
+             "|---|---|---|---|---|---|"]
+    for name, row in record["configurations"].items():
+        paged = row.get("paged_fraction")
+        lines.append(f"| {name} | {row['correct']}/{row['cases']} [{row['low']:.2f}, {row['high']:.2f}] | "
+                     + (f"{paged:.3f} | {row['fired']:.3f} | " if paged is not None else "- | - | ")
+                     + (f"{row['certified']:.3f} | " if "certified" in row else "- | ")
+                     + (f"{row['bytes_paged_per_case'] / 1024:,.0f} |" if "bytes_paged_per_case" in row else "- |"))
     return lines
 
 

@@ -324,8 +324,8 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.spot_check.mean_upper",
         torch="witcert.spot.confidence.mean_upper",
         kernel=None,
-        tests=("tests/test_spot_check.py",),
-        note="NOT proved in Lean. Betting: Waudby-Smith and Ramdas, Estimating means of bounded random variables by betting, JRSS-B 86(1), 2023 (predictable plug-in bets, capital a nonnegative supermartingale under E X >= m, Ville/Markov). Empirical Bernstein: Maurer and Pontil, Empirical Bernstein bounds and sample variance penalization, COLT 2009, Theorem 4 (E X <= mean + sqrt(2 V ln(2/delta)/n) + 7 ln(2/delta)/(3(n-1))). Assumptions: sampling with replacement from a known distribution fixed before the draw, values in [0, 1]. The minimum of the two costs a union: delta/2 each. Checked by an empirical failure-rate test at large delta over many seeds and adversarial cells (tests/test_spot_check.py).",
+        tests=("tests/test_spot_check.py", "tests/test_spot_grid_search.py"),
+        note="NOT proved in Lean. The grid capital is non-decreasing along the grid, so the batched bound (witcert.spot.confidence.row_betting_upper) finds the spec's first rejected grid point: small inputs in two tensor evaluations (every 16th point, then the 15 below the first rejected one), larger ones by bisection (tests/test_spot_grid_search.py). Betting: Waudby-Smith and Ramdas, Estimating means of bounded random variables by betting, JRSS-B 86(1), 2023 (predictable plug-in bets, capital a nonnegative supermartingale under E X >= m, Ville/Markov). Empirical Bernstein: Maurer and Pontil, Empirical Bernstein bounds and sample variance penalization, COLT 2009, Theorem 4 (E X <= mean + sqrt(2 V ln(2/delta)/n) + 7 ln(2/delta)/(3(n-1))). Assumptions: sampling with replacement from a known distribution fixed before the draw, values in [0, 1]. The minimum of the two costs a union: delta/2 each. Checked by an empirical failure-rate test at large delta over many seeds and adversarial cells (tests/test_spot_check.py).",
     ),
     Theorem(
         key="SCR",
