@@ -20,6 +20,9 @@ from __future__ import annotations
 
 import torch
 
+from witcert.fastpath.compiled import compile_requested
+from witcert.fastpath.packed_decode import FUSED_DTYPES, held_decode
+from witcert.integrations.hf.codecs import IntCodes
 from witcert.integrations.hf.token_buffer import TokenBuffer
 
 
@@ -47,6 +50,9 @@ class PackedHistory:
 
     def decode(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
         """The tokens held from ``start`` on, decoded (..., S - start, d) (``start > 0`` needs token axes)."""
+        fused = self._fused_decode(dtype, start)
+        if fused is not None:
+            return fused
         if start:
             if self.axes is None:
                 raise ValueError("a history of whole chunks decodes from its first token only")
@@ -59,6 +65,18 @@ class PackedHistory:
             return self.codec.decode(chunk, dtype)
         decoded = [self.codec.decode(p, dtype) for p in self.chunks]
         return decoded[0] if len(decoded) == 1 else torch.cat(decoded, dim=-2)
+
+    def _fused_decode(self, dtype: torch.dtype, start: int) -> torch.Tensor | None:
+        """The history of integer codes from ``start`` on in one compiled pass over the buffers as they lie
+        (:func:`~witcert.fastpath.packed_decode.held_decode`, bit for bit ``IntCodes.decode``), where
+        ``WITCERT_COMPILE=1`` asks for it; ``None``: the codec's own decode."""
+        if type(self.codec) is not IntCodes or not self._buffers or not compile_requested():
+            return None
+        codes, amax = self._buffers[0], self._buffers[1]
+        if (dtype not in FUSED_DTYPES or amax.data.dtype not in FUSED_DTYPES or codes.length != amax.length
+                or not 0 <= start < codes.length):
+            return None
+        return held_decode(codes.data, amax.data, codes.length, self.codec.bits, dtype, start, compiled=True)
 
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.chunks)
