@@ -67,16 +67,21 @@ class PackedHistory:
         return decoded[0] if len(decoded) == 1 else torch.cat(decoded, dim=-2)
 
     def _fused_decode(self, dtype: torch.dtype, start: int) -> torch.Tensor | None:
-        """The history of integer codes from ``start`` on in one compiled pass over the buffers as they lie
+        """The whole history of integer codes in one compiled pass over the buffers as they lie
         (:func:`~witcert.fastpath.packed_decode.held_decode`, bit for bit ``IntCodes.decode``), where
-        ``WITCERT_COMPILE=1`` asks for it; ``None``: the codec's own decode."""
-        if type(self.codec) is not IntCodes or not self._buffers or not compile_requested():
+        ``WITCERT_COMPILE=1`` asks for it; ``None``: the codec's own decode.
+
+        Only whole-history reads of two tokens or more take it: a compiled graph specializes a start or
+        length of 0 or 1, so one graph serves every read of a request; a range (the witness of the tokens
+        written since the last one, a few per flush) is small and decodes eagerly, compiling nothing mid-request.
+        """
+        if start or type(self.codec) is not IntCodes or not self._buffers or not compile_requested():
             return None
         codes, amax = self._buffers[0], self._buffers[1]
         if (dtype not in FUSED_DTYPES or amax.data.dtype not in FUSED_DTYPES or codes.length != amax.length
-                or not 0 <= start < codes.length):
+                or codes.length < 2):
             return None
-        return held_decode(codes.data, amax.data, codes.length, self.codec.bits, dtype, start, compiled=True)
+        return held_decode(codes.data, amax.data, codes.length, self.codec.bits, dtype, compiled=True)
 
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.chunks)
