@@ -15,6 +15,11 @@ the chunk grown in place decodes to the chunks' decodes one after the other, bit
 treats the two alike (``roles_alike``: :class:`~witcert.integrations.hf.codecs.IntCodes`, which ignores
 the role), so a step encodes and a read decodes keys and values in one call each; one history per
 role otherwise.
+
+A production store decodes its whole history at every read. For integer codes under
+``WITCERT_COMPILE=1`` that read is one compiled pass over the growing buffers as they lie
+(:mod:`witcert.fastpath.packed_decode`), bit for bit the codec's decode, so attention and the meter
+read the very keys each token's witness was formed on; nothing decoded is kept between reads.
 """
 from __future__ import annotations
 
