@@ -6,14 +6,15 @@
   store (``keep_exact=False``) holds for a long bf16 prefill, read from its memory account (the bytes of its
   tensors, ``tests/test_memory_account.py``), at SmolLM2-135M's shape and at a 7B-class one; tokens in a
   1 GiB KV budget for an uncompressed bf16 cache, for each scheme alone (its codes and statistics) and with
-  the monitor (its witness added, at the default 16 bands in one byte each, and in fp16 for comparison);
+  the monitor (its witness added, at the monitor's default for the scheme: 16 bands in one byte each, or derived
+  from the codec's error bound for the 4- and 2-bit codecs; and in fp16 and derived for comparison);
   the host backing store a gate or spot check keeps (the exact bf16 keys and values) apart;
 - **generation**: SmolLM2-135M-Instruct in bf16 generating ``--new`` tokens after a ``--context``-token text
   prompt under ``witcert.monitor(scheme, keep_exact=False)``: ``mon.memory()`` against the bf16 cache of the
   same tokens (decode tokens included: KIVI's exact key tails, a quantized cache's exact window).
 
 The user codec is :class:`UserInt4`, an int4 codec written as a user would (two codes per byte, one scale
-per token in the model's dtype: docs/guides/own-scheme.md).
+per token in the model's dtype, and its elementwise error bound: docs/guides/own-scheme.md).
 """
 from __future__ import annotations
 
@@ -60,6 +61,11 @@ class UserInt4:
     def join(self, first, second):  # lossless: per-token codes and scales concatenate along the tokens
         return tuple(torch.cat([a, b], dim=-2) for a, b in zip(first, second))
 
+    def error_bound(self, packed, decoded):  # half a step, fp32 roundings, the cast to the model dtype
+        info = torch.finfo(decoded.dtype)
+        half_step = packed[1].double() * (0.5 + 2.0**-20)
+        return half_step + info.eps / 2 * (1 + 2.0**-20) * decoded.double().abs() + info.smallest_normal * info.eps
+
 
 def parse(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -86,15 +92,28 @@ def accounting_rows(schemes, layers: int, kv_heads: int, head_dim: int) -> list[
     for name in schemes:
         f = footprint(scheme_object(name), head_dim)
         fp16 = footprint(scheme_object(name), head_dim, witness_bits=16)
+        derived = _derived_footprint(name, head_dim)
         bf16, raw, monitored = f.exact * per_token, f.raw * per_token, f.monitored * per_token
-        rows.append(dict(scheme=name, bytes_per_token_bf16=bf16, bytes_per_token_raw=raw,
+        rows.append(dict(scheme=name, witness_bits=f.witness_bits, bytes_per_token_bf16=bf16, bytes_per_token_raw=raw,
                          bytes_per_token_monitored=monitored, bytes_per_token_monitored_fp16_witness=fp16.monitored * per_token,
                          witness_bytes_per_token_and_head=f.witness, host_backing_per_token=f.backing * per_token,
                          tokens_in_budget=dict(bf16=int(BUDGET // bf16), raw=int(BUDGET // raw),
                                                monitored=int(BUDGET // monitored)),
                          capacity_raw=f.capacity(monitored=False), capacity_monitored=f.capacity(),
-                         capacity_monitored_fp16_witness=fp16.capacity()))
+                         capacity_monitored_fp16_witness=fp16.capacity(),
+                         capacity_monitored_derived_witness=None if derived is None else derived.capacity()))
     return rows
+
+
+def _derived_footprint(name: str, head_dim: int):
+    """The footprint with the witness derived from the codec's error bound (``witness_bits=0``), ``None`` where the
+    scheme's codec declares no bound (transformers' quantized caches, the dithered cache)."""
+    from witcert.integrations.hf.footprint import footprint
+
+    try:
+        return footprint(scheme_object(name), head_dim, witness_bits=0)
+    except ValueError:
+        return None
 
 
 def generation_rows(schemes, context: int, new: int) -> list[dict]:
@@ -160,8 +179,10 @@ def main(argv=None) -> int:
     record = run(args)
     for name, rows in record["accounting"].items():
         for r in rows:
+            derived = r["capacity_monitored_derived_witness"]
             print(f"{name:<44} {r['scheme']:<16} raw {r['capacity_raw']:.2f}x  monitored {r['capacity_monitored']:.2f}x "
-                  f"(fp16 witness {r['capacity_monitored_fp16_witness']:.2f}x)")
+                  f"(fp16 witness {r['capacity_monitored_fp16_witness']:.2f}x, derived "
+                  f"{'n/a' if derived is None else f'{derived:.2f}x'})")
     write_json(args.out, record)
     return 0
 

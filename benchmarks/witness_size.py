@@ -1,7 +1,8 @@
 """What a smaller witness costs in tightness on SmolLM2: ``python -m benchmarks.witness_size``.
 
 For each scheme (rtn-int8, rtn-int4, fp8-e4m3) and witness option (16, 8 or 4 bands; each band norm in
-fp16 or in one e5m3 byte, :mod:`witcert.tier_a.witness_code`), SmolLM2 reads one held-out-style case per
+fp16 or in one e5m3 byte, :mod:`witcert.tier_a.witness_code`; or none stored, ``--bits 0``: the witness derived
+from the codec's elementwise error bound, :mod:`witcert.tier_a.derived_witness`), SmolLM2 reads one held-out-style case per
 task (text, code, needle: the observatory's workloads at ``--context`` tokens) under ``witcert.monitor``
 with the exact cache kept: the context is prefilled once, exactly, outside the monitor, and each option's
 monitor adopts a copy of that cache (compressed once, as a monitored prefill writes it), then meters every
@@ -24,7 +25,7 @@ import torch
 
 from benchmarks.record import write_json
 
-SCHEMES = ("rtn-int8", "rtn-int4", "fp8-e4m3")
+SCHEMES = ("rtn-int8", "rtn-int4", "fp8-e4m3")  # and kivi-2bit with --schemes
 BANDS = (16, 8, 4)
 BITS = (16, 8)
 TASKS = ("text", "code", "needle")
@@ -37,6 +38,8 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--schemes", default=",".join(SCHEMES))
     p.add_argument("--context", type=int, default=1024, help="context tokens per case")
     p.add_argument("--tau", type=float, default=0.2)
+    p.add_argument("--bands", default=",".join(map(str, BANDS)), help="band counts, comma-separated")
+    p.add_argument("--bits", default=",".join(map(str, BITS)), help="witness bits, comma-separated (0: derived)")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args(argv)
@@ -108,8 +111,8 @@ def run(args) -> dict:
                    schemes={})
     for scheme in args.schemes.split(","):
         rows = []
-        for bands in BANDS:
-            for bits in BITS:
+        for bands in map(int, args.bands.split(",")):
+            for bits in map(int, args.bits.split(",")):
                 row = summarize(option_cells(loaded.model, cases, scheme, bands, bits, args.tau), args.tau, bands, bits)
                 rows.append(row)
                 print(f"{scheme} bands {bands:>2} bits {bits:>2}: coverage {row['coverage']:.3f} (ceiling "

@@ -123,6 +123,12 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 #check @WitCert.eform_meter_mono
 #print axioms WitCert.eform_meter_mono
 
+#check @WitCert.band_norm_le_of_abs_le
+#print axioms WitCert.band_norm_le_of_abs_le
+
+#check @WitCert.abs_inner_div_sqrt_le_derived
+#print axioms WitCert.abs_inner_div_sqrt_le_derived
+
 #check @WitCert.sinh_le_mul_exp_sq_div_six
 #print axioms WitCert.sinh_le_mul_exp_sq_div_six
 

@@ -22,6 +22,7 @@ import WitCert.SpotRounds
 import WitCert.RequestAudit
 import WitCert.WitnessCodes
 import WitCert.QueryRadius
+import WitCert.DerivedWitness
 
 /-!
 # WitCert: the statements the runtime meter relies on
@@ -36,6 +37,7 @@ the files imported here. `formal/Export.lean` prints their statements and the ax
 * `WitCert.band_norm_rotate` (Lemma 1), `WitCert.abs_inner_le_sum_band_norms` (Theorem 2).
 * `WitCert.band_norm_sub_le_of_rounded_rotation` (Lemma 1 in floating point: a rounded rotation).
 * `WitCert.bandNorm_sub_le_add_of_le` (witness maintenance: a witness after a re-quantization).
+* `WitCert.band_norm_le_of_abs_le` (a witness derived from elementwise error bounds).
 * `WitCert.sinh_le_mul_exp_sq_div_six`, `WitCert.uniform_mgf_le`, `WitCert.uniform_variance`
   (Lemma 2).
 * `WitCert.grid_mgf_le` (Lemma 2 on the implementation's dither grid),

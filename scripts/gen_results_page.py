@@ -173,7 +173,8 @@ def spot_section() -> str:
     lines += ["", "![Coverage against exact keys read, per scheme](assets/spot-coverage.png)", "",
               "Drawn from this record by `python scripts/docs_pictures.py --records` (dotted: the deterministic "
               "meter's coverage)."]
-    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
+    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json"))
+                     + spot_gate_lines(_load("spot_gate.json")))
 
 
 def _needle_rows(record: dict) -> dict:
@@ -285,6 +286,28 @@ def spot_generation_lines(record: dict | None) -> list[str]:
     for run in record["runs"]:
         lines.append(f"| {run['context']:,} | " + " | ".join(
             f"{run['ratio_to_stock'][n]:.2f}x" if n in run["ratio_to_stock"] else "not run" for n in names) + " |")
+    return lines
+
+
+def spot_gate_lines(record: dict | None) -> list[str]:
+    """The production spot-certified gate on the needle task (``benchmarks.spot_gate``)."""
+    if not record:
+        return []
+    lines = ["", "### The production spot gate on the needle task", "",
+             _provenance(record["date"], record["machine"], record["command"]), "",
+             f"SmolLM2, {record['cases']} needle cases of {record['context_tokens']} tokens, production "
+             f"(`keep_exact=False`, `certificate=\"spot\"`, `gate=witcert.Gate({record['tau']})`), at most "
+             f"{record['spot_keys']} exact keys per check; exact-match accuracy with its 95% Clopper-Pearson interval, the "
+             "share of the visible tokens paged (mean over cells), the cells the gate repaired and the cells certified "
+             "after repair.", "",
+             "| configuration | accuracy [95%] | tokens paged | cells repaired | certified after | KiB paged / case |",
+             "|---|---|---|---|---|---|"]
+    for name, row in record["configurations"].items():
+        paged = row.get("paged_fraction")
+        lines.append(f"| {name} | {row['correct']}/{row['cases']} [{row['low']:.2f}, {row['high']:.2f}] | "
+                     + (f"{paged:.3f} | {row['fired']:.3f} | " if paged is not None else "- | - | ")
+                     + (f"{row['certified']:.3f} | " if "certified" in row else "- | ")
+                     + (f"{row['bytes_paged_per_case'] / 1024:,.0f} |" if "bytes_paged_per_case" in row else "- |"))
     return lines
 
 
@@ -505,23 +528,28 @@ def capacity_section() -> str | None:
     lines = ["## Capacity", "", _provenance(setup["date"], setup["machine"], setup["command"]), "",
              f"Tokens that fit in {setup['budget_bytes'] / 2**30:g} GiB of KV cache for a {setup['dtype']} model: the "
              "uncompressed cache, each scheme alone (its codes and their group statistics, as the production store "
-             "holds them), and with the production monitor (`keep_exact=False`: the witness added, "
-             f"{setup['witness_bits']}-bit band norms at the default bands, and in fp16 for comparison). Accounted "
+             "holds them), and with the production monitor (`keep_exact=False`: the witness added at the monitor's "
+             "default for the scheme, the *witness* column: 8 the one-byte band norms, 4 a 4-bit fraction of the "
+             "witness derived from the codec's error bound, 0 that derived witness alone with only the value norms "
+             "stored; and in fp16 and derived for comparison, *n/a* where the codec declares no bound). Accounted "
              "from the tensors the production store holds after a long prefill (`witcert.integrations.hf.footprint`). "
              "A gate or spot check in production also keeps the exact keys and values on the host (the uncompressed "
              "size, never on the device): the *host backing* column.", ""]
     for shape, rows in record["accounting"].items():
         bands = setup["bands"][shape]
         lines += [f"**{shape}**, {bands} bands:", "",
-                  "| scheme | bytes per token: bf16 | raw | monitored | tokens: bf16 | raw | monitored | "
-                  "capacity: raw | monitored | with an fp16 witness | host backing per token |",
-                  "|---|---|---|---|---|---|---|---|---|---|---|"]
+                  "| scheme | witness | bytes per token: bf16 | raw | monitored | tokens: bf16 | raw | monitored | "
+                  "capacity: raw | monitored | with an fp16 witness | derived | host backing per token |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
         for r in rows:
             t = r["tokens_in_budget"]
-            lines.append(f"| {r['scheme']} | {r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
+            derived = r.get("capacity_monitored_derived_witness")
+            lines.append(f"| {r['scheme']} | {r.get('witness_bits', setup['witness_bits'])} | "
+                         f"{r['bytes_per_token_bf16']:,.0f} | {r['bytes_per_token_raw']:,.0f} | "
                          f"{r['bytes_per_token_monitored']:,.0f} | {int(t['bf16']):,d} | {int(t['raw']):,d} | {int(t['monitored']):,d} | "
                          f"{r['capacity_raw']:.2f}x | {r['capacity_monitored']:.2f}x | "
-                         f"{r['capacity_monitored_fp16_witness']:.2f}x | {r['host_backing_per_token']:,.0f} B |")
+                         f"{r['capacity_monitored_fp16_witness']:.2f}x | {'n/a' if derived is None else f'{derived:.2f}x'} | "
+                         f"{r['host_backing_per_token']:,.0f} B |")
         lines.append("")
     generation = record.get("generation")
     if generation:
@@ -582,7 +610,32 @@ def witness_size_section() -> str | None:
             lines.append(f"| {scheme} | {r['bands']} | {r['bits']} | {r['witness_bytes']} | {r['cells']:,d} | "
                          f"{_fraction(r['coverage'])} | {_fraction(r['ceiling'])} | "
                          f"{r['median_meter_over_true_tv']:.2f} | {r['p90_meter_over_true_tv']:.2f} | {r['violations']} |")
-    return "\n".join(lines)
+    return "\n".join(lines + derived_witness_lines(record["schemes"].get("rtn-int8", [])))
+
+
+def derived_witness_lines(fp16_rows: list) -> list[str]:
+    """The witness derived from the codec's error bound against the stored byte (``witness_derived.json``)."""
+    record = _load("witness_derived.json")
+    if record is None:
+        return []
+    setup = record["setup"]
+    fp16 = next((r for r in fp16_rows if r["bands"] == 16 and r["bits"] == 16), None)
+    lines = ["", "### A witness derived from the codec's error bound", "",
+             _provenance(setup["date"], setup["machine"], setup["command"]), "",
+             "The same cases at 16 bands: the stored byte (bits 8); bits 0, no band norm stored, the witness derived "
+             "at every read from the codec's elementwise error bound (registry `DW`, checked against the exact tokens "
+             "on write), only the value norm kept; bits 4, each band norm stored as a 4-bit fraction of that derived "
+             "witness. The monitor's defaults come from this table: derived for rtn-int4 and rtn-int2 (their meters "
+             "saturate with any witness), the 4-bit fraction for rtn-int8"
+             + (f" (fp16 norms: {_fraction(fp16['coverage'])})" if fp16 else "") + ", the stored byte otherwise.", "",
+             "| scheme | bits | witness bytes | cells | coverage | ceiling | median meter / true TV | 90th percentile | "
+             "violations |", "|---|---|---|---|---|---|---|---|---|"]
+    for scheme, rows in record["schemes"].items():
+        for r in rows:
+            lines.append(f"| {scheme} | {r['bits']} | {r['witness_bytes']} | {r['cells']:,d} | {_fraction(r['coverage'])} | "
+                         f"{_fraction(r['ceiling'])} | {r['median_meter_over_true_tv']:.2f} | "
+                         f"{r['p90_meter_over_true_tv']:.2f} | {r['violations']} |")
+    return lines
 
 
 def _vllm_machine(m: dict | str) -> str:

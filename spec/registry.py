@@ -184,6 +184,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_witness_code.py", "contracts/test_witness_write.py", "tests/test_memory_account.py"),
     ),
     Theorem(
+        key="DW",
+        paper='a witness derived from the codec\'s elementwise error bound (beyond the paper; docs/design.md "Tier A: the band witness")',
+        statement="|x^_i - x_i| <= e_i for every i  =>  ||(x^ - x)_b|| <= ||e_b|| = sqrt(sum_{i in b} e_i^2)",
+        lean="WitCert.band_norm_le_of_abs_le",
+        note="With Theorem 2 (`WitCert.abs_inner_div_sqrt_le_derived`) the band norms of a codec's elementwise bounds are a witness (witness_bits=0): recomputed at every read from the stored scales, never stored. The hypothesis is checked in fp64 against the exact tokens when each is written (witcert.tier_a.derived_witness.check_error_bound: a codec whose bound fails is refused, never trusted); the norms are rounded up as a stored witness is.",
+        spec="witcert.spec.derived.bound_derived_witness",
+        torch="witcert.tier_a.derived_witness.derived_witness",
+        kernel=None,
+        tests=("tests/test_derived_witness.py",),
+    ),
+    Theorem(
         key="L2s",
         paper="Lemma 2 (sinh bound)",
         statement="x >= 0  =>  sinh x <= x exp(x^2/6)",
@@ -313,8 +324,8 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.spot_check.mean_upper",
         torch="witcert.spot.confidence.mean_upper",
         kernel=None,
-        tests=("tests/test_spot_check.py",),
-        note="NOT proved in Lean. Betting: Waudby-Smith and Ramdas, Estimating means of bounded random variables by betting, JRSS-B 86(1), 2023 (predictable plug-in bets, capital a nonnegative supermartingale under E X >= m, Ville/Markov). Empirical Bernstein: Maurer and Pontil, Empirical Bernstein bounds and sample variance penalization, COLT 2009, Theorem 4 (E X <= mean + sqrt(2 V ln(2/delta)/n) + 7 ln(2/delta)/(3(n-1))). Assumptions: sampling with replacement from a known distribution fixed before the draw, values in [0, 1]. The minimum of the two costs a union: delta/2 each. Checked by an empirical failure-rate test at large delta over many seeds and adversarial cells (tests/test_spot_check.py).",
+        tests=("tests/test_spot_check.py", "tests/test_spot_grid_search.py"),
+        note="NOT proved in Lean. The grid capital is non-decreasing along the grid, so the batched bound (witcert.spot.confidence.row_betting_upper) finds the spec's first rejected grid point: small inputs in two tensor evaluations (every 16th point, then the 15 below the first rejected one), larger ones by bisection (tests/test_spot_grid_search.py). Betting: Waudby-Smith and Ramdas, Estimating means of bounded random variables by betting, JRSS-B 86(1), 2023 (predictable plug-in bets, capital a nonnegative supermartingale under E X >= m, Ville/Markov). Empirical Bernstein: Maurer and Pontil, Empirical Bernstein bounds and sample variance penalization, COLT 2009, Theorem 4 (E X <= mean + sqrt(2 V ln(2/delta)/n) + 7 ln(2/delta)/(3(n-1))). Assumptions: sampling with replacement from a known distribution fixed before the draw, values in [0, 1]. The minimum of the two costs a union: delta/2 each. Checked by an empirical failure-rate test at large delta over many seeds and adversarial cells (tests/test_spot_check.py).",
     ),
     Theorem(
         key="SCR",

@@ -237,3 +237,51 @@ def test_production_backing_files_live_only_as_long_as_their_request(tmp_path):
         held = cache
     assert _files(root) == []  # closed with the monitor, although the cache is still held
     assert held.layers[0].store.backing is None and mon.memory().total.backing_files > 0  # reported, then released
+
+
+# ----------------------------------------------------------------------------- reads by token index
+
+
+@given(plan=write_plans(), picks=st.lists(st.integers(0, 10**6), min_size=1, max_size=12))
+def test_read_key_rows_returns_exactly_what_was_written(plan, picks):
+    """Keys read by token index are bitwise the source rows (any chunking, dtype, growth) and only they are counted."""
+    lead, d, dtype, with_values, block_size, chunks, seed = plan
+    n = sum(chunks)
+    k = make_source(lead, d, dtype, n, seed)
+    v = make_source(lead, d, dtype, n, seed + 1) if with_values else None
+    store = BackingStore(block_size=block_size)
+    fill(store, "s", k, v, chunks)
+    tokens = torch.tensor([p % n for p in picks])
+    for index in np.ndindex(*lead):
+        before = store.bytes_paged
+        rows = store.read_key_rows("s", tuple(index), tokens)
+        assert torch.equal(rows, k[index][tokens])
+        assert store.bytes_paged - before == tokens.numel() * d * k.element_size()
+
+
+@pytest.mark.parametrize(("store_cls", "error"), [(NoCopyStore, ChecksumMismatchError), (NeverWrittenStore, NeverWrittenError)])
+def test_read_key_rows_fails_loudly_on_broken_stores(store_cls, error):
+    store = store_cls(block_size=4)
+    fill(store, 0, make_source((2,), 8, torch.float32, 10, seed=4), None, [7, 3])
+    with pytest.raises(error, match="token"):
+        store.read_key_rows(0, (1,), torch.tensor([2, 9]))
+
+
+def test_read_key_rows_catches_one_flipped_bit_in_the_row_read():
+    store = BackingStore(block_size=4)
+    k = make_source((3,), 8, torch.float16, 9, seed=2)
+    fill(store, "L", k, None, [9])
+    store._streams["L"].k.view(torch.uint8)[1, 5, 3] ^= 1  # one bit of head 1, token 5
+    assert torch.equal(store.read_key_rows("L", (1,), torch.tensor([4, 6])), k[1, [4, 6]])  # its block-mates
+    with pytest.raises(ChecksumMismatchError, match="token 5"):
+        store.read_key_rows("L", (1,), torch.tensor([4, 5]))
+
+
+def test_read_key_rows_bad_tokens_raise_value_error():
+    store = BackingStore(block_size=4)
+    fill(store, "L", make_source((2,), 8, torch.float16, 10, seed=3), None, [10])
+    for tokens in (torch.tensor([10]), torch.tensor([-1]), torch.tensor([[1]]), torch.tensor([1.0])):
+        with pytest.raises(ValueError, match="tokens"):
+            store.read_key_rows("L", (0,), tokens)
+    with pytest.raises(ValueError, match="index"):
+        store.read_key_rows("L", (2,), torch.tensor([1]))

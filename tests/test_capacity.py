@@ -4,7 +4,8 @@ Implementations: :func:`witcert.integrations.hf.footprint.footprint` (what ``ben
 ``witcert schemes --memory`` report) and the benchmark's accounting rows. Oracles: ``mon.memory()`` of a
 production ``witcert.monitor`` run over the same scheme (itself the bytes of the tensors held,
 ``tests/test_memory_account.py``), and the byte counts the codes imply (int4: half a byte per value, plus
-2 bytes per 32-value group in bf16; the witness 16 one-byte band norms plus 3 bytes of value statistics).
+2 bytes per 32-value group in bf16; the witness 16 one-byte band norms plus 3 bytes of value statistics, or,
+derived from the codec's error bound, the 2-byte value norm alone).
 Domain: a tiny Llama (head dim 32, fp32) prefilling 64 tokens; head dims 64 and 128 in bf16.
 Tolerance: none (bytes are exact).
 """
@@ -39,19 +40,23 @@ def test_the_accounting_is_what_a_monitored_prefill_holds(scheme):
 def test_bf16_int4_bytes_are_the_codes_statistics_and_the_one_byte_witness(head_dim, raw, monitored):
     """rtn-int4 per token and kv head, keys and values: d/2 code bytes + 2 bytes per 32 channels each, then the
     witness of 16 one-byte band norms and 3 bytes of value statistics."""
-    f = footprint("rtn-int4", head_dim)
+    f = footprint("rtn-int4", head_dim, witness_bits=8)
     assert (f.raw, f.monitored, f.exact) == (raw, monitored, 4 * head_dim)
     assert f.capacity() == 4 * head_dim / monitored
     (row,) = accounting_rows(("rtn-int4",), layers=30, kv_heads=3, head_dim=head_dim)
-    assert row["bytes_per_token_monitored"] == 90 * monitored
-    assert row["tokens_in_budget"]["monitored"] == 2**30 // (90 * monitored)
+    derived = raw + 2  # the default for rtn-int4: the witness derived from the codes' scales, the value norm kept
+    assert row["witness_bits"] == 0 and row["bytes_per_token_monitored"] == 90 * derived
+    assert row["tokens_in_budget"]["monitored"] == 2**30 // (90 * derived)
+    assert row["capacity_monitored_derived_witness"] == 4 * head_dim / derived
 
 
 def test_witcert_schemes_lists_the_bytes_with_memory(capsys):
     assert main(["schemes", "--memory", "--head-dim", "64"]) == 0
     out = capsys.readouterr().out
-    assert re.search(r"^rtn-int4 +72 +91 +2\.81x ", out, re.M)
-    assert re.search(r"^kivi-2bit +48 +67 +3\.82x ", out, re.M)
+    assert re.search(r"^rtn-int4 +72 +74 +3\.46x +3\.46x ", out, re.M)  # derived by default
+    assert re.search(r"^rtn-int8 +136 +147 +1\.74x +1\.86x ", out, re.M)  # a 4-bit fraction by default
+    assert re.search(r"^kivi-2bit +48 +67 +3\.82x +5\.12x ", out, re.M)  # the byte by default, derived opt-in
+    assert re.search(r"^hf-quanto-int4 .* n/a ", out, re.M) or "extra 'quant'" in out
     assert main(["schemes"]) == 0
     assert "--memory" in capsys.readouterr().out  # the plain listing says where the bytes are
     with pytest.raises(SystemExit):

@@ -2,8 +2,9 @@
 
 With ``--memory``, each loaded scheme's bytes per token and kv head (keys and values) at ``--head-dim`` in bf16
 (:func:`witcert.integrations.hf.footprint.footprint`: the production store's memory account of a long
-prefill): the scheme's own bytes, with the production monitor's witness, and the tokens that fit in the
-bytes of one uncompressed bf16 token.
+prefill): the scheme's own bytes, with the production monitor's witness (its default for the scheme), the
+tokens that fit in the bytes of one uncompressed bf16 token, and the same with the witness derived from the
+codec's error bound (``witness_bits=0``: 2 bytes per token and kv head; ``n/a`` where the codec declares none).
 """
 import argparse
 
@@ -13,7 +14,7 @@ from witcert.schemes.engine_formats import listing
 from witcert.schemes.registry import get_scheme, list_schemes
 
 HELP = "list the registered KV-cache compression schemes (Tier A: any cache-preserving quantizer) and installed plugins"
-MEMORY_HEAD = "codes  +witness  vs bf16"
+MEMORY_HEAD = "codes  +witness  vs bf16  derived"
 
 
 def add_arguments(parser) -> None:
@@ -21,7 +22,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--memory", action="store_true",
                         help="also print bytes per token and kv head (keys and values, bf16 model) as the scheme "
                              "stores them and with the production monitor's witness, and the tokens held per "
-                             "uncompressed token (transformers' caches need the 'quant' extra)")
+                             "uncompressed token, stored and derived witness (transformers' caches need the 'quant' "
+                             "extra)")
     parser.add_argument("--head-dim", type=even_head_dim, default=128,
                         help="head dimension of --memory's figures (default 128)")
 
@@ -60,7 +62,11 @@ def _memory_columns(name: str, head_dim: int) -> str:
         f = footprint(name, head_dim)
     except ImportError:
         return "n/a (extra 'quant')"
-    return f"{f.raw:5.0f}  {f.monitored:8.0f}  {f.capacity():5.2f}x"
+    try:
+        derived = f"{footprint(name, head_dim, witness_bits=0).capacity():6.2f}x"
+    except ValueError:  # no error bound declared: the witness is stored
+        derived = f"{'n/a':>7}"
+    return f"{f.raw:5.0f}  {f.monitored:8.0f}  {f.capacity():5.2f}x  {derived}"
 
 
 def _described(name: str) -> str:

@@ -9,7 +9,10 @@ this store checks *content*, not bytes:
   per-block CRC-32 (computed from the incoming tensor, never from the buffer, so a write path
   that forgets to copy is caught);
 - every page-in recomputes the CRC of the buffer rows and compares; a block whose tokens were
-  never (fully) written, or whose bytes differ, raises :class:`BackingStoreError`.
+  never (fully) written, or whose bytes differ, raises :class:`BackingStoreError`;
+- every key row written also gets its own checksum (a weighted sum of its **source** bytes,
+  :func:`row_checksums`), so a reader that needs a few keys, not whole blocks (the spot check), reads
+  them by token index (:meth:`BackingStore.read_key_rows`) and each row read is checked the same way.
 
 Layout
 ------
@@ -28,7 +31,10 @@ store creates with mode 0700), and :meth:`BackingStore.close` removes them (``wi
 a request's store when its cache is released and when the monitor closes).
 
 CRC-32 detects every error burst up to 32 bits and any other corruption with probability
-``1 - 2^-32``; it is an integrity check against bugs and bit rot, not an adversarial MAC.
+``1 - 2^-32``; it is an integrity check against bugs and bit rot, not an adversarial MAC. The row
+checksum ``sum_i w_i b_i`` (16-bit words ``b_i``, fixed odd weights ``w_i < 2^31``, exact in int64) changes
+under every single-word error (``w_i (b_i' - b_i) != 0``), so it catches a row never copied, a zeroed or
+shifted row and bit rot within one word; like the CRC it is no MAC.
 """
 import itertools
 import os
@@ -87,6 +93,7 @@ class _Stream:
     k: torch.Tensor  # (*lead, capacity, d)
     v: torch.Tensor | None  # (*lead, capacity, d_v)
     k_crc: np.ndarray  # (*lead, n_blocks_capacity) uint32, CRC of the source bytes written
+    k_rows: np.ndarray  # (*lead, capacity) int64, checksum of each source key row written (row_checksums)
     v_crc: np.ndarray | None
     written: np.ndarray  # (*lead, n_blocks_capacity) int64, tokens delivered to each block
     length: int = 0
@@ -153,6 +160,7 @@ class BackingStore:
         self._ensure_capacity(stream, stop)
         self._copy_in(stream.k, k_host, start, stop)
         _fold_crc(stream.k_crc, k_host, start, self.block_size)
+        stream.k_rows[..., start:stop] = row_checksums(k_host)  # of the source rows, never of the buffer
         if v_host is not None:
             self._copy_in(stream.v, v_host, start, stop)
             _fold_crc(stream.v_crc, v_host, start, self.block_size)
@@ -196,6 +204,43 @@ class BackingStore:
         nbytes = _nbytes(k) + (0 if v is None else _nbytes(v))
         self.bytes_paged += nbytes
         return PagedBlock(k=k, v=v, start=tokens.start, nbytes=nbytes)
+
+    def read_key_rows(self, key: Hashable, index: tuple[int, ...], tokens: torch.Tensor) -> torch.Tensor:
+        """Verified copies ``(n, d)`` of the keys of ``tokens`` (n,) of ``stream[key][index]``, read by token index:
+        each row's bytes are checked against the checksum of the bytes written (:func:`row_checksums`) and only
+        those rows are read and counted in ``bytes_paged``.
+
+        Raises
+        ------
+        NeverWrittenError
+            Some token was never delivered by :meth:`write`.
+        ChecksumMismatchError
+            A row's bytes differ from the bytes written.
+        ValueError, KeyError
+            Unknown key, bad index, or a token that is not an int in ``[0, length)``.
+        """
+        stream = self._get(key)
+        index = _check_index(index, stream.lead)
+        tokens = torch.as_tensor(tokens)
+        if tokens.dim() != 1 or tokens.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"tokens: expected a 1-D integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+        at = tokens.to(torch.int64).numpy()
+        if at.size and not (0 <= at.min() and at.max() < stream.length):
+            raise ValueError(f"tokens: expected token indices in [0, {stream.length}) of stream {key!r}, got "
+                             f"{int(at.min())}..{int(at.max())}")
+        delivered = stream.written[index][at // self.block_size]  # appends: a block's first tokens were written
+        missing = at % self.block_size >= delivered
+        if missing.any():
+            raise NeverWrittenError(f"backing store {key!r}{list(index)} token {int(at[missing][0])} was never "
+                                    "written; refusing to read unwritten data")
+        k = stream.k[index][torch.from_numpy(at)]  # (n, d), a copy
+        bad = row_checksums(k) != stream.k_rows[index][at]
+        if bad.any():
+            raise ChecksumMismatchError(f"backing store content check failed for the key of {key!r}{list(index)} "
+                                        f"token {int(at[bad][0])}: its bytes differ from the bytes written (store "
+                                        "not populated or corrupted)")
+        self.bytes_paged += _nbytes(k)
+        return k
 
     def verify(self, key: Hashable) -> int:
         """Page in (without counting) and verify every block of stream ``key``; return the block count."""
@@ -291,6 +336,7 @@ class BackingStore:
         lead = tuple(k.shape[:-2])
         records = lead + (1,)
         stream = _Stream(k=None, v=None, k_crc=np.zeros(records, dtype=np.uint32),
+                         k_rows=np.zeros(lead + (self.block_size,), dtype=np.int64),
                          v_crc=None if v is None else np.zeros(records, dtype=np.uint32),
                          written=np.zeros(records, dtype=np.int64))
         stream.k = self._allocate(stream, "k", (*lead, self.block_size, k.shape[-1]), k.dtype)
@@ -317,6 +363,8 @@ class BackingStore:
 
         stream.k = grow_buffer("k", stream.k)
         stream.k_crc = grow_record(stream.k_crc)
+        stream.k_rows = np.concatenate([stream.k_rows, np.zeros(stream.k_rows.shape[:-1] + (
+            new_blocks * self.block_size - stream.k_rows.shape[-1],), dtype=np.int64)], axis=-1)
         stream.written = grow_record(stream.written)
         if stream.v is not None:
             stream.v = grow_buffer("v", stream.v)
@@ -375,6 +423,24 @@ def _fold_crc(crc: np.ndarray, rows: torch.Tensor, start: int, block_size: int) 
             lo, hi = max(start, block * block_size), min(stop, (block + 1) * block_size)
             chunk = np.ascontiguousarray(raw[index][lo - start : hi - start])
             crc[index + (block,)] = zlib.crc32(chunk, int(crc[index + (block,)]))
+
+
+_ROW_WEIGHTS = np.random.default_rng(0x5EED).integers(0, 1 << 30, size=1 << 15, dtype=np.int64) * 2 + 1
+"""Odd weights ``< 2^31`` of the row checksum, one per word position (fixed: the checksum is part of the store)."""
+
+
+def row_checksums(rows: torch.Tensor) -> np.ndarray:
+    """``sum_i w_i b_i`` over the raw 16-bit words ``b_i`` of each row of ``rows`` (..., T, d) -> (..., T) int64
+    (bytes where a row has an odd number of them).
+
+    Exact: ``2^16 * 2^31 * 2^15 < 2^63``, so no sum wraps (rows of up to ``2^15`` words), and a word changed by
+    ``D != 0`` changes the sum by ``w_i D != 0``.
+    """
+    raw = _row_bytes(rows)
+    words = raw.view(np.uint16) if raw.shape[-1] % 2 == 0 else raw  # half the terms: the checksum runs at every write
+    if words.shape[-1] > _ROW_WEIGHTS.size:
+        raise ValueError(f"rows of {raw.shape[-1]} bytes: the row checksum covers at most {_ROW_WEIGHTS.size} words")
+    return words.astype(np.int64) @ _ROW_WEIGHTS[:words.shape[-1]]
 
 
 def _count_written(written: np.ndarray, start: int, stop: int, block_size: int) -> None:

@@ -4,8 +4,9 @@
 log-space weights; :mod:`witcert.spot.one_sided`, :mod:`witcert.spot.cell`) on ``N`` cells as tensors
 ``(N, S)``: each stage draws for every cell in one sampling call over the cells' weight matrix, reads the
 exact logits of every new token at once (:mod:`witcert.spot.gather`: one gather of exact keys per kv head,
-shared by the query heads over it), and bounds every cell's mean in one bisection
-(:func:`witcert.spot.confidence.row_betting_upper`). Python loops run over rounds, stages and bisection steps,
+shared by the query heads over it), and bounds every cell's mean in one search over the grid
+(:func:`witcert.spot.confidence.row_betting_upper`). Python loops run over rounds, stages and (for many cells) the
+search's bisection steps,
 never over cells or draws. Given the same draws a cell gets the bound the one-cell form gives it (the tests
 replay one form's draws in the other); the draws are the caller's own randomness, made after the queries
 are fixed.
@@ -112,7 +113,7 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
             spent[rows] += share * delta[rows]
             if tau is not None:
                 active[rows] = best[rows] > tau
-    return CellChecks(best, cells.known.sum(-1), spent, rounds, whole)
+    return CellChecks(best, cells.count.clone(), spent, rounds, whole)
 
 
 def _checked(scores, radii, keys: int, delta, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -216,6 +217,7 @@ class _Cells:
         self.n_visible = self.visible.sum(-1)
         self.order = exact_order(contribution, self.visible, exact_keys(keys, self.exact_share))  # rounds: prefixes
         self.known = torch.zeros_like(self.visible)
+        self.count = torch.zeros(scores.shape[0], dtype=torch.int64)  # known tokens per row (no pass over known)
         self.x = torch.zeros_like(scores)  # l - l~ where known
 
     # -- reads -------------------------------------------------------------------------------------------------
@@ -240,9 +242,10 @@ class _Cells:
                              "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
         self.x[rows, tokens] = x
         self.known[rows, tokens] = True
+        self.count.index_add_(0, rows, torch.ones_like(rows))  # each pair new (unique, not known before)
 
     def keys_read(self, rows: torch.Tensor) -> torch.Tensor:
-        return self.take(self.known, rows).sum(-1)
+        return self.count[rows]
 
     def take(self, values: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
         """``values[rows]``, without a copy when ``rows`` is every row in order (the first round's usual case)."""

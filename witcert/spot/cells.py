@@ -25,8 +25,8 @@ fail with probability at most ``delta``.
 
 Exact keys come from the exact cache the store keeps (validation, ``keep_exact=True``) or, in
 production (``keep_exact=False``), from the content-checked host backing store the monitor keeps
-for the request (:class:`~witcert.spot.gather.BackedKeys`): the blocks holding the sampled tokens
-are paged in and verified against the CRC of the bytes written.
+for the request (:class:`~witcert.spot.gather.BackedKeys`): only the keys of the tokens read are read, by
+token index, each row verified against the checksum of the bytes written.
 """
 from __future__ import annotations
 

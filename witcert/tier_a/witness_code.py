@@ -23,6 +23,14 @@ Two codes (:class:`WitnessCode`, ``bits``):
   (2 bytes: it is also the unit of the ``pass_V`` threshold, where a coarser upper value would ease
   the test).
 
+A third mode stores no band norm at all: ``0`` (**derived**, :mod:`witcert.tier_a.derived_witness`): a codec
+that declares an elementwise bound on its reconstruction error (``error_bound``; the built-in rtn, KIVI and
+fp8 codecs do) has its witness and value residual recomputed at every read from the scales it stores anyway
+(``DW``), the bound checked against the exact values when each token is written; only ``||v_t||`` is
+kept, in fp16 rounded up (2 bytes). Between the two, ``4``: each band norm stored as a 4-bit fraction
+``k/16`` of that derived witness (the value residual as an 8-bit fraction ``k/256``), the smallest that
+stays at or above the norm (:func:`witcert.tier_a.derived_witness.relative_codes`), ``ceil(B/2) + 3`` bytes.
+
 Storage per token and kv head: ``2B + 8`` bytes at 16 bits (``2B + 6`` over transformers' quantized
 caches, whose value witness is maintained in fp16), ``B + 3`` at 8 bits (16 bands: 40 against 19). Decoding happens where a store hands its statistics to the meter
 (:meth:`WitnessCode.readable`), so every meter path (fused fast path, stored pass, full eager,
@@ -36,7 +44,7 @@ import torch
 
 from witcert.core.rounding import round_up_to
 
-WITNESS_BITS = (16, 8)
+WITNESS_BITS = (16, 8, 4, 0)  # 4: a fraction of the derived witness; 0: derived, nothing stored per band
 # what witcert.monitor stores: one e5m3 byte per band norm, rounded up. Chosen from
 # benchmarks/results/witness_size.json (SmolLM2, 16 bands): held-out-style rtn-int8 coverage at tau 0.2 0.970
 # against 0.980 in fp16, 19 bytes per token and kv head against 40; fewer bands cost more (8: 0.940, 4: 0.905)
@@ -78,8 +86,9 @@ class WitnessCode:
 
     Parameters
     ----------
-    bits : {16, 8}
-        Bits per stored band norm: fp16 rounded up, or the e5m3 byte rounded up.
+    bits : {16, 8, 4, 0}
+        Bits per stored band norm: fp16 rounded up, the e5m3 byte rounded up, a 4-bit fraction of the
+        witness derived from the codec's elementwise error bound, or none (``0``: that derived witness, ``DW``).
     """
 
     bits: int = 16
@@ -89,13 +98,25 @@ class WitnessCode:
             raise ValueError(f"witness_bits must be one of {WITNESS_BITS}, got {self.bits!r}")
 
     @property
+    def derived(self) -> bool:
+        """Whether the witness is formed at read time from the codec's error bound (``0``; ``4``: scaled by stored
+        fractions), so the codec must declare one."""
+        return self.bits in (0, 4)
+
+    @property
+    def relative(self) -> bool:
+        """Whether each band norm is stored as a 4-bit fraction of the derived witness."""
+        return self.bits == 4
+
+    @property
     def dtype(self) -> torch.dtype:
         """The dtype of a stored witness: fp16 or uint8."""
         return torch.float16 if self.bits == 16 else torch.uint8
 
     def bytes_per_token(self, bands: int) -> int:
-        """Bytes one token and kv head holds: ``bands`` norms, ``rho_t`` and ``||v_t||``."""
-        return 2 * bands + 8 if self.bits == 16 else bands + 3
+        """Bytes one token and kv head holds: ``bands`` norms, ``rho_t`` and ``||v_t||`` (derived: ``||v_t||`` only;
+        relative: half a byte per band, a byte for ``rho_t``)."""
+        return {16: 2 * bands + 8, 8: bands + 3, 4: (bands + 1) // 2 + 3, 0: 2}[self.bits]
 
     # -- write -------------------------------------------------------------------------------------
     def witness(self, w16: torch.Tensor) -> torch.Tensor:
@@ -107,7 +128,7 @@ class WitnessCode:
         return rho if self.bits == 16 else encode_e5m3_checked(round_up_to(rho.double(), torch.float16))
 
     def norm(self, v_norm: torch.Tensor) -> torch.Tensor:
-        """The stored form of value norms (fp64 upper bounds): rounded up to fp32 (16 bits) or fp16 (8 bits)."""
+        """The stored form of value norms (fp64 upper bounds): rounded up to fp32 (16 bits) or fp16 (8 bits, derived)."""
         return round_up_to(v_norm.double(), torch.float32 if self.bits == 16 else torch.float16)
 
     # -- read --------------------------------------------------------------------------------------

@@ -15,7 +15,8 @@ What saves memory, honestly:
   minimum and maximum in the input's dtype (keys: per channel over each complete 32-token group, the
   rest of a chunk exact; values: per token over 32 channels); bit-identical to the registered scheme;
 - :class:`ScaledFloat8`: the built-in ``fp8-e4m3-scaled`` as fp8 codes plus one fp32 scale per
-  chunk; bit-identical to the registered scheme;
+  chunk; bit-identical to the registered scheme; :class:`Float8Cast`: the raw ``fp8-e4m3`` cast as its fp8
+  values (one byte each), bit-identical too;
 - the engine formats (:mod:`witcert.schemes.engine_formats`: per-token-head INT8/FP8/INT4, NVFP4, MXFP4,
   TurboQuant): each format object is its own codec, storing the engine's packed codes and scales;
 - :class:`Dither`: the Tier B dithered INT8 store (int8 payload, fp16 scales; the dither is
@@ -30,6 +31,14 @@ What saves memory, honestly:
   codec object with ``encode(x, role)``/``decode(packed, dtype)``/``nbytes(packed)`` methods (and,
   optionally, ``join(first, second)``: one packed chunk of both, which the cache then holds instead of
   one chunk per step, as :class:`IntCodes` does) and passes it as the scheme.
+
+A codec may also declare an elementwise bound on its reconstruction error, ``error_bound(packed, decoded)``
+(a float64 tensor ``e`` broadcastable to ``decoded``, ``|x - decode(packed)| <= e``): the monitor can then derive
+the witness from it instead of storing one (``witness_bits=0`` or ``4``, :mod:`witcert.tier_a.derived_witness`,
+``DW``), the bound checked against the exact tokens on write. The built-in :class:`KiviCodes`,
+:class:`ScaledFloat8` and :class:`Float8Cast` declare elementwise bounds; :class:`IntCodes` declares its bound per
+channel group from the stored maxima (``group_error_bound(packed, dtype)``), which a read reduces without a decode.
+:func:`default_witness_bits` picks the monitor's default witness per codec.
 
 A user codec is held through :class:`OwnedCodec` (:func:`owned_codec`): the store owns what it holds.
 ``encode`` gets a private copy of the exact tokens, and every tensor ``encode``, ``decode`` and
@@ -52,6 +61,8 @@ from witcert.schemes import builtin
 from witcert.schemes.engine_formats import format_of
 from witcert.schemes.kv_format import KVFormat
 from witcert.schemes.registry import apply_scheme, get_scheme
+from witcert.tier_a.derived_witness import rounding_terms
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS
 
 NARROW_DTYPES = (torch.float8_e4m3fn, torch.float8_e5m2, torch.float16, torch.bfloat16)  # narrowest first
 
@@ -148,6 +159,23 @@ class IntCodes:
     def nbytes(self, packed: tuple) -> int:
         return nbytes(packed[0], packed[1])
 
+    def group_error_bound(self, packed: tuple, dtype: torch.dtype) -> torch.Tensor:
+        """fp64 bound (..., T, G) on ``|x_i - decode(packed)_i|`` for every channel ``i`` of group ``g`` (``DW``), from
+        the stored maxima alone (no decode): half a step, the work dtype's roundings, the cast to ``dtype``.
+
+        ``|x/s - code| <= 1/2 + 2 u_w qmax`` (the division rounds, the clamp cuts at most ``u_w qmax``); the product
+        ``code s`` rounds by ``u_w qmax s`` and is at most ``qmax s (1 + u_w)``; the cast to the model dtype moves a
+        value ``y`` by ``u_m |fl(y)| + a_m <= u_m (1 + u_m) |y| + a_m``
+        (:func:`~witcert.tier_a.derived_witness.rounding_terms`). A group whose maximum is 0 decodes to 0 exactly.
+        """
+        _, amax, _ = packed
+        scale = self._scale(amax)[..., 0].double()  # (..., T, G): the work-dtype scale decode uses, exactly
+        u_w, _ = rounding_terms(builtin._work(amax).dtype)
+        u_m, a_m = rounding_terms(dtype)
+        peak = scale * self.qmax * (1 + 4 * u_w)  # >= |code s| and its rounding
+        bound = scale * (0.5 + 4 * u_w * self.qmax) + u_m * (1 + 2 * u_m + 2.0**-20) * peak + a_m
+        return torch.where(amax[..., 0].double() > 0, bound, torch.zeros_like(bound))
+
     token_axes = (-2, -3, None)  # codes (..., T, d'), scales (..., T, d/g, 1), d: a store grows them in place
     roles_alike = True  # keys and values are coded the same way (role and start ignored): a store codes both at once
 
@@ -216,6 +244,27 @@ class KiviCodes:
     def nbytes(self, packed: tuple) -> int:
         return sum(nbytes(*segment[1:]) for segment in packed)
 
+    def error_bound(self, packed: tuple, decoded: torch.Tensor) -> torch.Tensor:
+        """Elementwise fp64 bound on ``|x - decode(packed)|`` (``DW``): half the group's step ``(hi - lo)/3`` and
+        the work dtype's roundings (of ``x - lo``, the division, the product and the sum: ``16 u_w`` steps and
+        ``4 u_w (|lo| + |hi|)``), then the cast to ``decoded``'s dtype; the exact key tail is exact (0)."""
+        parts = [self._segment_bound(segment) for segment in packed]
+        step = parts[0] if len(parts) == 1 else torch.cat(parts, dim=-2)
+        return _plus_cast(step, decoded)
+
+    def _segment_bound(self, segment: tuple) -> torch.Tensor:
+        if segment[0] == "exact":
+            return torch.zeros(segment[1].shape, dtype=torch.float64, device=segment[1].device)
+        kind, payload, lo, hi = segment
+        scale = self._scale(lo, hi)
+        u_w, _ = rounding_terms(scale.dtype)
+        step = scale.double() * (0.5 + 16 * u_w) + 4 * u_w * (lo.double().abs() + hi.double().abs())
+        if kind == "rows":  # (..., T, d/g, 1) per token over channel groups
+            g = payload.shape[-1] * 4 // lo.shape[-2] if payload.dtype == torch.uint8 else payload.shape[-1] // lo.shape[-2]
+            return step.expand(*step.shape[:-1], g).flatten(-2)
+        # keys: (..., G, 1, d) per channel over 32-token groups
+        return step.expand(*step.shape[:-2], self.group, step.shape[-1]).flatten(-3, -2)
+
     def join(self, first: tuple, second: tuple) -> tuple:
         """``first``'s tokens then ``second``'s: segments concatenated, neighbours of one kind merged."""
         segments = list(first)
@@ -246,6 +295,60 @@ class ScaledFloat8:
 
     def nbytes(self, packed: tuple) -> int:
         return nbytes(*packed)
+
+    def error_bound(self, packed: tuple, decoded: torch.Tensor) -> torch.Tensor:
+        """Elementwise fp64 bound on ``|x - decode(packed)|`` (``DW``): E4M3's half-spacing around the code
+        (:func:`e4m3_half_spacing`) times the scale, the work dtype's roundings of ``x / s`` and of the product
+        (``4 u_w |code| s``), then the cast to ``decoded``'s dtype."""
+        coded, scale = packed
+        u_w, _ = rounding_terms(scale.dtype)
+        code = coded.double()
+        s = scale.double()
+        return _plus_cast(s * (e4m3_half_spacing(code) * (1 + 4 * u_w) + 4 * u_w * code.abs()), decoded)
+
+
+@dataclass(frozen=True)
+class Float8Cast:
+    """Built-in ``fp8-e4m3`` (the raw cast, clamped to +-448) held as its fp8 E4M3 values: one byte per value,
+    bit-identical to the registered scheme, with its elementwise error bound (``DW``)."""
+
+    def encode(self, x: torch.Tensor, role: str, start: int = 0) -> torch.Tensor:
+        return builtin._work(x).clamp(-builtin.E4M3_MAX, builtin.E4M3_MAX).to(torch.float8_e4m3fn)
+
+    token_axes = -2  # the fp8 values (..., T, d): a store grows them in place
+
+    def decode(self, packed: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        return packed.to(dtype)
+
+    def nbytes(self, packed: torch.Tensor) -> int:
+        return nbytes(packed)
+
+    def error_bound(self, packed: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+        """E4M3's half-spacing around each value (:func:`e4m3_half_spacing`), ``inf`` where the cast may have
+        clamped (``|x^| = 448``), then the cast to ``decoded``'s dtype."""
+        code = packed.double()
+        # 2^-22 |c|: an fp64 input may reach E4M3 through fp32 (a second rounding)
+        spacing = e4m3_half_spacing(code) + 2.0**-22 * code.abs()
+        return _plus_cast(torch.where(code.abs() >= builtin.E4M3_MAX, torch.inf, spacing), decoded)
+
+
+E4M3_SUBNORMAL_HALF = 2.0**-10  # half the spacing 2^-9 of the subnormals (and of the normal binade [2^-6, 2^-5))
+
+
+def e4m3_half_spacing(code: torch.Tensor) -> torch.Tensor:
+    """fp64 half-spacing of the E4M3 grid above each value ``c``: ``2^(E - 4)`` for ``2^E <= |c| < 2^(E+1)``,
+    ``E >= -6``, and ``2^-10`` below ``2^-6`` (the subnormals' spacing is ``2^-9``). A real ``y`` that rounds
+    to nearest to ``c`` (no clamp) is within it: inside a binade by its half ulp, and a ``y`` just below a
+    power of two ``c`` by the smaller half ulp of the binade beneath."""
+    _, exponent = torch.frexp(code.abs())  # |c| = m 2^e, m in [1/2, 1): E = e - 1
+    return torch.clamp(torch.ldexp(torch.ones_like(code), exponent - 5), min=E4M3_SUBNORMAL_HALF)
+
+
+def _plus_cast(bound: torch.Tensor, decoded: torch.Tensor) -> torch.Tensor:
+    """``bound`` (fp64) plus the rounding of the cast to ``decoded``'s dtype: ``|y - fl(y)| <= u_m |fl(y)| + a_m``
+    (half an ulp of ``fl(y)``'s binade, or of the subnormals), with ``2^-20`` relative to spare."""
+    u_m, a_m = rounding_terms(decoded.dtype)
+    return bound + (u_m * (1 + 2.0**-20) * decoded.double().abs() + a_m)
 
 
 @dataclass
@@ -316,8 +419,11 @@ class OwnedCodec:
         self.name = type(inner).__name__
         self._dtype: torch.dtype | None = None  # of the tokens encoded (what join decodes to)
         self._decode_checked = False
+        self._bound_checked = False
         if callable(getattr(inner, "join", None)):
             self.join = self._join
+        if callable(getattr(inner, "error_bound", None)):
+            self.error_bound = self._error_bound
 
     def encode(self, x: torch.Tensor, role: str, start: int = 0):
         self._dtype = x.dtype
@@ -345,13 +451,42 @@ class OwnedCodec:
 
     def _join(self, first, second):
         joined = _copied(self.inner.join(first, second))
-        parts = torch.cat([self.decode(first, self._dtype), self.decode(second, self._dtype)], dim=-2)
-        if not torch.equal(self.decode(joined, self._dtype), parts):
+        halves = self.decode(first, self._dtype), self.decode(second, self._dtype)
+        parts = torch.cat(halves, dim=-2)
+        decoded = self.decode(joined, self._dtype)
+        if not torch.equal(decoded, parts):
             raise ValueError(
                 f"codec {self.name}: decode(join(first, second)) differs from decode(first) then decode(second); "
                 "join must only concatenate (a join that re-quantizes the held tokens moves keys after their "
                 "witness was formed). Drop join (one chunk per write) or make it lossless")
+        if hasattr(self, "error_bound"):
+            bounds = [self.error_bound(p, d) for p, d in zip((first, second), halves)]
+            if not torch.equal(self.error_bound(joined, decoded), torch.cat(bounds, dim=-2)):
+                raise ValueError(f"codec {self.name}: error_bound(join(first, second)) differs from error_bound of each "
+                                 "chunk: a derived witness is checked against each chunk's bound when it is written")
         return joined
+
+    def _error_bound(self, packed, decoded: torch.Tensor) -> torch.Tensor:
+        """The inner codec's elementwise bound as a float64 tensor of ``decoded``'s shape (a copy); its first
+        call runs twice and must give the same bits (the bound checked at write time is the one read)."""
+        bound = self._bound(packed, decoded)
+        if not self._bound_checked:
+            if not torch.equal(bound, self._bound(packed, decoded)):
+                raise ValueError(f"codec {self.name}: error_bound(packed, decoded) gave different values on two calls; "
+                                 "it must be a deterministic function of the packed chunk")
+            self._bound_checked = True
+        return bound
+
+    def _bound(self, packed, decoded: torch.Tensor) -> torch.Tensor:
+        bound = self.inner.error_bound(packed, decoded)
+        if type(bound) is not torch.Tensor or bound.dtype != torch.float64:
+            raise ValueError(f"codec {self.name}: error_bound must return a plain torch.Tensor of dtype float64, got "
+                             f"{type(bound).__name__} {getattr(bound, 'dtype', '')}")
+        try:
+            return bound.expand_as(decoded).clone()
+        except RuntimeError:
+            raise ValueError(f"codec {self.name}: error_bound of shape {tuple(bound.shape)} does not broadcast to the "
+                             f"decoded chunk {tuple(decoded.shape)}") from None
 
 
 def owned_codec(codec):
@@ -395,7 +530,7 @@ def codec_for(scheme, packed: bool):
     return Reconstruction(scheme, narrow=packed)
 
 
-_BUILTIN_CODECS = (Reconstruction, IntCodes, KiviCodes, ScaledFloat8, Dither)  # every output fresh; joins concatenate
+_BUILTIN_CODECS = (Reconstruction, IntCodes, KiviCodes, ScaledFloat8, Float8Cast, Dither)  # every output fresh; joins concatenate
 
 _PACKED_BUILTINS = {
     builtin.rtn_int8: IntCodes(8),
@@ -403,7 +538,27 @@ _PACKED_BUILTINS = {
     builtin.rtn_int2: IntCodes(2),
     builtin.kivi_2bit: KiviCodes(),
     builtin.fp8_e4m3_scaled: ScaledFloat8(),
+    builtin.fp8_e4m3: Float8Cast(),
 }
+
+
+def default_witness_bits(codec) -> int:
+    """The monitor's default witness for a codec (``witness_bits=None``), chosen from the held-out-style coverage at
+    tau 0.2 on SmolLM2 (16 bands; ``benchmarks/results/witness_derived.json``) and from what a read costs:
+
+    - ``0`` (derived, nothing stored per band) for the built-in rtn-int4 and rtn-int2: their meters saturate with
+      any witness (rtn-int4 0.000 stored and derived), so stored bytes buy nothing;
+    - ``4`` (a 4-bit fraction of the derived witness) for the built-in rtn-int8: 0.965 against 0.970 with the stored
+      byte and 0.980 in fp16 (derived alone: 0.524);
+    - the stored byte (:data:`~witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS`) for every other codec: the rtn
+      codecs' bounds are constant over channel groups and recomputed from the scales alone
+      (``group_error_bound``), the others' (KIVI, fp8, a user's) elementwise from a decode at every read, which
+      measured 12x the per-step read of the stored byte (rtn-int8's elementwise bound, 4096 tokens); and a user's
+      declared bound may be loose. Deriving is then the user's choice (``witness_bits=0`` or ``4``).
+    """
+    if isinstance(codec, IntCodes):
+        return 0 if codec.bits <= 4 else 4
+    return DEFAULT_WITNESS_BITS
 
 
 def _pack(codes: torch.Tensor, bits: int) -> torch.Tensor:

@@ -38,7 +38,13 @@ from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.memory import MemoryAccount
 from witcert.integrations.hf.packed_history import PackedPair
 from witcert.integrations.hf.token_buffer import TokenBuffer, split_pair
+from witcert.core.values import value_norms
 from witcert.tier_a.bands import BandLayout
+from witcert.core.rounding import round_up_to
+from witcert.tier_a.derived_witness import (
+    check_error_bound, derived_norms, group_band_norms, group_counts, pack_nibbles, relative_codes, relative_witness,
+    unpack_nibbles, witness_of_norms)
+from witcert.tier_a.witness import band_major
 from witcert.tier_a.observation import StoredKeys, stored_keys
 from witcert.tier_a.witness_code import WitnessCode
 
@@ -80,7 +86,8 @@ class CompressedLayer:
         (:mod:`witcert.audit`) reads exact keys only, and halves the store's writes without them.
     witness_code : WitnessCode
         How the witness and the value statistics are kept (fp16, or one byte per band norm; always
-        rounded up: :mod:`witcert.tier_a.witness_code`).
+        rounded up: :mod:`witcert.tier_a.witness_code`), or derived at every read from the codec's
+        elementwise error bound (``witness_code.derived``; the codec must have ``error_bound``, ``DW``).
 
     Every per-token tensor (packed codes where the codec names its token axes, witness, value
     statistics, exact shadow, decoded copy) grows in place in a
@@ -124,6 +131,11 @@ class CompressedLayer:
             raise ValueError(f"witness_code must be a WitnessCode, got {type(self.witness_code).__name__}")
         self.codec = owned_codec(self.codec)  # a user codec's outputs are copied before a witness is formed
         self._packed = PackedPair(self.codec)
+        if self.witness_code.derived and not self._packed.bounded:
+            raise ValueError(f"witness_bits={self.witness_code.bits} (a witness derived from the codec's error bound) "
+                             "needs a codec with "
+                             f"error_bound(packed, decoded); {_codec_name(self.codec)} has none: store the witness "
+                             "(witness_bits=8 or 16)")
         if self.keep_exact:
             self._exact, self._decoded = TokenBuffer(-2), TokenBuffer(-2)
 
@@ -188,6 +200,8 @@ class CompressedLayer:
     def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
         """:class:`StoredKeys` of every token (``k_hat``: the keys just read, to skip a second decode)."""
         with self.lock:
+            if self.witness_code.derived:
+                return self._derived_stored(k_hat)
             self._settle()
             k_hat = self._read()[0] if k_hat is None else k_hat
             witness, rho, v_norm = self.witness_code.readable(*(self._stats[name].view() for name in _STATS))
@@ -217,10 +231,53 @@ class CompressedLayer:
             **backing_bytes(self.backing, self.backing_key),
         )
 
-    def _settle(self) -> None:
+    def _derived_stored(self, k_hat: torch.Tensor | None) -> StoredKeys:
+        """:meth:`stored` with the witness derived from the codec's error bound (``DW``): the bounds checked for the
+        tokens written since the last call, then reduced to band norms (from the scales alone where the codec
+        declares them per channel group; else against the history decoded once)."""
+        pair = None if self._packed.grouped and k_hat is not None else self._read_pair()
+        with torch.no_grad():
+            self._settle(pair)
+            keys, values = self._derived_norms(pair)
+            if self.witness_code.relative:
+                witness, rho = self._relative_stats(keys, values)
+            else:
+                witness, rho = witness_of_norms(keys), round_up_to(values, torch.float32)
+        return StoredKeys(k_hat=pair[0] if k_hat is None else k_hat, witness=witness, value_residual=rho,
+                          value_norm=self._stats["value_norm"].view().float())
+
+    def _read_pair(self) -> torch.Tensor:
+        return self._decoded.view() if self.keep_exact else self._packed.decode(self._dtype)
+
+    def _derived_norms(self, pair: torch.Tensor | None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """fp64 upper band norms of the codec's bounds of the tokens from ``start`` on: keys (B, Hkv, S', bands),
+        values (B, Hkv, S') (``DW``)."""
+        if self._packed.grouped:
+            groups = self._packed.group_error_bound(self._dtype)  # (2, B, Hkv, S, G): cheap, from the scales
+            groups = groups.narrow(-2, start, groups.shape[-2] - start)
+            counts = group_counts(self.layout, groups.shape[-1])
+            whole = group_counts(BandLayout(self.layout.head_dim, 1), groups.shape[-1])
+            return group_band_norms(groups[0], counts), group_band_norms(groups[1], whole)[..., 0]
+        bound = self._packed.error_bound(pair)  # (2, B, Hkv, S, d) fp64
+        bound = bound.narrow(-2, start, bound.shape[-2] - start)
+        return derived_norms(bound[0], self.layout), derived_norms(bound[1], None)
+
+    def _new_bounds(self, start: int, n: int, pair: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
+        """``(decoded, elementwise fp64 bounds)`` (2, B, Hkv, n, d) of the tokens ``start .. start + n``."""
+        if self._packed.grouped:
+            decoded = pair.narrow(-2, start, n) if pair is not None else (
+                self._decoded.view().narrow(-2, start, n) if self.keep_exact else self._packed.decode(self._dtype, start))
+            groups = self._packed.group_error_bound(self._dtype).narrow(-2, start, n)  # (2, B, Hkv, n, G)
+            return decoded, groups.repeat_interleave(self.layout.head_dim // groups.shape[-1], dim=-1)
+        pair = self._read_pair() if pair is None else pair
+        return pair.narrow(-2, start, n), self._packed.error_bound(pair).narrow(-2, start, n)
+
+    def _settle(self, pair: torch.Tensor | None = None) -> None:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
         if self._settled == self._length:
             return
+        if self.witness_code.derived:
+            return self._settle_derived(pair)
         exact, decoded = self._unsettled_pairs()
         with torch.no_grad():  # statistics of stored tokens, whatever grad mode the caller is in
             new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], self.layout)
@@ -228,6 +285,37 @@ class CompressedLayer:
         code = self.witness_code  # every stored value rounded up: still >= the norm it stands for
         _grow(self._stats, axis=-1, witness=code.witness(new.witness.transpose(-1, -2)),
               value_residual=code.residual(new.value_residual), value_norm=code.norm(new.value_norm))
+
+    def _settle_derived(self, pair: torch.Tensor | None) -> None:
+        """Derived mode: check ``|x - x^| <= error bound`` for every new token (``ValueError`` naming the codec where
+        the codec's declaration fails: never a witness from a violated bound) and keep only ``||v_t||`` (and, at 4
+        bits, the fractions of the derived witness)."""
+        with torch.no_grad():
+            start, n = self._settled, self._length - self._settled
+            exact = self._exact.view().narrow(-2, start, n) if self.keep_exact else _cat_tokens([e for e, _ in self._unsettled])
+            decoded, bound = self._new_bounds(start, n, pair)
+            check_error_bound(exact, decoded, bound, _codec_name(self.codec))
+            self._unsettled, self._settled = [], self._length
+            codes = self._relative_codes(exact, decoded, start, n) if self.witness_code.relative else {}
+            _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])), **codes)
+
+    def _relative_codes(self, exact: torch.Tensor, decoded: torch.Tensor, start: int, n: int) -> dict:
+        """``witness_bits=4``: each band norm of the new tokens' residuals as a 4-bit fraction of the derived witness
+        (nibbles, band-major (..., ceil(B/2), n)), each value residual as an 8-bit fraction of its derived bound."""
+        residual = decoded.double() - exact.double()  # exact: both at most fp32
+        keys, values = self._derived_norms(None if self._packed.grouped else self._read_pair(), start)
+        codes = relative_codes(derived_norms(residual[0], self.layout), keys, 16).transpose(-1, -2)  # (..., B, n)
+        if codes.shape[-2] % 2:
+            codes = torch.cat([codes, torch.zeros_like(codes[..., :1, :])], dim=-2)
+        rho = relative_codes(derived_norms(residual[1], None), values, 256)
+        return {"witness": pack_nibbles(codes), "value_residual": rho}
+
+    def _relative_stats(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The fp16 witness (band-major) and fp32 value residual the stored fractions of the derived norms stand for."""
+        codes = unpack_nibbles(self._stats["witness"].view())[..., :self.layout.bands, :].transpose(-1, -2)
+        witness = relative_witness(codes, keys, 16, torch.float16)
+        rho = relative_witness(self._stats["value_residual"].view(), values, 256, torch.float32)
+        return band_major(witness), rho
 
     def _unsettled_pairs(self) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact and decoded (2, B, Hkv, n, d) of the tokens without statistics: from the kept buffers, else the
@@ -242,6 +330,10 @@ class CompressedLayer:
 
 
 _STATS = ("witness", "value_residual", "value_norm")  # per-token statistics, band-major witness first
+
+
+def _codec_name(codec) -> str:
+    return getattr(codec, "name", None) or type(getattr(codec, "inner", codec)).__name__
 
 
 def backing_bytes(backing: BackingStore | None, key: Hashable) -> dict:

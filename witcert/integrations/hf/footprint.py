@@ -8,7 +8,8 @@ reads its :class:`~witcert.integrations.hf.memory.MemoryAccount` (the bytes of t
 - ``raw``: what the scheme itself stores (packed codes and their group statistics, fp8 values, a
   reconstruction, transformers' quantized history and its exact window);
 - ``witness``: what the monitor adds (the Tier A witness and the value statistics, at the monitor's
-  default bands and witness bits unless given);
+  default bands and witness bits for the scheme unless given; a derived witness, ``witness_bits=0``, holds
+  only the value norms);
 - ``exact``: an uncompressed cache of the same token in the model's dtype;
 - ``backing``: what a production gate or spot check keeps of each token apart, on the host (the exact keys
   and values, never on the device).
@@ -43,6 +44,7 @@ class Footprint:
     witness: float
     exact: float
     backing: float
+    witness_bits: int = 8  # the witness code of the store: 16, 8 or 0 (derived from the codec's error bound)
 
     @property
     def monitored(self) -> float:
@@ -60,8 +62,7 @@ def footprint(scheme, head_dim: int, dtype: torch.dtype = torch.bfloat16, bands:
     from witcert.integrations.hf.geometry import auto_bands
 
     layout = BandLayout(head_dim, auto_bands(head_dim) if bands is None else bands, rope)
-    code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
-    store = _production_store(scheme, layout, code)
+    store = _production_store(scheme, layout, witness_bits)
     gen = torch.Generator().manual_seed(0)
     with warnings.catch_warnings():  # a held reconstruction's warning: its bytes are the figure reported here
         warnings.simplefilter("ignore")
@@ -71,12 +72,14 @@ def footprint(scheme, head_dim: int, dtype: torch.dtype = torch.bfloat16, bands:
     per = tokens * KV_HEADS
     name = scheme if isinstance(scheme, str) else getattr(scheme, "name", type(scheme).__name__)
     return Footprint(name, head_dim, raw=account.compressed / per, witness=account.witness / per,
-                     exact=account.exact_cache / per, backing=account.exact_cache / per)
+                     exact=account.exact_cache / per, backing=account.exact_cache / per,
+                     witness_bits=store.witness_code.bits)
 
 
-def _production_store(scheme, layout: BandLayout, code: WitnessCode):
-    """The store ``witcert.monitor(model, scheme, keep_exact=False)`` builds for one layer."""
-    from witcert.integrations.hf.codecs import Dither, codec_for
+def _production_store(scheme, layout: BandLayout, witness_bits: int | None):
+    """The store ``witcert.monitor(model, scheme, keep_exact=False, witness_bits=witness_bits)`` builds for one layer
+    (``None``: the monitor's default for the scheme)."""
+    from witcert.integrations.hf.codecs import Dither, codec_for, default_witness_bits
     from witcert.integrations.hf.compressed_cache import CompressedLayer
     from witcert.integrations.hf.quantized_cache import cache_spec_of
     from witcert.integrations.hf.quantized_store import QuantizedLayerStore
@@ -84,6 +87,7 @@ def _production_store(scheme, layout: BandLayout, code: WitnessCode):
     from witcert.schemes.plugins import resolve_scheme
 
     spec = cache_spec_of(scheme)
+    code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
     if spec is not None:
         return QuantizedLayerStore(spec, layout, keep_exact=False, witness_code=code)
     if isinstance(scheme, str) and scheme == DITHERED:
@@ -92,4 +96,5 @@ def _production_store(scheme, layout: BandLayout, code: WitnessCode):
         codec = Dither(DitheredInt8(rope=layout.rope), layer=0, seed=0)
     else:
         codec = codec_for(resolve_scheme(scheme) if isinstance(scheme, str) else scheme, packed=True)
+        code = WitnessCode(default_witness_bits(codec) if witness_bits is None else witness_bits)
     return CompressedLayer(codec, layout, keep_exact=False, witness_code=code)

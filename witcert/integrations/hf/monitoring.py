@@ -59,7 +59,7 @@ from witcert.gate.backing_store import BackingStore
 from witcert.gate.policy import Gate
 from witcert.gate.repair import Repairer
 from witcert.integrations.hf import telemetry
-from witcert.integrations.hf.codecs import Dither, codec_for
+from witcert.integrations.hf.codecs import Dither, codec_for, default_witness_bits
 from witcert.integrations.hf.compressed_cache import CompressedLayer
 from witcert.integrations.hf.geometry import geometry_of
 from witcert.integrations.hf.memory import MemoryAccount, MemoryReport
@@ -110,11 +110,16 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         mode (memory saved; the gate pages from a host backing store).
     bands : int, optional
         Witness bands (default: the largest divisor of ``head_dim / 2`` not above 16).
-    witness_bits : {16, 8}, optional
+    witness_bits : {16, 8, 4, 0}, optional
         Bits per stored band norm (:mod:`witcert.tier_a.witness_code`): fp16, or one byte (e5m3), each
         rounded up so the meter stays sound; 8 bits also keeps the value residual in a byte and the value
-        norm in fp16. Default 8 (``witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS``: at 16 bands on SmolLM2
-        it cost 0.010 of rtn-int8 coverage at tau 0.2 for 19 bytes per token and kv head instead of 40).
+        norm in fp16. ``0``: no stored band norm, the witness is derived at every read from the codec's
+        elementwise error bound (``error_bound``, checked against the exact tokens on write:
+        :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). ``4``: each band
+        norm stored as a 4-bit fraction of that derived witness (11 bytes at 16 bands). Default, per scheme
+        (``witcert.integrations.hf.codecs.default_witness_bits``, from rtn-int8's coverage at tau 0.2 on SmolLM2):
+        ``0`` for ``rtn-int4``, ``rtn-int2`` and ``kivi-2bit`` (their meters saturate with any witness), ``4`` for
+        ``rtn-int8`` (0.965 against 0.980 in fp16) and the fp8 E4M3 schemes, 8 otherwise.
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
@@ -240,7 +245,7 @@ class Monitor:
         self.model = model
         self.geometry = geometry_of(model, rope)
         self.layout = self.geometry.layout(bands)
-        self.witness_code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)
+        self.witness_code = WitnessCode(DEFAULT_WITNESS_BITS if witness_bits is None else witness_bits)  # checked now
         if tier not in TIERS:
             raise ValueError(f"tier must be one of {TIERS}, got {tier!r}")
         self.dithered = isinstance(scheme, str) and scheme == DITHERED
@@ -257,7 +262,18 @@ class Monitor:
         elif not self.dithered:
             # a plugin or module:function name loads here; an unknown name lists every known one
             named = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
-            self._codec = codec_for(named, packed=not keep_exact)  # validates the object
+            packed = codec_for(named, packed=True)  # validates the object
+            if witness_bits is None:
+                self.witness_code = WitnessCode(default_witness_bits(packed))
+            # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
+            self._codec = packed if not keep_exact or self.witness_code.derived else codec_for(named, packed=False)
+        codec = getattr(self, "_codec", None)
+        if self.witness_code.derived and not any(callable(getattr(codec, name, None))
+                                                 for name in ("error_bound", "group_error_bound")):
+            raise ValueError(f"witness_bits={self.witness_code.bits} derives the witness from the codec's elementwise "
+                             f"error bound: scheme "
+                             f"{scheme!r} has no codec with error_bound (the built-in rtn, kivi and fp8 schemes and "
+                             "user codecs that declare one do); store the witness instead (witness_bits=8 or 16)")
         if gate is not None and not isinstance(gate, Gate):
             raise ValueError(f"gate must be a witcert.Gate or None, got {type(gate).__name__}")
         if not isinstance(keep_exact, bool):

@@ -20,6 +20,11 @@ A production store decodes its whole history at every read. For integer codes un
 ``WITCERT_COMPILE=1`` that read is one compiled pass over the growing buffers as they lie
 (:mod:`witcert.fastpath.packed_decode`), bit for bit the codec's decode, so attention and the meter
 read the very keys each token's witness was formed on; nothing decoded is kept between reads.
+
+A codec with ``error_bound(packed, decoded)`` (elementwise bounds on its reconstruction error, ``DW``) gets
+them for the whole history from :meth:`PackedPair.error_bound`, chunk by chunk against the decoded history
+(each chunk's token count is kept for that); one with ``group_error_bound(packed, dtype)`` (bounds constant
+over channel groups, from its scales) from :meth:`PackedPair.group_error_bound`, with no decode.
 """
 from __future__ import annotations
 
@@ -38,12 +43,13 @@ class PackedHistory:
         self.codec = codec
         self.axes = getattr(codec, "token_axes", None)
         self.chunks: list = []  # packed chunks in write order (one, grown in place, when the codec has token axes)
+        self.lengths: list[int] = []  # tokens of each chunk (of the one chunk when the codec has token axes)
         self._buffers: list[TokenBuffer | None] | None = None
 
-    def add(self, packed, dtype: torch.dtype) -> None:
-        """Append one written chunk (``dtype``: the model dtype its tokens decode to)."""
+    def add(self, packed, dtype: torch.dtype, tokens: int = 0) -> None:
+        """Append one written chunk of ``tokens`` tokens (``dtype``: the model dtype its tokens decode to)."""
         if self.axes is None:
-            self._add_chunk(packed)
+            self._add_chunk(packed, tokens)
         elif isinstance(self.axes, int):
             self.chunks = [self._grow(0, self.axes, packed, dtype)]
         else:
@@ -88,6 +94,19 @@ class PackedHistory:
             return None
         return held_decode(codes.data, amax.data, codes.length, self.codec.bits, dtype, compiled=True)
 
+    def error_bound(self, decoded: torch.Tensor) -> torch.Tensor:
+        """The codec's elementwise fp64 bounds (``DW``) of every token held, against ``decoded`` (..., S, d), this
+        history decoded; each chunk's bound broadcast to its tokens."""
+        parts = decoded.split(self.lengths, dim=-2) if self.axes is None else (decoded,)
+        bounds = [self.codec.error_bound(p, d).expand_as(d) for p, d in zip(self.chunks, parts)]
+        return bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
+
+    def group_error_bound(self, dtype: torch.dtype) -> torch.Tensor:
+        """The codec's fp64 bounds per channel group (..., S, G) of every token held (``group_error_bound``: from the
+        stored scales, no decode)."""
+        bounds = [self.codec.group_error_bound(p, dtype) for p in self.chunks]
+        return bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
+
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.chunks)
 
@@ -108,12 +127,14 @@ class PackedHistory:
             part = part.to(dtype)
         return buffer.append(part)
 
-    def _add_chunk(self, packed) -> None:
+    def _add_chunk(self, packed, tokens: int) -> None:
         join = getattr(self.codec, "join", None)
         if self.chunks and callable(join):
             self.chunks[-1] = join(self.chunks[-1], packed)
+            self.lengths[-1] += tokens
         else:
             self.chunks.append(packed)
+            self.lengths.append(tokens)
 
 
 class PackedPair:
@@ -132,12 +153,13 @@ class PackedPair:
     def add(self, pair: torch.Tensor, start: int) -> torch.Tensor | None:
         """Encode one write, keys and values stacked (2, B, Hkv, T, d); returns their decodes, stacked, where the
         history cannot decode a range later (whole chunks), else ``None``."""
+        tokens = pair.shape[-2]
         if self.alike:
-            self.histories[0].add(self.codec.encode(pair, "key", start), pair.dtype)
+            self.histories[0].add(self.codec.encode(pair, "key", start), pair.dtype, tokens)
             return None
         packed = [self.codec.encode(pair[0], "key", start), self.codec.encode(pair[1], "value", start)]
         for history, chunk in zip(self.histories, packed):
-            history.add(chunk, pair.dtype)
+            history.add(chunk, pair.dtype, tokens)
         return None if self.ranged else torch.stack([self.codec.decode(p, pair.dtype) for p in packed])
 
     def decode(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
@@ -145,6 +167,28 @@ class PackedPair:
         if self.alike:
             return self.histories[0].decode(dtype, start)
         return torch.stack([history.decode(dtype, start) for history in self.histories])
+
+    @property
+    def grouped(self) -> bool:
+        """Whether the codec declares its error bounds per channel group (``group_error_bound``, from its scales)."""
+        return callable(getattr(self.codec, "group_error_bound", None))
+
+    @property
+    def bounded(self) -> bool:
+        """Whether the codec declares error bounds (``error_bound`` or ``group_error_bound``: a witness can be derived)."""
+        return self.grouped or callable(getattr(self.codec, "error_bound", None))
+
+    def group_error_bound(self, dtype: torch.dtype) -> torch.Tensor:
+        """fp64 bounds per channel group (2, B, Hkv, S, G) of keys and values, from the stored scales."""
+        if self.alike:
+            return self.histories[0].group_error_bound(dtype)
+        return torch.stack([history.group_error_bound(dtype) for history in self.histories])
+
+    def error_bound(self, pair: torch.Tensor) -> torch.Tensor:
+        """Elementwise fp64 bounds (2, B, Hkv, S, d) of keys and values against ``pair``, the history decoded."""
+        if self.alike:
+            return self.histories[0].error_bound(pair)
+        return torch.stack([history.error_bound(decoded) for history, decoded in zip(self.histories, pair)])
 
     def chunks(self, role: int) -> list:
         """The packed chunks of keys (0) or values (1), in write order."""

@@ -104,6 +104,11 @@ class QuantizedLayerStore:
             raise ValueError(f"spec must be a QuantizedCacheSpec, got {type(self.spec).__name__}")
         if not isinstance(self.witness_code, WitnessCode):
             raise ValueError(f"witness_code must be a WitnessCode, got {type(self.witness_code).__name__}")
+        if self.witness_code.derived:
+            raise ValueError(f"{self.spec.name}: witness_bits={self.witness_code.bits} derives the witness from a "
+                             "codec's elementwise error "
+                             "bound; transformers' quantized layers declare none: store the witness (witness_bits=8 "
+                             "or 16)")
         self.layer = self.spec.layer()
         self._keys = _Side(self.layout, self.witness_code)
         if self.keep_exact:
