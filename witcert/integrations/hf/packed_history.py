@@ -16,6 +16,11 @@ treats the two alike (``roles_alike``: :class:`~witcert.integrations.hf.codecs.I
 the role), so a step encodes and a read decodes keys and values in one call each; one history per
 role otherwise.
 
+A production store decodes its whole history at every read. For integer codes under
+``WITCERT_COMPILE=1`` that read is one compiled pass over the growing buffers as they lie
+(:mod:`witcert.fastpath.packed_decode`), bit for bit the codec's decode, so attention and the meter
+read the very keys each token's witness was formed on; nothing decoded is kept between reads.
+
 A codec with ``error_bound(packed, decoded)`` (elementwise bounds on its reconstruction error, ``DW``) gets
 them for the whole history from :meth:`PackedPair.error_bound`, chunk by chunk against the decoded history
 (each chunk's token count is kept for that); one with ``group_error_bound(packed, dtype)`` (bounds constant
@@ -25,6 +30,9 @@ from __future__ import annotations
 
 import torch
 
+from witcert.fastpath.compiled import compile_requested
+from witcert.fastpath.packed_decode import FUSED_DTYPES, held_decode
+from witcert.integrations.hf.codecs import IntCodes
 from witcert.integrations.hf.token_buffer import TokenBuffer
 
 
@@ -53,6 +61,9 @@ class PackedHistory:
 
     def decode(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
         """The tokens held from ``start`` on, decoded (..., S - start, d) (``start > 0`` needs token axes)."""
+        fused = self._fused_decode(dtype, start)
+        if fused is not None:
+            return fused
         if start:
             if self.axes is None:
                 raise ValueError("a history of whole chunks decodes from its first token only")
@@ -65,6 +76,23 @@ class PackedHistory:
             return self.codec.decode(chunk, dtype)
         decoded = [self.codec.decode(p, dtype) for p in self.chunks]
         return decoded[0] if len(decoded) == 1 else torch.cat(decoded, dim=-2)
+
+    def _fused_decode(self, dtype: torch.dtype, start: int) -> torch.Tensor | None:
+        """The whole history of integer codes in one compiled pass over the buffers as they lie
+        (:func:`~witcert.fastpath.packed_decode.held_decode`, bit for bit ``IntCodes.decode``), where
+        ``WITCERT_COMPILE=1`` asks for it; ``None``: the codec's own decode.
+
+        Only whole-history reads of two tokens or more take it: a compiled graph specializes a start or
+        length of 0 or 1, so one graph serves every read of a request; a range (the witness of the tokens
+        written since the last one, a few per flush) is small and decodes eagerly, compiling nothing mid-request.
+        """
+        if start or type(self.codec) is not IntCodes or not self._buffers or not compile_requested():
+            return None
+        codes, amax = self._buffers[0], self._buffers[1]
+        if (dtype not in FUSED_DTYPES or amax.data.dtype not in FUSED_DTYPES or codes.length != amax.length
+                or codes.length < 2):
+            return None
+        return held_decode(codes.data, amax.data, codes.length, self.codec.bits, dtype, compiled=True)
 
     def error_bound(self, decoded: torch.Tensor) -> torch.Tensor:
         """The codec's elementwise fp64 bounds (``DW``) of every token held, against ``decoded`` (..., S, d), this
