@@ -16,10 +16,16 @@ import torch
 from tests.vllm.engines import HAS_VLLM, NO_VLLM, run_engine
 from witcert.audit import Audit, requests_of
 from witcert.integrations.vllm import audit, config
-from witcert.integrations.vllm.prometheus import WitCertCollector
 from witcert.integrations.vllm.telemetry import Telemetry
 
 LAYERS, HEADS = 30, 9  # SmolLM2-135M
+
+
+def collector(directory):
+    """The plugin's Prometheus collector over ``directory`` (skips where prometheus_client is not installed: the
+    main venv runs this file's pure tests too)."""
+    prometheus = pytest.importorskip("witcert.integrations.vllm.prometheus", reason="prometheus_client missing")
+    return prometheus.WitCertCollector(str(directory))
 
 
 @pytest.mark.parametrize("extra,match", [
@@ -79,7 +85,7 @@ def test_audit_series_appear_on_metrics(tmp_path):
         t.audit.tally("req-a", settings).add(layer, 5, picks[layer, :, 0], torch.full((HEADS,), 0.3), None, 0)
     t.audit.finish(["req-a", "unknown"])
     t.publish(str(tmp_path))
-    families = {f.name: f for f in WitCertCollector(str(tmp_path)).collect()}
+    families = {f.name: f for f in collector(tmp_path).collect()}
     for name in ("witcert_audit_requests", "witcert_audit_flagged_requests", "witcert_audit_picked_cells",
                  "witcert_audit_flagged_cells", "witcert_audit_fraction_upper"):
         assert name in families, name
@@ -126,6 +132,6 @@ def test_statement_holds_against_the_exact_shadow_through_vllm(smollm2, defer, m
     assert by_level["requests"] == 2 and by_level["shadow_violations"] == 0
     snap = dict(snap, pid=os.getpid())  # the engine process has exited: read its snapshot as a live one's
     (tmp_path / f"witcert-{os.getpid()}.json").write_text(json.dumps(snap))
-    names = {s.name for f in WitCertCollector(str(tmp_path)).collect() for s in f.samples}
+    names = {s.name for f in collector(tmp_path).collect() for s in f.samples}
     assert {"witcert_audit_flagged_requests_total", "witcert_audit_fraction_upper_bucket",
             "witcert_audit_shadow_violations_total"} <= names
