@@ -22,7 +22,7 @@ import triton
 import triton.language as tl
 
 from witcert.tier_a.bands import BandLayout
-from witcert.tier_a.witness_code import WITNESS_BITS, WitnessCode
+from witcert.tier_a.witness_code import WitnessCode
 
 from . import require_backend
 from ._validate import require, require_finite, require_tensor
@@ -72,6 +72,11 @@ def _witness_write_kernel(
     tl.store(w_rows, stored, mask=mask_row[:, None] & (offs_b[None, :] < BANDS))
 
 
+KERNEL_BITS = (16, 8)
+"""The stored witness codes this kernel writes: fp16 norms and the e5m3 byte (``witness_bits`` 0 and 4 derive the
+witness from a codec's error bound, :mod:`witcert.tier_a.derived_witness`, and never reach it)."""
+
+
 def _launch_witness_write(k_rows, k_hat_rows, band_index, block_rows, bits):
     n_rows = k_rows.shape[0]
     bands, band_width = band_index.shape
@@ -113,7 +118,8 @@ def witness_write(k: torch.Tensor, k_hat: torch.Tensor, layout: BandLayout, *, b
     require_tensor("k_hat", k_hat, dtypes=FLOAT_DTYPES, shape=k.shape, device=k.device)
     require(k.dim() >= 2, "k", f"must be (..., S, d), got shape {tuple(k.shape)}")
     require(block_rows > 0 and block_rows & (block_rows - 1) == 0, "block_rows", f"must be a power of two, got {block_rows}")
-    require(bits in WITNESS_BITS and not isinstance(bits, bool), "bits", f"must be one of {WITNESS_BITS}, got {bits!r}")
+    require(bits in KERNEL_BITS and not isinstance(bits, bool), "bits", f"must be one of {KERNEL_BITS} (stored "
+            f"witness codes; the derived modes 0 and 4 are formed from a codec's error bound), got {bits!r}")
     require_finite("k", k)
     require_finite("k_hat", k_hat)
     lead = k.shape[:-1]

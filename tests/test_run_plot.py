@@ -19,9 +19,12 @@ pytestmark = pytest.mark.usefixtures("one_thread")
 
 
 def monitored(keep_exact: bool, gate=None):
+    # the stored byte witness (rtn-int4's default, derived, is looser): the gate at tau 0.05 then fires on some
+    # cells and not all, the picture this file checks
     model = tiny("llama", hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64)
     ids, mask = prompts(2, length=24)
-    with torch.no_grad(), witcert.monitor(model, "rtn-int4", gate=gate, keep_exact=keep_exact) as mon:
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4", gate=gate, keep_exact=keep_exact,
+                                                witness_bits=8) as mon:
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=5, do_sample=False, pad_token_id=0)
     return mon
 

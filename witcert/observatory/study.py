@@ -38,6 +38,7 @@ from witcert.integrations.hf.codecs import codec_for
 from witcert.integrations.hf.monitoring import Monitor
 from witcert.observatory import stats, workloads
 from witcert.observatory.study_config import QUICK, StudyConfig  # noqa: F401 (QUICK: the --quick run)
+from witcert.tier_a.witness_code import WitnessCode
 
 UNCOMPRESSED = "uncompressed"
 KEY_COUNTS = (1, 2, 3, 4)
@@ -141,7 +142,11 @@ class _LayerSubsetMonitor(Monitor):
 
     def _store(self, index, record, backing):
         store = super()._store(index, record, backing)
-        return store if index in self.compressed_layers else dataclasses.replace(store, codec=self._identity)
+        if index in self.compressed_layers:
+            return store
+        # the exact layer's witness is stored (zero: nothing is lost); the identity codec declares no error bound
+        # from which a derived witness could be formed
+        return dataclasses.replace(store, codec=self._identity, witness_code=WitnessCode())
 
     def _live_of(self, cache, batch):
         live = super()._live_of(cache, batch)
