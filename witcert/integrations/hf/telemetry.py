@@ -70,7 +70,7 @@ COLUMNS = (
     ("spot_bound", "`certificate=\"spot\"`", "the spot check's bound, NaN where no check ran (meter <= tau)"),
     ("spot_keys", "`certificate=\"spot\"`", "exact keys the check read"),
     ("spot_rounds", "`certificate=\"spot\"`", "rounds of exact keys the adaptive check read (0 where no check ran)"),
-    ("spot_bytes", "`certificate=\"spot\"`", "bytes those reads moved (whole verified blocks in production)"),
+    ("spot_bytes", "`certificate=\"spot\"`", "bytes those reads moved (the drawn key rows, each checked against its checksum in production)"),
     ("spot_delta", "`certificate=\"spot\"`", "failure probability of the cell's checks (0 where none ran; with "
      "the spot-certified gate, its checks' budgets added)"),
     ("paged_fraction", "a gate", "fraction of the cell's visible tokens paged in exactly"),
