@@ -370,7 +370,7 @@ THEOREMS: tuple[Theorem, ...] = (
         torch="witcert.audit.limit.upper_limit",
         kernel=None,
         tests=("tests/test_audit_limit.py", "tests/test_audit_validity.py", "tests/test_audit_monitor.py",
-               "tests/vllm/test_audit.py"),
+               "tests/vllm/test_audit.py", "tests/test_audit_counts.py"),
     ),
 )
 

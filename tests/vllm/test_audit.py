@@ -15,6 +15,7 @@ import torch
 
 from tests.vllm.engines import HAS_VLLM, NO_VLLM, run_engine
 from witcert.audit import Audit, requests_of
+from witcert.audit.picks import picked
 from witcert.integrations.vllm import audit, config
 from witcert.integrations.vllm.telemetry import Telemetry
 
@@ -75,6 +76,26 @@ def test_verdict_is_the_audit_packages_on_the_same_cells():
     got = tally.verdict(7)
     assert 0 < got.flagged and got.M_upper < got.N and got == expected
     assert ledger.open["r"].verdict(7) == expected
+
+
+def test_a_steps_picks_are_each_requests_own():
+    audits = [Audit(rate=0.3, seed=5), Audit(rate=0.05, seed=2**62 + 1), Audit(rate=1.0, seed=0)]
+    positions = [[700, 701], [12, 12], [3, 4]]
+    together = audit.step_picks(audits, 4, 3, positions, head_offset=3)  # (L, B, Hq, T), this worker's heads
+    for b, a in enumerate(audits):
+        assert torch.equal(together[:, b], audit.cell_picks(a, 4, 3, positions[b], head_offset=3))
+        assert torch.equal(together[:, b], picked(a.seed, [0], range(4), 6, positions[b], a.rate)[:, 0, 3:])
+
+
+def test_unpicked_tokens_count_in_the_tally():
+    a = Audit(rate=0.5, seed=1)
+    ledger = audit.Ledger()
+    ledger.add_unpicked(["r", "r"], [a, a], 9)
+    ledger.add_rows(["r"], [a], 0, [4], torch.tensor([[True] + [False] * 8]), torch.full((1, 9), 0.5,
+                                                                                            dtype=torch.float64),
+                    None, head_offset=0)
+    tally = ledger.open["r"]
+    assert (tally.cells, tally.picked, tally.flagged) == (27, 1, [(0, 0, 4)])
 
 
 def test_audit_series_appear_on_metrics(tmp_path):

@@ -54,6 +54,21 @@ def test_a_step_is_folded_once_with_unmetered_cells_and_bound_kinds(tmp_path):
     assert len(rows) == 1 and rows[0]["bound"] == "proved" and (rows[0]["step"], rows[0]["tokens"]) == (7, 8)
 
 
+def test_unmetered_tokens_count_as_an_all_unmetered_batch_would():
+    from witcert.integrations.vllm.telemetry import CellBatch
+
+    folded, counted = (Telemetry(tau=0.2, max_requests=2) for _ in range(2))
+    for t in (folded, counted):
+        t.add("a", 0, torch.tensor([0.1, 0.4], dtype=torch.float64), scheme="rtn-int4")
+    requests, schemes = ["b", "a", "c"], ["rtn-int4", "none", "rtn-int4"]
+    folded.queue(CellBatch(3, requests, schemes, [False] * 3, [5, 6, 7], torch.full((3, 2), float("nan"),
+                                                                                     dtype=torch.float64)))
+    folded.fold()
+    counted.add_unmetered(3, requests, schemes, 2)
+    assert counted.snapshot() == folded.snapshot()
+    assert counted.unmetered == 6 and counted.schemes["rtn-int4"]["unmetered"] == 4
+
+
 def test_cell_log_writes_one_line_per_head(tmp_path):
     log = CellLog(str(tmp_path / "cells.jsonl"))
     log.add("r", 3, 9, 10, torch.tensor([0.1, 0.2]), torch.tensor([0.1, float("inf")]), torch.tensor([0.0, 0.1]))

@@ -12,8 +12,6 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
-from witcert.audit.limit import LEVEL, flagged_interval, upper_limit
-from witcert.audit.picks import pick_probability
 from witcert.audit.settings import Audit
 
 COLUMNS = ("request", "layer", "head", "pos", "audited", "flagged")
@@ -73,6 +71,8 @@ def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[Requ
     missing = [name for name in COLUMNS if name not in columns]
     if missing:
         raise ValueError(f"columns: the cells carry no audit columns {missing} (was the monitor given audit=?)")
+    from witcert.audit.counts import requests_of_counts  # the statistics, formed from counts in one place
+
     request = np.asarray(columns["request"]).astype(np.int64)
     if not request.size:
         return ()
@@ -82,16 +82,8 @@ def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[Requ
     n = np.bincount(of, minlength=ids.size)
     picks = np.bincount(of, weights=audited, minlength=ids.size).astype(np.int64)
     flags = np.bincount(of, weights=flagged, minlength=ids.size).astype(np.int64)
-    rate = pick_probability(settings.rate)  # the exact probability a cell is picked with (within 2^-32 of the rate)
-    m_upper = upper_limit(flags, n, rate, settings.delta_sampling)
-    estimate, low, high = flagged_interval(flags, n, rate, LEVEL)
     where = np.flatnonzero(flagged)
     cells = np.stack([np.asarray(columns[name])[where].astype(np.int64) for name in ("layer", "head", "pos")], -1)
     owner = of[where]
-    return tuple(
-        RequestAudit(request=int(ids[i]), N=int(n[i]), picked=int(picks[i]), flagged=int(flags[i]),
-                     M_upper=int(m_upper[i]), fraction_upper=float(m_upper[i] / n[i]), tau=settings.tau,
-                     delta=settings.delta, rate=settings.rate, estimate=float(estimate[i]),
-                     interval=(float(low[i]), float(high[i])), level=LEVEL,
-                     flagged_cells=tuple(tuple(int(v) for v in cell) for cell in cells[owner == i]), seed=seed)
-        for i in range(ids.size))
+    return requests_of_counts(ids.tolist(), n, picks, flags, [cells[owner == i].tolist() for i in range(ids.size)],
+                              settings, seed)

@@ -6,10 +6,10 @@ A request asks for it in ``SamplingParams.extra_args`` (over the OpenAI API ``vl
 secret seed from the operating system's cryptographic source). The settings are :class:`witcert.Audit`.
 
 What the audit does here is :mod:`witcert.audit`'s, reused as is: which cells are picked
-(:func:`witcert.audit.picks.picked`, Philox keyed by the request's seed and the cell's layer, query
-head and position, never by a query), the binomial limit and the interval
-(:func:`witcert.audit.limit.upper_limit`, :func:`~witcert.audit.limit.flagged_interval`) and the
-verdict (:class:`witcert.audit.RequestAudit`). The plugin meters only the picked cells (a layer's pass
+(:func:`witcert.audit.row_picks.picked_rows`: Philox keyed by the request's seed and the cell's layer,
+query head and position, never by a query; every audited request of a step in one call), and the
+verdict from the running counts (:func:`witcert.audit.counts.requests_of_counts`: the binomial limit,
+the interval and :class:`witcert.audit.RequestAudit`, as :func:`witcert.audit.requests_of` forms them). The plugin meters only the picked cells (a layer's pass
 runs for a row only where one of its heads is picked; the other cells are counted *unmetered*), and
 flags a picked cell when its meter exceeds ``tau``. The meter is a proved bound, so a picked cell with
 TV above ``tau`` is always flagged: the flagged count is at least ``Binomial(M, rate)`` with no spot-check
@@ -32,8 +32,8 @@ import numpy as np
 import torch
 
 from witcert.audit import Audit, RequestAudit
-from witcert.audit.limit import LEVEL, flagged_interval, upper_limit
-from witcert.audit.picks import pick_probability, picked
+from witcert.audit.counts import requests_of_counts
+from witcert.audit.row_picks import picked_rows
 
 RATE, TAU, DELTA, SEED = "witcert_audit_rate", "witcert_audit_tau", "witcert_audit_delta", "witcert_audit_seed"
 KEYS = (RATE, TAU, DELTA, SEED)
@@ -81,8 +81,15 @@ def cell_picks(audit: Audit, layers: int, heads: int, positions: list, head_offs
     """bool (L, Hq, T): the picked cells of one request at query ``positions`` in every layer, for this worker's
     query heads ``head_offset .. head_offset + heads - 1`` (head numbers model-wide: the same picks under
     tensor parallelism). The request's own seed keys the picks, so its id in the counter is 0."""
-    out = picked(audit.seed, [0], range(layers), head_offset + heads, positions, audit.rate)
-    return out[:, 0, head_offset:]
+    return step_picks([audit], layers, heads, [positions], head_offset)[:, 0]
+
+
+def step_picks(audits: list, layers: int, heads: int, positions: list, head_offset: int = 0) -> torch.Tensor:
+    """bool (L, B, Hq, T): :func:`cell_picks` of ``B`` requests (``audits[b]`` at query ``positions[b]``, T each) in
+    one Philox call (:func:`witcert.audit.row_picks.picked_rows`: bit-identical to each request's own)."""
+    out = picked_rows([a.seed for a in audits], [a.rate for a in audits], [0] * len(audits), range(layers),
+                      head_offset + heads, torch.as_tensor(positions, dtype=torch.int64).reshape(len(audits), -1))
+    return out[:, :, head_offset:]
 
 
 @dataclass
@@ -117,17 +124,10 @@ class Tally:
             self.true_above += true_above
 
     def verdict(self, number: int) -> RequestAudit:
-        """The request's statement (adapter: :func:`witcert.audit.requests_of` reads one row per cell; here the
-        counts are kept, and the same limit, interval and record are formed from them)."""
-        a, x, n = self.audit, len(self.flagged), self.cells
-        rate = pick_probability(a.rate)
-        m_upper = int(upper_limit(x, n, rate, a.delta_sampling))
-        estimate, low, high = flagged_interval(x, n, rate, LEVEL)
-        return RequestAudit(request=number, N=n, picked=self.picked, flagged=x, M_upper=m_upper,
-                            fraction_upper=m_upper / n if n else 0.0, tau=a.tau, delta=a.delta, rate=a.rate,
-                            estimate=float(np.asarray(estimate)), interval=(float(np.asarray(low)),
-                                                                            float(np.asarray(high))),
-                            level=LEVEL, flagged_cells=tuple(self.flagged), seed=a.seed)
+        """The request's statement, from its counts (:func:`witcert.audit.counts.requests_of_counts`)."""
+        verdict, = requests_of_counts([number], [self.cells], [self.picked], [len(self.flagged)], [self.flagged],
+                                      self.audit, self.audit.seed)
+        return verdict
 
 
 def _label(audit: Audit) -> str:
@@ -167,6 +167,11 @@ class Ledger:
             flagged[i].append((layer, head_offset + h, positions[i]))
         for i, request in enumerate(requests):
             self.tally(request, audits[i]).add_counts(picks.shape[-1], picked[i], flagged[i], above[i])
+
+    def add_unpicked(self, requests: list, audits: list, cells: int) -> None:
+        """Query tokens of one layer with no picked cell: ``cells`` (its query heads) each, nothing picked or known."""
+        for request, audit in zip(requests, audits):
+            self.tally(request, audit).add_counts(cells, 0, [], None)
 
     def finish(self, requests) -> list:
         """Form the verdicts of ``requests`` (ids; those without an audit are skipped), log one line each."""

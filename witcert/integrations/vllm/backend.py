@@ -264,6 +264,9 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         picks = self._layer_picks(plan, settings, positions)
         chosen = self._chosen(plan, settings, positions, picks)
         active = [i for i in range(plan.metered_rows) if any(chosen[i])]
+        if not active:  # nothing metered in this layer: counted, nothing built per cell
+            self._count_unmetered(plan, settings)
+            return
         if self._deferrable(plan, settings) and active:
             self._queue_rows(plan, query, settings, positions, chosen, md, picks)
             if len(self._deferred) >= self.defer:
@@ -304,6 +307,22 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
         self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks)
 
+    def _count_unmetered(self, plan, settings) -> None:
+        """This layer's query tokens, none metered: counted in the telemetry and their audits' tallies (the same
+        counts for every layer of the step, derived once)."""
+        if "unmetered" not in plan.cache:
+            tokens = [(i, j) for i in range(plan.metered_rows) for j in range(plan.query_counts[i])]
+            requests = [self.runtime.request_id(plan.batch_of_row[i]) for i, _ in tokens]
+            audited = [(requests[k], settings[i].audit) for k, (i, _) in enumerate(tokens)
+                       if settings[i].audit is not None]
+            plan.cache["unmetered"] = (requests, [settings[i].scheme for i, _ in tokens],
+                                       [r for r, _ in audited], [a for _, a in audited])
+        requests, schemes, audited, audits = plan.cache["unmetered"]
+        telemetry = self.runtime.telemetry
+        telemetry.add_unmetered(self.layer_index, requests, schemes, self.num_heads)
+        if audited:
+            telemetry.audit.add_unpicked(audited, audits, self.num_heads)
+
     def _step_rows(self, plan) -> tuple[list, list]:
         """The metered rows' settings and query positions (the same for every layer of the step)."""
         if "rows" not in plan.cache:
@@ -321,23 +340,42 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                                         for i in range(len(settings))]
             return plan.cache["chosen"]
         layer, shadow = self.layer_index, self.shadow is not None
+        any_picked = None if picks is None else self._any_picked(plan)
         return [[j < plan.query_counts[i] and (
                     s.metering.meters(layer, positions[i][j]) if s.audit is None else
-                    shadow or bool(picks[i][:, j].any())
+                    shadow or any_picked[i][j]
                     or (not s.metering.everything and s.metering.meters(layer, positions[i][j])))
                  for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+
+    def _any_picked(self, plan) -> list:
+        """Per metered row and query token, whether its audit picked any head of this layer (all layers' answers
+        formed once per step from the step's picks)."""
+        if "any picked" not in plan.cache:
+            drawn, row = plan.cache["picks"]
+            anywhere = drawn.any(2).tolist()  # (L, Ra, T)
+            width = drawn.shape[-1]
+            plan.cache["any picked"] = [[[False] * width if k is None else per_layer[k] for k in row]
+                                        for per_layer in anywhere]
+        return plan.cache["any picked"][self.layer_index]
 
     def _layer_picks(self, plan, settings, positions) -> list | None:
         """Per metered row, its audit's picked heads of this layer at its query positions, bool (Hq, T) (``None``: no
         audit); every layer's picks of a row are drawn once per step (one Philox call)."""
         if "picks" not in plan.cache:
             layers = max(len(self.runtime.impls), self.layer_index + 1)
-            plan.cache["picks"] = None if all(s.audit is None for s in settings) else [
-                None if s.audit is None else audit.cell_picks(s.audit, layers, self.num_heads, positions[i],
-                                                              self.head_offset)
-                for i, s in enumerate(settings)]
-        every = plan.cache["picks"]
-        return None if every is None else [None if p is None else p[self.layer_index] for p in every]
+            audited = [i for i, s in enumerate(settings) if s.audit is not None]
+            if not audited:
+                plan.cache["picks"] = None
+            else:  # every audited row's picks of every layer in one Philox call, (L, Ra, Hq, T)
+                drawn = audit.step_picks([settings[i].audit for i in audited], layers, self.num_heads,
+                                         [positions[i] for i in audited], self.head_offset)
+                row = dict(zip(audited, range(len(audited))))
+                plan.cache["picks"] = (drawn, [row.get(i) for i in range(len(settings))])
+        if plan.cache["picks"] is None:
+            return None
+        drawn, row = plan.cache["picks"]
+        layer = drawn[self.layer_index]
+        return [None if k is None else layer[k] for k in row]
 
     # -- deferred metering ---------------------------------------------------------------------
     def _deferrable(self, plan, settings) -> bool:

@@ -112,6 +112,19 @@ class Telemetry:
         for bound in {b.bound for b in batches}:
             self._fold([b for b in batches if b.bound == bound], bound)
 
+    def add_unmetered(self, layer: int, requests: list, schemes: list, heads: int) -> None:
+        """Count one layer's query tokens that nothing meters (``requests``, ``schemes`` per token, ``heads`` cells
+        each) as :meth:`fold` counts an all-NaN :class:`CellBatch`, without building one: an unmetered layer-step
+        costs a few integer additions."""
+        self.unmetered += len(requests) * heads
+        for name in schemes:
+            self.schemes.setdefault(name, _scheme_stats())["unmetered"] += heads
+        self.layer_max.setdefault(layer, 0.0)
+        for request in requests:
+            self.request_max[request] = self.request_max.pop(request, 0.0)
+        while len(self.request_max) > self.max_requests:
+            self.request_max.popitem(last=False)
+
     def add(self, request: str, layer: int, meter: torch.Tensor, true_tv: torch.Tensor | None = None, *,
             scheme: str = "none", raw_meter: torch.Tensor | None = None, raw_true_tv: torch.Tensor | None = None,
             gated: bool = False) -> None:
