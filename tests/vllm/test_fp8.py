@@ -27,3 +27,15 @@ def test_fp8_cache_every_cell_within_its_meter(smollm2, dtype, kv_cache_dtype):
     assert w["shadow_max_output_gap_ratio"] <= 1.0  # the kernel's output within its rounding in the model dtype
     if dtype == "float32":
         assert w["shadow_max_output_gap"] < 1e-3
+
+
+def test_fp8_cache_sampled_every_other_step_stays_within_its_meter(smollm2):
+    """Every third step metered: the unmetered steps' writes are journaled and entered at the next pass (one
+    read-back for several steps); every metered cell still within its meter against the exact shadow."""
+    reason = fp8_unsupported_reason()
+    if reason:
+        pytest.skip(reason)
+    w = run_engine("--kv-cache-dtype", "fp8_e4m3", "--plugin", "--shadow", "--max-tokens", "12",
+                   "--xargs", '{"witcert_meter_every": 3}')["witcert"]
+    assert w["cells"] > 0 and w["unmetered"] > 0 and w["shadow_cells"] == w["cells"]
+    assert w["shadow_violations"] == 0 and w["shadow_max_true_tv"] > 0

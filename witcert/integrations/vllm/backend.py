@@ -35,6 +35,7 @@ from witcert.tier_a.bands import BandLayout
 from . import audit, config, gate, layout, runtime, schemes, selftest
 from .decode_pass import cell_terms, meter_rows, warm_up
 from .exact_store import ExactStore
+from .journal import WriteJournal
 from .sequence_state import SequenceState
 from .telemetry import CellBatch
 from .written import Written, from_cache, written
@@ -59,7 +60,7 @@ class _Pending:
     value: torch.Tensor
     slot_mapping: torch.Tensor
     index: torch.Tensor
-    kept: Written
+    kept: Written | None  # None: journaled (:mod:`.journal`), entered into the state when something reads it
 
 
 @dataclass(frozen=True)
@@ -102,6 +103,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.cache_layout = None  # layout.CacheLayout measured by the self-test
         self._pending = None  # _Pending: the step's writes, metered and compressed in forward
         self._deferred = []  # _Queued decode rows of earlier steps, metered together (deferred metering)
+        self.journal = WriteJournal()  # written slots not yet entered into the state (:mod:`.journal`)
+        self._written_to = None  # (layer, kv_cache) the journal's slots were written to
         self.defer = self.runtime.config.defer if _world_size() == 1 else 1  # a worker process flushes alone
         self.head_offset, self.kv_head_offset = _tensor_parallel_offsets(self.num_heads, self.num_kv_heads)
         if self.metered:
@@ -115,6 +118,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     # -- write ---------------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
+        if self.journal and self.journal.holds(slot_mapping[slot_mapping >= 0].long()):
+            self._enter_journal(every=True)  # read back before this write reaches a journaled slot
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         if not self.metered:
             return
@@ -123,9 +128,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         n = slot_mapping.shape[0]
         index, slots, entries = self._step_slots(slot_mapping, kv_cache)
         exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[index]  # (N, Hkv, d)
-        _, kept = self._read_back(layer, kv_cache, slots, exact, entries)
         if self.shadow is not None:
             layout.scatter_rows(self.shadow, slots, exact)
+        if self._journaling():
+            self.journal.add(slots, exact)
+            self._written_to = (layer, kv_cache)
+            self._pending = _Pending(key[:n], value[:n], slot_mapping, index, None)
+            return
+        self._enter_journal()
+        _, kept = self._read_back(layer, kv_cache, slots, exact, entries)
         if self.store is not None:
             exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[index]
             self.store.write(slots, exact, exact_v)
@@ -133,6 +144,39 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if self.tier_b is not None:
             self.tier_b["valid"][slots] = False
         self._pending = _Pending(key[:n], value[:n], slot_mapping, index, kept)
+
+    def _journaling(self) -> bool:
+        """Whether this step's writes go to the journal (:mod:`.journal`): nothing reads them back at once (no
+        gate store or dithered cache; no request of the step stores its tokens with a scheme) and this
+        process sees the engine go idle (its flush enters what is left). The same for every layer of a step."""
+        rt = self.runtime
+        if self.store is not None or self.tier_b is not None:
+            return False
+        cached = rt.journal_step
+        if cached is None or cached[0] != rt.step:
+            rows = len(rt.row_settings) if rt.row_settings else 1
+            rt.journal_step = cached = (rt.step, runtime.idle_hook_here() and all(
+                rt.settings(r).scheme == config.NONE for r in range(rows)))
+        return cached[1]
+
+    def _enter_journal(self, every: bool = False) -> None:
+        """Enter the journaled writes into the witness side tensor and the state: read back at their slots, the
+        witnesses formed against the exact keys the writes saw, in one call (``every``: the current step's too,
+        as its witnesses only: its forward has not placed it yet)."""
+        if every:
+            self.journal.close()
+        taken = self.journal.take()
+        if taken is None:
+            return
+        slots, exact, rows, positions = taken
+        layer, kv_cache = self._written_to
+        _, kept = self._read_back(layer, kv_cache, slots, exact)
+        placed = rows >= 0
+        if bool(placed.all()):
+            self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms)
+        elif bool(placed.any()):
+            self.state.write(rows[placed], positions[placed], kept.keys[placed], kept.witness[placed],
+                             kept.key_norms[placed])
 
     def _step_slots(self, slot_mapping, kv_cache) -> tuple:
         """The step's written tokens (``-1`` marks padding), their slots and key entries: the same for every layer of
@@ -176,6 +220,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self._meter(plan, layer, query, key, value, kv_cache, attn_metadata, output)
             self._compress_pending(plan, layer, kv_cache, attn_metadata)
             self.runtime.end_layer(self.layer_index)
+        self.journal.close()
         self._pending = None
         return result
 
@@ -219,6 +264,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         calculated KV scales), the kernel reads every older fp8 entry at the new scale, which no
         stored witness covers: make them all the trivial bound (``inf``: meter 1) from then on."""
         if layer._k_scale_float != self.k_scale:
+            self._enter_journal()
             if self.kv_cache_dtype not in layout.LOSSLESS:
                 self.witness.fill_(math.inf)
                 if self.state is not None:
@@ -229,12 +275,17 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
     def _sync(self, plan, layer, kv_cache, md) -> None:
         """Arrange the state for this step's plan: rows moved, positions read once from the cache, the step's
         written tokens entered (as the cache holds them now: exact, attended in flight)."""
+        if self.journal and (plan.epoch != self.state.epoch and (plan.moves is not None or plan.fresh is not None)
+                             or plan.fills):
+            self._enter_journal()  # placed in the rows of earlier plans; fills read the witness side tensor
         self.state.arrange(plan.epoch, plan.rows, plan.tokens, plan.moves, plan.fresh)
         for row, batch_row, start, end in plan.fills:
             slots = gate.slots_of(md.block_table[batch_row].long(), end, kv_cache.shape[2])[start:end]
             self._state_from_cache(layer, kv_cache, torch.full_like(slots, row), torch.arange(start, end), slots)
         p = self._pending
-        if p is not None and p.index.numel():
+        if p is not None and p.kept is None:
+            self.journal.place(plan.token_rows[p.index], plan.token_positions[p.index])
+        elif p is not None and p.index.numel():
             self.state.write(plan.token_rows[p.index], plan.token_positions[p.index], p.kept.keys, p.kept.witness,
                              p.kept.key_norms)
 
@@ -272,6 +323,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             if len(self._deferred) >= self.defer:
                 self.flush()
             return
+        self._enter_journal()  # the pass reads the state
         hq, hkv = self.num_heads, self.num_kv_heads
         width = plan.query_tokens.shape[1]
         meter = torch.full((plan.metered_rows, width, hq), math.nan, dtype=torch.float64)
@@ -415,6 +467,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         """Shadow: the true TV (R, 1, Hq) of a queued step's rows, now: the state holds what they attended, and the
         shadow holds their exact keys only until their blocks are freed and written again (before the flush, when
         the batch changes: the next step's writes come first)."""
+        self._enter_journal()  # the state is read
         q, q_lengths, spans = self._query_rows(query, plan, list(range(rows)))
         blocks = [self._blocks_of(md, plan.batch_of_row[i], int(lengths[i])) for i in range(rows)]
         return self._true_tv(q, self.state.view(rows, spans), q_lengths, blocks, 1)
@@ -423,6 +476,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         """Meter the queued decode rows in one pass (each kv head's rows: ``G`` query heads x the queued steps a row
         meters: only its chosen steps are gathered, so sampled metering and the audit cost what they meter)."""
         queued, self._deferred = self._deferred, []
+        self._enter_journal()  # the pass reads the state (and the engine may go idle)
         if not queued:
             return
         steps, rows, hkv = len(queued), queued[0].rows, self.num_kv_heads
@@ -635,6 +689,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         for batch_row, q_len, context in plan.prefill:
             telemetry.prefill_tokens += q_len
             if context > 0:
+                self._enter_journal()  # the witness side tensor is read
                 blocks = md.block_table[batch_row, : math.ceil(context / block_size)].long()
                 if bool((layout.rows_of_blocks(self.witness, blocks, context) != 0).any()):
                     telemetry.prefill_tokens_lossy += q_len

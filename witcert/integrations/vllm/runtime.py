@@ -43,6 +43,7 @@ class Runtime:
         self.step = 0  # engine steps seen (the model runner's input preparation)
         self.planner = Planner()
         self.slot_cache = None  # (step, slot mapping, cache shape, tokens, slots, key entries) of the step
+        self.journal_step = None  # (step, whether its writes are journaled): the same for every layer
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
         self._published = -math.inf  # when the snapshot was last written
