@@ -1,13 +1,16 @@
 """The audit's two batched entry points: verdicts from counts equal :func:`requests_of` on the same cells, and every
-request's picks in one Philox call equal its own :func:`picked` call, bit for bit."""
+request's picks in one Philox call equal its own :func:`picked` call and each cell's own Philox word, bit for bit.
+import math
+
 import numpy as np
 import pytest
 import torch
 
 from witcert.audit import Audit, requests_of
 from witcert.audit.counts import requests_of_counts
-from witcert.audit.picks import picked
+from witcert.audit.picks import AUDIT_STREAM, picked
 from witcert.audit.row_picks import picked_rows
+from witcert.tier_b.philox import philox4x32_10
 
 
 def _cells(rng, requests: int, per_request: int, rate: float) -> dict:
@@ -60,6 +63,13 @@ def test_row_picks_equal_each_requests_own_picks():
         alone = picked(seed, [[0, 3, 0, 9][b]], range(6), 9, positions[b], rate)[:, 0]
         assert torch.equal(together[:, b], alone)
     assert bool(together[:, 2].all())  # rate 1 picks every cell
+    # each cell against its own Philox word, counter and key as the module docstring lays them out
+    requests = [0, 3, 0, 9]
+    for layer, b, head, t in ((0, 0, 0, 0), (5, 1, 8, 1), (2, 3, 4, 1), (3, 0, 7, 1), (1, 3, 2, 0)):
+        seed = seeds[b]
+        counter = torch.tensor([int(positions[b, t]), head | layer << 16, requests[b], AUDIT_STREAM])
+        word = philox4x32_10(counter, torch.tensor([seed & 0xFFFFFFFF, seed >> 32]))[0]
+        assert bool(together[layer, b, head, t]) == (int(word) < math.ceil(rates[b] * 2**32))
 
 
 def test_row_picks_refuse_bad_input():

@@ -23,7 +23,6 @@ import math
 
 import torch
 
-from witcert.tier_b.philox import MASK32, philox4x32_10
 
 AUDIT_STREAM = 0x0A0D17ED
 """Word ``c3`` of every audit counter (bits 0..29, which Tier B's counters leave zero)."""
@@ -67,15 +66,9 @@ def picked(seed: int, requests, layers, heads: int, positions, rate: float) -> t
     """
     if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
         raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
+    from witcert.audit.row_picks import picked_rows  # the counters, formed in one place
+
     requests = _range("requests", requests, WORD)
-    layers = _range("layers", layers, 2**16)
-    positions = _range("positions", positions, WORD)
-    head = _range("heads", torch.arange(heads), 2**16)
-    shape = (layers.numel(), requests.numel(), heads, positions.numel())
-    c0 = positions.view(1, 1, 1, -1).expand(shape)
-    c1 = (head.view(1, 1, -1, 1) | (layers.view(-1, 1, 1, 1) << 16)).expand(shape)
-    c2 = requests.view(1, -1, 1, 1).expand(shape)
-    c3 = torch.full(shape, AUDIT_STREAM, dtype=torch.int64)
-    key = torch.tensor([seed & MASK32, seed >> 32], dtype=torch.int64)
-    words = philox4x32_10(torch.stack((c0, c1, c2, c3), dim=-1), key)
-    return words[..., 0] < pick_threshold(rate)
+    positions = _range("positions", positions, WORD).reshape(1, -1).expand(requests.numel(), -1)
+    b = requests.numel()
+    return picked_rows([seed] * b, [rate] * b, requests, layers, heads, positions)

@@ -165,18 +165,21 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         as its witnesses only: its forward has not placed it yet)."""
         if every:
             self.journal.close()
-        taken = self.journal.take()
-        if taken is None:
+        if not self.journal:
             return
-        slots, exact, rows, positions = taken
-        layer, kv_cache = self._written_to
-        _, kept = self._read_back(layer, kv_cache, slots, exact)
-        placed = rows >= 0
-        if bool(placed.all()):
-            self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms)
-        elif bool(placed.any()):
-            self.state.write(rows[placed], positions[placed], kept.keys[placed], kept.witness[placed],
-                             kept.key_norms[placed])
+        with torch.inference_mode():  # the side tensors were made in vLLM's forward; a flush may run outside it
+            taken = self.journal.take()
+            if taken is None:
+                return
+            slots, exact, rows, positions = taken
+            layer, kv_cache = self._written_to
+            _, kept = self._read_back(layer, kv_cache, slots, exact)
+            placed = rows >= 0
+            if bool(placed.all()):
+                self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms)
+            elif bool(placed.any()):
+                self.state.write(rows[placed], positions[placed], kept.keys[placed], kept.witness[placed],
+                                 kept.key_norms[placed])
 
     def _step_slots(self, slot_mapping, kv_cache) -> tuple:
         """The step's written tokens (``-1`` marks padding), their slots and key entries: the same for every layer of
@@ -241,6 +244,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.k_scale = layer._k_scale_float
         self.model_dtype = model_dtype
         self.repaired = torch.zeros(blocks * block_size, dtype=torch.bool)
+        self.journal = WriteJournal(blocks * block_size)  # a new cache: nothing of the old one is entered
         if cfg.shadow:
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
         if cfg.gate:
@@ -391,6 +395,11 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
                                         for i in range(len(settings))]
             return plan.cache["chosen"]
+        if picks is None and all(s.metering.layers is None for s in settings):  # the same in every layer
+            if "chosen" not in plan.cache:
+                plan.cache["chosen"] = [[j < plan.query_counts[i] and s.metering.meters(0, positions[i][j])
+                                         for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+            return plan.cache["chosen"]
         layer, shadow = self.layer_index, self.shadow is not None
         any_picked = None if picks is None else self._any_picked(plan)
         return [[j < plan.query_counts[i] and (
@@ -506,11 +515,17 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                           self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
         meter, risk = _spread_steps(_by_token(m, k), idx, steps), _spread_steps(_by_token(r, k), idx, steps)
         tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
-        for j, e in enumerate(queued):
-            cells = _mask_unmetered(meter[:, j:j + 1].clone(), [[c] for c in e.chosen], e.settings, self.layer_index,
-                                    [[p] for p in e.positions], self.num_heads, hkv, e.picks)
-            self._queue(e.requests, e.settings, [[p] for p in e.positions], [1] * rows, cells, risk[:, j:j + 1],
-                        None, None if tv is None else tv[:, j:j + 1], None, None, e.picks)
+        def by_step(x):  # (R, steps, Hq) -> (steps R, 1, Hq): one row per queued (step, row), in queue order
+            return None if x is None else x.transpose(0, 1).reshape(steps * rows, 1, -1)
+
+        settings = [s for e in queued for s in e.settings]
+        positions = [[p] for e in queued for p in e.positions]
+        picks = None if all(e.picks is None for e in queued) else [
+            p for e in queued for p in (e.picks if e.picks is not None else [None] * rows)]
+        cells = _mask_unmetered(by_step(meter), [[c] for e in queued for c in e.chosen], settings, self.layer_index,
+                                positions, self.num_heads, hkv, picks)
+        self._queue([r for e in queued for r in e.requests], settings, positions, [1] * (steps * rows), cells,
+                    by_step(risk), None, by_step(tv), None, None, picks)
         self.runtime.telemetry.fold()
 
     def _query_rows(self, query, plan, active: list) -> tuple[torch.Tensor, torch.Tensor, int]:

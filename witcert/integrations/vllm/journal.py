@@ -15,19 +15,17 @@ sequence and is written once; the caller empties the journal before any write th
 the very entries the write left, and the witness comes from the exact keys the write saw. Entries are
 distinct slots, so the batched scatters never write one place twice.
 """
-from dataclasses import dataclass, field
-
 import torch
 
 
-@dataclass
 class WriteJournal:
-    """One layer's journaled writes: per step the slots (N,), exact keys (N, Hkv, d) and, once the step's plan
-    placed them, the state rows and positions (N,) (``None``: the step was not metered, only the witness side
-    tensor is written)."""
+    """One layer's journaled writes into a cache of ``slots`` slots: per step the slots (N,), exact keys
+    (N, Hkv, d) and, once the step's plan placed them, the state rows and positions (N,) (``None``: the step was
+    not metered, only the witness side tensor is written)."""
 
-    entries: list = field(default_factory=list)  # [slots, exact, rows, positions, placed]
-    slots: torch.Tensor = field(default_factory=lambda: torch.zeros(0, dtype=torch.long))  # every entry's
+    def __init__(self, slots: int = 0):
+        self.entries = []  # [slots, exact, rows, positions, placed]
+        self.held = torch.zeros(slots, dtype=torch.bool)  # which slots an entry holds
 
     def __bool__(self) -> bool:
         return bool(self.entries)
@@ -35,7 +33,7 @@ class WriteJournal:
     def add(self, slots: torch.Tensor, exact: torch.Tensor) -> None:
         """A step's writes, not yet placed in the state."""
         self.entries.append([slots, exact, None, None, False])
-        self.slots = torch.cat([self.slots, slots])
+        self.held[slots] = True
 
     def place(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
         """The state rows and positions of the last step's writes (its plan's)."""
@@ -48,7 +46,7 @@ class WriteJournal:
 
     def holds(self, slots: torch.Tensor) -> bool:
         """Whether any of ``slots`` is already journaled (the journal must be entered before they are written)."""
-        return bool(self.entries) and bool(torch.isin(slots, self.slots).any())
+        return bool(self.entries) and bool(self.held[slots].any())
 
     def take(self) -> tuple | None:
         """Remove the placed steps' writes and return them concatenated: ``(slots, exact, rows, positions)``, rows
@@ -57,8 +55,8 @@ class WriteJournal:
         if not done:
             return None
         self.entries = [e for e in self.entries if not e[4]]
-        self.slots = torch.cat([e[0] for e in self.entries]) if self.entries else self.slots[:0]
         slots = torch.cat([e[0] for e in done])
+        self.held[slots] = False
         exact = torch.cat([e[1] for e in done])
 
         def where(k):
