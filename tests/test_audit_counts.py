@@ -1,5 +1,5 @@
 """The audit's two batched entry points: verdicts from counts equal :func:`requests_of` on the same cells, and every
-request's picks in one Philox call equal its own :func:`picked` call and each cell's own Philox word, bit for bit.
+request's picks in one Philox call equal its own :func:`picked` call and each cell's own Philox word, bit for bit."""
 import math
 
 import numpy as np
