@@ -525,8 +525,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         cells = _mask_unmetered(by_step(meter), [[c] for e in queued for c in e.chosen], settings, self.layer_index,
                                 positions, self.num_heads, hkv, picks)
         self._queue([r for e in queued for r in e.requests], settings, positions, [1] * (steps * rows), cells,
-                    by_step(risk), None, by_step(tv), None, None, picks)
-        self.runtime.telemetry.fold()
+                    by_step(risk), None, by_step(tv), None, None, picks)  # folded with the step's (end_layer)
 
     def _query_rows(self, query, plan, active: list) -> tuple[torch.Tensor, torch.Tensor, int]:
         """The pass's query rows (Ra, Hkv, G Qmax, d) fp32, their lengths (Ra, 1, G Qmax) and each row's longest (Ra,)."""
