@@ -1,7 +1,7 @@
 """The speed mode's table logic (no engine): the modes, each against the plugin off with its own cache, one line each."""
 import pytest
 
-from witcert.integrations.vllm.speed import lines, modes, ratios
+from witcert.integrations.vllm.speed import CPU_RATE, lines, modes, ratios
 
 
 def _runs(*rates):
@@ -40,3 +40,15 @@ def test_a_subset_of_modes_and_every_fp8_cache_with_its_own_baseline():
                                                                        {"witcert_audit_rate": 0.02})]
     with pytest.raises(ValueError, match="--modes: unknown"):
         modes((), keys=("fast",))
+
+
+def test_cpu_time_ratios_beside_the_wall_clock_ones():
+    chosen = modes((), keys=("exact",))
+    runs = {"plugin off": [{"decode_tokens_per_s": 20, "decode_tokens_per_cpu_s": 40}] * 3,
+            "metering (no scheme)": [{"decode_tokens_per_s": 10, "decode_tokens_per_cpu_s": 36}] * 3}
+    record = {"ratios": ratios(runs, chosen), "cpu_ratios": ratios(runs, chosen, CPU_RATE),
+              "modes": {m.name: {"baseline": m.baseline} for m in chosen}}
+    assert record["cpu_ratios"] == {"metering (no scheme)": 0.9}
+    assert lines(record) == ["metering (no scheme): 0.50x of plugin off (0.90x in CPU time)"]
+    old = {"plugin off": _runs(20), "metering (no scheme)": _runs(10)}  # a record from before the CPU rate
+    assert ratios(old, chosen, CPU_RATE) == {}
