@@ -192,7 +192,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.derived.bound_derived_witness",
         torch="witcert.tier_a.derived_witness.derived_witness",
         kernel=None,
-        tests=("tests/test_derived_witness.py",),
+        tests=("tests/test_derived_witness.py", "tests/test_group_check.py"),
     ),
     Theorem(
         key="L2s",

@@ -33,6 +33,7 @@ from typing import Hashable, Protocol
 
 import torch
 
+from witcert.fastpath.group_check import group_bound_holds
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.memory import MemoryAccount
@@ -263,14 +264,24 @@ class CompressedLayer:
         return derived_norms(bound[0], self.layout), derived_norms(bound[1], None)
 
     def _new_bounds(self, start: int, n: int, pair: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(decoded, elementwise fp64 bounds)`` (2, B, Hkv, n, d) of the tokens ``start .. start + n``."""
+        """``(decoded, fp64 bounds)`` (2, B, Hkv, n, d) of the tokens ``start .. start + n``: the bounds elementwise,
+        or per channel group (2, B, Hkv, n, G) where the codec declares them so (:attr:`PackedPair.grouped`)."""
         if self._packed.grouped:
             decoded = pair.narrow(-2, start, n) if pair is not None else (
                 self._decoded.view().narrow(-2, start, n) if self.keep_exact else self._packed.decode(self._dtype, start))
-            groups = self._packed.group_error_bound(self._dtype).narrow(-2, start, n)  # (2, B, Hkv, n, G)
-            return decoded, groups.repeat_interleave(self.layout.head_dim // groups.shape[-1], dim=-1)
+            return decoded, self._packed.group_error_bound(self._dtype).narrow(-2, start, n)
         pair = self._read_pair() if pair is None else pair
         return pair.narrow(-2, start, n), self._packed.error_bound(pair).narrow(-2, start, n)
+
+    def _check_new_bounds(self, exact: torch.Tensor, decoded: torch.Tensor, bound: torch.Tensor) -> None:
+        """Refuse the codec (``ValueError`` naming it) unless ``|x - x^| <= e`` for every new channel (``DW``'s
+        hypothesis): per channel group in one pass where the bounds are per group, elementwise otherwise (and for
+        the message, where a group's check fails)."""
+        if self._packed.grouped:
+            if group_bound_holds(exact, decoded, bound):
+                return
+            bound = bound.repeat_interleave(self.layout.head_dim // bound.shape[-1], dim=-1)
+        check_error_bound(exact, decoded, bound, _codec_name(self.codec))
 
     def _settle(self, pair: torch.Tensor | None = None) -> None:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
@@ -294,7 +305,7 @@ class CompressedLayer:
             start, n = self._settled, self._length - self._settled
             exact = self._exact.view().narrow(-2, start, n) if self.keep_exact else _cat_tokens([e for e, _ in self._unsettled])
             decoded, bound = self._new_bounds(start, n, pair)
-            check_error_bound(exact, decoded, bound, _codec_name(self.codec))
+            self._check_new_bounds(exact, decoded, bound)
             self._unsettled, self._settled = [], self._length
             codes = self._relative_codes(exact, decoded, start, n) if self.witness_code.relative else {}
             _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])), **codes)
