@@ -117,6 +117,7 @@ class CompressedLayer:
     _exact: TokenBuffer | None = field(default=None, repr=False)  # (2, B, Hkv, S, d) keys and values, when kept
     _decoded: TokenBuffer | None = field(default=None, repr=False)  # (2, B, Hkv, S, d) their decodes, when kept
     _unsettled: list = field(default_factory=list, repr=False)  # (exact pair, decoded pair) of writes, no witness yet
+    _unbacked: list = field(default_factory=list, repr=False)  # exact pairs of writes not yet in ``backing``
     _settled: int = field(default=0, repr=False)  # tokens whose witness and value statistics are formed
     _length: int = field(default=0, repr=False)
 
@@ -144,6 +145,13 @@ class CompressedLayer:
     def length(self) -> int:
         """Tokens stored."""
         return self._length
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the tokens stored (of the first write)."""
+        if self._heads is None:
+            raise ValueError("the store is empty: nothing was appended")
+        return self._heads[1]
 
     @property
     def key_chunks(self) -> list:
@@ -182,10 +190,25 @@ class CompressedLayer:
             self._decoded.append(self._packed.decode(key.dtype, start) if decoded is None else decoded)
         else:
             self._unsettled.append((exact, decoded))
-        if self.backing is not None:
-            self.backing.write(self.backing_key, key, value if self.backing_values else None)
+        if self.backing is not None:  # written by the next read of it or settle (write_backing): one write per run
+            self._unbacked.append(exact)  # the store's own copy (held for the witness too until the next settle)
         self._dtype, self._heads = key.dtype, tuple(key.shape[:2])
         self._length = start + key.shape[-2]
+
+    def write_backing(self) -> None:
+        """Write the exact tokens appended since the last call to the host backing store, in one write.
+
+        Every reader of the backing store calls it first (the checks and repairs of a metered pass,
+        :func:`witcert.integrations.hf.attention.attend`), and every settle does, so the tokens waiting are only
+        ever those whose exact copies the store holds anyway for their witness (no byte held beyond them); a row
+        read that was never written still raises (:class:`witcert.gate.backing_store.NeverWrittenError`). One
+        write per run of steps instead of one per step: the checksums and the copy in one pass each.
+        """
+        with self.lock:
+            waiting, self._unbacked = self._unbacked, []
+            if waiting and self.backing is not None:
+                pair = _cat_tokens(waiting)
+                self.backing.write(self.backing_key, pair[0], pair[1] if self.backing_values else None)
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values attention reads (B, Hkv, S, d): the decoded copy, or every chunk decoded now."""
@@ -285,6 +308,7 @@ class CompressedLayer:
 
     def _settle(self, pair: torch.Tensor | None = None) -> None:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
+        self.write_backing()  # before the exact tokens held for the witness are dropped
         if self._settled == self._length:
             return
         if self.witness_code.derived:
