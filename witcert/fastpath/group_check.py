@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import torch
 
-from witcert.fastpath.compiled import pick
+from witcert.fastpath.compiled import graph_input, pick
 
 
 def group_bound_holds(x: torch.Tensor, x_hat: torch.Tensor, group_bound: torch.Tensor,
@@ -45,7 +45,8 @@ def group_bound_holds(x: torch.Tensor, x_hat: torch.Tensor, group_bound: torch.T
     if not x.numel():
         return True
     check = pick(_holds, _probe, compiled)
-    return bool(check(x, x_hat, group_bound))
+    # canonical strides: a graph guards on them, and a store passes views (a narrowed history, stacked writes)
+    return bool(check(graph_input(x), graph_input(x_hat), graph_input(group_bound)))
 
 
 def _holds(x: torch.Tensor, x_hat: torch.Tensor, group_bound: torch.Tensor) -> torch.Tensor:
