@@ -36,3 +36,14 @@ def test_spot_gate_pages_less_than_the_meter_only_gate_with_no_violation(smollm2
     assert 0 < counts["tokens_paged"] < meter_only["gate_counts"]["tokens_paged"]
     assert counts["spot_cells"] > 0 and counts["spot_bytes"] > 0 and counts["spot_keys"] > 0
     assert spot["bounds"]["probabilistic"] > 0 and spot["deltas"] == {"1e-06": spot["bounds"]["probabilistic"]}
+
+
+def test_speed_table_gate_modes_run_in_an_engine_with_the_exact_store():
+    from witcert.integrations.vllm import speed
+
+    off, meter_only, spot = speed.modes(keys=("gate", "spot-gate"))
+    assert not off.plugin and meter_only.gate and spot.gate and meter_only.engine == spot.engine != off.engine
+    assert spot.xargs == {"witcert_scheme": "kivi-2bit", "witcert_certificate": "spot"}
+    runs = [{"decode_tokens_per_s": 2.0, "gate": {"fraction_paged": f}} for f in (0.1, 0.3, 0.2)]
+    result = {"modes": {spot.name: {"baseline": spot.baseline, **speed._paged(runs)}}, "ratios": {spot.name: 0.5}}
+    assert speed.lines(result) == [f"{spot.name}: 0.50x of plugin off, 0.200 of tokens paged"]
