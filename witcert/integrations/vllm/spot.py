@@ -6,7 +6,7 @@ exact store after the query is fixed, :func:`witcert.spot.check_cells` over the 
 cell's bound becomes ``min(meter, spot bound)``: a *probabilistic* bound, holding with probability at least
 ``1 - delta``, labelled so (``bound="probabilistic"``, its ``delta``) in the telemetry, the cell log and
 Prometheus. With the gate on the request, the gate repairs only cells the check could not certify
-(:mod:`.spot_gate`); the check then spends ``1 - GATE_SHARE`` of ``delta`` and the gate's re-checks the rest.
+(:mod:`.spot_gate`); the check spends ``1 - GATE_SHARE`` of ``delta`` and the re-checks after repair the rest.
 
 ``witcert_spot_keys`` (int >= 1, default 256): the most exact keys a check reads per cell (in rounds of 32, 128,
 ... stopping at a bound ``<= tau``); ``witcert_spot_delta`` (in (0, 1), default 1e-6): each cell's failure

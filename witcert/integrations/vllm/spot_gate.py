@@ -1,9 +1,10 @@
 """The spot-certified gate in the engine: repair only the cells the spot check could not certify (registry SCO, SCR, T1, L4).
 
 A spot row is a metered row of a request with ``witcert_certificate: "spot"`` (:mod:`.spot`). Before repair each
-of its cells over ``tau`` is spot-checked (:mod:`.spot_check`) at ``delta (1 - GATE_SHARE)`` when the gate
-watches the request (``delta`` otherwise); a cell whose ``min(meter, spot bound)`` is ``<= tau`` asks for no
-block. The others are repaired in rounds: in round ``i`` (1, 2, ...) each open cell asks for its ``2^(i-1)``
+of its cells over ``tau`` is spot-checked (:mod:`.spot_check`) at ``delta (1 - GATE_SHARE)``; a cell whose
+``min(meter, spot bound)`` is ``<= tau`` asks for no block (a request the gate does not watch spends the same
+share: another request's repair in its step may rewrite slots it shares, a prefix, and every spot row is checked
+again after a repair round). The others are repaired in rounds: in round ``i`` (1, 2, ...) each open cell asks for its ``2^(i-1)``
 blocks of largest ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)`` (Lemma 4 ``L4``, the deterministic gate's order,
 over the cache as it is now), the union per row is written back, the step's attention recomputed and metered
 again, and every spot cell still over ``tau`` is checked again at ``delta_i = delta GATE_SHARE 6 / (pi^2 i^2)``
@@ -38,8 +39,8 @@ class SpotRows:
     valid: torch.Tensor
 
     def first_delta(self) -> torch.Tensor:
-        """Each row's cells' failure probability for the check before repair."""
-        return torch.where(self.gated, self.delta * (1 - GATE_SHARE), self.delta)
+        """Each row's cells' failure probability for the check before repair (the rest is the re-checks')."""
+        return self.delta * (1 - GATE_SHARE)
 
     def recheck_delta(self, i: int) -> torch.Tensor:
         """The ``i``-th re-check's (i >= 1) failure probability."""
