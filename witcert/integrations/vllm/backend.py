@@ -296,7 +296,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             if gated and bool((first_m[gated] > rt.config.tau).any()):
                 served_m, served_r, view, again = self._repair(plan, layer, query, key, value, kv_cache, md, output,
                                                                q, lengths, active, gated, rows, spans, first_m,
-                                                               served_r, spot)
+                                                               served_r, spot, m)
                 lowered |= again
                 raw = torch.full_like(meter, math.nan)
                 raw[active] = first_m
@@ -329,9 +329,10 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                  for k, i in enumerate(active)]
         return spot_gate.spot_rows(settings, active, chosen, slots, width, self.num_heads // self.num_kv_heads)
 
-    def _spot_bound(self, spot, m, q, view, lengths, delta):
+    def _spot_bound(self, spot, m, q, view, lengths, delta, changed=None, earlier=None):
         """:func:`.spot_gate.bounded` on the pass's meter ``m`` (Ra, Hkv, M); the checks counted."""
-        m, lowered, checked = spot_gate.bounded(self.spot, spot, m, q, view, lengths, delta, self.layout)
+        m, lowered, checked = spot_gate.bounded(self.spot, spot, m, q, view, lengths, delta, self.layout, changed,
+                                                earlier)
         telemetry = self.runtime.telemetry
         telemetry.count("spot_cells", checked.cells)
         telemetry.count("spot_keys", checked.keys)
@@ -468,12 +469,13 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             lengths.amax(-1)
 
     def _repair(self, plan, layer, query, key, value, kv_cache, md, output, q, lengths, active, gated, rows, spans,
-                meter, risk, spot=None):
+                meter, risk, spot=None, spot_m=None):
         """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter; with
         ``spot`` rows (:mod:`.spot_gate`) their cells are paged a few blocks a round and checked again.
 
         ``meter``, ``risk`` (Ra, Qmax, Hq) of the active rows; gated rows are decode rows (one query token).
-        Returns them after repair, the state view they were metered from, and (Ra,) the rows a spot bound lowered."""
+        ``spot_m`` (Ra, Hkv, M) the bounds before repair, as the pass lays them out. Returns them after repair, the state
+        view they were metered from, and (Ra,) the rows a spot bound lowered."""
         rt = self.runtime
         tau, telemetry = rt.config.tau, rt.telemetry
         block_size = kv_cache.shape[2]
@@ -525,9 +527,11 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             view = self.state.view(rows, spans)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
                               view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
-            if spot is not None:  # every spot cell over tau again: the cache changed under it
-                m, again = self._spot_bound(spot, m, q, view, lengths, spot.recheck_delta(round_ + 1))
+            if spot is not None:  # spot cells over tau again where the repair changed their cache
+                m, again = self._spot_bound(spot, m, q, view, lengths, spot.recheck_delta(round_ + 1),
+                                            spot_gate.changed_rows(spot, slots), spot_m)
                 lowered |= again
+                spot_m = m
             meter_now, risk_now = _by_token(m, meter.shape[1]), _by_token(r, meter.shape[1])
             scores, c = self._gate_terms(q, view, lengths, pick)
         return meter_now, risk_now, view, lowered

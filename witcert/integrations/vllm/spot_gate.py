@@ -11,7 +11,8 @@ again, and every spot cell still over ``tau`` is checked again at ``delta_i = de
 (``WitCert.sum_step_allocation_le``: the re-checks together spend at most the gate's share). The last round
 pages as the deterministic gate does (until the meter is ``<= tau``), so a cell the checks cannot certify ends
 where the meter-only gate would. Every reported bound is of the cache it was computed on, so a cell certified
-before a repair of its row (which rewrites every kv head of the repaired slots) is checked again after it.
+before a repair of its row (which rewrites every kv head of the repaired slots, and may rewrite a prefix other
+rows share) is checked again after it; a row no repair touched keeps its bounds.
 Each cell's statements (before and after repair) fail together with probability at most its ``delta``.
 """
 import math
@@ -67,21 +68,33 @@ def spot_rows(settings: list, active: list, chosen: list, slots: list, width: in
                     gated=torch.tensor([settings[active[k]].gate for k in pick]), valid=valid.unsqueeze(1))
 
 
-def bounded(checker, rows: SpotRows, meter: torch.Tensor, q, view: dict, lengths, delta: torch.Tensor, layout):
+def bounded(checker, rows: SpotRows, meter: torch.Tensor, q, view: dict, lengths, delta: torch.Tensor, layout,
+            changed: torch.Tensor | None = None, earlier: torch.Tensor | None = None):
     """``(meter, lowered, checked)``: ``meter`` (Ra, Hkv, M) of the active rows with every spot cell over ``tau``
     checked and its bound ``min(meter, spot bound)``; ``lowered`` (Ra,) bool the rows a spot bound lowered;
-    ``checked`` the :class:`~.spot_check.Checked` totals."""
+    ``checked`` the :class:`~.spot_check.Checked` totals. After a repair round, ``changed`` (Rs,) bool the spot
+    rows whose cache it rewrote: the others keep their ``earlier`` bounds (Ra, Hkv, M) (the attention they
+    describe is unchanged) and are not checked again."""
     pick = rows.pick
     mine = meter[pick]
+    if changed is not None:
+        mine = torch.where(changed[:, None, None], mine, torch.minimum(mine, earlier[pick]))
     over = (mine > checker.tau) & rows.valid  # NaN compares False
+    if changed is not None:
+        over &= changed[:, None, None]
     view = {name: None if x is None else x[pick] for name, x in view.items()}
     checked = checker.check(q[pick], view, lengths[pick], over, rows.slots, rows.keys, delta, layout)
     lower = ~torch.isnan(checked.bound) & (checked.bound < mine)
     out = meter.clone()
     out[pick] = torch.where(lower, checked.bound, mine)
     lowered = torch.zeros(meter.shape[0], dtype=torch.bool)
-    lowered[pick] = lower.flatten(1).any(-1)
+    lowered[pick] = lower.flatten(1).any(-1) | ((out[pick] < meter[pick]).flatten(1).any(-1))
     return out, lowered, checked
+
+
+def changed_rows(rows: SpotRows, slots: torch.Tensor) -> torch.Tensor:
+    """(Rs,) bool: the spot rows holding any of the rewritten ``slots`` (a prefix shared with a repaired row too)."""
+    return torch.isin(rows.slots, slots).any(-1)
 
 
 def plan(scores: torch.Tensor, c: torch.Tensor, open_: torch.Tensor, spot: torch.Tensor, blocks: int | None,
