@@ -37,8 +37,8 @@ class StoreLogits:
     def __init__(self, store, queries: torch.Tensor, rows: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
                  scale: float):
         self.store, self.q, self.rows, self.kv, self.slots, self.scale = store, queries.double(), rows, kv, slots, scale
-        self.held = torch.zeros(0, dtype=torch.int64)  # slots read so far, sorted
-        self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows
+        self.at = {}  # slot -> its row in self.keys, for the slots read so far
+        self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows, in read order
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``scale (q_cell . k_token)`` fp64 from the exact key rows (M,)."""
@@ -46,19 +46,18 @@ class StoreLogits:
         if bool((wanted < 0).any()):
             raise ValueError("spot check: a drawn token lies past its sequence's length (no slot)")
         unique, inverse = torch.unique(wanted, return_inverse=True)
-        self._read(unique)
-        keys = self.keys[torch.searchsorted(self.held, unique)][inverse, self.kv[cells]]  # (M, d)
+        rows = self._read(unique.tolist())
+        keys = self.keys[rows[inverse], self.kv[cells]]  # (M, d)
         return (keys * self.q[cells]).sum(-1) * self.scale
 
-    def _read(self, unique: torch.Tensor) -> None:
-        """Read (verified) the key rows of the slots in ``unique`` not read yet."""
-        new = unique[~torch.isin(unique, self.held)]
-        if not new.numel():
-            return
-        slots = torch.cat([self.held, new])
-        keys = torch.cat([self.keys, self.store.read_keys(new).double()])
-        order = torch.argsort(slots)
-        self.held, self.keys = slots[order], keys[order]
+    def _read(self, unique: list) -> torch.Tensor:
+        """The rows of ``self.keys`` holding the slots ``unique``, the slots not read yet read (verified) first."""
+        new = [s for s in unique if s not in self.at]
+        if new:
+            first = self.keys.shape[0]
+            self.keys = torch.cat([self.keys, self.store.read_keys(torch.tensor(new)).double()])
+            self.at.update(zip(new, range(first, first + len(new))))
+        return torch.tensor([self.at[s] for s in unique], dtype=torch.int64)
 
 
 @dataclass(frozen=True)
