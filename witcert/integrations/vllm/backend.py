@@ -474,8 +474,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         ``spot`` rows (:mod:`.spot_gate`) their cells are paged a few blocks a round and checked again.
 
         ``meter``, ``risk`` (Ra, Qmax, Hq) of the active rows; gated rows are decode rows (one query token).
-        ``spot_m`` (Ra, Hkv, M) the bounds before repair, as the pass lays them out. Returns them after repair, the state
-        view they were metered from, and (Ra,) the rows a spot bound lowered."""
+        ``spot_m`` (Ra, Hkv, M) the bounds before repair, as the pass lays them out. Returns them after repair, the
+        state view they were metered from, and (Ra,) the rows a spot bound lowered."""
         rt = self.runtime
         tau, telemetry = rt.config.tau, rt.telemetry
         block_size = kv_cache.shape[2]

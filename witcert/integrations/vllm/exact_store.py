@@ -86,7 +86,8 @@ class ExactStore:
         k = self.k[slots.long()].clone()
         bad = [s for s, crc in zip(ids, _key_crcs(k)) if crc != self.key_crc[s]]
         if bad:
-            raise ChecksumMismatchError(f"exact store: the key bytes of slot(s) {bad[:8]} differ from the bytes written")
+            raise ChecksumMismatchError(f"exact store: the key bytes of slot(s) {bad[:8]} differ from the bytes "
+                                        "written")
         self.bytes_checked += len(ids) * self.key_row_bytes
         return k
 

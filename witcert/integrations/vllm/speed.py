@@ -34,7 +34,7 @@ MODE_KEYS = ("exact", "scheme", "every", "audit", "caches", "gate", "spot-gate")
 caches of ``--kv-cache-dtypes`` other than ``auto`` (each with its own plugin-off engine), and the gate on
 :data:`GATE_SCHEME` (an engine with the exact store): meter-only (``gate``) and spot-certified (``spot-gate``)."""
 GATE_SCHEME = "kivi-2bit"
-"""The gate modes' scheme: its 2-bit keys saturate the deterministic meter, so the meter-only gate repairs most cells."""
+"""The gate modes' scheme: its 2-bit keys saturate the deterministic meter (the meter-only gate repairs most cells)."""
 
 
 @dataclass(frozen=True)

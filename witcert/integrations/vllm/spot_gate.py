@@ -1,19 +1,20 @@
-"""The spot-certified gate in the engine: repair only the cells the spot check could not certify (registry SCO, SCR, T1, L4).
+"""The spot-certified gate in the engine: repair only cells the spot check could not certify (SCO, SCR, T1, L4).
 
 A spot row is a metered row of a request with ``witcert_certificate: "spot"`` (:mod:`.spot`). Before repair each
 of its cells over ``tau`` is spot-checked (:mod:`.spot_check`) at ``delta (1 - GATE_SHARE)``; a cell whose
 ``min(meter, spot bound)`` is ``<= tau`` asks for no block (a request the gate does not watch spends the same
-share: another request's repair in its step may rewrite slots it shares, a prefix, and every spot row is checked
-again after a repair round). The others are repaired in rounds: in round ``i`` (1, 2, ...) each open cell asks for its ``2^(i-1)``
-blocks of largest ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)`` (Lemma 4 ``L4``, the deterministic gate's order,
-over the cache as it is now), the union per row is written back, the step's attention recomputed and metered
-again, and every spot cell still over ``tau`` is checked again at ``delta_i = delta GATE_SHARE 6 / (pi^2 i^2)``
-(``WitCert.sum_step_allocation_le``: the re-checks together spend at most the gate's share). The last round
-pages as the deterministic gate does (until the meter is ``<= tau``), so a cell the checks cannot certify ends
-where the meter-only gate would. Every reported bound is of the cache it was computed on, so a cell certified
-before a repair of its row (which rewrites every kv head of the repaired slots, and may rewrite a prefix other
-rows share) is checked again after it; a row no repair touched keeps its bounds.
-Each cell's statements (before and after repair) fail together with probability at most its ``delta``.
+share: another request's repair in its step may rewrite slots it shares, a prefix, and it is checked again
+after a repair round). The others are repaired in rounds: in round ``i`` (1, 2, ...) each open cell asks for
+its ``2^(i-1)`` blocks of largest ``X_j = sum_{t in j} p~_t (e^{c_t} - 1)`` (Lemma 4 ``L4``, the deterministic
+gate's order, over the cache as it is now), the union per row is written back, the step's attention recomputed
+and metered again, and every spot cell still over ``tau`` is checked again at
+``delta_i = delta GATE_SHARE 6 / (pi^2 i^2)`` (``WitCert.sum_step_allocation_le``: the re-checks together spend
+at most the gate's share). The last round pages as the deterministic gate does (until the meter is
+``<= tau``), so a cell the checks cannot certify ends where the meter-only gate would. Every reported bound
+is of the cache it was computed on, so a cell certified before a repair of its row (which rewrites every kv
+head of the repaired slots, and may rewrite a prefix other rows share) is checked again after it; a row no
+repair touched keeps its bounds. Each cell's statements (before and after repair) fail together with
+probability at most its ``delta``.
 """
 import math
 from dataclasses import dataclass
