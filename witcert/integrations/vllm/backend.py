@@ -13,6 +13,8 @@ writer:
   and every metered query row of the batch is metered in one pass (:mod:`.decode_pass`); gated rows
   whose cells exceed ``tau`` get their flagged blocks' exact keys and values written back
   (:mod:`.gate`) and the step's attention is recomputed over the repaired cache and metered again.
+  A request with the spot check has its cells over ``tau`` spot-checked from the exact store, and the
+  gate repairs only those the check could not certify (:mod:`.spot_gate`).
   Then each request's new tokens are stored as its scheme reconstructs them (:mod:`.schemes`), through
   vLLM's writer, read back, and their witnesses replaced (in the side tensor and the state): from the
   next step on, vLLM's kernel attends the compressed keys, and the witness describes exactly what it reads.
