@@ -41,7 +41,8 @@ class CellChecks:
 
     ``bound`` holds for its cell with probability ``>= 1 - delta`` (``delta`` what the rounds run spent; 0 for
     a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read;
-    ``rounds`` rounds run; ``whole`` the cell was read whole.
+    ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` the exact logits the
+    check knew (read or carried), for a later check of the same cells (``carried``).
     """
 
     bound: torch.Tensor  # fp64
@@ -49,12 +50,14 @@ class CellChecks:
     delta: torch.Tensor  # fp64
     rounds: torch.Tensor  # int64
     whole: torch.Tensor  # bool
+    known: torch.Tensor | None = None  # (N, S) bool: tokens whose exact logit the check knew at its end
+    exact: torch.Tensor | None = None  # (N, S) fp64: those exact logits (0 elsewhere), to carry into a later check
 
 
 def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = None,
                 generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
                 exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
-                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH) -> CellChecks:
+                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH, carried=None) -> CellChecks:
     """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
 
     Parameters
@@ -81,6 +84,11 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         Draws the tokens (default: a :class:`~witcert.spot.randomness.MultinomialSampler` of ``generator``).
     exact_share, z_keys_share, z_share : float
         Each round's split of keys and ``delta`` between the stages, as :func:`witcert.spot.spot_check`.
+    carried : (known (N, S) bool, exact (N, S) fp64), optional
+        Exact logits known before this check (an earlier check's ``known`` and ``exact`` of the same cells, e.g.
+        the gate's re-checks of a repaired cell): known tokens from the first round on, as a round knows what
+        earlier rounds read (registry SCR: fixed before this check's draws, so each round's statement holds
+        conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads.
 
     Returns
     -------
@@ -93,6 +101,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     if sampler is None:
         sampler = MultinomialSampler(spot_randomness().generator if generator is None else generator)
     cells = _Cells(s, c, source, sampler, (exact_share, z_keys_share, z_share), keys)
+    if carried is not None:
+        cells.carry(*carried)
     n = s.shape[0]
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
@@ -113,7 +123,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
             spent[rows] += share * delta[rows]
             if tau is not None:
                 active[rows] = best[rows] > tau
-    return CellChecks(best, cells.count.clone(), spent, rounds, whole)
+    return CellChecks(best, cells.count.clone(), spent, rounds, whole, cells.known.clone(),
+                      torch.where(cells.known, s + cells.x, 0.0))
 
 
 def _checked(scores, radii, keys: int, delta, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -231,6 +242,18 @@ class _Cells:
         self.x = torch.zeros_like(scores)  # l - l~ where known
 
     # -- reads -------------------------------------------------------------------------------------------------
+    def carry(self, known: torch.Tensor, exact: torch.Tensor) -> None:
+        """Exact logits ``exact`` of the ``known`` visible tokens, from an earlier check: known without a read (not
+        counted in ``keys_read``), each checked against its radius as a read one is."""
+        known = torch.as_tensor(known, dtype=torch.bool).cpu()
+        exact = torch.as_tensor(exact).to(torch.float64).cpu()
+        if known.shape != self.scores.shape or exact.shape != self.scores.shape:
+            raise ValueError(f"carried: expected known and exact of shape {tuple(self.scores.shape)}, got "
+                             f"{tuple(known.shape)} and {tuple(exact.shape)}")
+        rows, tokens = (known & self.visible).nonzero().unbind(-1)
+        self._checked_logits(rows, tokens, exact[rows, tokens])
+        self.known[rows, tokens] = True
+
     def read(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """Read the exact logits of the (cell, token) pairs not known yet (each once) and check their radii."""
         self.fetch(*self.mark(rows, tokens))
@@ -253,6 +276,10 @@ class _Cells:
         logits = torch.as_tensor(self.source.logits(rows, tokens)).to(torch.float64).reshape(-1).cpu()
         if logits.numel() != rows.numel():
             raise ValueError(f"source: returned {logits.numel()} logits for {rows.numel()} tokens")
+        self._checked_logits(rows, tokens, logits)
+
+    def _checked_logits(self, rows: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """``x = l - l~`` of the pairs from their exact logits, each finite and within its radius."""
         if not bool(torch.isfinite(logits).all()):
             raise ValueError("source: returned a non-finite exact logit for a visible token")
         x = logits - self.scores[rows, tokens]
