@@ -48,6 +48,7 @@ def run_configuration(model, tokenizer, cases, new_tokens: int, scheme: str | No
         with mon:
             out = run_case(model, tokenizer, case, new_tokens, mon)
         outcomes.append(case.score(out.answer))
+        print(f"  case {len(outcomes)}/{len(cases)}: {time.perf_counter() - started:.0f} s", flush=True)
         table = out.cells
         live = ~np.isnan(table["meter"])
         if gate is not None:
