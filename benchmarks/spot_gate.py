@@ -104,7 +104,7 @@ def main(argv=None) -> int:
                                         args.tau, args.witness_bits)
                 record["configurations"][name] = row
                 print(name, row, flush=True)
-    spot_records.write(record, args.out)
+                spot_records.write(record, args.out)  # after each configuration: a long run keeps what it measured
     return 0
 
 

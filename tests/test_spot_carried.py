@@ -31,9 +31,9 @@ def test_a_check_carrying_an_earlier_checks_reads_fails_within_delta(family):
     scores, c, eps, tv = repeated(family, 21)
     source = TableLogits(scores - eps)
     generator = spot_randomness(9).generator
-    first = check_cells(scores, c, source, keys=48, delta=0.2, generator=generator)
+    first = check_cells(scores, c, source, keys=48, delta=0.2, generator=generator, keep_reads=True)
     second = check_cells(scores, c, source, keys=48, delta=0.2, tau=0.01, generator=generator,
-                         carried=(first.known, first.exact))
+                         carried=(first.known, first.exact), keep_reads=True)
     assert int((second.bound < tv).sum()) <= binomial_ceiling(TRIALS, 0.2), family
     assert bool((second.keys_read <= 48).all())
     assert bool((second.known >= first.known).all())  # what was carried stays known
@@ -63,7 +63,7 @@ def test_a_cell_carried_whole_is_bounded_by_its_true_tv_without_reads():
     for i in range(2):
         tv = true_tv(scores[i], eps[i])
         assert tv <= float(result.bound[i]) <= tv + 1e-8  # Z_U and the bound rounded up by 1e-9 relative each
-    assert int(result.keys_read.sum()) == 0
+    assert int(result.keys_read.sum()) == 0 and result.known is None  # returned only with keep_reads
 
 
 def test_carried_logits_are_checked_and_shapes_named():

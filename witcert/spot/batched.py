@@ -41,8 +41,8 @@ class CellChecks:
 
     ``bound`` holds for its cell with probability ``>= 1 - delta`` (``delta`` what the rounds run spent; 0 for
     a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read;
-    ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` the exact logits the
-    check knew (read or carried), for a later check of the same cells (``carried``).
+    ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` (with ``keep_reads``) the
+    exact logits the check knew (read or carried), for a later check of the same cells (``carried``).
     """
 
     bound: torch.Tensor  # fp64
@@ -57,7 +57,8 @@ class CellChecks:
 def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = None,
                 generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
                 exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
-                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH, carried=None) -> CellChecks:
+                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH, carried=None,
+                keep_reads: bool = False) -> CellChecks:
     """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
 
     Parameters
@@ -89,6 +90,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         the gate's re-checks of a repaired cell): known tokens from the first round on, as a round knows what
         earlier rounds read (registry SCR: fixed before this check's draws, so each round's statement holds
         conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads.
+    keep_reads : bool
+        Return what the check knew (``known``, ``exact``: a later check's ``carried``); ``None`` otherwise.
 
     Returns
     -------
@@ -123,8 +126,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
             spent[rows] += share * delta[rows]
             if tau is not None:
                 active[rows] = best[rows] > tau
-    return CellChecks(best, cells.count.clone(), spent, rounds, whole, cells.known.clone(),
-                      torch.where(cells.known, s + cells.x, 0.0))
+    known, exact = (cells.known, torch.where(cells.known, s + cells.x, 0.0)) if keep_reads else (None, None)
+    return CellChecks(best, cells.count.clone(), spent, rounds, whole, known, exact)
 
 
 def _checked(scores, radii, keys: int, delta, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

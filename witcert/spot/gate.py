@@ -93,7 +93,7 @@ def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bo
                 scores, source = spot.cells(math, query, exact_keys, scale, at_cells[check], rows=work.scores[check])
                 result = check_cells(scores, work.radii[check], source, keys=spot.keys, delta=delta_i,
                                      tau=spot.tau if spot.adaptive else None, generator=spot.randomness.generator,
-                                     split=spot.split, carried=work.carried(check))
+                                     split=spot.split, carried=work.carried(check), keep_reads=True)
                 work.carry(check, result)
                 for name, value_ in (("delta", result.delta), ("keys", result.keys_read.to(torch.float64)),
                                      ("bytes", source.bytes_read)):
