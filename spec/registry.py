@@ -192,7 +192,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.derived.bound_derived_witness",
         torch="witcert.tier_a.derived_witness.derived_witness",
         kernel=None,
-        tests=("tests/test_derived_witness.py",),
+        tests=("tests/test_derived_witness.py", "tests/test_group_check.py"),
     ),
     Theorem(
         key="L2s",
@@ -343,11 +343,12 @@ THEOREMS: tuple[Theorem, ...] = (
         paper="spot-check request budget (beyond the paper)",
         statement="cell c of step k >= 1 fails with probability <= delta_req 6/(pi^2 k^2) / cells_k  =>  P(some cell of some step fails) <= delta_req, over any number of steps",
         lean="WitCert.measure_iUnion_steps_le",
-        note="The union bound over a countable family of events against a budget (`WitCert.measure_iUnion_le_of_tsum_le`, Mathlib `measure_iUnion_le`), per step over its cells (`WitCert.measure_iUnion_le_of_sum_le`, even split `WitCert.sum_ofReal_div_card_le`), and the budgets summing to at most delta_req (`WitCert.tsum_ofReal_step_budget_le`, from `WitCert.sum_step_allocation_le`: sum_{k >= 1} 6/(pi^2 k^2) <= 1, Mathlib `hasSum_zeta_two` via `WitCert.sum_range_one_div_sq_le`). With cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell. The monitor spends a request budget this way (spot_delta=witcert.spot.RequestBudget(delta_req): step k of a request, its layers x heads x queries cells); the spot-certified gate gives half of a cell's delta to the check before repair and spends the other half over its re-checks i = 1, 2, ... at 6/(pi^2 i^2) each.",
+        note="The union bound over a countable family of events against a budget (`WitCert.measure_iUnion_le_of_tsum_le`, Mathlib `measure_iUnion_le`), per step over its cells (`WitCert.measure_iUnion_le_of_sum_le`, even split `WitCert.sum_ofReal_div_card_le`), and the budgets summing to at most delta_req (`WitCert.tsum_ofReal_step_budget_le`, from `WitCert.sum_step_allocation_le`: sum_{k >= 1} 6/(pi^2 k^2) <= 1, Mathlib `hasSum_zeta_two` via `WitCert.sum_range_one_div_sq_le`). With cells known in advance the allocation is delta_req / n_cells (Lemma 3, `WitCert.measure_iUnion_le_budget`). The delta used is reported with every cell. The monitor spends a request budget this way (spot_delta=witcert.spot.RequestBudget(delta_req): step k of a request, its layers x heads x queries cells); the spot-certified gate gives half of a cell's delta to the check before repair and spends the other half over its re-checks i = 1, 2, ... at 6/(pi^2 i^2) each; the vLLM plugin's spot-certified gate (witcert/integrations/vllm/spot_gate.py) splits a cell's delta the same way.",
         spec="witcert.spec.spot_check.delta_at_step",
         torch="witcert.spot.budget.delta_at_step",
         kernel=None,
-        tests=("tests/test_spot_check.py", "tests/test_spot_rounds.py", "tests/test_spot_gate.py"),
+        tests=("tests/test_spot_check.py", "tests/test_spot_rounds.py", "tests/test_spot_gate.py",
+               "tests/vllm/test_spot_check.py"),
     ),
     Theorem(
         key="QR",

@@ -71,10 +71,12 @@ def _decoder(bits: int):
         grouped = codes.unflatten(-1, (scale.shape[-2], -1))  # (..., S, groups, bytes of a group)
         if codes.dtype != torch.uint8:  # int8: one code per byte
             return (grouped.to(torch.float32) * scale).flatten(-2).to(dtype)
-        # packed: code i of a byte sits in bits [bits * i, bits * (i + 1)), offset by 2^(bits-1); each code scaled
-        # on its own, then interleaved (a layout inductor vectorizes: measured 2-2.5x the eager chain)
+        # packed: code i of a byte sits in bits [bits * i, bits * (i + 1)), offset by 2^(bits-1), and is channel
+        # i * g / per_byte + j of its group (planar: codecs._pack), so each part is a contiguous run of the group's
+        # channels; a layout inductor vectorizes (measured 2x the interleaved pairs at 4096 tokens)
+        # (each part scaled before the cat: scaling after it measured 2.4x slower)
         parts = [(((grouped >> (bits * i)) & mask).to(torch.float32) - offset) * scale for i in range(per_byte)]
-        return torch.stack(parts, dim=-1).flatten(-3).to(dtype)
+        return torch.cat(parts, dim=-1).flatten(-2).to(dtype)
 
     decode.__name__ = f"decode_int{bits}"
     return decode

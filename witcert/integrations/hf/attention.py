@@ -183,22 +183,28 @@ def _scores_mask(module, query, key, attention_mask, kwargs: dict) -> torch.Tens
     return attention_mask  # None: causal (kv_len == q_len) or one query, which sees every key: causal at the end
 
 
-def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple, attention_mask, scale: float, output,
+def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple | None, attention_mask, scale: float, output,
            spans: list[tuple[int, int]] | None = None):
     """Meter (and gate) every cell of one call; returns the (repaired) output and its :class:`CellBatch`.
 
     ``attention_mask`` is what sdpa applies to the scores (:func:`_scores_mask`): keys it hides are
     masked for the meter too, values it adds enter both logits (:func:`cells.mask_terms`). ``spans``: the
     ``(first, end)`` query positions of each call the queries come from, in order (default: one call, the
-    last ``Tq`` tokens read; deferred runs of calls, :mod:`witcert.integrations.hf.pending`, give theirs)."""
+    last ``Tq`` tokens read; deferred runs of calls, :mod:`witcert.integrations.hf.pending`, give theirs).
+    ``read`` ``None``: the store's keys and values, read only where a cell is metered (a production store decodes
+    its whole history at a read; the store is then an append-only one, with ``kv_heads``)."""
     store = layer.store
     b, hq, tq, _ = query.shape
-    s = read[0].shape[-2]
+    s = store.length if read is None else read[0].shape[-2]
     spans = [(s - tq, s)] if spans is None else spans
     positions = torch.cat([torch.arange(first, end) for first, end in spans])
-    chosen = _metered_cells(scope, layer.layer_idx, spans, positions, (b, hq, tq), read[0].shape[1])
+    kv_heads = store.kv_heads if read is None else read[0].shape[1]
+    chosen = _metered_cells(scope, layer.layer_idx, spans, positions, (b, hq, tq), kv_heads)
     if chosen is not None and chosen.empty:  # sampled metering or an audit: no cell of these calls is metered
         return output, _unmetered(scope, layer, (b, hq, tq), positions)
+    read = store.read() if read is None else read
+    if scope.backing is not None and hasattr(store, "write_backing"):  # its rows are read below (checks, repairs)
+        store.write_backing()
     visible, bias = cells.mask_terms(attention_mask, tq, s, query.device)
     # the query the kernel read (QR): the model's attention ran with it; the exact reference keeps `query`
     query_read = None if scope.query_format is None else scope.query_format.read(query)

@@ -33,6 +33,7 @@ from typing import Hashable, Protocol
 
 import torch
 
+from witcert.fastpath.group_check import group_bound_holds
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.memory import MemoryAccount
@@ -116,6 +117,7 @@ class CompressedLayer:
     _exact: TokenBuffer | None = field(default=None, repr=False)  # (2, B, Hkv, S, d) keys and values, when kept
     _decoded: TokenBuffer | None = field(default=None, repr=False)  # (2, B, Hkv, S, d) their decodes, when kept
     _unsettled: list = field(default_factory=list, repr=False)  # (exact pair, decoded pair) of writes, no witness yet
+    _unbacked: list = field(default_factory=list, repr=False)  # exact pairs of writes not yet in ``backing``
     _settled: int = field(default=0, repr=False)  # tokens whose witness and value statistics are formed
     _length: int = field(default=0, repr=False)
 
@@ -143,6 +145,13 @@ class CompressedLayer:
     def length(self) -> int:
         """Tokens stored."""
         return self._length
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads of the tokens stored (of the first write)."""
+        if self._heads is None:
+            raise ValueError("the store is empty: nothing was appended")
+        return self._heads[1]
 
     @property
     def key_chunks(self) -> list:
@@ -181,10 +190,25 @@ class CompressedLayer:
             self._decoded.append(self._packed.decode(key.dtype, start) if decoded is None else decoded)
         else:
             self._unsettled.append((exact, decoded))
-        if self.backing is not None:
-            self.backing.write(self.backing_key, key, value if self.backing_values else None)
+        if self.backing is not None:  # written by the next read of it or settle (write_backing): one write per run
+            self._unbacked.append(exact)  # the store's own copy (held for the witness too until the next settle)
         self._dtype, self._heads = key.dtype, tuple(key.shape[:2])
         self._length = start + key.shape[-2]
+
+    def write_backing(self) -> None:
+        """Write the exact tokens appended since the last call to the host backing store, in one write.
+
+        Every reader of the backing store calls it first (the checks and repairs of a metered pass,
+        :func:`witcert.integrations.hf.attention.attend`), and every settle does, so the tokens waiting are only
+        ever those whose exact copies the store holds anyway for their witness (no byte held beyond them); a row
+        read that was never written still raises (:class:`witcert.gate.backing_store.NeverWrittenError`). One
+        write per run of steps instead of one per step: the checksums and the copy in one pass each.
+        """
+        with self.lock:
+            waiting, self._unbacked = self._unbacked, []
+            if waiting and self.backing is not None:
+                pair = _cat_tokens(waiting)
+                self.backing.write(self.backing_key, pair[0], pair[1] if self.backing_values else None)
 
     def read(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Keys and values attention reads (B, Hkv, S, d): the decoded copy, or every chunk decoded now."""
@@ -263,17 +287,28 @@ class CompressedLayer:
         return derived_norms(bound[0], self.layout), derived_norms(bound[1], None)
 
     def _new_bounds(self, start: int, n: int, pair: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor]:
-        """``(decoded, elementwise fp64 bounds)`` (2, B, Hkv, n, d) of the tokens ``start .. start + n``."""
+        """``(decoded, fp64 bounds)`` (2, B, Hkv, n, d) of the tokens ``start .. start + n``: the bounds elementwise,
+        or per channel group (2, B, Hkv, n, G) where the codec declares them so (:attr:`PackedPair.grouped`)."""
         if self._packed.grouped:
             decoded = pair.narrow(-2, start, n) if pair is not None else (
                 self._decoded.view().narrow(-2, start, n) if self.keep_exact else self._packed.decode(self._dtype, start))
-            groups = self._packed.group_error_bound(self._dtype).narrow(-2, start, n)  # (2, B, Hkv, n, G)
-            return decoded, groups.repeat_interleave(self.layout.head_dim // groups.shape[-1], dim=-1)
+            return decoded, self._packed.group_error_bound(self._dtype).narrow(-2, start, n)
         pair = self._read_pair() if pair is None else pair
         return pair.narrow(-2, start, n), self._packed.error_bound(pair).narrow(-2, start, n)
 
+    def _check_new_bounds(self, exact: torch.Tensor, decoded: torch.Tensor, bound: torch.Tensor) -> None:
+        """Refuse the codec (``ValueError`` naming it) unless ``|x - x^| <= e`` for every new channel (``DW``'s
+        hypothesis): per channel group in one pass where the bounds are per group, elementwise otherwise (and for
+        the message, where a group's check fails)."""
+        if self._packed.grouped:
+            if group_bound_holds(exact, decoded, bound):
+                return
+            bound = bound.repeat_interleave(self.layout.head_dim // bound.shape[-1], dim=-1)
+        check_error_bound(exact, decoded, bound, _codec_name(self.codec))
+
     def _settle(self, pair: torch.Tensor | None = None) -> None:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
+        self.write_backing()  # before the exact tokens held for the witness are dropped
         if self._settled == self._length:
             return
         if self.witness_code.derived:
@@ -294,7 +329,7 @@ class CompressedLayer:
             start, n = self._settled, self._length - self._settled
             exact = self._exact.view().narrow(-2, start, n) if self.keep_exact else _cat_tokens([e for e, _ in self._unsettled])
             decoded, bound = self._new_bounds(start, n, pair)
-            check_error_bound(exact, decoded, bound, _codec_name(self.codec))
+            self._check_new_bounds(exact, decoded, bound)
             self._unsettled, self._settled = [], self._length
             codes = self._relative_codes(exact, decoded, start, n) if self.witness_code.relative else {}
             _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])), **codes)

@@ -104,7 +104,7 @@ class PendingCells:
                 for run in _runs(recorded[layer_idx]):
                     query, visible = _folded(run, layer.store.length)
                     scope = dataclasses.replace(self.scope, adaptive=run[0].adaptive)
-                    _, batch = attend(scope, layer, query, layer.store.read(), visible, run[0].scale, None,
+                    _, batch = attend(scope, layer, query, None, visible, run[0].scale, None,  # read if metered
                                       spans=[call.span for call in run])
                     scope.record(batch)
 

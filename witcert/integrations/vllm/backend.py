@@ -13,6 +13,8 @@ writer:
   and every metered query row of the batch is metered in one pass (:mod:`.decode_pass`); gated rows
   whose cells exceed ``tau`` get their flagged blocks' exact keys and values written back
   (:mod:`.gate`) and the step's attention is recomputed over the repaired cache and metered again.
+  A request with the spot check has its cells over ``tau`` spot-checked from the exact store, and the
+  gate repairs only those the check could not certify (:mod:`.spot_gate`).
   Then each request's new tokens are stored as its scheme reconstructs them (:mod:`.schemes`), through
   vLLM's writer, read back, and their witnesses replaced (in the side tensor and the state): from the
   next step on, vLLM's kernel attends the compressed keys, and the witness describes exactly what it reads.
@@ -32,11 +34,12 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
-from . import audit, config, gate, layout, runtime, schemes, selftest
+from . import audit, config, gate, layout, runtime, schemes, selftest, spot_gate
 from .decode_pass import cell_terms, meter_rows, warm_up
 from .exact_store import ExactStore
 from .sequence_state import SequenceState
-from .telemetry import CellBatch
+from .spot_check import SpotChecker
+from .telemetry import PROBABILISTIC, PROVED, CellBatch
 from .written import Written, from_cache, written
 
 MAX_REPAIR_ROUNDS = 4  # write back, recompute, re-meter; ends earlier when nothing is left to repair
@@ -96,6 +99,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.state = None  # SequenceState: what the meter reads of the running sequences
         self.shadow = None  # (blocks, Hkv, block_size, d) exact keys, shadow mode only
         self.store = None  # ExactStore of keys and values, gate only
+        self.spot = None  # SpotChecker reading the store (requests with witcert_certificate "spot")
         self.tier_b = None  # dithered cache: codes, scales, valid per slot
         self.repaired = None  # (slots,) bool: made exact by the gate since the slot was written
         self.k_scale = None  # the key scale the stored witnesses were formed under
@@ -200,6 +204,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
         if cfg.gate:
             self.store = ExactStore(blocks * block_size, heads, self.head_size, model_dtype)
+            self.spot = SpotChecker(self.store, self.scale, cfg.tau)
         tier_b_groups = None
         if DITHERED in self.runtime.schemes and self.kv_cache_dtype in layout.LOSSLESS:
             groups = self.head_size // schemes.TIER_B_GROUP
@@ -274,24 +279,35 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         meter = torch.full((plan.metered_rows, width, hq), math.nan, dtype=torch.float64)
         risk = torch.full_like(meter, math.nan)
         raw = tv = raw_tv = repaired = None
+        spot_delta = [None] * plan.metered_rows  # per row: the delta of its probabilistic bounds (None: proved)
         if active:
             rows = len(active) if active == list(range(len(active))) else torch.tensor(active)
             q, lengths, spans = self._query_rows(query, plan, active)
             view = self.state.view(rows, spans)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
                               view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
+            spot = self._spot_rows(plan, md, settings, active, chosen, lengths, width)
+            lowered = torch.zeros(len(active), dtype=torch.bool)
+            if spot is not None:  # spot cells over tau: min(meter, spot bound) (before any repair)
+                m, lowered = self._spot_bound(spot, m, q, view, lengths, spot.first_delta())
             first_m, first_view = _by_token(m, width), view
             served_m, served_r = first_m, _by_token(r, width)
             gated = [k for k, i in enumerate(active) if settings[i].gate]
+            if gated:
+                rt.telemetry.count("tokens_gated", sum(int(lengths[k].max()) for k in gated))
             if gated and bool((first_m[gated] > rt.config.tau).any()):
-                served_m, served_r, view = self._repair(plan, layer, query, key, value, kv_cache, md, output, q,
-                                                        lengths, active, gated, rows, spans, first_m, served_r)
+                served_m, served_r, view, again = self._repair(plan, layer, query, key, value, kv_cache, md, output,
+                                                               q, lengths, active, gated, rows, spans, first_m,
+                                                               served_r, spot, m)
+                lowered |= again
                 raw = torch.full_like(meter, math.nan)
                 raw[active] = first_m
                 repaired = [False] * plan.metered_rows
                 for k in gated:
                     repaired[active[k]] = True
             meter[active], risk[active] = served_m, served_r
+            for k in lowered.nonzero().reshape(-1).tolist():
+                spot_delta[active[k]] = settings[active[k]].spot.delta
             if self.shadow is not None:
                 blocks = [self._blocks_of(md, plan.batch_of_row[i], int(plan.query_lengths[i].max())) for i in active]
                 tv = torch.full_like(meter, math.nan)
@@ -302,7 +318,28 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
             meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv, picks)
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
-        self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks)
+        self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks,
+                    spot_delta)
+
+    def _spot_rows(self, plan, md, settings, active, chosen, lengths, width):
+        """The step's :class:`~.spot_gate.SpotRows` (``None``: no active row asked for the spot check)."""
+        if all(settings[i].spot is None for i in active):
+            return None
+        block_size = self.witness.shape[2]
+        slots = [None if settings[i].spot is None else
+                 gate.slots_of(md.block_table[plan.batch_of_row[i]].long(), int(lengths[k].max()), block_size)
+                 for k, i in enumerate(active)]
+        return spot_gate.spot_rows(settings, active, chosen, slots, width, self.num_heads // self.num_kv_heads)
+
+    def _spot_bound(self, spot, m, q, view, lengths, delta, changed=None, earlier=None):
+        """:func:`.spot_gate.bounded` on the pass's meter ``m`` (Ra, Hkv, M); the checks counted."""
+        m, lowered, checked = spot_gate.bounded(self.spot, spot, m, q, view, lengths, delta, self.layout, changed,
+                                                earlier)
+        telemetry = self.runtime.telemetry
+        telemetry.count("spot_cells", checked.cells)
+        telemetry.count("spot_keys", checked.keys)
+        telemetry.count("spot_bytes", checked.bytes)
+        return m, lowered
 
     def _step_rows(self, plan) -> tuple[list, list]:
         """The metered rows' settings and query positions (the same for every layer of the step)."""
@@ -345,7 +382,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         any metered row), every metered row is a plain decode step (one query token), and this process steps
         vLLM's engine core (whose idle hook meters what is left queued; a worker process of a multiprocess
         executor never sees the engine go idle)."""
-        return (self.defer > 1 and plan.query_tokens.shape[1] == 1 and not any(s.gate for s in settings)
+        return (self.defer > 1 and plan.query_tokens.shape[1] == 1
+                and not any(s.gate or s.spot is not None for s in settings)
                 and runtime.idle_hook_here())
 
     def _continues(self, plan) -> bool:
@@ -433,11 +471,13 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             lengths.amax(-1)
 
     def _repair(self, plan, layer, query, key, value, kv_cache, md, output, q, lengths, active, gated, rows, spans,
-                meter, risk):
-        """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter.
+                meter, risk, spot=None, spot_m=None):
+        """The gate (:mod:`.gate`): page flagged blocks in, write them back, recompute attention, re-meter; with
+        ``spot`` rows (:mod:`.spot_gate`) their cells are paged a few blocks a round and checked again.
 
         ``meter``, ``risk`` (Ra, Qmax, Hq) of the active rows; gated rows are decode rows (one query token).
-        Returns them after repair and the state view they were metered from."""
+        ``spot_m`` (Ra, Hkv, M) the bounds before repair, as the pass lays them out. Returns them after repair, the
+        state view they were metered from, and (Ra,) the rows a spot bound lowered."""
         rt = self.runtime
         tau, telemetry = rt.config.tau, rt.telemetry
         block_size = kv_cache.shape[2]
@@ -452,13 +492,19 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if self.shadow is not None:  # the cells' truth before the repair: their exact keys are still the shadow's
             self._before = {"keys": view["keys"].clone()}  # the cells' truth before the repair (shadow)
         meter_now, risk_now = meter.clone(), risk.clone()
-        for _ in range(MAX_REPAIR_ROUNDS):
+        lowered = torch.zeros(len(active), dtype=torch.bool)
+        picked = set() if spot is None else set(spot.pick.tolist())
+        spot_gated = torch.tensor([k in picked for k in gated], dtype=torch.bool)
+        for round_ in range(MAX_REPAIR_ROUNDS):
             over = meter_now[gated, 0] > tau  # (Rg, Hq)
             if not bool(over.any()):
                 break
             pager = gate.Pager(self.store, qg, blocks_of, lens, block_size, rt.config.gate_block, self.scale)
-            gate_plan = gate.plan(scores, c, tau, rt.config.gate_block, pager)
+            blocks = 2 ** round_ if round_ < MAX_REPAIR_ROUNDS - 1 else None  # spot cells: 1, 2, 4 blocks, then all
+            gate_plan = spot_gate.plan(scores, c, over if spot is not None else torch.ones_like(over), spot_gated,
+                                       blocks, tau, rt.config.gate_block, pager)
             telemetry.count("bytes_paged", pager.bytes)
+            telemetry.count("tokens_paged", pager.bytes // self.store.row_bytes)
             # a gate block may hold slots with nothing to repair: this step's own exact token, or a slot
             # already repaired (in an fp8 cache its exact key, cast to fp8, keeps a nonzero witness)
             w = self.witness[gate_plan.slots // block_size, :, gate_plan.slots % block_size]
@@ -483,9 +529,14 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             view = self.state.view(rows, spans)
             m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
                               view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
+            if spot is not None:  # spot cells over tau again where the repair changed their cache
+                m, again = self._spot_bound(spot, m, q, view, lengths, spot.recheck_delta(round_ + 1),
+                                            spot_gate.changed_rows(spot, slots), spot_m)
+                lowered |= again
+                spot_m = m
             meter_now, risk_now = _by_token(m, meter.shape[1]), _by_token(r, meter.shape[1])
             scores, c = self._gate_terms(q, view, lengths, pick)
-        return meter_now, risk_now, view
+        return meter_now, risk_now, view, lowered
 
     def _gate_terms(self, q, view, lengths, pick) -> tuple[torch.Tensor, torch.Tensor]:
         """The gated rows' scores and radii (Rg, Hq, S) fp64, as the pass meters them."""
@@ -556,13 +607,23 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self.runtime.telemetry.add_output_gap(*_output_gap(qi, view["keys"][k, :, :n].double(), v_hat,
                                                                    self.scale, output[token], self.model_dtype))
 
-    def _queue(self, requests, settings, positions, counts, meter, risk, raw, tv, raw_tv, repaired, picks=None) -> None:
+    def _queue(self, requests, settings, positions, counts, meter, risk, raw, tv, raw_tv, repaired, picks=None,
+               spot_delta=None) -> None:
         """Queue metered cells of this layer (one row per real query token: ``counts[i]`` of row ``i``'s
         ``positions[i]``) for the telemetry and the cell log; add audited rows' cells to their request's audit
-        (``picks[i]`` (Hq, T): row ``i``'s picked heads)."""
-        rows = [(i, j) for i in range(len(requests)) for j in range(counts[i])]
-        if not rows:
+        (``picks[i]`` (Hq, T): row ``i``'s picked heads); ``spot_delta[i]`` labels row ``i``'s bounds probabilistic at
+        that ``delta`` (``None``: proved)."""
+        every = [(i, j) for i in range(len(requests)) for j in range(counts[i])]
+        if not every:
             return
+        spot_delta = spot_delta or [None] * len(requests)
+        for delta in dict.fromkeys(spot_delta[i] for i, _ in every):
+            self._queue_cells(requests, settings, positions, meter, risk, raw, tv, raw_tv, repaired, picks,
+                              [(i, j) for i, j in every if spot_delta[i] == delta], delta)
+
+    def _queue_cells(self, requests, settings, positions, meter, risk, raw, tv, raw_tv, repaired, picks, rows,
+                     delta) -> None:
+        """:meth:`_queue` for ``rows`` ``(i, j)`` of one kind of bound (``delta``: probabilistic; ``None``: proved)."""
         audited = [(i, j) for i, j in rows if picks is not None and picks[i] is not None]
         if audited:
             ii, jj = torch.tensor([i for i, _ in audited]), torch.tensor([j for _, j in audited])
@@ -581,7 +642,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                           schemes=[settings[i].scheme for i, _ in rows], gated=[settings[i].gate for i, _ in rows],
                           positions=[positions[i][j] for i, j in rows], meter=cells(meter), raw_meter=cells(raw),
                           true_tv=cells(tv), raw_true_tv=cells(raw_tv), risk=cells(risk),
-                          repaired=None if repaired is None else [repaired[i] for i, _ in rows])
+                          repaired=None if repaired is None else [repaired[i] for i, _ in rows],
+                          bound=PROVED if delta is None else PROBABILISTIC, delta=delta)
         rt.telemetry.queue(batch)
         if rt.cell_log is not None:
             rt.cell_log.add_batch(batch, head_offset=self.head_offset)

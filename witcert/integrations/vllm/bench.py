@@ -379,7 +379,7 @@ def main(argv=None) -> int:
     fast.add_argument("--audit-rate", type=float, default=0.02, help="the audit mode's pick rate")
     fast.add_argument("--modes", type=lambda s: tuple(x for x in s.split(",") if x),
                       default=("exact", "scheme", "every", "audit", "caches"),
-                      help="modes to run: exact, scheme, every, audit, caches (plugin off always)")
+                      help="modes to run: exact, scheme, every, audit, caches, gate, spot-gate (plugin off always)")
     fast.add_argument("--out", help="write the measurements as JSON here")
     worker = sub.add_parser("speed-engine", help=argparse.SUPPRESS)
     worker.add_argument("model")
@@ -387,6 +387,7 @@ def main(argv=None) -> int:
     worker.add_argument("--kv-cache-dtype", default="auto")
     worker.add_argument("--plugin", action="store_true")
     worker.add_argument("--schemes", default="")
+    worker.add_argument("--gate", action="store_true", help="WITCERT_VLLM_GATE=1 (the gate modes' engine)")
     worker.set_defaults(prefix_caching=True, max_model_len=1024, cache_bytes=256 << 20)
     args = parser.parse_args(argv)
     args.argv = list(sys.argv[1:] if argv is None else argv)

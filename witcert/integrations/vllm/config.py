@@ -9,14 +9,15 @@ schemes the operator loaded: ``WITCERT_VLLM_SCHEME`` or ``WITCERT_VLLM_SCHEMES``
 sampled-metering switches of :mod:`.sampling` (``witcert_meter_every``, ``witcert_meter_heads``,
 ``witcert_meter_layers``, ``witcert_meter_seed``; engine defaults ``WITCERT_VLLM_METER_EVERY``,
 ``WITCERT_VLLM_METER_HEADS``, ``WITCERT_VLLM_METER_LAYERS``), and the request audit of :mod:`.audit`
-(``witcert_audit_rate``, ``witcert_audit_tau``, ``witcert_audit_delta``, ``witcert_audit_seed``). A request
+(``witcert_audit_rate``, ``witcert_audit_tau``, ``witcert_audit_delta``, ``witcert_audit_seed``), and the spot
+check of :mod:`.spot` (``witcert_certificate``, ``witcert_spot_keys``, ``witcert_spot_delta``). A request
 never loads code: only the operator's names can be chosen.
 """
 import os
 from dataclasses import dataclass, field
 
 from . import audit as request_audit
-from . import sampling
+from . import sampling, spot
 
 ENABLE = "WITCERT_VLLM"
 BANDS = "WITCERT_VLLM_BANDS"
@@ -198,12 +199,14 @@ def _parsed(env, name: str, default, kind, what: str):
 class RequestSettings:
     """What the plugin does for one request: its scheme, whether the gate repairs its cells, which cells are
     metered (:class:`.sampling.Metering`), and its request audit (:class:`witcert.Audit`, ``None``: none; with an
-    audit and no sampling switch only the picked cells are metered)."""
+    audit and no sampling switch only the picked cells are metered), and its spot check (:class:`.spot.SpotRequest`,
+    ``None``: the deterministic meter alone)."""
 
     scheme: str
     gate: bool
     metering: sampling.Metering = field(default_factory=sampling.Metering)
     audit: object = None
+    spot: object = None
 
     @property
     def everything(self) -> bool:
@@ -251,4 +254,8 @@ def request_settings(cfg: PluginConfig, extra_args) -> RequestSettings:
         raise ValueError(f"{request_audit.RATE} meters only the audit's picked cells, and the gate needs every cell's "
                          f"meter (repairs driven by them would also change the population the audit states about): "
                          f"turn one off ({XARG_GATE}=false, or no audit)")
-    return RequestSettings(scheme=scheme, gate=gate, metering=metering, audit=audit)
+    checks = spot.spot_of(extra, cfg.gate, GATE)
+    if checks is not None and audit is not None:
+        raise ValueError(f"{spot.CERTIFICATE}='spot' with {request_audit.RATE}: the audit states about the meter, not "
+                         "a probabilistic bound; turn one off")
+    return RequestSettings(scheme=scheme, gate=gate, metering=metering, audit=audit, spot=checks)

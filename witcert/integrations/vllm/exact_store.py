@@ -11,7 +11,8 @@ allocated and never wrote): every write folds the *source* bytes of each slot's 
 rows into a CRC-32 (from the incoming tensors, before the copy), and every page-in recomputes
 the CRC over the store's rows and raises :class:`~witcert.gate.backing_store.NeverWrittenError`
 for a slot never written and :class:`~witcert.gate.backing_store.ChecksumMismatchError` for one
-whose bytes differ.
+whose bytes differ. A spot check reads keys alone (:meth:`ExactStore.read_keys`): each slot's key bytes
+have a CRC-32 of their own, so what it reads is checked and nothing it does not read is charged.
 """
 import zlib
 
@@ -28,8 +29,15 @@ class ExactStore:
         self.k = torch.zeros(num_slots, num_kv_heads, head_size, dtype=dtype)
         self.v = torch.zeros(num_slots, num_kv_heads, head_size, dtype=dtype)
         self.crc = np.zeros(num_slots, dtype=np.uint32)
+        self.key_crc = np.zeros(num_slots, dtype=np.uint32)  # of the key bytes alone (spot checks read keys only)
         self.written = np.zeros(num_slots, dtype=bool)
         self.bytes_paged = 0
+        self.bytes_checked = 0  # key bytes read by spot checks (read_keys)
+
+    @property
+    def key_row_bytes(self) -> int:
+        """Bytes of one slot's key row (every kv head)."""
+        return self.k[0].numel() * self.k.element_size()
 
     @property
     def row_bytes(self) -> int:
@@ -45,7 +53,9 @@ class ExactStore:
         v_src = v.detach().to(self.v.dtype).contiguous()
         index = slots.long()
         ids = index.tolist()
-        self.crc[ids] = _row_crcs(k_src, v_src)
+        key_crcs = _key_crcs(k_src)
+        self.key_crc[ids] = key_crcs
+        self.crc[ids] = _row_crcs(k_src, v_src, key_crcs)
         self.written[ids] = True
         self.k[index] = k_src
         self.v[index] = v_src
@@ -65,9 +75,31 @@ class ExactStore:
         self.bytes_paged += len(ids) * self.row_bytes
         return k, v
 
+    def read_keys(self, slots: torch.Tensor) -> torch.Tensor:
+        """Verified copies of the key rows at ``slots`` (N,) (distinct), (N, Hkv, d): each checked against the CRC of
+        the key bytes written (``NeverWrittenError``, ``ChecksumMismatchError`` as :meth:`page_in`)."""
+        ids = slots.long().tolist()
+        missing = [s for s in ids if not self.written[s]]
+        if missing:
+            raise NeverWrittenError(f"exact store: slot(s) {missing[:8]} were never written; refusing to read "
+                                    "unwritten keys")
+        k = self.k[slots.long()].clone()
+        bad = [s for s, crc in zip(ids, _key_crcs(k)) if crc != self.key_crc[s]]
+        if bad:
+            raise ChecksumMismatchError(f"exact store: the key bytes of slot(s) {bad[:8]} differ from the bytes "
+                                        "written")
+        self.bytes_checked += len(ids) * self.key_row_bytes
+        return k
 
-def _row_crcs(k: torch.Tensor, v: torch.Tensor) -> list[int]:
-    """CRC-32 of each slot's key bytes followed by its value bytes."""
+
+def _key_crcs(k: torch.Tensor) -> list[int]:
+    """CRC-32 of each slot's key bytes."""
     kb = k.reshape(k.shape[0], -1).view(torch.uint8).numpy()
+    return [zlib.crc32(kb[i].tobytes()) for i in range(kb.shape[0])]
+
+
+def _row_crcs(k: torch.Tensor, v: torch.Tensor, key_crcs: list[int] | None = None) -> list[int]:
+    """CRC-32 of each slot's key bytes followed by its value bytes (continued from ``key_crcs`` when given)."""
+    key_crcs = _key_crcs(k) if key_crcs is None else key_crcs
     vb = v.reshape(v.shape[0], -1).view(torch.uint8).numpy()
-    return [zlib.crc32(vb[i].tobytes(), zlib.crc32(kb[i].tobytes())) for i in range(kb.shape[0])]
+    return [zlib.crc32(vb[i].tobytes(), key_crcs[i]) for i in range(vb.shape[0])]

@@ -100,13 +100,21 @@ class Pager:
 
 def plan(scores: torch.Tensor, c: torch.Tensor, tau: float, gate_block: int, pager: Pager) -> Plan:
     """Run the certified gate on cells (R, Hq, S) and return the union of the blocks it paged."""
+    return plan_of(pager, picks(scores, c, tau, gate_block, pager))
+
+
+def picks(scores: torch.Tensor, c: torch.Tensor, tau: float, gate_block: int, pager: Pager) -> set:
+    """The certified gate's ``(row, block)`` pairs for cells (R, Hq, S): any query head of the row paged the block."""
     pager.n_tokens = scores.shape[-1]
     result = Gate(tau, block_size=gate_block)(scores, c, pager=pager)
-    paged = result.paged.any(dim=1)  # (R, n_blocks): any query head of the row
-    picks = paged.nonzero().tolist()
-    if not picks:
+    return {tuple(p) for p in result.paged.any(dim=1).nonzero().tolist()}
+
+
+def plan_of(pager: Pager, pairs) -> Plan:
+    """The :class:`Plan` of ``(row, block)`` pairs (each paged once through ``pager``)."""
+    if not pairs:
         empty = pager.store.k[:0]
         return Plan(slots=torch.zeros(0, dtype=torch.int64), k=empty, v=empty, blocks=0)
-    pages = [pager.fetch(r, j) for r, j in picks]
+    pages = [pager.fetch(r, j) for r, j in sorted(pairs)]
     return Plan(slots=torch.cat([p[0] for p in pages]), k=torch.cat([p[1] for p in pages]),
-                v=torch.cat([p[2] for p in pages]), blocks=len(picks))
+                v=torch.cat([p[2] for p in pages]), blocks=len(pages))

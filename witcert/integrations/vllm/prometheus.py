@@ -63,6 +63,16 @@ class WitCertCollector:
                            "Bytes paged in from the content-checked exact store (keys and values).", counts["bytes_paged"])
             yield _counter("witcert_gate_rounds", "Repair rounds (write back, recompute attention, re-meter).",
                            counts["repair_rounds"])
+            yield _counter("witcert_gate_tokens_gated", "Tokens attended by gated decode cells' rows (per layer and "
+                           "step): the denominator of the fraction of tokens paged.", counts["tokens_gated"])
+            yield _counter("witcert_gate_tokens_paged", "Tokens whose exact keys and values the gate paged in.",
+                           counts["tokens_paged"])
+            yield _counter("witcert_spot_cells", "Cells spot-checked (witcert_certificate 'spot'), before and after "
+                           "repair.", counts["spot_cells"])
+            yield _counter("witcert_spot_keys", "Exact keys the spot checks read (distinct per checked cell).",
+                           counts["spot_keys"])
+            yield _counter("witcert_spot_bytes", "Bytes of exact key rows the spot checks read from the exact store "
+                           "(apart from the gate's bytes paged).", counts["spot_bytes"])
         yield _counter("witcert_prefill_tokens", "Prefill query tokens (not metered).", merged["prefill_tokens"])
         yield _counter("witcert_prefill_tokens_lossy",
                        "Prefill query tokens that attended keys stored lossy in an earlier step (not metered).",

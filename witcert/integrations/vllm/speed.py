@@ -29,9 +29,12 @@ from dataclasses import dataclass, field
 
 SPEED = "WITCERT-SPEED "
 READY = "WITCERT-READY"
-MODE_KEYS = ("exact", "scheme", "every", "audit", "caches")
-"""``--modes`` choices: metering an exact cache, the lossy scheme, every k-th step, the request audit, and vLLM's own
-caches of ``--kv-cache-dtypes`` other than ``auto`` (each with its own plugin-off engine)."""
+MODE_KEYS = ("exact", "scheme", "every", "audit", "caches", "gate", "spot-gate")
+"""``--modes`` choices: metering an exact cache, the lossy scheme, every k-th step, the request audit, vLLM's own
+caches of ``--kv-cache-dtypes`` other than ``auto`` (each with its own plugin-off engine), and the gate on
+:data:`GATE_SCHEME` (an engine with the exact store): meter-only (``gate``) and spot-certified (``spot-gate``)."""
+GATE_SCHEME = "kivi-2bit"
+"""The gate modes' scheme: its 2-bit keys saturate the deterministic meter (the meter-only gate repairs most cells)."""
 
 
 @dataclass(frozen=True)
@@ -42,6 +45,12 @@ class Mode:
     plugin: bool
     kv_cache_dtype: str = "auto"
     xargs: dict = field(default_factory=dict)
+    gate: bool = False  # an engine with the gate's exact store (WITCERT_VLLM_GATE=1)
+
+    @property
+    def engine(self) -> tuple:
+        """The engine this mode runs in (modes with the same one share its process)."""
+        return self.plugin, self.kv_cache_dtype, self.gate
 
     @property
     def baseline(self) -> str:
@@ -59,7 +68,10 @@ def modes(caches: tuple = (), scheme: str = "rtn-int4", every: int = 4, audit_ra
     chosen = {"exact": Mode("metering (no scheme)", True),
               "scheme": Mode(f"metering, {scheme}", True, xargs={"witcert_scheme": scheme}),
               "every": Mode(f"metering every {every}th step", True, xargs={"witcert_meter_every": every}),
-              "audit": Mode(f"audit at rate {audit_rate:g}", True, xargs={"witcert_audit_rate": audit_rate})}
+              "audit": Mode(f"audit at rate {audit_rate:g}", True, xargs={"witcert_audit_rate": audit_rate}),
+              "gate": Mode(f"meter-only gate, {GATE_SCHEME}", True, xargs={"witcert_scheme": GATE_SCHEME}, gate=True),
+              "spot-gate": Mode(f"spot-certified gate, {GATE_SCHEME}", True, gate=True,
+                                xargs={"witcert_scheme": GATE_SCHEME, "witcert_certificate": "spot"})}
     out = [m for key, m in chosen.items() if key in keys]
     out = ([Mode("plugin off", False)] if out else []) + out
     if "caches" in keys:
@@ -102,7 +114,7 @@ def serve(args) -> None:
     """An engine process for the speed table: reads ``{"xargs": ..., "tag": ...}`` lines, answers ``WITCERT-SPEED``."""
     from .engines import _environment, engine, workload_prompts
 
-    args.shadow, args.gate, args.scheme, args.jsonl, args.tp = False, False, "none", None, 1
+    args.shadow, args.scheme, args.jsonl, args.tp = False, "none", None, 1
     _environment(args)
     prompts = workload_prompts(args.model, "needle")
     llm = engine(args)
@@ -110,8 +122,26 @@ def serve(args) -> None:
     print(READY, flush=True)
     for line in sys.stdin:
         ask = json.loads(line)
+        before = _gate_counts(args)
         rate = decode_rate(llm, prompts, ask["max_tokens"], ask.get("xargs") or {}, ask["tag"])
+        if before is not None:  # the gate's work in this measurement: tokens paged of those gated, bytes checked
+            after = _gate_counts(args)
+            rate["gate"] = {k: after[k] - before[k] for k in ("tokens_gated", "tokens_paged", "bytes_paged",
+                                                             "spot_cells", "spot_keys", "spot_bytes")}
+            gated = rate["gate"]["tokens_gated"]
+            rate["gate"]["fraction_paged"] = rate["gate"]["tokens_paged"] / gated if gated else None
         print(SPEED + json.dumps(rate), flush=True)
+
+
+def _gate_counts(args) -> dict | None:
+    """The engine's gate counters now (``None`` without the gate)."""
+    if not (args.plugin and args.gate):
+        return None
+    from . import runtime
+
+    rt = runtime.get()
+    rt.telemetry.snapshot()  # queued cells folded in
+    return dict(rt.telemetry.gate_counts)
 
 
 def _warm():
@@ -127,6 +157,8 @@ class _Engine:
         flags = ["--kv-cache-dtype", mode.kv_cache_dtype, "--dtype", args.dtype, "--schemes", schemes]
         if mode.plugin:
             flags.append("--plugin")
+        if mode.gate:
+            flags.append("--gate")
         # one OpenMP thread per engine, not bound to a core (the machine is shared: a thread pinned to a busy core,
         # or two threads meeting at every parallel region, measure the other tenants more than the engine)
         env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0", OMP_NUM_THREADS="1", VLLM_CPU_OMP_THREADS_BIND="nobind")
@@ -166,20 +198,21 @@ def speed(args) -> dict:
     engines = {}
     try:
         for m in chosen:  # every engine started before any is waited for: their startups overlap
-            if (m.plugin, m.kv_cache_dtype) not in engines:
-                engines[m.plugin, m.kv_cache_dtype] = _Engine(args.model, m, args, args.scheme)
+            if m.engine not in engines:
+                engines[m.engine] = _Engine(args.model, m, args, f"{args.scheme},{GATE_SCHEME}")
         for e in engines.values():
             e.wait_ready()
         for i, m in enumerate(chosen):  # untimed: every graph compiled, every prompt's prefix cached, in every mode
-            engines[m.plugin, m.kv_cache_dtype].measure(m, args.max_tokens, f"warm-{i}")
+            engines[m.engine].measure(m, args.max_tokens, f"warm-{i}")
         for round_ in range(args.repeats):
             for i, m in enumerate(chosen):
-                runs[m.name].append(engines[m.plugin, m.kv_cache_dtype].measure(m, args.max_tokens, f"r{round_}-{i}"))
+                runs[m.name].append(engines[m.engine].measure(m, args.max_tokens, f"r{round_}-{i}"))
     finally:
         for e in engines.values():
             e.close()
     result = {"modes": {m.name: {"plugin": m.plugin, "kv_cache_dtype": m.kv_cache_dtype, "xargs": m.xargs,
-                                 "baseline": m.baseline, "runs": runs[m.name]} for m in chosen},
+                                 "gate": m.gate, "baseline": m.baseline, "runs": runs[m.name],
+                                 **_paged(runs[m.name])} for m in chosen},
               "ratios": ratios(runs, chosen), "max_tokens": args.max_tokens, "repeats": args.repeats,
               "workload": "needle", "modes_run": list(args.modes), "wall_s": time.perf_counter() - started}
     if asked and not caches:
@@ -194,6 +227,17 @@ def ratios(runs: dict, chosen: list) -> dict:
     return {m.name: median[m.name] / median[m.baseline] for m in chosen if m.plugin and m.name in median}
 
 
+def _paged(runs: list) -> dict:
+    """A gate mode's median fraction of tokens paged (of the tokens its gated cells' rows attended)."""
+    fractions = [r["gate"]["fraction_paged"] for r in runs if (r.get("gate") or {}).get("fraction_paged") is not None]
+    return {"fraction_paged": statistics.median(fractions)} if fractions else {}
+
+
 def lines(result: dict) -> list:
-    """``<mode>: <ratio>x of plugin off`` per metered mode."""
-    return [f"{name}: {ratio:.2f}x of {result['modes'][name]['baseline']}" for name, ratio in result["ratios"].items()]
+    """``<mode>: <ratio>x of plugin off`` per metered mode (a gate mode: and its fraction of tokens paged)."""
+    out = []
+    for name, ratio in result["ratios"].items():
+        mode = result["modes"][name]
+        paged = f", {mode['fraction_paged']:.3f} of tokens paged" if "fraction_paged" in mode else ""
+        out.append(f"{name}: {ratio:.2f}x of {mode['baseline']}{paged}")
+    return out

@@ -11,7 +11,7 @@ step rather than a few per (request, layer).
 
 Every cell says which kind of bound it carries: ``proved`` (a deterministic bound: Tier A's witness, Tier B's
 deterministic branch) or ``probabilistic`` (a bound holding with probability ``1 - delta``, labelled with its
-``delta``); the plugin's meter is proved on every cell it reports today. A cell an operator's sampling left
+``delta``: a cell whose bound a spot check lowered, :mod:`.spot`). A cell an operator's sampling left
 out (:mod:`.sampling`) is *unmetered*: counted, never certified.
 """
 import json
@@ -34,7 +34,7 @@ SCHEME_COUNTS = ("cells", "certified", "raw_certified", "saturated", "shadow_cel
 SCHEME_SUMS = ("meter_sum", "raw_meter_sum")
 SCHEME_MAXIMA = ("max_true_tv", "max_meter")
 GATE_COUNTS = ("blocks_repaired", "slots_repaired", "bytes_paged", "repair_rounds", "shadow_repair_checked",
-               "shadow_repair_mismatches")
+               "shadow_repair_mismatches", "tokens_gated", "tokens_paged", "spot_cells", "spot_keys", "spot_bytes")
 
 
 def _scheme_stats() -> dict:
@@ -65,6 +65,7 @@ class CellBatch:
     risk: torch.Tensor | None = None
     repaired: list | None = None
     bound: str = PROVED
+    delta: float | None = None  # a probabilistic bound's failure probability per cell
 
 
 @dataclass
@@ -109,8 +110,8 @@ class Telemetry:
     def fold(self) -> None:
         """Fold the queued cells in (once per step)."""
         batches, self.pending = self.pending, []
-        for bound in {b.bound for b in batches}:
-            self._fold([b for b in batches if b.bound == bound], bound)
+        for bound, delta in dict.fromkeys((b.bound, b.delta) for b in batches):
+            self._fold([b for b in batches if (b.bound, b.delta) == (bound, delta)], bound, delta)
 
     def add(self, request: str, layer: int, meter: torch.Tensor, true_tv: torch.Tensor | None = None, *,
             scheme: str = "none", raw_meter: torch.Tensor | None = None, raw_true_tv: torch.Tensor | None = None,

@@ -1,0 +1,107 @@
+"""The spot check of a layer-step's decode cells, exact keys read from the gate's exact store (registry SCO, SCR).
+
+Every checked cell of one layer and step goes through one :func:`witcert.spot.check_cells` call per key budget
+(the requests' ``witcert_spot_keys``; usually one): its compressed logits and radii are the fp64 reference's
+(:func:`.decode_pass.cell_terms` with ``reference=True``: the attention the meter certifies, over the keys the
+cache holds now), and :class:`StoreLogits` serves the exact logits of the drawn tokens only, reading each drawn
+token's key row from the :class:`~.exact_store.ExactStore` once per layer-step, checked against the CRC of the key
+bytes written. The draws come from the engine's spot generator (seeded from the operating system) and are made
+here, after the step's queries are fixed. A cell's bound is ``min(meter, spot bound)``, valid with probability at
+least ``1 - delta_cell`` (the share of the request's ``delta`` this check spends).
+"""
+from dataclasses import dataclass
+
+import torch
+
+from witcert.spot import check_cells, spot_randomness
+
+from .decode_pass import cell_terms
+
+
+class StoreLogits:
+    """``logits(cells, tokens)`` of :func:`witcert.spot.check_cells` over the exact store.
+
+    Parameters
+    ----------
+    store : ExactStore
+    queries : Tensor (N, d)
+        The checked cells' queries (as the meter reads them).
+    rows, kv : Tensor (N,) int64
+        Each cell's row of ``slots`` and its kv head.
+    slots : Tensor (R, S) int64
+        Each row's cache slot per token position.
+    scale : float
+        Softmax scale.
+    """
+
+    def __init__(self, store, queries: torch.Tensor, rows: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
+                 scale: float):
+        self.store, self.q, self.rows, self.kv, self.slots, self.scale = store, queries.double(), rows, kv, slots, scale
+        self.at = {}  # slot -> its row in self.keys, for the slots read so far
+        self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows, in read order
+
+    def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """``scale (q_cell . k_token)`` fp64 from the exact key rows (M,)."""
+        wanted = self.slots[self.rows[cells], tokens]
+        if bool((wanted < 0).any()):
+            raise ValueError("spot check: a drawn token lies past its sequence's length (no slot)")
+        unique, inverse = torch.unique(wanted, return_inverse=True)
+        rows = self._read(unique.tolist())
+        keys = self.keys[rows[inverse], self.kv[cells]]  # (M, d)
+        return (keys * self.q[cells]).sum(-1) * self.scale
+
+    def _read(self, unique: list) -> torch.Tensor:
+        """The rows of ``self.keys`` holding the slots ``unique``, the slots not read yet read (verified) first."""
+        new = [s for s in unique if s not in self.at]
+        if new:
+            first = self.keys.shape[0]
+            self.keys = torch.cat([self.keys, self.store.read_keys(torch.tensor(new)).double()])
+            self.at.update(zip(new, range(first, first + len(new))))
+        return torch.tensor([self.at[s] for s in unique], dtype=torch.int64)
+
+
+@dataclass(frozen=True)
+class Checked:
+    """One check's outcome over the checked rows' cells (R, Hkv, M): ``bound`` (NaN where no cell was checked),
+    and totals: ``cells`` checked, distinct exact ``keys`` read (summed over cells), key ``bytes`` read."""
+
+    bound: torch.Tensor
+    cells: int
+    keys: int
+    bytes: int
+
+
+class SpotChecker:
+    """The engine's spot checks: one per attention layer (the store is the layer's), one generator per process.
+
+    ``generator`` defaults to one seeded from the operating system's cryptographic source (a fixed seed is for
+    tests that replay draws)."""
+
+    def __init__(self, store, scale: float, tau: float, generator: torch.Generator | None = None):
+        self.store, self.scale, self.tau = store, scale, tau
+        self.generator = spot_randomness().generator if generator is None else generator
+
+    def check(self, q, view: dict, lengths: torch.Tensor, over: torch.Tensor, slots: torch.Tensor,
+              keys: list, delta: torch.Tensor, layout) -> Checked:
+        """Spot-check the cells ``over`` (R, Hkv, M) bool of rows ``q`` (R, Hkv, M, d) over the state ``view`` (those
+        rows), ``lengths`` (R, 1, M); ``slots`` (R, S) each row's slot per position (-1 past its length); ``keys``
+        (R,) each row's key budget, ``delta`` (R,) its cells' failure probability."""
+        bound = torch.full(over.shape, torch.nan, dtype=torch.float64)
+        at = over.nonzero()  # (N, 3): row, kv head, query slot
+        if not at.numel():
+            return Checked(bound, 0, 0, 0)
+        scores, c = cell_terms(q, view["keys"], view["witness"], view["key_norms"], lengths, view["norm_max"], layout,
+                               self.scale, view["scales"], reference=True)
+        r, kv, m = at.T
+        before = self.store.bytes_checked
+        budgets = torch.tensor(keys, dtype=torch.int64)[r]
+        read = 0
+        for budget in torch.unique(budgets).tolist():
+            pick = budgets == budget
+            rp, kvp, mp = r[pick], kv[pick], m[pick]
+            source = StoreLogits(self.store, q[rp, kvp, mp], rp, kvp, slots, self.scale)
+            result = check_cells(scores[rp, kvp, mp], c[rp, kvp, mp], source, keys=budget, delta=delta[rp],
+                                 tau=self.tau, generator=self.generator)
+            bound[rp, kvp, mp] = result.bound
+            read += int(result.keys_read.sum())
+        return Checked(bound, int(at.shape[0]), read, self.store.bytes_checked - before)
