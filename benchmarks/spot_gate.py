@@ -35,7 +35,7 @@ def accuracy(outcomes: list[bool]) -> dict:
 
 
 def run_configuration(model, tokenizer, cases, new_tokens: int, scheme: str | None, gate, spot_keys: int,
-                      tau: float) -> dict:
+                      tau: float, witness_bits: int | None = None) -> dict:
     outcomes, paged, fired, certified, bytes_paged, check_bytes = [], [], [], [], 0.0, 0.0
     started = time.perf_counter()
     for case in cases:
@@ -44,10 +44,11 @@ def run_configuration(model, tokenizer, cases, new_tokens: int, scheme: str | No
             outcomes.append(case.score(out.answer))
             continue
         mon = witcert.monitor(model, scheme, keep_exact=False, certificate="spot", spot_keys=spot_keys, tau=tau,
-                              gate=gate)
+                              gate=gate, witness_bits=witness_bits)
         with mon:
             out = run_case(model, tokenizer, case, new_tokens, mon)
         outcomes.append(case.score(out.answer))
+        print(f"  case {len(outcomes)}/{len(cases)}: {time.perf_counter() - started:.0f} s", flush=True)
         table = out.cells
         live = ~np.isnan(table["meter"])
         if gate is not None:
@@ -75,6 +76,8 @@ def main(argv=None) -> int:
     p.add_argument("--context", type=int, default=256)
     p.add_argument("--spot-keys", type=int, default=128)
     p.add_argument("--tau", type=float, default=0.2)
+    p.add_argument("--witness-bits", type=int, default=None,
+                   help="the monitor's witness_bits (default: the monitor's default for each scheme)")
     p.add_argument("--gate-only", action="store_true", help="skip the spot check without a gate (halves the time)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
@@ -87,7 +90,7 @@ def main(argv=None) -> int:
     cases = build_cases(tokenizer, config)
     record = spot_records.provenance("benchmarks.spot_gate", argv) | {
               "model": loaded.source, "cases": len(cases), "context_tokens": args.context, "tau": args.tau,
-              "spot_keys": args.spot_keys, "configurations": {}}
+              "spot_keys": args.spot_keys, "witness_bits": args.witness_bits, "configurations": {}}
     with torch.no_grad():
         record["configurations"]["uncompressed"] = run_configuration(model, tokenizer, cases, config.new_tokens,
                                                                      None, None, args.spot_keys, args.tau)
@@ -98,10 +101,10 @@ def main(argv=None) -> int:
                 configurations.append((f"{scheme}, spot check, no gate", None))
             for name, gate in configurations:
                 row = run_configuration(model, tokenizer, cases, config.new_tokens, scheme, gate, args.spot_keys,
-                                        args.tau)
+                                        args.tau, args.witness_bits)
                 record["configurations"][name] = row
                 print(name, row, flush=True)
-    spot_records.write(record, args.out)
+                spot_records.write(record, args.out)  # after each configuration: a long run keeps what it measured
     return 0
 
 

@@ -8,6 +8,8 @@ stock against ``witcert.monitor(model, "rtn-int4", keep_exact=False, ...)``:
   rounds from the verified host backing store; without a gate the call's checks run together at its end);
 * ``spot gate``: the same with ``gate=witcert.Gate(tau=0.2)``: the production spot-certified gate (in-step
   checks, repairs from the backing store);
+* with ``--witness-bits N``, both spot lines again with ``witness_bits=N`` (the monitor's default for rtn-int4
+  derives its witness from the codec, whose radii the spot check samples by);
 
 each eager and, when ``torch.compile`` works, with ``WITCERT_COMPILE=1`` (compiled before timing). Runs are
 interleaved round by round; the figure is the median wall time of ``generate`` (prefill included, as a user
@@ -33,12 +35,16 @@ TAU = 0.2
 OUT = Path(__file__).with_name("results") / "spot_generation.json"
 
 
-def configs(compiled: bool, spot_keys: int, gate: bool = True) -> dict:
-    """name -> (monitor keywords or None for stock, compiled); ``gate``: with the production spot gate."""
+def configs(compiled: bool, spot_keys: int, gate: bool = True, witness_bits: int | None = None) -> dict:
+    """name -> (monitor keywords or None for stock, compiled); ``gate``: with the production spot gate;
+    ``witness_bits``: the spot lines again with that witness code beside the monitor's default."""
     base = {"stock": (None, False), "meter": (dict(), False),
             "spot": (dict(certificate="spot", spot_keys=spot_keys), False)}
     if gate:
         base["spot gate"] = (dict(certificate="spot", spot_keys=spot_keys, gate=witcert.Gate(tau=TAU)), False)
+    if witness_bits is not None:
+        base |= {f"{name}, witness_bits={witness_bits}": (kwargs | dict(witness_bits=witness_bits), False)
+                 for name, (kwargs, _) in list(base.items()) if name.startswith("spot")}
     if compiled:
         base |= {f"{name}, compiled": (kwargs, True) for name, (kwargs, _) in base.items() if kwargs is not None}
     return base
@@ -70,12 +76,13 @@ def timed_generate(model, ids, new_tokens: int, kwargs: dict | None, compiled: b
     return seconds, info
 
 
-def run(context: int, new_tokens: int, reps: int, compiled: bool, spot_keys: int, gate: bool = True) -> dict:
+def run(context: int, new_tokens: int, reps: int, compiled: bool, spot_keys: int, gate: bool = True,
+        witness_bits: int | None = None) -> dict:
     from witcert.integrations.hf.default_model import load_model
 
     model = load_model().model
     ids = torch.randint(100, 20000, (1, context), generator=torch.Generator().manual_seed(0))
-    chosen = configs(compiled and compiled_available(), spot_keys, gate)
+    chosen = configs(compiled and compiled_available(), spot_keys, gate, witness_bits)
     for kwargs, comp in chosen.values():  # warm-up: first-call costs (and compilation) out of the timing
         timed_generate(model, ids, 2, kwargs, comp)
     samples, infos = {name: [] for name in chosen}, {}
@@ -101,14 +108,16 @@ def main(argv=None) -> int:
     p.add_argument("--no-compile", dest="compiled", action="store_false")
     p.add_argument("--gate-up-to", type=int, default=1 << 30,
                    help="time the spot gate only at contexts up to this (it is the slowest configuration)")
+    p.add_argument("--witness-bits", type=int, default=None,
+                   help="also time the spot lines with this witness code (beside the monitor's default)")
     p.add_argument("--out", type=Path, default=OUT)
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     record = spot_records.provenance("benchmarks.spot_generation", argv) | {
-        "scheme": SCHEME, "tau": TAU, "spot_keys": args.spot_keys, "runs": []}
+        "scheme": SCHEME, "tau": TAU, "spot_keys": args.spot_keys, "witness_bits": args.witness_bits, "runs": []}
     for context in args.contexts:  # written after each context: a long run keeps what it measured
         record["runs"].append(run(context, args.new_tokens, args.reps, args.compiled, args.spot_keys,
-                                  gate=context <= args.gate_up_to))
+                                  gate=context <= args.gate_up_to, witness_bits=args.witness_bits))
         spot_records.write(record, args.out)
     return 0
 

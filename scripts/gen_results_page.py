@@ -173,8 +173,8 @@ def spot_section() -> str:
     lines += ["", "![Coverage against exact keys read, per scheme](assets/spot-coverage.png)", "",
               "Drawn from this record by `python scripts/docs_pictures.py --records` (dotted: the deterministic "
               "meter's coverage)."]
-    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json"))
-                     + spot_gate_lines(_load("spot_gate.json")))
+    # the needle task's production spot gate (spot_gate.json) is shown once, in the spot-certified gate's section
+    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
 
 
 def _needle_rows(record: dict) -> dict:
@@ -289,28 +289,6 @@ def spot_generation_lines(record: dict | None) -> list[str]:
     return lines
 
 
-def spot_gate_lines(record: dict | None) -> list[str]:
-    """The production spot-certified gate on the needle task (``benchmarks.spot_gate``)."""
-    if not record:
-        return []
-    lines = ["", "### The production spot gate on the needle task", "",
-             _provenance(record["date"], record["machine"], record["command"]), "",
-             f"SmolLM2, {record['cases']} needle cases of {record['context_tokens']} tokens, production "
-             f"(`keep_exact=False`, `certificate=\"spot\"`, `gate=witcert.Gate({record['tau']})`), at most "
-             f"{record['spot_keys']} exact keys per check; exact-match accuracy with its 95% Clopper-Pearson interval, the "
-             "share of the visible tokens paged (mean over cells), the cells the gate repaired and the cells certified "
-             "after repair.", "",
-             "| configuration | accuracy [95%] | tokens paged | cells repaired | certified after | KiB paged / case |",
-             "|---|---|---|---|---|---|"]
-    for name, row in record["configurations"].items():
-        paged = row.get("paged_fraction")
-        lines.append(f"| {name} | {row['correct']}/{row['cases']} [{row['low']:.2f}, {row['high']:.2f}] | "
-                     + (f"{paged:.3f} | {row['fired']:.3f} | " if paged is not None else "- | - | ")
-                     + (f"{row['certified']:.3f} | " if "certified" in row else "- | ")
-                     + (f"{row['bytes_paged_per_case'] / 1024:,.0f} |" if "bytes_paged_per_case" in row else "- |"))
-    return lines
-
-
 def spot_gate_section() -> str | None:
     """The study's spot-certified gate rows (``witcert study --spot-gate-scheme``), if recorded."""
     from witcert.observatory.study_report import repair_table
@@ -348,7 +326,10 @@ def production_spot_gate_lines(record: dict | None) -> list[str]:
     lines = ["", "### The production spot gate", "", _provenance(record["date"], record["machine"], record["command"]),
              "", f"{record['cases']} needle cases of {record['context_tokens']} tokens, `keep_exact=False`: pages and "
              f"checks read the verified host backing store; tau = {record['tau']}, at most {record['spot_keys']} exact "
-             "keys per check. Accuracy with its exact binomial 95% interval; *paged*: the mean share of a cell's "
+             "keys per check, witness "
+             + ("the monitor's default for each scheme" if record.get("witness_bits") is None
+                else f"`witness_bits={record['witness_bits']}`")
+             + ". Accuracy with its exact binomial 95% interval; *paged*: the mean share of a cell's "
              "tokens paged in; *certified*: cells whose reported meter (after repair) is at most tau.", "",
              "| configuration | accuracy | paged | fired | certified | MB paged per case | MB read by checks per case |",
              "|---|---|---|---|---|---|---|"]

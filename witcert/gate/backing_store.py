@@ -208,7 +208,7 @@ class BackingStore:
     def read_key_rows(self, key: Hashable, index: tuple[int, ...], tokens: torch.Tensor) -> torch.Tensor:
         """Verified copies ``(n, d)`` of the keys of ``tokens`` (n,) of ``stream[key][index]``, read by token index:
         each row's bytes are checked against the checksum of the bytes written (:func:`row_checksums`) and only
-        those rows are read and counted in ``bytes_paged``.
+        those rows are read and counted in ``bytes_paged``. :meth:`read_key_rows_at` with one lead index.
 
         Raises
         ------
@@ -220,27 +220,46 @@ class BackingStore:
             Unknown key, bad index, or a token that is not an int in ``[0, length)``.
         """
         stream = self._get(key)
-        index = _check_index(index, stream.lead)
-        tokens = torch.as_tensor(tokens)
-        if tokens.dim() != 1 or tokens.dtype not in (torch.int32, torch.int64):
-            raise ValueError(f"tokens: expected a 1-D integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
-        at = tokens.to(torch.int64).numpy()
+        flat = int(np.ravel_multi_index(_check_index(index, stream.lead), stream.lead)) if stream.lead else 0
+        tokens = _checked_tokens(tokens)
+        return self.read_key_rows_at(key, torch.full_like(tokens, flat), tokens)
+
+    def read_key_rows_at(self, key: Hashable, heads: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
+        """:meth:`read_key_rows` of many lead indices at once: the verified keys ``(n, d)`` of the pairs ``(heads[i],
+        tokens[i])``, ``heads`` (n,) flat (row-major) indices into the stream's leading shape (for ``(batch, kv
+        heads)``: ``row * kv_heads + kv head``). One indexing and one checksum pass for every row read (the spot
+        check reads a layer's rows of every kv head together); the same checks and errors as :meth:`read_key_rows`.
+        """
+        stream = self._get(key)
+        tokens, heads = _checked_tokens(tokens), _checked_tokens(heads, "heads")
+        lead = int(np.prod(stream.lead))
+        if heads.shape != tokens.shape:
+            raise ValueError(f"heads: expected one lead index per token, got {tuple(heads.shape)} for "
+                             f"{tuple(tokens.shape)} tokens")
+        at, head = tokens.numpy(), heads.numpy()
         if at.size and not (0 <= at.min() and at.max() < stream.length):
             raise ValueError(f"tokens: expected token indices in [0, {stream.length}) of stream {key!r}, got "
                              f"{int(at.min())}..{int(at.max())}")
-        delivered = stream.written[index][at // self.block_size]  # appends: a block's first tokens were written
+        if head.size and not (0 <= head.min() and head.max() < lead):
+            raise ValueError(f"heads: expected flat lead indices in [0, {lead}) of stream {key!r} (lead "
+                             f"{stream.lead}), got {int(head.min())}..{int(head.max())}")
+        delivered = stream.written.reshape(lead, -1)[head, at // self.block_size]  # appends: a block's first tokens
         missing = at % self.block_size >= delivered
         if missing.any():
-            raise NeverWrittenError(f"backing store {key!r}{list(index)} token {int(at[missing][0])} was never "
-                                    "written; refusing to read unwritten data")
-        k = stream.k[index][torch.from_numpy(at)]  # (n, d), a copy
-        bad = row_checksums(k) != stream.k_rows[index][at]
+            raise NeverWrittenError(f"backing store {key!r}{self._lead_index(stream, head[missing][0])} token "
+                                    f"{int(at[missing][0])} was never written; refusing to read unwritten data")
+        k = stream.k.reshape(lead, stream.k.shape[-2], -1)[heads, tokens]  # (n, d), a copy
+        bad = row_checksums(k) != stream.k_rows.reshape(lead, -1)[head, at]
         if bad.any():
-            raise ChecksumMismatchError(f"backing store content check failed for the key of {key!r}{list(index)} "
-                                        f"token {int(at[bad][0])}: its bytes differ from the bytes written (store "
-                                        "not populated or corrupted)")
+            raise ChecksumMismatchError(f"backing store content check failed for the key of {key!r}"
+                                        f"{self._lead_index(stream, head[bad][0])} token {int(at[bad][0])}: its bytes "
+                                        "differ from the bytes written (store not populated or corrupted)")
         self.bytes_paged += _nbytes(k)
         return k
+
+    @staticmethod
+    def _lead_index(stream: _Stream, flat) -> list[int]:
+        return [int(i) for i in np.unravel_index(int(flat), stream.lead)] if stream.lead else []
 
     def verify(self, key: Hashable) -> int:
         """Page in (without counting) and verify every block of stream ``key``; return the block count."""
@@ -265,6 +284,11 @@ class BackingStore:
     def lead_shape(self, key: Hashable) -> tuple[int, ...]:
         """Leading shape ``lead`` of stream ``key``."""
         return self._get(key).lead
+
+    def row_nbytes(self, key: Hashable) -> int:
+        """Bytes of one key row of stream ``key`` (what :meth:`read_key_rows` counts per row read)."""
+        k = self._get(key).k
+        return k.shape[-1] * k.element_size()
 
     def n_blocks(self, key: Hashable) -> int:
         """Blocks covering the tokens written to stream ``key``."""
@@ -403,6 +427,14 @@ def _check_index(index, lead: tuple[int, ...]) -> tuple[int, ...]:
     if len(index) != len(lead) or any(not 0 <= i < n for i, n in zip(index, lead)):
         raise ValueError(f"index {index} does not address the stream's leading shape {lead}")
     return index
+
+
+def _checked_tokens(tokens, name: str = "tokens") -> torch.Tensor:
+    """``tokens`` as a 1-D int64 tensor, or a ValueError naming ``name``."""
+    tokens = torch.as_tensor(tokens)
+    if tokens.dim() != 1 or tokens.dtype not in (torch.int32, torch.int64):
+        raise ValueError(f"{name}: expected a 1-D integer tensor, got {tuple(tokens.shape)} {tokens.dtype}")
+    return tokens.to(torch.int64)
 
 
 def _row_bytes(x: torch.Tensor) -> np.ndarray:

@@ -41,7 +41,8 @@ class CellChecks:
 
     ``bound`` holds for its cell with probability ``>= 1 - delta`` (``delta`` what the rounds run spent; 0 for
     a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read;
-    ``rounds`` rounds run; ``whole`` the cell was read whole.
+    ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` (with ``keep_reads``) the
+    exact logits the check knew (read or carried), for a later check of the same cells (``carried``).
     """
 
     bound: torch.Tensor  # fp64
@@ -49,12 +50,15 @@ class CellChecks:
     delta: torch.Tensor  # fp64
     rounds: torch.Tensor  # int64
     whole: torch.Tensor  # bool
+    known: torch.Tensor | None = None  # (N, S) bool: tokens whose exact logit the check knew at its end
+    exact: torch.Tensor | None = None  # (N, S) fp64: those exact logits (0 elsewhere), to carry into a later check
 
 
 def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = None,
                 generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
                 exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
-                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH) -> CellChecks:
+                z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH, carried=None,
+                keep_reads: bool = False) -> CellChecks:
     """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
 
     Parameters
@@ -81,6 +85,13 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         Draws the tokens (default: a :class:`~witcert.spot.randomness.MultinomialSampler` of ``generator``).
     exact_share, z_keys_share, z_share : float
         Each round's split of keys and ``delta`` between the stages, as :func:`witcert.spot.spot_check`.
+    carried : (known (N, S) bool, exact (N, S) fp64), optional
+        Exact logits known before this check (an earlier check's ``known`` and ``exact`` of the same cells, e.g.
+        the gate's re-checks of a repaired cell): known tokens from the first round on, as a round knows what
+        earlier rounds read (registry SCR: fixed before this check's draws, so each round's statement holds
+        conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads.
+    keep_reads : bool
+        Return what the check knew (``known``, ``exact``: a later check's ``carried``); ``None`` otherwise.
 
     Returns
     -------
@@ -93,6 +104,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     if sampler is None:
         sampler = MultinomialSampler(spot_randomness().generator if generator is None else generator)
     cells = _Cells(s, c, source, sampler, (exact_share, z_keys_share, z_share), keys)
+    if carried is not None:
+        cells.carry(*carried)
     n = s.shape[0]
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
@@ -113,7 +126,8 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
             spent[rows] += share * delta[rows]
             if tau is not None:
                 active[rows] = best[rows] > tau
-    return CellChecks(best, cells.count.clone(), spent, rounds, whole)
+    known, exact = (cells.known, torch.where(cells.known, s + cells.x, 0.0)) if keep_reads else (None, None)
+    return CellChecks(best, cells.count.clone(), spent, rounds, whole, known, exact)
 
 
 def _checked(scores, radii, keys: int, delta, tau) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -160,15 +174,19 @@ def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]
             contribution)
 
 
-def _z_terms(log_p, c, log_u, visible, known, small, x) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """``(z_known, G, weights)`` of every row: ``z_known = sum_visible p~ e^{o}`` with ``o = l - l~`` on known
-    tokens, ``c`` on small unknown ones, 0 on the sampled ones; the sampling weights ``p~ (e^c - 1)`` on the sampled
-    ones, in log space, and their total (:func:`_row_weights`). Tensors only: compiled with ``WITCERT_COMPILE=1``."""
+def _z_weights(log_p, log_u, visible, known, small) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(G, weights)`` of every row: the sampling weights ``p~ (e^c - 1)`` on the sampled tokens (visible, not known,
+    not small), in log space, and their total (:func:`_row_weights`). They need no exact logit, so the ``Z`` stage
+    draws before its exact set is read and reads both at once. Tensors only: compiled with ``WITCERT_COMPILE=1``."""
     sampled = visible & ~known & ~small
-    offset = torch.where(known, x, torch.where(small, c, 0.0))
-    z_known = torch.exp(log_p + offset).sum(-1)  # masked: exp(-inf) = 0
-    g_total, weights = _row_weights(torch.where(sampled, log_p + log_u, -torch.inf))
-    return z_known, g_total, weights
+    return _row_weights(torch.where(sampled, log_p + log_u, -torch.inf))
+
+
+def _z_known(log_p, c, visible, known, small, x) -> torch.Tensor:
+    """``z_known = sum_visible p~ e^{o}`` of every row, ``o = l - l~`` on known tokens, ``c`` on small unknown ones,
+    0 on the sampled ones (masked: ``exp(-inf) = 0``). Tensors only: compiled with ``WITCERT_COMPILE=1``."""
+    offset = torch.where(known, x, torch.where(small & visible, c, 0.0))
+    return torch.exp(log_p + offset).sum(-1)
 
 
 def _h_terms(p, e_minus, visible, known, x, z_upper) -> tuple[torch.Tensor, ...]:
@@ -189,10 +207,16 @@ def _prepared_probe() -> tuple:
     return torch.zeros(2, 3, dtype=torch.float64), torch.full((2, 3), 0.5, dtype=torch.float64)
 
 
-def _z_terms_probe() -> tuple:
+def _z_weights_probe() -> tuple:
     f = torch.zeros(2, 3, dtype=torch.float64)
     b = torch.zeros(2, 3, dtype=torch.bool)
-    return f, f, f, ~b, b, b, f
+    return f, f, ~b, b, b
+
+
+def _z_known_probe() -> tuple:
+    f = torch.zeros(2, 3, dtype=torch.float64)
+    b = torch.zeros(2, 3, dtype=torch.bool)
+    return f, f, ~b, b, b, f
 
 
 def _h_terms_probe() -> tuple:
@@ -221,16 +245,44 @@ class _Cells:
         self.x = torch.zeros_like(scores)  # l - l~ where known
 
     # -- reads -------------------------------------------------------------------------------------------------
+    def carry(self, known: torch.Tensor, exact: torch.Tensor) -> None:
+        """Exact logits ``exact`` of the ``known`` visible tokens, from an earlier check: known without a read (not
+        counted in ``keys_read``), each checked against its radius as a read one is."""
+        known = torch.as_tensor(known, dtype=torch.bool).cpu()
+        exact = torch.as_tensor(exact).to(torch.float64).cpu()
+        if known.shape != self.scores.shape or exact.shape != self.scores.shape:
+            raise ValueError(f"carried: expected known and exact of shape {tuple(self.scores.shape)}, got "
+                             f"{tuple(known.shape)} and {tuple(exact.shape)}")
+        rows, tokens = (known & self.visible).nonzero().unbind(-1)
+        self._checked_logits(rows, tokens, exact[rows, tokens])
+        self.known[rows, tokens] = True
+
     def read(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
         """Read the exact logits of the (cell, token) pairs not known yet (each once) and check their radii."""
+        self.fetch(*self.mark(rows, tokens))
+
+    def mark(self, rows: torch.Tensor, tokens: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """Mark the pairs not known yet known and count them, before their logits are read (:meth:`fetch`): what a
+        stage draws depends on which tokens are known, never on their logits. Returns those pairs, each once."""
+        n_tokens = self.scores.shape[1]
         fresh = ~self.known[rows, tokens]
-        flat = torch.unique(rows[fresh] * self.scores.shape[1] + tokens[fresh])
-        if not flat.numel():
+        flat = torch.unique(rows[fresh] * n_tokens + tokens[fresh])
+        rows, tokens = flat // n_tokens, flat % n_tokens
+        self.known[rows, tokens] = True
+        self.count.index_add_(0, rows, torch.ones_like(rows))  # each pair new (unique, not known before)
+        return rows, tokens
+
+    def fetch(self, rows: torch.Tensor, tokens: torch.Tensor) -> None:
+        """The exact logits of marked pairs (:meth:`mark`), in one source call, each radius checked."""
+        if not rows.numel():
             return
-        rows, tokens = flat // self.scores.shape[1], flat % self.scores.shape[1]
         logits = torch.as_tensor(self.source.logits(rows, tokens)).to(torch.float64).reshape(-1).cpu()
         if logits.numel() != rows.numel():
             raise ValueError(f"source: returned {logits.numel()} logits for {rows.numel()} tokens")
+        self._checked_logits(rows, tokens, logits)
+
+    def _checked_logits(self, rows: torch.Tensor, tokens: torch.Tensor, logits: torch.Tensor) -> None:
+        """``x = l - l~`` of the pairs from their exact logits, each finite and within its radius."""
         if not bool(torch.isfinite(logits).all()):
             raise ValueError("source: returned a non-finite exact logit for a visible token")
         x = logits - self.scores[rows, tokens]
@@ -241,8 +293,6 @@ class _Cells:
             raise ValueError(f"radii: c = {float(radius[i])!r} of cell {int(rows[i])}, token {int(tokens[i])} does not "
                              "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
         self.x[rows, tokens] = x
-        self.known[rows, tokens] = True
-        self.count.index_add_(0, rows, torch.ones_like(rows))  # each pair new (unique, not known before)
 
     def keys_read(self, rows: torch.Tensor) -> torch.Tensor:
         return self.count[rows]
@@ -251,11 +301,19 @@ class _Cells:
         """``values[rows]``, without a copy when ``rows`` is every row in order (the first round's usual case)."""
         return values if rows.numel() == values.shape[0] else values[rows]
 
-    def draw(self, rows: torch.Tensor, weights: torch.Tensor, counts: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """:func:`witcert.spot.randomness.draw_until_new` of ``rows``, then their new tokens read."""
+    def draw(self, rows: torch.Tensor, weights: torch.Tensor, counts: torch.Tensor,
+             pending: tuple = ()) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`witcert.spot.randomness.draw_until_new` of ``rows``, then their new tokens read, together with the
+        ``pending`` marked pairs (:meth:`mark`) in one read."""
         draws, valid = draw_until_new(self.sampler, weights, counts, self.take(self.known, rows), cells=rows)
-        self.read(rows[:, None].expand_as(draws)[valid], draws[valid])
+        self._fetch_all(pending, self.mark(rows[:, None].expand_as(draws)[valid], draws[valid]))
         return draws, valid
+
+    def _fetch_all(self, *marked: tuple) -> None:
+        """:meth:`fetch` of several groups of marked pairs at once (each group ``(rows, tokens)`` or empty)."""
+        groups = [group for group in marked if group]
+        if groups:
+            self.fetch(torch.cat([g[0] for g in groups]), torch.cat([g[1] for g in groups]))
 
     # -- a round -----------------------------------------------------------------------------------------------
     def whole(self, rows: torch.Tensor) -> torch.Tensor:
@@ -268,8 +326,8 @@ class _Cells:
 
     def round(self, rows: torch.Tensor, budget: int, delta: torch.Tensor) -> torch.Tensor:
         """One round of :func:`witcert.spot.one_sided._round` for every row at the cumulative ``budget``: (M,) bounds."""
-        self._read_exact_set(rows, budget)
-        z_upper = self._z_upper(rows, budget, self.z_share * delta)
+        exact = self._exact_set(rows, budget)
+        z_upper = self._z_upper(rows, budget, self.z_share * delta, exact)
         bound = torch.ones(rows.numel(), dtype=torch.float64)
         resolved = (self.scores.shape[1] * Z_FLOOR <= z_upper) & (z_upper < torch.inf)
         if bool(resolved.any()):
@@ -277,30 +335,39 @@ class _Cells:
                                                         (1 - self.z_share) * delta[resolved]))
         return bound
 
-    def _read_exact_set(self, rows: torch.Tensor, budget: int) -> None:
+    def _exact_set(self, rows: torch.Tensor, budget: int) -> tuple[torch.Tensor, torch.Tensor]:
         """The heaviest ``budget * exact_share`` contributions, at most the budget left of them unknown
-        (:func:`witcert.spot.one_sided.exact_set_within`)."""
+        (:func:`witcert.spot.one_sided.exact_set_within`), marked known (:meth:`mark`): the pairs to read."""
         k_exact = exact_keys(budget, self.exact_share)
         candidates = self.order[rows, :k_exact]  # (M, k)
         inside = torch.arange(k_exact)[None, :] < self.n_visible[rows][:, None]
         fresh = ~self.known[rows[:, None], candidates] & inside
         room = budget - self.keys_read(rows)
         keep = fresh & (torch.cumsum(fresh, -1) <= room[:, None])
-        self.read(rows[:, None].expand_as(candidates)[keep], candidates[keep])
+        return self.mark(rows[:, None].expand_as(candidates)[keep], candidates[keep])
 
-    def _z_upper(self, rows: torch.Tensor, budget: int, delta_z: torch.Tensor) -> torch.Tensor:
-        """:func:`witcert.spot.one_sided._z_upper` of every row: ``Z_U`` (M,) (dense terms: :func:`_z_terms`)."""
-        z_known, g_total, weights = pick(_z_terms, _z_terms_probe)(
-            self.take(self.log_p, rows), self.take(self.c, rows), self.take(self.log_u, rows),
-            self.take(self.visible, rows), self.take(self.known, rows), self.take(self.small, rows),
-            self.take(self.x, rows))
+    def _z_upper(self, rows: torch.Tensor, budget: int, delta_z: torch.Tensor, exact: tuple) -> torch.Tensor:
+        """:func:`witcert.spot.one_sided._z_upper` of every row: ``Z_U`` (M,) (dense terms: :func:`_z_weights`,
+        :func:`_z_known`); the ``exact`` set's pairs (marked) are read with the draws."""
+        log_p, visible, small = self.take(self.log_p, rows), self.take(self.visible, rows), self.take(self.small, rows)
+        g_total, weights = pick(_z_weights, _z_weights_probe)(log_p, self.take(self.log_u, rows), visible,
+                                                             self.take(self.known, rows), small)
         a_minus, a_plus = self.a_minus[rows], self.a_plus[rows]
         z_keys = torch.round((budget - self.keys_read(rows)).to(torch.float64) * self.z_keys_share).to(torch.int64)
-        z_upper = torch.where(g_total == 0, z_known, a_plus)
         drawn = (g_total > 0) & (g_total < torch.inf) & (z_keys > 0)
         if bool(drawn.any()):
             at = rows[drawn]
-            draws, valid = self.draw(at, weights[drawn], z_keys[drawn])
+            draws, valid = self.draw(at, weights[drawn], z_keys[drawn], exact)
+        else:
+            self._fetch_all(exact)
+        # the drawn tokens are not known in Z's sum (their share is the sampled mass G): only the exact set's are
+        known = self.take(self.known, rows).clone()
+        if bool(drawn.any()):
+            known[drawn.nonzero().reshape(-1)[:, None].expand_as(draws)[valid], draws[valid]] = False
+        z_known = pick(_z_known, _z_known_probe)(log_p, self.take(self.c, rows), visible, known, small,
+                                                 self.take(self.x, rows))
+        z_upper = torch.where(g_total == 0, z_known, a_plus)
+        if bool(drawn.any()):
             c = self.c[at[:, None], draws]
             y = unit_ratio(self.x[at[:, None], draws], torch.expm1(c), log_expm1(c))
             upper = row_betting_upper((1 + y) / 2, valid, delta_z[drawn], z_keys[drawn].to(torch.float64),

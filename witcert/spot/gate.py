@@ -13,7 +13,10 @@ decides with the spot check as well:
   blocks the repaired cell is spot-checked (:func:`witcert.spot.check_cells`, all open cells at once),
   the ``i``-th check at ``delta_i = delta_g 6 / (pi^2 i^2)`` (``WitCert.sum_step_allocation_le``), where
   ``delta_g`` is the gate's share of the cell's ``delta`` (:data:`~witcert.spot.cells.GATE_SHARE`; the
-  check before repair spent the rest). The repair stops at the first meter or check ``<= tau``, or
+  check before repair spent the rest). A re-check carries the exact logits the cell's earlier re-checks read
+  (``carried`` of :func:`~witcert.spot.check_cells`): known from its first round, as a round knows what earlier
+  rounds read, so it does not restart from nothing; they were fixed before its draws, so its statement holds
+  conditionally on them at ``delta_i`` (registry SCR) and the split over the checks is unchanged. The repair stops at the first meter or check ``<= tau``, or
   when no block is left to page: it never pages more than the deterministic gate would.
 
 A repaired cell's ``meter_after`` is the least of its recomputed meter and the spot bound that stopped
@@ -90,7 +93,8 @@ def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bo
                 scores, source = spot.cells(math, query, exact_keys, scale, at_cells[check], rows=work.scores[check])
                 result = check_cells(scores, work.radii[check], source, keys=spot.keys, delta=delta_i,
                                      tau=spot.tau if spot.adaptive else None, generator=spot.randomness.generator,
-                                     split=spot.split)
+                                     split=spot.split, carried=work.carried(check), keep_reads=True)
+                work.carry(check, result)
                 for name, value_ in (("delta", result.delta), ("keys", result.keys_read.to(torch.float64)),
                                      ("bytes", source.bytes_read)):
                     per_cell[name][check] += value_
@@ -127,6 +131,17 @@ class _Open:
         self.useful = (excess > -pymath.inf).sum(-1)  # blocks each cell can page
         self.open = self.useful > 0
         self.paged = torch.zeros(rows.numel(), self.order.shape[-1] if rows.numel() else 0, dtype=torch.bool)
+        self.known = torch.zeros(scores.shape, dtype=torch.bool, device="cpu")  # exact logits the checks read so far
+        self.exact = torch.zeros(scores.shape, dtype=torch.float64, device="cpu")
+
+    def carried(self, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """The exact logits earlier checks of the cells ``which`` read: known in their next check (no re-read)."""
+        return self.known[which], self.exact[which]
+
+    def carry(self, which: torch.Tensor, result) -> None:
+        """Keep what a check of the cells ``which`` knew (:class:`~witcert.spot.batched.CellChecks`) for the next."""
+        self.exact[which] = torch.where(result.known, result.exact, self.exact[which])
+        self.known[which] |= result.known
 
     def page_next(self, source, length: int) -> torch.Tensor:
         """Page the ``length``-th block of every open cell: its tokens exact (radius: the page's rounding).

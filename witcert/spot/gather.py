@@ -35,10 +35,11 @@ class BackedKeys:
     """One layer's exact keys in the content-checked backing store, read by token index.
 
     ``length`` is the number of keys the call attends; the store must hold exactly those (a scheme
-    that drops or reorders tokens would make the store's positions mean other keys). Each (row, kv head)
-    keeps the keys read so far in one fp64 buffer, so a read of tokens already held is one indexing; a token
-    is read from the store (:meth:`witcert.gate.backing_store.BackingStore.read_key_rows`: its row checked
-    against the checksum of the bytes written) at most once per call.
+    that drops or reorders tokens would make the store's positions mean other keys). The keys read so far
+    are kept in fp64 (one slot per (row, kv head, token) read, in one buffer), so a read of tokens already held
+    is one indexing; a token is read from the store at most once per call, every (row, kv head) of a read at
+    once (:meth:`witcert.gate.backing_store.BackingStore.read_key_rows_at`: each row checked against the checksum
+    of the bytes written). The gate's re-checks of the call share the object, so they re-read nothing.
     """
 
     def __init__(self, backing, layer: int, length: int):
@@ -49,35 +50,37 @@ class BackedKeys:
             raise ValueError(f"backing store: layer {layer} holds {held} exact keys, the call attends {length}: "
                              "its positions would not be the call's tokens")
         self.backing, self.layer, self.length = backing, layer, length
-        self.kv_heads = backing.lead_shape(layer)[1]
-        self._keys: dict[tuple[int, int], torch.Tensor] = {}  # (row, kv head) -> (length, d) fp64, rows read
-        self._held: dict[tuple[int, int], torch.Tensor] = {}  # (row, kv head) -> (length,) bool
+        lead = backing.lead_shape(layer)
+        self.kv_heads = lead[1]
+        self._slot = torch.full((lead[0] * lead[1] * length,), -1, dtype=torch.int64)  # flat pair -> buffer row
+        self._keys = torch.empty(0, 0, dtype=torch.float64)  # (read, d) fp64
 
     def rows(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
         """``(k, d)`` fp64 exact keys of tokens ``index`` of row ``b``, kv head ``kv`` (each read once)."""
-        self.fetch(b, kv, index)
-        return self._keys[b, kv][index]
+        flat = (b * self.kv_heads + kv) * self.length + torch.as_tensor(index, dtype=torch.int64)
+        self.fetch(flat)
+        return self.gather(flat)
 
-    def fetch(self, b: int, kv: int, index: torch.Tensor) -> int:
-        """Read (verified) every token of ``index`` not held yet; the bytes read now."""
-        if (b, kv) not in self._held:
-            self._held[b, kv] = torch.zeros(self.length, dtype=torch.bool)
-        held = self._held[b, kv]
-        wanted = torch.unique(index)
-        new = wanted[~held[wanted]]
+    def fetch(self, flat: torch.Tensor) -> torch.Tensor:
+        """Read (verified) every pair of ``flat`` (``(row * kv_heads + kv head) * length + token``) not held yet,
+        in one store read; returns the flat pairs read now."""
+        wanted = torch.unique(flat)
+        new = wanted[self._slot[wanted] < 0]
         if not new.numel():
-            return 0
-        before = self.backing.bytes_paged
-        keys = self.backing.read_key_rows(self.layer, (b, kv), new).to(torch.float64)
-        if (b, kv) not in self._keys:
-            self._keys[b, kv] = torch.empty(self.length, keys.shape[-1], dtype=torch.float64)
-        self._keys[b, kv][new] = keys
-        held[new] = True
-        return self.backing.bytes_paged - before
+            return new
+        keys = self.backing.read_key_rows_at(self.layer, new // self.length, new % self.length).to(torch.float64)
+        self._slot[new] = torch.arange(self._keys.shape[0], self._keys.shape[0] + new.numel())
+        self._keys = keys if not self._keys.numel() else torch.cat([self._keys, keys])
+        return new
 
-    def gather(self, b: int, kv: int, index: torch.Tensor) -> torch.Tensor:
-        """``(k, d)`` fp64 keys of ``index`` already read (:meth:`fetch`), in one indexing."""
-        return self._keys[b, kv][index]
+    def gather(self, flat: torch.Tensor) -> torch.Tensor:
+        """``(k, d)`` fp64 keys of the flat pairs ``flat`` already read (:meth:`fetch`), in one indexing."""
+        return self._keys[self._slot[flat]]
+
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one key row in the store."""
+        return self.backing.row_nbytes(self.layer)
 
 
 class KeyGather:
@@ -103,15 +106,12 @@ class KeyGather:
         self._bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
         self._read = None  # (rows * kv heads * length,) bool: key rows read in this call (allocated at a first read)
         self._first_cell = None  # (row, kv head) -> first cell asking for it (store reads' charges)
-        self._store_bytes: dict[int, int] = {}  # cell -> bytes of the verified key rows charged to it
+        self._store_bytes = torch.zeros(self.q.shape[0], dtype=torch.float64)  # verified key rows charged per cell
 
     @property
     def bytes_read(self) -> torch.Tensor:
         """(N,) fp64 bytes the checks' reads cost, each charged once (see the module docstring)."""
-        out = self._bytes_read.clone()
-        for cell, nbytes in self._store_bytes.items():
-            out[cell] += nbytes
-        return out
+        return self._bytes_read + self._store_bytes
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``(q_cell . k_token) scale + bias`` fp64 for every pair, (M,)."""
@@ -130,16 +130,13 @@ class KeyGather:
         return self.keys.reshape(-1, d)[unique.to(self.keys.device)].to(device="cpu", dtype=torch.float64)
 
     def _backed(self, unique: torch.Tensor) -> torch.Tensor:
-        """Keys of ``unique`` flat indices from the backing store: per (row, kv head), the rows not held yet read
-        and checked."""
-        heads, tokens = unique // self.length, unique % self.length
-        out = torch.empty(unique.numel(), self.q.shape[-1], dtype=torch.float64)
-        for head in torch.unique(heads).tolist():
-            at = heads == head
-            b, kv = divmod(head, self.kv_heads)
-            self._charge_store(head, self.keys.fetch(b, kv, tokens[at]))
-            out[at] = self.keys.gather(b, kv, tokens[at])
-        return out
+        """Keys of ``unique`` flat indices from the backing store: the pairs not held yet read and checked together,
+        each new row charged to the first cell of its (row, kv head)."""
+        new = self.keys.fetch(unique)
+        if new.numel():
+            self._store_bytes.index_add_(0, self._first_cells()[new // self.length],
+                                         torch.full((new.numel(),), float(self.keys.row_bytes), dtype=torch.float64))
+        return self.keys.gather(unique)
 
     def _charge_rows(self, unique: torch.Tensor, inverse: torch.Tensor, cells: torch.Tensor) -> None:
         """Charge each key row ``unique`` read for the first time in this call to the first cell that asked for it
@@ -156,13 +153,11 @@ class KeyGather:
                                                                      dtype=torch.float64))
         self._read[unique[new]] = True
 
-    def _charge_store(self, head: int, nbytes: int) -> None:
-        """Charge the key rows read now from the store to the first cell of their (row, kv head) in this call."""
-        if not nbytes:
-            return
+    def _first_cells(self) -> torch.Tensor:
+        """(rows * kv heads,) the first cell of each (row, kv head) in this call (the store reads' charges)."""
         if self._first_cell is None:
-            heads = (self.rows * self.kv_heads + self.kv).tolist()
-            self._first_cell = {}
-            for cell, h in enumerate(heads):
-                self._first_cell.setdefault(h, cell)
-        self._store_bytes[self._first_cell[head]] = self._store_bytes.get(self._first_cell[head], 0) + nbytes
+            heads = self.rows * self.kv_heads + self.kv
+            size = int(heads.max()) + 1 if heads.numel() else 0
+            self._first_cell = torch.full((size,), heads.numel(), dtype=torch.int64).scatter_reduce(
+                0, heads, torch.arange(heads.numel()), "amin")
+        return self._first_cell
