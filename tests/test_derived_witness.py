@@ -28,7 +28,7 @@ from witcert.tier_a.bands import BandLayout
 from witcert.tier_a.derived_witness import (
     RELATIVE_MARGIN, check_error_bound, derived_residual, derived_witness, group_band_norms, group_counts,
     pack_nibbles, relative_codes, relative_witness, unpack_nibbles)
-from witcert.tier_a.witness_code import WitnessCode
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS, WitnessCode
 
 SCHEMES = ["rtn-int8", "rtn-int4", "rtn-int2", "kivi-2bit", "fp8-e4m3", "fp8-e4m3-scaled"]
 DTYPES = [torch.bfloat16, torch.float16, torch.float32]
@@ -237,3 +237,15 @@ def test_a_derived_witness_costs_two_bytes_per_token_and_kv_head_and_the_relativ
     assert fp.capacity() > 1.8
     assert footprint("rtn-int8", 128, witness_bits=4).witness == WitnessCode(4).bytes_per_token(16) == 11
     assert footprint("rtn-int8", 160, witness_bits=4, bands=5).witness == WitnessCode(4).bytes_per_token(5) == 6
+
+
+def test_spot_checks_default_to_the_stored_byte_where_the_meter_saturates():
+    """rtn-int4's default is the derived witness, but a spot check (``certificate="spot"``, an audit) reads the
+    meter's per-key radii, so there the default is the stored byte; an explicit ``witness_bits`` always wins."""
+    model = tiny("llama")
+    assert witcert.monitor(model, "rtn-int4").witness_code.bits == 0
+    assert witcert.monitor(model, "rtn-int4", certificate="spot").witness_code.bits == DEFAULT_WITNESS_BITS
+    audited = witcert.monitor(model, "rtn-int4", audit=witcert.Audit(rate=0.5, tau=0.2, delta=1e-3))
+    assert audited.witness_code.bits == DEFAULT_WITNESS_BITS
+    assert witcert.monitor(model, "rtn-int4", certificate="spot", witness_bits=0).witness_code.bits == 0
+    assert witcert.monitor(model, "rtn-int8", certificate="spot").witness_code.bits == 4

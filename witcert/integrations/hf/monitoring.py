@@ -118,8 +118,10 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         :mod:`witcert.tier_a.derived_witness`), 2 bytes per token and kv head (the value norm). ``4``: each band
         norm stored as a 4-bit fraction of that derived witness (11 bytes at 16 bands). Default, per scheme
         (``witcert.integrations.hf.codecs.default_witness_bits``, from rtn-int8's coverage at tau 0.2 on SmolLM2):
-        ``0`` for ``rtn-int4``, ``rtn-int2`` and ``kivi-2bit`` (their meters saturate with any witness), ``4`` for
-        ``rtn-int8`` (0.965 against 0.980 in fp16) and the fp8 E4M3 schemes, 8 otherwise.
+        ``0`` for ``rtn-int4`` and ``rtn-int2`` (their meters saturate with any witness; 8 with
+        ``certificate="spot"`` or an ``audit``, whose spot checks read the meter's per-key radii), ``4`` for
+        ``rtn-int8`` (0.965 against 0.980 in fp16), 8 otherwise (kivi, fp8 and user codecs: their bounds need a
+        decode at every read).
     rope : {"rotate_half", "interleaved"}, optional
         Override the probed RoPE pair convention.
     delta_loc : float
@@ -264,7 +266,8 @@ class Monitor:
             named = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
             packed = codec_for(named, packed=True)  # validates the object
             if witness_bits is None:
-                self.witness_code = WitnessCode(default_witness_bits(packed))
+                spot = certificate == "spot" or audit is not None  # a spot check reads the per-key radii
+                self.witness_code = WitnessCode(default_witness_bits(packed, spot=spot))
             # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
             self._codec = packed if not keep_exact or self.witness_code.derived else codec_for(named, packed=False)
         codec = getattr(self, "_codec", None)
