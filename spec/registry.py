@@ -348,7 +348,7 @@ THEOREMS: tuple[Theorem, ...] = (
         torch="witcert.spot.budget.delta_at_step",
         kernel=None,
         tests=("tests/test_spot_check.py", "tests/test_spot_rounds.py", "tests/test_spot_gate.py",
-               "tests/vllm/test_spot_check.py"),
+               "tests/vllm/test_vllm_spot_check.py"),
     ),
     Theorem(
         key="QR",
