@@ -21,10 +21,14 @@ from benchmarks.audit_requests import collapse_layer
 from tests.tiny_models import prompts, tiny
 from witcert.audit import requests_of
 from witcert.audit.picks import pick_probability
+from witcert.tier_a.witness_code import DEFAULT_WITNESS_BITS
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 MODEL = dict(hidden_size=256, num_attention_heads=8, num_key_value_heads=2, head_dim=64)
 TAU = 0.2
+
+
+AUDIT_WITNESS_BITS = DEFAULT_WITNESS_BITS  # an audit's spot checks keep rtn-int4's stored witness byte by default
 
 
 def generate(scheme="rtn-int4", audit=None, collapse=True, defer=True, rows=2, new_tokens=9, **kwargs):
@@ -53,7 +57,7 @@ def same_columns(a, b):
 
 
 def test_only_picked_cells_are_metered_and_unpicked_cells_are_never_certified():
-    full, out_full = generate()
+    full, out_full = generate(witness_bits=AUDIT_WITNESS_BITS)
     mon, out = generate(audit=witcert.Audit(rate=0.3, tau=TAU, delta=1e-3, keys=16, seed=1))
     assert torch.equal(out, out_full)  # the audit never changes what the model computes
     table, meter, truth = mon.table(), keyed(full.table(), "meter"), keyed(full.table(), "true_tv")
@@ -144,7 +148,7 @@ def test_production_audit_reads_the_backing_store_for_the_checked_cells():
 
 
 def test_the_audit_combines_with_sampled_metering():
-    full, _ = generate()
+    full, _ = generate(witness_bits=AUDIT_WITNESS_BITS)
     sampling = witcert.MeterSampling(every=3, seed=2)
     mon, _ = generate(audit=witcert.Audit(rate=0.2, tau=TAU, delta=1e-3, keys=16, seed=4), sample=sampling)
     table, meter = mon.table(), keyed(full.table(), "meter")
