@@ -20,7 +20,8 @@ A leaf: torch, numpy, scipy and the spot check; no transformers (a serving integ
 =========================  ===============================================================
 """
 from witcert.audit.limit import flagged_interval, upper_limit
-from witcert.audit.report import RequestAudit, requests_of
+from witcert.audit.counts import requests_of
+from witcert.audit.report import RequestAudit
 from witcert.audit.request import AuditedRequest
 from witcert.audit.settings import Audit
 

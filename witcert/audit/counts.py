@@ -1,6 +1,6 @@
 """Per-request audit results from counts (registry AU): ``N``, picked, flagged and the flagged cells per request.
 
-:func:`~witcert.audit.report.requests_of` reads one row per cell; a serving integration keeps counts instead
+:func:`requests_of` reads one row per cell; a serving integration keeps counts instead
 (a running request's cells number in the millions). Both give the same statement: the exact binomial upper
 limit :func:`~witcert.audit.limit.upper_limit` at ``delta_s`` and the interval
 :func:`~witcert.audit.limit.flagged_interval`, at the exact pick probability
@@ -12,7 +12,7 @@ import numpy as np
 
 from witcert.audit.limit import LEVEL, flagged_interval, upper_limit
 from witcert.audit.picks import pick_probability
-from witcert.audit.report import RequestAudit
+from witcert.audit.report import COLUMNS, RequestAudit
 from witcert.audit.settings import Audit
 
 
@@ -55,3 +55,30 @@ def requests_of_counts(requests, cells, picked, flagged, flagged_cells, settings
                      interval=(float(low[i]), float(high[i])), level=LEVEL,
                      flagged_cells=tuple(tuple(int(v) for v in cell) for cell in flagged_cells[i]), seed=seed)
         for i in range(n.size))
+
+
+def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[RequestAudit, ...]:
+    """One :class:`RequestAudit` per request with at least one cell, in request order.
+
+    ``columns``: a mapping with the :data:`COLUMNS` arrays (a :class:`~witcert.integrations.hf.telemetry.CellTable`
+    or its ``columns``); ``settings`` the :class:`~witcert.audit.settings.Audit` the cells were audited under. The
+    binomial limits use the exact pick probability :func:`~witcert.audit.picks.pick_probability` (the law of the
+    picks, ``WitCert.measure_auditUpper_lt_le``'s hypothesis), within ``2^-32`` of ``settings.rate``.
+    """
+    missing = [name for name in COLUMNS if name not in columns]
+    if missing:
+        raise ValueError(f"columns: the cells carry no audit columns {missing} (was the monitor given audit=?)")
+    request = np.asarray(columns["request"]).astype(np.int64)
+    if not request.size:
+        return ()
+    ids, of = np.unique(request, return_inverse=True)
+    audited = np.asarray(columns["audited"]).astype(bool)
+    flagged = np.asarray(columns["flagged"]).astype(bool) & audited
+    n = np.bincount(of, minlength=ids.size)
+    picks = np.bincount(of, weights=audited, minlength=ids.size).astype(np.int64)
+    flags = np.bincount(of, weights=flagged, minlength=ids.size).astype(np.int64)
+    where = np.flatnonzero(flagged)
+    cells = np.stack([np.asarray(columns[name])[where].astype(np.int64) for name in ("layer", "head", "pos")], -1)
+    owner = of[where]
+    return requests_of_counts(ids.tolist(), n, picks, flags, [cells[owner == i].tolist() for i in range(ids.size)],
+                              settings, seed)

@@ -10,8 +10,6 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass
 
-import numpy as np
-
 from witcert.audit.settings import Audit
 
 COLUMNS = ("request", "layer", "head", "pos", "audited", "flagged")
@@ -58,32 +56,3 @@ class RequestAudit:
         return (f"request {self.request}: at most {self.fraction_upper:.3f} of {self.N:,d} cells above tau "
                 f"(M_upper {self.M_upper:,d}; {self.picked:,d} picked, {self.flagged:,d} flagged; flagged if all "
                 f"audited {self.estimate:.3f} [{low:.3f}, {high:.3f}])")
-
-
-def requests_of(columns, settings: Audit, seed: int | None = None) -> tuple[RequestAudit, ...]:
-    """One :class:`RequestAudit` per request with at least one cell, in request order.
-
-    ``columns``: a mapping with the :data:`COLUMNS` arrays (a :class:`~witcert.integrations.hf.telemetry.CellTable`
-    or its ``columns``); ``settings`` the :class:`~witcert.audit.settings.Audit` the cells were audited under. The
-    binomial limits use the exact pick probability :func:`~witcert.audit.picks.pick_probability` (the law of the
-    picks, ``WitCert.measure_auditUpper_lt_le``'s hypothesis), within ``2^-32`` of ``settings.rate``.
-    """
-    missing = [name for name in COLUMNS if name not in columns]
-    if missing:
-        raise ValueError(f"columns: the cells carry no audit columns {missing} (was the monitor given audit=?)")
-    from witcert.audit.counts import requests_of_counts  # the statistics, formed from counts in one place
-
-    request = np.asarray(columns["request"]).astype(np.int64)
-    if not request.size:
-        return ()
-    ids, of = np.unique(request, return_inverse=True)
-    audited = np.asarray(columns["audited"]).astype(bool)
-    flagged = np.asarray(columns["flagged"]).astype(bool) & audited
-    n = np.bincount(of, minlength=ids.size)
-    picks = np.bincount(of, weights=audited, minlength=ids.size).astype(np.int64)
-    flags = np.bincount(of, weights=flagged, minlength=ids.size).astype(np.int64)
-    where = np.flatnonzero(flagged)
-    cells = np.stack([np.asarray(columns[name])[where].astype(np.int64) for name in ("layer", "head", "pos")], -1)
-    owner = of[where]
-    return requests_of_counts(ids.tolist(), n, picks, flags, [cells[owner == i].tolist() for i in range(ids.size)],
-                              settings, seed)

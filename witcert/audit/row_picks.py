@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import torch
 
-from witcert.audit.picks import AUDIT_STREAM, WORD, _range, pick_threshold
+from witcert.audit.counters import AUDIT_STREAM, WORD, _range, pick_threshold
 from witcert.tier_b.philox import MASK32, philox4x32_10
 
 

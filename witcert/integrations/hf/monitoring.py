@@ -51,7 +51,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from witcert.audit.report import RequestAudit, requests_of
+from witcert.audit.counts import requests_of
+from witcert.audit.report import RequestAudit
 from witcert.audit.request import AuditedRequest
 from witcert.audit.settings import Audit
 from witcert.core.thresholds import check_certified_tau
