@@ -104,7 +104,8 @@ def test_key_scale_change_voids_fp8_witnesses(kv_cache_dtype, expected):
     from witcert.integrations.vllm.backend import WitCertCPUAttentionImpl
 
     impl = SimpleNamespace(kv_cache_dtype=kv_cache_dtype, k_scale=1.0, witness=torch.full((2, 3), 0.25),
-                           state=SimpleNamespace(witness=torch.full((1, 2, 3), 0.25)))  # the sequences' copy too
+                           state=SimpleNamespace(witness=torch.full((1, 2, 3), 0.25)),  # the sequences' copy too
+                           _enter_journal=lambda: None)  # nothing journaled: every witness is in the side tensor
     WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=1.0))
     assert (impl.witness == 0.25).all() and (impl.state.witness == 0.25).all()
     WitCertCPUAttentionImpl._follow_scale(impl, SimpleNamespace(_k_scale_float=2.0))

@@ -30,13 +30,14 @@ def _impl(cfg):
 
     from witcert.integrations.vllm import runtime
     from witcert.integrations.vllm.backend import WitCertCPUAttentionImpl
+    from witcert.integrations.vllm.journal import WriteJournal
 
     impl = object.__new__(WitCertCPUAttentionImpl)  # vLLM's own __init__ wants an engine's config
     impl.__dict__.update(
         num_heads=HQ, num_kv_heads=HKV, head_size=D, scale=D**-0.5, kv_cache_dtype="auto",
         attn_type=AttentionType.DECODER, metered=True, layout=witcert.BandLayout(D, 16), runtime=runtime.Runtime(cfg),
         witness=None, state=None, shadow=None, store=None, cache_layout=None, tier_b=None, repaired=None, k_scale=None,
-        _pending=None, _deferred=[], defer=8,
+        _pending=None, _deferred=[], defer=8, spot=None, journal=WriteJournal(), _written_to=None,
         head_offset=0, kv_head_offset=0, layer_index=None, sinks=None, alibi_slopes=None, sliding_window=-1,
         logits_soft_cap=0, num_queries_per_kv=HQ // HKV, is_fp8_kv_cache=False, use_zentorch_sdpa=False,
         kv_sharing_target_layer_name=None)
