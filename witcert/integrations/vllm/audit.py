@@ -9,9 +9,9 @@ What the audit does here is :mod:`witcert.audit`'s, reused as is: which cells ar
 (:func:`witcert.audit.row_picks.picked_rows`: Philox keyed by the request's seed and the cell's layer,
 query head and position, never by a query; every audited request of a step in one call), and the
 verdict from the running counts (:func:`witcert.audit.counts.requests_of_counts`: the binomial limit,
-the interval and :class:`witcert.audit.RequestAudit`, as :func:`witcert.audit.requests_of` forms them). The plugin meters only the picked cells (a layer's pass
-runs for a row only where one of its heads is picked; the other cells are counted *unmetered*), and
-flags a picked cell when its meter exceeds ``tau``. The meter is a proved bound, so a picked cell with
+the interval and :class:`witcert.audit.RequestAudit`, as :func:`witcert.audit.requests_of` forms them).
+The plugin meters only the picked cells (a layer's pass runs for a row only where one of its heads is
+picked; the other cells are counted *unmetered*), and flags a picked cell when its meter exceeds ``tau``. The meter is a proved bound, so a picked cell with
 TV above ``tau`` is always flagged: the flagged count is at least ``Binomial(M, rate)`` with no spot-check
 failure to pay for, and the limit taken at ``delta_s = delta / 2`` (the audit package's split) holds at
 level ``1 - delta / 2 >= 1 - delta`` (conservative: no spot check spends the other half here).

@@ -327,7 +327,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if not active:  # nothing metered in this layer: counted, nothing built per cell
             self._count_unmetered(plan, settings)
             return
-        if self._deferrable(plan, settings) and active:
+        if self._deferrable(plan, settings):
             self._queue_rows(plan, query, settings, positions, chosen, md, picks)
             if len(self._deferred) >= self.defer:
                 self.flush()
