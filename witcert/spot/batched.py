@@ -31,6 +31,7 @@ from witcert.spot.cell import (ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, 
                                exact_order, unit_ratio)
 from witcert.spot.confidence import ONE_SIDED_CAP, row_betting_upper
 from witcert.spot.one_sided import EXACT_SHARE, ROUNDING, SMALL, Z_KEYS_SHARE, Z_SHARE_OF_DELTA, exact_keys
+from witcert.spot.groups import whole_groups
 from witcert.spot.randomness import MultinomialSampler, draw_until_new, spot_randomness
 from witcert.spot.rounds import DEFAULT_SPLIT, ROUND_GROWTH, schedule
 
@@ -110,6 +111,13 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
     active = torch.ones(n, dtype=torch.bool)
+    if getattr(source, "groups", None) is not None:  # key groups read whole (witcert.spot.groups)
+        grouped, shared = whole_groups(cells.visible & ~cells.known, source.groups, keys)
+        done = grouped.nonzero().reshape(-1)
+        if done.numel():
+            best[done] = cells.whole(done)
+            cells.count[done] = shared[done]
+            rounds[done], whole[done], active[done] = 1, True, False
     for budget, share in schedule(keys, tau, split, growth):
         rows = active.nonzero().reshape(-1)
         if not rows.numel():
@@ -319,7 +327,18 @@ class _Cells:
     def whole(self, rows: torch.Tensor) -> torch.Tensor:
         """Read every visible token of ``rows``: the true TV rounded up, (M,)."""
         visible = self.take(self.visible, rows)
-        self.read(rows[:, None].expand_as(visible)[visible], visible.nonzero()[:, 1])
+        dense = getattr(self.source, "dense_logits", None)
+        if dense is None:
+            self.read(rows[:, None].expand_as(visible)[visible], visible.nonzero()[:, 1])
+        else:  # whole rows: one matmul per key group, not per-pair gathers
+            fresh = visible & ~self.take(self.known, rows)
+            at, tokens = fresh.nonzero().unbind(-1)
+            if at.numel():
+                logits = torch.as_tensor(dense(rows, fresh)).to(torch.float64).cpu()[at, tokens]
+                pairs = rows[at]
+                self.known[pairs, tokens] = True
+                self.count.index_add_(0, pairs, torch.ones_like(pairs))
+                self._checked_logits(pairs, tokens, logits)
         log_p = self.take(self.log_p, rows)
         exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
         return _inflated((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)

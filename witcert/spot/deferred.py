@@ -120,3 +120,23 @@ class _Layers:
             at = layer == index
             out[at] = self.sources[index].logits(cells[at] - self.starts[index], tokens[at])
         return out
+
+    @property
+    def groups(self) -> torch.Tensor:
+        """(N,) int64 each cell's (layer, row, kv head) (:mod:`witcert.spot.groups`)."""
+        parts, offset = [], 0
+        for source in self.sources:
+            own = source.groups
+            parts.append(own + offset)
+            offset += int(own.max()) + 1 if own.numel() else 0
+        return torch.cat(parts)
+
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` exact logits of ``cells`` at ``wanted`` (:meth:`witcert.spot.gather.KeyGather.dense_logits`),
+        each layer's cells from its own source."""
+        out = torch.zeros(wanted.shape, dtype=torch.float64)
+        layer = torch.searchsorted(self.starts, cells, right=True) - 1
+        for index in torch.unique(layer).tolist():
+            at = (layer == index).nonzero().reshape(-1)
+            out[at] = self.sources[index].dense_logits(cells[at] - self.starts[index], wanted[at])
+        return out

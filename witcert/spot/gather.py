@@ -30,6 +30,10 @@ class TableLogits:
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.exact[cells, tokens]
 
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` exact logits of the rows ``cells`` (every token; ``wanted`` the ones used)."""
+        return self.exact[cells]
+
 
 class BackedKeys:
     """One layer's exact keys in the content-checked backing store, read by token index.
@@ -123,6 +127,39 @@ class KeyGather:
             self._charge_rows(unique, inverse, cells)
         logits = (keys[inverse] * self.q[cells]).sum(-1) * self.scale
         return logits if self.bias is None else logits + self.bias[cells, tokens]
+
+    @property
+    def groups(self) -> torch.Tensor:
+        """(N,) int64 each cell's (row, kv head): cells of one group attend the same exact keys
+        (:mod:`witcert.spot.groups`)."""
+        return self.rows * self.kv_heads + self.kv
+
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` fp64 exact logits of the cells ``cells`` at the tokens ``wanted`` (M, S) bool (others 0): the
+        union of each (row, kv head)'s wanted keys, every head's in one read (charged as :meth:`logits` charges:
+        each row once), and every logit by one matmul per (row, kv head) of its cells' queries against its keys."""
+        out = torch.zeros(cells.numel(), self.length, dtype=torch.float64)
+        names, member = torch.unique(self.groups[cells], return_inverse=True)
+        union = torch.zeros(names.numel(), self.length, dtype=torch.int32).index_add_(0, member, wanted.to(torch.int32))
+        head, tokens = (union > 0).nonzero().unbind(-1)  # by head, then token
+        if not head.numel():
+            return out
+        flat = names[head] * self.length + tokens
+        if self.backed:
+            keys = self._backed(flat)
+        else:
+            keys = self._cached(flat)
+            first = torch.full((names.numel(),), member.numel()).scatter_reduce(0, member, torch.arange(member.numel()),
+                                                                               "amin")  # each head's first cell
+            self._charge_rows(flat, torch.arange(flat.numel()), cells[first[head]])
+        sizes = torch.bincount(head, minlength=names.numel()).tolist()
+        for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
+            mine = (member == index).nonzero().reshape(-1)
+            if at.numel():
+                out[mine[:, None], at] = (self.q[cells[mine]] @ rows.T) * self.scale
+        if self.bias is not None:
+            out = torch.where(wanted, out + self.bias[cells], 0.0)
+        return out
 
     def _cached(self, unique: torch.Tensor) -> torch.Tensor:
         """Key rows ``unique`` of the exact cache, gathered where the cache lives (an accelerator too), to the host."""
