@@ -21,11 +21,13 @@ import torch
 
 
 class TableLogits:
-    """Exact logits ``(N, S)`` held in memory; reads cost nothing."""
+    """Exact logits ``(N, S)`` held in memory; reads cost nothing. ``groups`` (N,) int64, optional: the key groups
+    of the cells (:mod:`witcert.spot.groups`; ``None``: each cell on its own, no group read whole)."""
 
-    def __init__(self, exact: torch.Tensor):
+    def __init__(self, exact: torch.Tensor, groups: torch.Tensor | None = None):
         self.exact = torch.as_tensor(exact).detach().to(torch.float64).cpu()
         self.bytes_read = torch.zeros(self.exact.shape[0], dtype=torch.float64)
+        self.groups = None if groups is None else torch.as_tensor(groups, dtype=torch.int64).reshape(-1)
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.exact[cells, tokens]
