@@ -302,6 +302,25 @@ class _Cells:
                              "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
         self.x[rows, tokens] = x
 
+    def _read_rows(self, rows: torch.Tensor, fresh: torch.Tensor, dense) -> None:
+        """The exact logits of the ``fresh`` (M, S) tokens of ``rows`` from ``dense(rows, fresh) -> (M, S)``, checked
+        as :meth:`_checked_logits` checks them, in dense passes over the rows (no per-pair indexing)."""
+        logits = torch.as_tensor(dense(rows, fresh)).to(torch.float64).cpu()
+        if logits.shape != fresh.shape:
+            raise ValueError(f"source: returned dense logits of shape {tuple(logits.shape)} for {tuple(fresh.shape)}")
+        if not bool(torch.isfinite(logits[fresh]).all()):
+            raise ValueError("source: returned a non-finite exact logit for a visible token")
+        x = torch.where(fresh, logits - self.take(self.scores, rows), 0.0)
+        radius = self.take(self.c, rows)
+        bad = fresh & (x.abs() > radius * (1 + RANGE_TOLERANCE) + ABSOLUTE_SLACK)
+        if bool(bad.any()):
+            i, t = bad.nonzero()[0].tolist()
+            raise ValueError(f"radii: c = {float(radius[i, t])!r} of cell {int(rows[i])}, token {t} does not "
+                             "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
+        self.x[rows] = torch.where(fresh, x, self.take(self.x, rows))
+        self.known[rows] = self.take(self.known, rows) | fresh
+        self.count.index_add_(0, rows, fresh.sum(-1))
+
     def keys_read(self, rows: torch.Tensor) -> torch.Tensor:
         return self.count[rows]
 
@@ -331,14 +350,7 @@ class _Cells:
         if dense is None:
             self.read(rows[:, None].expand_as(visible)[visible], visible.nonzero()[:, 1])
         else:  # whole rows: one matmul per key group, not per-pair gathers
-            fresh = visible & ~self.take(self.known, rows)
-            at, tokens = fresh.nonzero().unbind(-1)
-            if at.numel():
-                logits = torch.as_tensor(dense(rows, fresh)).to(torch.float64).cpu()[at, tokens]
-                pairs = rows[at]
-                self.known[pairs, tokens] = True
-                self.count.index_add_(0, pairs, torch.ones_like(pairs))
-                self._checked_logits(pairs, tokens, logits)
+            self._read_rows(rows, visible & ~self.take(self.known, rows), dense)
         log_p = self.take(self.log_p, rows)
         exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
         return _inflated((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)

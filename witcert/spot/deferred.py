@@ -107,11 +107,18 @@ def _write(layer: _Layer, bound: torch.Tensor, result, part: slice, tau_k: float
 
 
 class _Layers:
-    """One exact-logit source over several layers' cells, stacked in order (each layer's own gather)."""
+    """One exact-logit source over several layers' cells, stacked in order (each layer's own gather).
+
+    Each cell's key group is ``(layer, row, kv head)``, numbered ``layer * stride + row * kv heads + kv head``
+    (:mod:`witcert.spot.groups`)."""
 
     def __init__(self, sources: list):
         self.sources = sources
         self.starts = torch.cumsum(torch.tensor([0] + [s.q.shape[0] for s in sources]), 0)
+        own = [s.groups for s in sources]
+        stride = max([int(g.max()) + 1 for g in own if g.numel()], default=1)
+        self.groups = torch.cat([g + index * stride for index, g in enumerate(own)]) if own else \
+            torch.zeros(0, dtype=torch.int64)
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         out = torch.empty(cells.numel(), dtype=torch.float64)
@@ -120,16 +127,6 @@ class _Layers:
             at = layer == index
             out[at] = self.sources[index].logits(cells[at] - self.starts[index], tokens[at])
         return out
-
-    @property
-    def groups(self) -> torch.Tensor:
-        """(N,) int64 each cell's (layer, row, kv head) (:mod:`witcert.spot.groups`)."""
-        parts, offset = [], 0
-        for source in self.sources:
-            own = source.groups
-            parts.append(own + offset)
-            offset += int(own.max()) + 1 if own.numel() else 0
-        return torch.cat(parts)
 
     def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
         """``(M, S)`` exact logits of ``cells`` at ``wanted`` (:meth:`witcert.spot.gather.KeyGather.dense_logits`),

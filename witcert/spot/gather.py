@@ -67,10 +67,10 @@ class BackedKeys:
         self.fetch(flat)
         return self.gather(flat)
 
-    def fetch(self, flat: torch.Tensor) -> torch.Tensor:
+    def fetch(self, flat: torch.Tensor, distinct: bool = False) -> torch.Tensor:
         """Read (verified) every pair of ``flat`` (``(row * kv_heads + kv head) * length + token``) not held yet,
-        in one store read; returns the flat pairs read now."""
-        wanted = torch.unique(flat)
+        in one store read; returns the flat pairs read now (``distinct``: ``flat`` has no repeats)."""
+        wanted = flat if distinct else torch.unique(flat)
         new = wanted[self._slot[wanted] < 0]
         if not new.numel():
             return new
@@ -82,6 +82,10 @@ class BackedKeys:
     def gather(self, flat: torch.Tensor) -> torch.Tensor:
         """``(k, d)`` fp64 keys of the flat pairs ``flat`` already read (:meth:`fetch`), in one indexing."""
         return self._keys[self._slot[flat]]
+
+    def latest(self, count: int) -> torch.Tensor:
+        """``(count, d)`` fp64 keys of the last ``count`` pairs read (:meth:`fetch` keeps their order)."""
+        return self._keys[self._keys.shape[0] - count:]
 
     @property
     def row_bytes(self) -> int:
@@ -158,7 +162,11 @@ class KeyGather:
         for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
             mine = (member == index).nonzero().reshape(-1)
             if at.numel():
-                out[mine[:, None], at] = (self.q[cells[mine]] @ rows.T) * self.scale
+                logits = (self.q[cells[mine]] @ rows.T) * self.scale
+            if at.numel() == self.length:  # the whole history (in order): rows of out, no scatter
+                out[mine] = logits
+            else:
+                out[mine[:, None], at] = logits
         if self.bias is not None:
             out = torch.where(wanted, out + self.bias[cells], 0.0)
         return out
@@ -169,12 +177,14 @@ class KeyGather:
         return self.keys.reshape(-1, d)[unique.to(self.keys.device)].to(device="cpu", dtype=torch.float64)
 
     def _backed(self, unique: torch.Tensor) -> torch.Tensor:
-        """Keys of ``unique`` flat indices from the backing store: the pairs not held yet read and checked together,
-        each new row charged to the first cell of its (row, kv head)."""
-        new = self.keys.fetch(unique)
+        """Keys of ``unique`` flat indices (distinct) from the backing store: the pairs not held yet read and checked
+        together, each new row charged to the first cell of its (row, kv head)."""
+        new = self.keys.fetch(unique, distinct=True)
         if new.numel():
             self._store_bytes.index_add_(0, self._first_cells()[new // self.length],
                                          torch.full((new.numel(),), float(self.keys.row_bytes), dtype=torch.float64))
+        if new.numel() == unique.numel():  # all read now: the rows just appended, in order (no gather)
+            return self.keys.latest(new.numel())
         return self.keys.gather(unique)
 
     def _charge_rows(self, unique: torch.Tensor, inverse: torch.Tensor, cells: torch.Tensor) -> None:
