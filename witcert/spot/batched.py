@@ -41,8 +41,8 @@ class CellChecks:
     """Results of :func:`check_cells`, each ``(N,)``.
 
     ``bound`` holds for its cell with probability ``>= 1 - delta`` (``delta`` what the rounds run spent; 0 for
-    a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read;
-    ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` (with ``keep_reads``) the
+    a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read
+    (in a key group read whole, its share of the group's reads); ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` (with ``keep_reads``) the
     exact logits the check knew (read or carried), for a later check of the same cells (``carried``).
     """
 
@@ -69,9 +69,15 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     radii : (N, S) tensor
         Per-token bounds ``c >= |l~ - l|`` (checked on every token read).
     source : object
-        ``source.logits(cells (M,), tokens (M,)) -> (M,)`` exact logits (:mod:`witcert.spot.gather`).
+        ``source.logits(cells (M,), tokens (M,)) -> (M,)`` exact logits (:mod:`witcert.spot.gather`). Optional:
+        ``source.groups`` (N,) int64, the cells' key groups (cells of a group attend the same exact keys: one
+        layer, row and kv head), and ``source.dense_logits(cells (M,), wanted (M, S) bool) -> (M, S)``, whole rows.
     keys : int
-        Most distinct exact keys a cell may read.
+        Most distinct exact keys a cell may read. A key group whose history (the union of its cells' visible
+        tokens not yet known) is at most ``keys`` per checked cell of the group is read whole before any round
+        (:mod:`witcert.spot.groups`): each of its cells gets its true TV rounded up, ``delta`` 0, ``whole``, one
+        round, and ``keys_read`` its share of the group's reads, ``ceil(history / cells of the group)`` (the
+        shares sum to at least the keys read, and stay ``<= keys``).
     delta : float or (N,) tensor
         Each cell's failure probability (:mod:`witcert.spot.budget` turns a request budget into it).
     tau : float, optional
