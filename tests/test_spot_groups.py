@@ -2,20 +2,25 @@
 
 Implementation under test: ``whole_groups``, ``check_cells`` with a source that names its cells' key groups
 (``TableLogits(groups=...)``, ``KeyGather``), ``KeyGather.dense_logits`` over the exact cache and the backing store.
-Oracles: the true TV of each synthetic cell (30 digits, ``tests/spot_cells.py``), fp64 dot products of the exact
-keys, counts by hand. Domain: the adversarial families of ``tests/spot_cells.py`` (masked tokens, blown radii), groups
+Oracles: the true TV of each synthetic cell (30 digits, ``tests/spot_cells.py``) and of each monitored cell (the
+validation monitor's ``true_tv``), fp64 dot products of the exact keys, counts by hand, production against
+validation. Domain: the adversarial families of ``tests/spot_cells.py`` (masked tokens, blown radii), groups
 of 1-3 cells, histories below and above ``keys`` per cell. Tolerances: a whole cell's bound in ``[TV, TV (1 + 1e-8) +
 1e-11]`` (the check's rounding up), delta exactly 0; logits within 1e-12 relative of the fp64 dot.
 """
+import numpy as np
 import pytest
 import torch
 
+import witcert
 from witcert.gate.backing_store import BackingStore
 from witcert.spot import KeyGather, TableLogits, check_cells
 from witcert.spot.gather import BackedKeys
+from witcert.spot.cells import SpotSettings
 from witcert.spot.groups import whole_groups
 
 from tests.spot_cells import FAMILIES, binomial_ceiling, stacked_cells, true_tv
+from tests.tiny_models import prompts, tiny
 
 
 def test_whole_groups_counts_the_union_and_shares_it_rounded_up():
@@ -38,7 +43,9 @@ def test_a_group_read_whole_gets_every_cell_its_true_tv_with_no_delta(delta):
     families = list(FAMILIES)
     scores, c, eps = stacked_cells(families * 3, 100, seed=8)
     groups = torch.arange(len(families)).repeat(3)  # family i's three cells share group i
-    result = check_cells(scores, c, TableLogits(scores - eps, groups=groups), keys=40, delta=delta, tau=0.0)
+    source = TableLogits(scores - eps, groups=groups)
+    assert not bool(check_cells(scores, c, source, keys=40, delta=delta, tau=0.0).whole.any())  # opt-in
+    result = check_cells(scores, c, source, keys=40, delta=delta, tau=0.0, read_groups=True)
     assert bool(result.whole.all()) and bool((result.delta == 0).all()) and bool((result.rounds == 1).all())
     for i in range(scores.shape[0]):
         tv = true_tv(scores[i], eps[i])
@@ -56,7 +63,8 @@ def test_a_group_with_too_long_a_history_is_sampled_within_each_cells_budget():
     scores, c, eps = stacked_cells(["vertex"], 200, seed=3)
     scores, c, eps = scores.expand(trials, -1), c.expand(trials, -1), eps.expand(trials, -1)
     groups = torch.arange(trials) // 3
-    result = check_cells(scores, c, TableLogits(scores - eps, groups=groups), keys=40, delta=0.2, tau=0.01)
+    result = check_cells(scores, c, TableLogits(scores - eps, groups=groups), keys=40, delta=0.2, tau=0.01,
+                         read_groups=True)
     assert not bool(result.whole.any()) and bool((result.delta > 0).all()) and bool((result.keys_read <= 40).all())
     assert int((result.bound < true_tv(scores[0], eps[0])).sum()) <= binomial_ceiling(trials, 0.2)
 
@@ -92,3 +100,34 @@ def test_monitor_sources_name_their_key_groups():
     source = KeyGather(torch.zeros(4, 4), torch.tensor([0, 1, 1, 0]), torch.tensor([2, 0, 2, 2]), keys, 1.0)
     assert source.groups.tolist() == [2, 3, 5, 2]  # row * kv heads + kv head
     assert TableLogits(torch.zeros(2, 3)).groups is None
+
+
+@pytest.mark.usefixtures("one_thread")
+@pytest.mark.parametrize("keep_exact", (True, False))
+def test_the_monitor_reads_key_groups_whole_at_the_end_of_a_call(keep_exact):
+    """Tiny Llama (2 query heads per kv head), 40-token prompts, 24 keys: a decode step whose two heads over a kv
+    head are both checked reads its ~42 keys whole; those cells report their true TV (validation), delta 0, 21-22
+    keys each. Production reads the same keys from the backing store and reports the same bounds."""
+    def table(keep):
+        ids, mask = prompts(2, length=40)
+        mon = witcert.monitor(tiny("llama"), "kivi-2bit", certificate="spot", spot_keys=24, tau=0.04, keep_exact=keep)
+        mon.spot = SpotSettings(keys=24, delta=1e-6, tau=0.04, seed=3)
+        with torch.no_grad(), mon:
+            tiny("llama").generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False,
+                                   pad_token_id=0)
+        return mon.table()
+
+    got = table(keep_exact)
+    checked = ~np.isnan(got["spot_bound"])
+    whole = checked & (got["spot_delta"] == 0)
+    assert whole.any() and np.all(got["spot_keys"][checked] <= 24)
+    assert np.all(got["spot_keys"][whole] < 24)  # a share of a group's ~42 keys
+    if keep_exact:
+        tv = got["true_tv"]
+        assert np.all(tv <= got["meter"])
+        assert np.all(got["spot_bound"][whole] <= tv[whole] * (1 + 1e-6) + 1e-9)  # the true TV, up to fp64
+        assert np.all(tv[whole] <= got["spot_bound"][whole])
+    else:
+        validation = table(True)
+        assert np.array_equal(validation["spot_bound"], got["spot_bound"], equal_nan=True)
+        assert got["spot_bytes"].sum() == validation["spot_bytes"].sum() > 0

@@ -59,7 +59,7 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
                 generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
                 exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
                 z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH, carried=None,
-                keep_reads: bool = False) -> CellChecks:
+                keep_reads: bool = False, read_groups: bool = False) -> CellChecks:
     """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
 
     Parameters
@@ -71,13 +71,10 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     source : object
         ``source.logits(cells (M,), tokens (M,)) -> (M,)`` exact logits (:mod:`witcert.spot.gather`). Optional:
         ``source.groups`` (N,) int64, the cells' key groups (cells of a group attend the same exact keys: one
-        layer, row and kv head), and ``source.dense_logits(cells (M,), wanted (M, S) bool) -> (M, S)``, whole rows.
+        layer, row and kv head; see ``read_groups``), and ``source.dense_logits(cells (M,), wanted (M, S) bool)
+        -> (M, S)``, the exact logits of whole rows (used wherever a cell is read whole).
     keys : int
-        Most distinct exact keys a cell may read. A key group whose history (the union of its cells' visible
-        tokens not yet known) is at most ``keys`` per checked cell of the group is read whole before any round
-        (:mod:`witcert.spot.groups`): each of its cells gets its true TV rounded up, ``delta`` 0, ``whole``, one
-        round, and ``keys_read`` its share of the group's reads, ``ceil(history / cells of the group)`` (the
-        shares sum to at least the keys read, and stay ``<= keys``).
+        Most distinct exact keys a cell may read.
     delta : float or (N,) tensor
         Each cell's failure probability (:mod:`witcert.spot.budget` turns a request budget into it).
     tau : float, optional
@@ -99,6 +96,13 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads.
     keep_reads : bool
         Return what the check knew (``known``, ``exact``: a later check's ``carried``); ``None`` otherwise.
+    read_groups : bool
+        Read key groups whole where that fits the budget (:mod:`witcert.spot.groups`; needs ``source.groups``):
+        a group whose history (the union of its cells' visible tokens not yet known) is at most ``keys`` per
+        checked cell of the group is read before any round, and each of its cells gets its true TV rounded up,
+        ``delta`` 0, ``whole``, one round, and ``keys_read`` its share of the group's reads, ``ceil(history /
+        cells of the group)`` (the shares sum to at least the keys read, each ``<= keys``). Off by default:
+        without it every cell reads on its own, as before.
 
     Returns
     -------
@@ -117,7 +121,7 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
     active = torch.ones(n, dtype=torch.bool)
-    if getattr(source, "groups", None) is not None:  # key groups read whole (witcert.spot.groups)
+    if read_groups and getattr(source, "groups", None) is not None:  # key groups read whole (witcert.spot.groups)
         grouped, shared = whole_groups(cells.visible & ~cells.known, source.groups, keys)
         done = grouped.nonzero().reshape(-1)
         if done.numel():

@@ -81,7 +81,7 @@ class PendingChecks:
         source = _Layers([layer.source for layer in pending])
         result = check_cells(torch.cat([layer.scores for layer in pending]), torch.cat([layer.radii for layer in pending]),
                              source, keys=spot.keys, delta=delta, tau=spot.tau if spot.adaptive else None,
-                             generator=spot.randomness.generator, split=spot.split)
+                             generator=spot.randomness.generator, split=spot.split, read_groups=True)
         first = 0
         for layer in pending:
             part = slice(first, first + layer.at.shape[0])

@@ -6,7 +6,8 @@ known, has at most ``keys`` tokens per checked cell of the group, reading it who
 than sampling may read, and gives every cell of the group its true TV (rounded up) with no failure
 probability, as one cell with at most ``keys`` visible tokens is read whole. Each such cell's ``keys_read`` is
 its share of the group's reads, ``ceil(history / cells of the group)``, so the group's cells together report at
-least the keys the group read.
+least the keys the group read. :func:`witcert.spot.check_cells` reads groups whole when asked
+(``read_groups=True``: the monitor's checks at the end of a forward call, :mod:`witcert.spot.deferred`).
 """
 from __future__ import annotations
 
