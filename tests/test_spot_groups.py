@@ -80,10 +80,15 @@ def test_dense_logits_match_the_fp64_dot_and_charge_each_row_once(backed):
     store.write(0, keys)
     source = KeyGather(queries, rows, kv, BackedKeys(store, 0, 30) if backed else keys, 0.25, bias)
     cells = torch.tensor([0, 1, 2, 3])
+    assert not bool(source.dense_logits(cells, torch.zeros(4, 30, dtype=torch.bool)).any())  # nothing wanted: no read
+    assert float(source.bytes_read.sum()) == 0
     wanted = torch.ones(4, 30, dtype=torch.bool)
     wanted[0, 20:] = wanted[1, 25:] = False  # group (0, 1): the union of 25 tokens is read
     wanted[2, :] = False
     wanted[2, 3] = True
+    wanted[3, :] = False  # group (0, 0) reads nothing, group (1, 0) one token
+    got = source.dense_logits(cells, wanted)
+    wanted[3, :] = True
     got = source.dense_logits(cells, wanted)
     for i in range(4):
         want = (keys[rows[i], kv[i]].double() @ queries[i]) * 0.25 + bias[i]

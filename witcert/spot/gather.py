@@ -160,9 +160,10 @@ class KeyGather:
             self._charge_rows(flat, torch.arange(flat.numel()), cells[first[head]])
         sizes = torch.bincount(head, minlength=names.numel()).tolist()
         for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
+            if not at.numel():
+                continue
             mine = (member == index).nonzero().reshape(-1)
-            if at.numel():
-                logits = (self.q[cells[mine]] @ rows.T) * self.scale
+            logits = (self.q[cells[mine]] @ rows.T) * self.scale
             if at.numel() == self.length:  # the whole history (in order): rows of out, no scatter
                 out[mine] = logits
             else:
