@@ -1,7 +1,7 @@
 """The speed mode's table logic (no engine): the modes, each against the plugin off with its own cache, one line each."""
 import pytest
 
-from witcert.integrations.vllm.speed import CPU_RATE, floor_ratios, lines, modes, ratios, rotated
+from witcert.integrations.vllm.speed import CPU_RATE, floor_ratios, lines, modes, ordered, ratios
 
 
 def _runs(*rates):
@@ -57,7 +57,8 @@ def test_cpu_time_ratios_beside_the_wall_clock_ones():
 def test_the_floor_meters_no_layer_and_the_engine_s_modes_are_also_given_over_it():
     chosen = modes((), keys=("exact", "floor", "every"))
     assert [(m.name, m.xargs) for m in chosen] == [
-        ("plugin off", {}), ("metering (no scheme)", {}), ("plugin on, nothing metered", {"witcert_meter_layers": "none"}),
+        ("plugin off", {}), ("metering (no scheme)", {}),
+        ("plugin on, nothing metered", {"witcert_meter_layers": "none"}),
         ("metering every 4th step", {"witcert_meter_every": 4})]
     runs = {"plugin off": _runs(20, 20, 20), "metering (no scheme)": _runs(17, 17, 17),
             "plugin on, nothing metered": _runs(19, 19, 19), "metering every 4th step": _runs(18.05, 18.05, 18.05)}
@@ -70,8 +71,10 @@ def test_the_floor_meters_no_layer_and_the_engine_s_modes_are_also_given_over_it
     assert floor_ratios(runs, modes((), keys=("exact",))) == {}  # no floor measured: no ratio over it
 
 
-def test_each_round_starts_one_mode_later():
-    chosen = modes((), keys=("exact", "floor", "every"))
-    orders = [[m.name for m in rotated(chosen, r)] for r in range(5)]
-    assert [o[0] for o in orders] == [m.name for m in chosen] + [chosen[0].name]
-    assert all(sorted(o) == sorted(orders[0]) for o in orders)  # every mode once per round
+def test_every_round_runs_every_mode_once_and_later_rounds_change_what_precedes_a_mode():
+    chosen = modes((), keys=("exact", "floor", "scheme", "every", "audit"))
+    orders = [[m.name for m in ordered(chosen, r)] for r in range(3)]
+    assert orders[0] == [m.name for m in chosen] and orders == [[m.name for m in ordered(chosen, r)] for r in range(3)]
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)  # every mode once per round, replayable
+    before = [{o[i]: o[i - 1] for i in range(1, len(o))} for o in orders]
+    assert any(len({b.get(name) for b in before}) > 1 for name in orders[0])

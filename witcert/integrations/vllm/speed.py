@@ -5,9 +5,9 @@ needs its own (plugin off and on; vLLM's own cache ``auto`` and, where the CPU r
 ``fp8_e5m2``), keeps them alive, and measures the modes interleaved, round after round (a change of machine
 load hits every mode alike). One measurement (:func:`decode_rate`): the observatory's needle prompts are added
 to the engine, stepped until every request has its first token (the prefill, not timed; prefix caching keeps
-later rounds' prefills short), then every remaining step is timed, and the mode's own deferred work with them
-(``settle``: the plugin's deferred rows metered, its audits closed, as when the engine goes idle) before the
-clock stops: decode tokens after that point over the time of those steps. Each mode is run once untimed first,
+later rounds' prefills short; what the prefill deferred, its journaled writes, is entered before the clock
+starts), then every remaining step is timed, and the mode's own deferred work with them (``settle``: the
+plugin's deferred rows metered, its audits closed, as when the engine goes idle) before the clock stops: decode tokens after that point over the time of those steps. Each mode is run once untimed first,
 as measured (compilation of the shapes the timed rounds meet, the prompts' cached prefix).
 
 A mode is an engine plus per-request switches (``SamplingParams.extra_args``: the scheme, the metering
@@ -19,9 +19,10 @@ switches), so the modes of one engine share its process. How the comparison is k
   costs a request that asks for nothing (its cache writes journaled, its cells counted), measured in the
   plugin-on engine beside the metered modes: a metered mode over the floor is the cost of its metering alone,
   free of the difference between two engine processes;
-- the order of the modes is rotated by one every round (round ``r`` starts with mode ``r``), so no mode
-  always follows the same one; every run records its place in its round (``position``), so an order effect
-  shows in the record;
+- the order of the modes is shuffled every round after the first (:func:`ordered`), so no mode always follows
+  the same one (what a mode leaves behind: cache blocks its prompts took from the next mode's prefix, garbage
+  for the collector, which runs before every timed window); every run records its round and place in it
+  (``round``, ``position``), so an order effect shows in the record;
 - every engine runs on one OpenMP thread, unbound (the repository's benchmarks run one thread on the shared
   machine); every engine is started at once (their startups overlap; an engine waiting for its next
   measurement is idle) and lives until the end.
@@ -32,8 +33,10 @@ second of the engine process's CPU time, which other work on a shared machine do
 every measurement with its per-request token counts. ``--modes`` runs a subset (the record names the modes that
 ran), so a run stays within minutes.
 """
+import gc
 import json
 import os
+import random
 import statistics
 import subprocess
 import sys
@@ -100,9 +103,10 @@ def modes(caches: tuple = (), scheme: str = "rtn-int4", every: int = 4, audit_ra
     return out
 
 
-def decode_rate(llm, prompts: list, max_tokens: int, xargs: dict, tag: str, settle=None) -> dict:
+def decode_rate(llm, prompts: list, max_tokens: int, xargs: dict, tag: str, prefilled=None, settle=None) -> dict:
     """Decode tokens/s of ``prompts`` in ``llm`` with every request prefilled first; per-request token counts.
-    ``settle`` (no arguments): the mode's own deferred work, run after the last step inside the timed window."""
+    ``prefilled`` (no arguments): what the prefill deferred, run before the clock starts; ``settle``: the mode's
+    own deferred work, run after the last step inside the timed window."""
     from vllm import SamplingParams
 
     engine = llm.llm_engine
@@ -119,6 +123,9 @@ def decode_rate(llm, prompts: list, max_tokens: int, xargs: dict, tag: str, sett
 
     while min(made.values()) < 1:  # the prefill: every request's first token
         step()
+    if prefilled is not None:
+        prefilled()
+    gc.collect()  # untimed: no mode pays for the garbage of the one before it
     before, steps = sum(made.values()), 0
     started, cpu_started = time.perf_counter(), time.process_time()
     while engine.has_unfinished_requests():
@@ -147,7 +154,7 @@ def serve(args) -> None:
     for line in sys.stdin:
         ask = json.loads(line)
         before = _gate_counts(args)
-        rate = decode_rate(llm, prompts, ask["max_tokens"], ask.get("xargs") or {}, ask["tag"], _settle(args))
+        rate = decode_rate(llm, prompts, ask["max_tokens"], ask.get("xargs") or {}, ask["tag"], *_settle(args))
         if before is not None:  # the gate's work in this measurement: tokens paged of those gated, bytes checked
             after = _gate_counts(args)
             rate["gate"] = {k: after[k] - before[k] for k in ("tokens_gated", "tokens_paged", "bytes_paged",
@@ -157,14 +164,17 @@ def serve(args) -> None:
         print(SPEED + json.dumps(rate), flush=True)
 
 
-def _settle(args):
-    """What the plugin defers, paid at the end of a measurement as when the engine goes idle: the deferred rows
-    metered, the audits closed, the snapshot published (``None`` with the plugin off)."""
+def _settle(args) -> tuple:
+    """``(prefilled, settle)`` of :func:`decode_rate` (``None`` with the plugin off): after the prefill, the writes it
+    journaled entered into the metering state (:meth:`.runtime.Runtime.flush`: prefill work, untimed; a full
+    prefill's journal would otherwise be entered at the first timed step); at the end, what the mode deferred, as
+    when the engine goes idle (:meth:`.runtime.Runtime.idle`: its deferred rows metered, its audits closed)."""
     if not args.plugin:
-        return None
+        return None, None
     from . import runtime
 
-    return runtime.get().idle
+    rt = runtime.get()
+    return rt.flush, rt.idle
 
 
 def _gate_counts(args) -> dict | None:
@@ -239,7 +249,7 @@ def speed(args) -> dict:
         for i, m in enumerate(chosen):  # untimed: every graph compiled, every prompt's prefix cached, in every mode
             engines[m.engine].measure(m, args.max_tokens, f"warm-{i}")
         for round_ in range(args.repeats):
-            for position, m in enumerate(rotated(chosen, round_)):
+            for position, m in enumerate(ordered(chosen, round_)):
                 run = engines[m.engine].measure(m, args.max_tokens, f"r{round_}-{position}")
                 runs[m.name].append(dict(run, round=round_, position=position))
     finally:
@@ -257,10 +267,14 @@ def speed(args) -> dict:
     return result
 
 
-def rotated(chosen: list, round_: int) -> list:
-    """The modes in round ``round_``'s order: rotated by one each round (no mode always follows the same one)."""
-    shift = round_ % len(chosen) if chosen else 0
-    return chosen[shift:] + chosen[:shift]
+def ordered(chosen: list, round_: int) -> list:
+    """The modes in round ``round_``'s order: as listed in round 0, shuffled in later rounds (seeded by the round,
+    so replayable). A rotation would keep every mode behind the same one; a shuffle changes what precedes it."""
+    if round_ == 0:
+        return list(chosen)
+    out = list(chosen)
+    random.Random(round_).shuffle(out)
+    return out
 
 
 def ratios(runs: dict, chosen: list, rate: str = "decode_tokens_per_s") -> dict:
