@@ -69,6 +69,9 @@ def test_the_floor_meters_no_layer_and_the_engine_s_modes_are_also_given_over_it
                              "plugin on, nothing metered: 0.95x of plugin off",
                              "metering every 4th step: 0.90x of plugin off, 0.95x of the floor"]
     assert floor_ratios(runs, modes((), keys=("exact",))) == {}  # no floor measured: no ratio over it
+    cpu = {name: [dict(r, decode_tokens_per_cpu_s=2 * r["decode_tokens_per_s"]) for r in values]
+           for name, values in runs.items()}
+    assert floor_ratios(cpu, chosen, CPU_RATE) == pytest.approx(record["floor_ratios"])  # per CPU second too
 
 
 def test_every_round_runs_every_mode_once_and_later_rounds_change_what_precedes_a_mode():

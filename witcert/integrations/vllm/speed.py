@@ -259,7 +259,7 @@ def speed(args) -> dict:
                                  "gate": m.gate, "baseline": m.baseline, "runs": runs[m.name],
                                  **_paged(runs[m.name])} for m in chosen},
               "ratios": ratios(runs, chosen), "cpu_ratios": ratios(runs, chosen, CPU_RATE),
-              "floor_ratios": floor_ratios(runs, chosen),
+              "floor_ratios": floor_ratios(runs, chosen), "cpu_floor_ratios": floor_ratios(runs, chosen, CPU_RATE),
               "max_tokens": args.max_tokens, "repeats": args.repeats,
               "workload": "needle", "modes_run": list(args.modes), "wall_s": time.perf_counter() - started}
     if asked and not caches:
@@ -285,14 +285,15 @@ def ratios(runs: dict, chosen: list, rate: str = "decode_tokens_per_s") -> dict:
     return {m.name: median[m.name] / median[m.baseline] for m in chosen if m.plugin and m.name in median}
 
 
-def floor_ratios(runs: dict, chosen: list) -> dict:
+def floor_ratios(runs: dict, chosen: list, rate: str = "decode_tokens_per_s") -> dict:
     """Median decode tokens/s of each metered mode of the plugin-on ``auto`` engine over the median of the floor
-    (the same engine, nothing metered): what its metering costs beyond the plugin's floor (empty without a floor)."""
+    (the same engine, nothing metered): what its metering costs beyond the plugin's floor (empty without a floor);
+    ``rate`` :data:`CPU_RATE`: per second of the engine process's CPU time."""
     floor = next((m for m in chosen if m.xargs.get("witcert_meter_layers") == NO_LAYER and not m.gate), None)
     if floor is None or not runs.get(floor.name):
         return {}
-    base = statistics.median(r["decode_tokens_per_s"] for r in runs[floor.name])
-    return {m.name: statistics.median(r["decode_tokens_per_s"] for r in runs[m.name]) / base for m in chosen
+    base = statistics.median(r[rate] for r in runs[floor.name])
+    return {m.name: statistics.median(r[rate] for r in runs[m.name]) / base for m in chosen
             if m.plugin and m.engine == floor.engine and m is not floor and runs.get(m.name)}
 
 
