@@ -433,8 +433,9 @@ def audit_section() -> str | None:
         lines += ["", "### Cost", "", _provenance(cost["date"], cost["machine"], cost["command"]), "",
                   f"SmolLM2-135M-Instruct `generate` (prefill included), {cost['scheme']}, production mode "
                   "(`keep_exact=False`), the meter's passes compiled (`WITCERT_COMPILE=1`); *every cell*: every cell "
-                  f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with 256 "
-                  "exact keys paged from the host backing store (which the audited monitor fills with exact keys); "
+                  f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with up to "
+                  f"{cost.get('keys', 256)} exact keys paged from the host backing store (which the audited monitor "
+                  "fills with exact keys); "
                   "*audit, none picked*: the same at a rate that picks nothing (1e-9), the floor any rate pays "
                   "(the compressed cache and the host store of exact keys). Tokens/s against stock in the same run, "
                   "interleaved, the median of the runs; in wall time, then in the process's CPU time (one torch "
@@ -489,7 +490,7 @@ def audit_glance(link: str) -> str | None:
                       for run in cost["runs"])
     gaps = {}
     for row in useful["by"].values():
-        if row["keys"] == 256:
+        if row["keys"] == useful.get("default_keys", 256):  # the audit's default budget when recorded
             gaps.setdefault(row["scheme"], []).append(row["median_gap"])
     gap = "; ".join(f"{scheme} {max(values):.2f}" for scheme, values in gaps.items())
     return (f"The request audit (`audit=witcert.Audit(rate=0.02)`, a per-request statement at probability 1 - 1e-3) "
