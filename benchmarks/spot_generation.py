@@ -5,7 +5,7 @@ stock against ``witcert.monitor(model, "rtn-int4", keep_exact=False, ...)``:
 
 * ``meter``: the deterministic meter alone;
 * ``spot``: ``certificate="spot"`` (every cell above tau 0.2 checked, up to ``spot_keys`` exact keys read in
-  rounds from the verified host backing store; without a gate the call's checks run together at its end);
+  rounds from the verified host backing store; without a gate checked together at the request's flush);
 * ``spot gate``: the same with ``gate=witcert.Gate(tau=0.2)``: the production spot-certified gate (in-step
   checks, repairs from the backing store);
 * with ``--witness-bits N``, both spot lines again with ``witness_bits=N`` (the monitor's default for rtn-int4

@@ -137,9 +137,12 @@ def test_sampled_metering_deferred_meters_the_cells_it_meters_in_the_step(sample
         assert deferred.summary().total[count] == in_step.summary().total[count], count
 
 
-@pytest.mark.parametrize("kwargs", [dict(gate=witcert.Gate(tau=0.1)), dict(certificate="spot"),
-                                    dict(scheme="dithered-int8")], ids=["gate", "spot", "tier-b"])
+@pytest.mark.parametrize("kwargs", [dict(gate=witcert.Gate(tau=0.1)),
+                                    dict(certificate="spot", spot_delta=witcert.spot.RequestBudget(1e-3)),
+                                    dict(scheme="dithered-int8")], ids=["gate", "spot-request-budget", "tier-b"])
 def test_a_meter_that_feeds_back_runs_in_the_step(kwargs):
+    """A gate and Tier B feed back or depend on the step; a spot check's request budget gives each cell a share
+    that depends on its metered step: all three meter each call in its step."""
     scheme = kwargs.pop("scheme", "rtn-int4")
     model = tiny("llama", **MODEL)
     with torch.no_grad(), witcert.monitor(model, scheme, seed=3, **kwargs) as mon:
@@ -183,3 +186,42 @@ def test_a_caller_reusing_its_query_or_mask_buffers_cannot_change_a_recorded_cal
     assert torch.equal(deferred.true_tv, served.true_tv)
     assert torch.allclose(deferred.meter, served.meter, rtol=1e-4, atol=0)
     assert torch.all(deferred.true_tv <= deferred.meter)
+
+
+@pytest.mark.parametrize("keep_exact", [True, False])
+def test_spot_checks_deferred_to_the_flush_hold_and_fill_every_checked_cell(keep_exact):
+    """certificate="spot" at a fixed delta per cell defers: every layer's cells above tau of every recorded call are
+    checked at the flush in one batch. The cells' meters before the check are the in-step ones; every checked cell
+    has its spot columns (rounds >= 1, delta spent at most spot_delta) and its reported meter is the least of the
+    two; with the exact cache kept, no reported meter is below the true TV."""
+    spot = dict(certificate="spot", spot_keys=8, spot_delta=1e-6)
+    in_step, out_a = run("rtn-int2", keep_exact, defer=False, **spot)
+    deferred, out_b = run("rtn-int2", keep_exact, defer=True, **spot)
+    assert deferred.defer and not in_step.defer and torch.equal(out_a, out_b)
+    a, b = keyed(in_step.table()), keyed(deferred.table())
+    assert a["meter"].keys() == b["meter"].keys()
+    checked = [key for key, before in b["meter_before_spot"].items() if before > 0.2]
+    assert checked  # rtn-int2 leaves cells above tau: the spot check runs
+    for key, before in a["meter_before_spot"].items():
+        assert b["meter_before_spot"][key] == pytest.approx(before, rel=1e-4, abs=1e-12), key
+    for key in checked:
+        assert b["spot_rounds"][key] >= 1 and 0 <= b["spot_delta"][key] <= 1e-6, key
+        assert b["meter"][key] == min(b["meter_before_spot"][key], b["spot_bound"][key]), key
+        if keep_exact:
+            assert b["true_tv"][key] <= b["meter"][key], key
+
+
+def test_a_deferred_request_is_released_with_its_cache_once_metered():
+    """The monitor holds a request with recorded calls (and its cache: the flush reads its stores) only until they
+    are metered; then the cache, its host store and its backing files go when the caller drops the cache."""
+    import gc
+
+    model = tiny("llama", **MODEL)
+    ids, mask = prompts(ROWS)
+    with torch.no_grad(), witcert.monitor(model, "rtn-int4", keep_exact=False, certificate="spot") as mon:
+        assert mon.defer
+        for _ in range(3):
+            model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=3, do_sample=False, pad_token_id=0)
+        gc.collect()
+        assert len(mon._live) == 0 and not mon._unflushed
+        assert len(mon.table()) == 3 * ROWS * LAYERS * HEADS * 2  # every decode cell of the three requests

@@ -149,7 +149,8 @@ def test_gate_and_spot_check_use_the_term():
 def test_deferred_metering_meters_what_the_step_would():
     model = _loud()
     deferred = _generate(model, "nvfp4", query_format="fp8-e4m3")
-    in_step = _generate(model, "nvfp4", query_format="fp8-e4m3", certificate="spot", tau=0.999)  # no deferral
+    in_step = _generate(model, "nvfp4", query_format="fp8-e4m3", certificate="spot", tau=0.999,
+                        spot_delta=witcert.spot.RequestBudget(1e-3))  # a request budget: checked in each step
     assert deferred.defer and not in_step.defer
     assert torch.allclose(deferred.tensor("meter"), in_step.tensor("meter"), rtol=1e-6, equal_nan=True)
 

@@ -118,10 +118,14 @@ def read_every_key(table) -> np.ndarray:
     """Spot-checked cells whose check read every key the query could see (bool per cell).
 
     A query at position ``p`` sees at most ``p + 1`` keys; a check that read that many read them
-    all, so its bound is the cell's exact TV up to rounding (a prompt shorter than ``spot_keys``):
+    all, so its bound is the cell's exact TV up to rounding (a prompt shorter than ``spot_keys``), and so did one
+    that spent no delta (its key group read whole, :mod:`witcert.spot.groups`):
     on a plot it looks perfectly tight, and it says nothing about how tight a sampled check is.
     """
     if "spot_keys" not in table.columns or "spot_bound" not in table.columns or not len(table):
         return np.zeros(len(table), dtype=bool)
     checked = ~np.isnan(np.asarray(table["spot_bound"], np.float64))
-    return checked & (np.asarray(table["spot_keys"], np.float64) >= np.asarray(table["pos"], np.float64) + 1)
+    whole = np.asarray(table["spot_keys"], np.float64) >= np.asarray(table["pos"], np.float64) + 1
+    if "spot_delta" in table.columns:  # a check that spent no delta read every key (its key group's, shared)
+        whole |= np.asarray(table["spot_delta"], np.float64) == 0
+    return checked & whole

@@ -45,7 +45,7 @@ import secrets
 import tempfile
 import threading
 import weakref
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -299,12 +299,15 @@ class Monitor:
         self.audit_seed = None if audit is None else (secrets.randbits(63) if audit.seed is None else audit.seed)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
         self.backing_dir = None if backing_dir is None else Path(backing_dir)
-        # deferred metering where the meter feeds nothing back: Tier A, no gate, no spot check
-        self.defer = self.tier == "A" and gate is None and self.spot is None
+        # deferred metering where the meter feeds nothing back: Tier A, no gate; a spot check only at a fixed
+        # delta per cell (a request budget's share depends on each call's metered step)
+        self.defer = self.tier == "A" and gate is None and (self.spot is None or not callable(self.spot.delta))
         # a query format that is not elementwise (a scale over the whole call) gives another q' over a fold of calls
         self.defer &= self.query_format is None or self.query_format.elementwise
         self._batches: list = []
-        self._unflushed: list[_Live] = []  # requests with recorded calls (held until metered)
+        # requests with recorded calls and their caches (held until metered: a cache's release closes its backing
+        # files, which the flush still reads)
+        self._unflushed: list[tuple[_Live, object]] = []
         self.requests: list[RequestRecord] = []
         self._live: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # cache -> _Live
         self._hooks: list = []
@@ -367,7 +370,7 @@ class Monitor:
         """
         with self._lock:
             waiting, self._unflushed = self._unflushed, []
-        for live in waiting:
+        for live, _ in waiting:
             self._flush_request(live)
 
     def _flush_request(self, live: "_Live") -> None:
@@ -424,7 +427,7 @@ class Monitor:
             if live.layers and live.layers[0].store.length > 0:  # this call reads compressed keys: a metered step
                 live.steps += 1
                 scope.spot_step = live.steps
-            if self.spot is not None and self.gate is None:  # the call's spot checks run together at its end
+            if self.spot is not None and self.gate is None:  # in-step checks (a request budget): at the call's end
                 scope.spot_pending = self.spot.pending(scope.tau_k, scope.tau_v, scope.spot_step)
             scope.audit = live.audit
             scope.pending = self._pending_of(live, scope)
@@ -450,7 +453,7 @@ class Monitor:
                 live.record.memory = sum((layer.store.memory() for layer in live.layers), MemoryAccount())  # later)
             elif live is not None and len(scope.pending) >= FLUSH_CALLS:  # bound the queries a request holds
                 with self._lock:
-                    self._unflushed = [held for held in self._unflushed if held is not live]
+                    self._unflushed = [held for held in self._unflushed if held[0] is not live]
                 self._flush_request(live)
         return output
 
@@ -460,14 +463,19 @@ class Monitor:
             return None
         with self._lock:
             if live.pending is None:
-                live.pending = PendingCells(scope, live.layers, waiting=lambda: self._waiting(live))
+                # without the call's cache: _live maps the cache weakly to `live`, which must not hold it (the
+                # request, its host store and backing files are released with the cache once it is metered)
+                cache = weakref.ref(scope.cache)
+                live.pending = PendingCells(replace(scope, cache=None, spot_pending=None), live.layers,
+                                            waiting=lambda: self._waiting(live, cache()))
         return live.pending
 
-    def _waiting(self, live: "_Live") -> None:
-        """``live`` has recorded calls: hold it until they are metered."""
+    def _waiting(self, live: "_Live", cache) -> None:
+        """``live`` has recorded calls: hold it and its cache (alive: a call of it is running) until they are
+        metered."""
         with self._lock:
-            if not any(held is live for held in self._unflushed):
-                self._unflushed.append(live)
+            if not any(held is live for held, _ in self._unflushed):
+                self._unflushed.append((live, cache))
 
     def _drop_open_scopes(self) -> None:
         """Remove this thread's scopes of this monitor that no after-hook popped (torch skips ``always_call``

@@ -1,7 +1,6 @@
 """Deferred metering: a request's attention calls recorded as they run, metered later in one pass per layer.
 
-Where the meter feeds nothing back into the model (Tier A, no gate, no spot check), it need not
-run inside the step. :meth:`PendingCells.defer` records what a call's cells depend on: its post-RoPE
+Where the meter feeds nothing back into the model (Tier A, no gate), it need not run inside the step. :meth:`PendingCells.defer` records what a call's cells depend on: its post-RoPE
 queries ``(B, Hq, Tq, d)``, the keys each query sees (the bool mask attention applied) and how many
 tokens the store held. :meth:`PendingCells.flush` then meters every recorded call of a layer at once:
 the queries of all calls as one multi-query call over the store, each query seeing exactly the keys
@@ -10,7 +9,11 @@ One pass per layer per flush instead of one per step: the per-step cost of the m
 cache writes and reads. Sampled metering (:mod:`~witcert.integrations.hf.sampling`) picks the same
 cells as in the step: its draw depends on each call's layer and positions alone; so does the request
 audit (:mod:`witcert.audit`: a pick is a function of the cell and the audit's seed), whose spot checks
-read the exact keys at the flush (the exact cache and the host backing store only append).
+read the exact keys at the flush (the exact cache and the host backing store only append). So does the spot
+certificate with a fixed ``spot_delta`` per cell (:mod:`witcert.spot.deferred`): every layer's cells above tau of
+every recorded call are checked in one batch at the flush, their draws made after all their queries are fixed;
+a key group (layer, row, kv head) then holds the cells of all those calls, so its history is read once for
+all of them where that costs at most ``spot_keys`` keys per checked cell (:mod:`witcert.spot.groups`).
 
 Why the cells are the same: the store is append-only (``append_only``, :class:`~witcert.integrations.hf.
 compressed_cache.CompressedLayer`): the first ``s`` tokens it holds at a flush, their stored form and
@@ -91,11 +94,15 @@ class PendingCells:
         with self._lock:
             recorded, self._calls = self._calls, {}
         with torch.no_grad():  # a flush may run after generate's no_grad block (and a graph per grad mode is waste)
-            self._meter(recorded)
+            spot = self.scope.spot
+            checks = None if spot is None else spot.pending(self.scope.tau_k, self.scope.tau_v, None)
+            self._meter(recorded, checks)
+            if checks is not None:  # the spot checks of every layer's cells above tau, in one batch
+                checks.run()
             if self.scope.audit is not None:  # the audit's checks of every layer's picked cells, in one batch
                 self.scope.audit.run_checks()
 
-    def _meter(self, recorded: dict) -> None:
+    def _meter(self, recorded: dict, spot_checks=None) -> None:
         from witcert.integrations.hf.attention import attend
 
         for layer_idx in sorted(recorded):
@@ -103,7 +110,7 @@ class PendingCells:
             with layer.store.lock:  # a thread still writing this request waits: one length for read and witness
                 for run in _runs(recorded[layer_idx]):
                     query, visible = _folded(run, layer.store.length)
-                    scope = dataclasses.replace(self.scope, adaptive=run[0].adaptive)
+                    scope = dataclasses.replace(self.scope, adaptive=run[0].adaptive, spot_pending=spot_checks)
                     _, batch = attend(scope, layer, query, None, visible, run[0].scale, None,  # read if metered
                                       spans=[call.span for call in run])
                     scope.record(batch)
