@@ -35,9 +35,22 @@ def accuracy(outcomes: list[bool]) -> dict:
 
 
 def run_configuration(model, tokenizer, cases, new_tokens: int, scheme: str | None, gate, spot_keys: int,
-                      tau: float, witness_bits: int | None = None) -> dict:
+                      tau: float, witness_bits: int | None = None, progress=None) -> dict:
+    """The configuration's row over ``cases``; ``progress(row)`` (optional) receives the row so far after each
+    case, so a run stopped early keeps the cases it finished."""
     outcomes, paged, fired, certified, bytes_paged, check_bytes = [], [], [], [], 0.0, 0.0
     started = time.perf_counter()
+
+    def row() -> dict:
+        out = accuracy(outcomes) | {"wall_s": time.perf_counter() - started}
+        if scheme is not None:
+            out |= {"certified": float(np.mean(np.concatenate(certified))),
+                    "check_bytes_per_case": check_bytes / len(outcomes)}
+        if gate is not None:
+            out |= {"paged_fraction": float(np.mean(np.concatenate(paged))),
+                    "fired": float(np.mean(np.concatenate(fired))), "bytes_paged_per_case": bytes_paged / len(outcomes)}
+        return out
+
     for case in cases:
         if scheme is None:
             out = run_case(model, tokenizer, case, new_tokens)
@@ -60,13 +73,9 @@ def run_configuration(model, tokenizer, cases, new_tokens: int, scheme: str | No
         else:
             certified.append(table["meter"][live] <= tau)
         check_bytes += float(np.nansum(table["spot_bytes"]))
-    row = accuracy(outcomes) | {"wall_s": time.perf_counter() - started}
-    if scheme is not None:
-        row |= {"certified": float(np.mean(np.concatenate(certified))), "check_bytes_per_case": check_bytes / len(cases)}
-    if gate is not None:
-        row |= {"paged_fraction": float(np.mean(np.concatenate(paged))),
-                "fired": float(np.mean(np.concatenate(fired))), "bytes_paged_per_case": bytes_paged / len(cases)}
-    return row
+        if progress is not None:
+            progress(row())
+    return row()
 
 
 def main(argv=None) -> int:
@@ -100,8 +109,12 @@ def main(argv=None) -> int:
             if not args.gate_only:
                 configurations.append((f"{scheme}, spot check, no gate", None))
             for name, gate in configurations:
+                def progress(partial, name=name):  # the cases finished so far, marked partial until the end
+                    record["configurations"][name] = partial | {"partial": True}
+                    spot_records.write(record, args.out)
+
                 row = run_configuration(model, tokenizer, cases, config.new_tokens, scheme, gate, args.spot_keys,
-                                        args.tau, args.witness_bits)
+                                        args.tau, args.witness_bits, progress)
                 record["configurations"][name] = row
                 print(name, row, flush=True)
                 spot_records.write(record, args.out)  # after each configuration: a long run keeps what it measured
