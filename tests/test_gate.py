@@ -458,3 +458,25 @@ def test_fp32_scores_with_fp64_pager_stay_sound(exact, radius, tau, signs):
     assert at_most(golden_tv(exact64, result.scores.double()), float(result.after))
     if result.reached:
         assert at_most(golden_tv(exact64, result.scores.double()), tau)
+
+
+def test_batched_pages_bound_their_logits_and_deliver_as_single_pages():
+    """LayerPager.pages (one batched fp64 pass for a round's pages, partial last block included): each page's
+    logits are within its stated error of the exact q . k scale (fractions, no rounding), the bytes and the
+    write-back equal what one call per page delivers."""
+    from fractions import Fraction
+
+    k, k_hat, q, scale, *_, store = store_setup()
+    cells, blocks = [(0,), (1,), (2,), (3,), (1,)], [0, 4, 4, 2, 1]  # query heads 0-3 over kv heads 0-1; block 4 short
+    batched = LayerPager(Repairer(store), "L0", q, scale, group=2, k_cache=k_hat.clone())
+    single = LayerPager(Repairer(store), "L0", q, scale, group=2, k_cache=k_hat.clone())
+    pages = batched.pages(cells, blocks)
+    one_by_one = [single(cell, block) for cell, block in zip(cells, blocks)]
+    assert torch.equal(batched.k_cache, single.k_cache)
+    for (cell, block), page, alone in zip(zip(cells, blocks), pages, one_by_one):
+        keys = k[cell[0] // 2, block * 8:(block + 1) * 8].double()
+        assert page.logits.shape == (keys.shape[0],) and page.nbytes == alone.nbytes
+        exact = [sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(row, q[cell].double())) * Fraction(scale)
+                 for row in keys]
+        for value, error, truth in zip(page.logits.tolist(), page.error.tolist(), exact):
+            assert abs(Fraction(value) - truth) <= Fraction(error)
