@@ -102,7 +102,7 @@ def main(argv=None) -> int:
     config = ObserveConfig(schemes=SCHEMES, task="needle", context_tokens=args.context, cases=args.cases)
     cases = build_cases(tokenizer, config)
     record = spot_records.provenance("benchmarks.spot_gate", argv) | {
-              "model": loaded.source, "cases": len(cases), "context_tokens": args.context, "tau": args.tau,
+              "model": loaded.source, "cases": 0, "cases_planned": len(cases), "context_tokens": args.context, "tau": args.tau,
               "spot_keys": args.spot_keys, "witness_bits": args.witness_bits, "configurations": {}}
     tallies = {"uncompressed": Tally(None, None, args.tau)}
     for scheme in (s for s in args.schemes.split(",") if s):
@@ -115,6 +115,7 @@ def main(argv=None) -> int:
             for name, tally in tallies.items():          # early holds the same cases for every configuration
                 tally.run(model, tokenizer, case, config.new_tokens, args.spot_keys, args.witness_bits)
                 record["configurations"][name] = tally.row() | ({"partial": True} if done < len(cases) else {})
+            record["cases"] = done  # the cases every configuration has run (``cases_planned`` asked for)
             print(f"case {done}/{len(cases)}: {time.perf_counter() - started:.0f} s", flush=True)
             spot_records.write(record, args.out)
     for name, row in record["configurations"].items():
