@@ -102,7 +102,8 @@ def main(argv=None) -> int:
     config = ObserveConfig(schemes=SCHEMES, task="needle", context_tokens=args.context, cases=args.cases)
     cases = build_cases(tokenizer, config)
     record = spot_records.provenance("benchmarks.spot_gate", argv) | {
-              "model": loaded.source, "cases": 0, "cases_planned": len(cases), "context_tokens": args.context, "tau": args.tau,
+              "model": loaded.source, "cases": 0, "cases_planned": len(cases), "context_tokens": args.context,
+              "tau": args.tau,
               "spot_keys": args.spot_keys, "witness_bits": args.witness_bits, "configurations": {}}
     tallies = {"uncompressed": Tally(None, None, args.tau)}
     for scheme in (s for s in args.schemes.split(",") if s):

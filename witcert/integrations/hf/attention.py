@@ -236,9 +236,9 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple | None, a
             math, spot_extra = scope.spot_pending.add(math, query, spot_keys, scale, radii, len(scope.layers))
         else:
             # with a gate, the check's exact reads are carried into the gate's re-checks of the cells it repairs
-            math, spot_extra, *spot_reads = scope.spot.apply(math, query, spot_keys, scale, scope.tau_k, scope.tau_v,
-                                                             radii=radii, step=scope.spot_step,
-                                                             layers=len(scope.layers), keep_reads=scope.gate is not None)
+            math, spot_extra, *spot_reads = scope.spot.apply(
+                math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii, step=scope.spot_step,
+                layers=len(scope.layers), keep_reads=scope.gate is not None)
         extra.update(spot_extra)
     audit_checks = None
     if scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
