@@ -10,7 +10,8 @@ it (1267 GiB on gated fp8); filtering already-repaired slots brought that to 30.
 - :class:`LayerPager` is the pager a :class:`~witcert.gate.policy.Gate` calls for one layer: it maps a
   gate cell to its kv head (GQA), fetches the block through the repairer, writes the exact
   keys (and values) back into the compressed cache, zeroes the witness of those slots, and
-  returns the exact logits.
+  returns the exact logits; :meth:`LayerPager.pages` does a round's pages at once (one batched
+  fp64 pass for their logits and error bounds).
 - :meth:`Repairer.mask_repaired` zeroes ``c`` (or a Tier B radius expanded per token) on
   repaired slots for the next step, so the gate never selects a repaired slot again.
 

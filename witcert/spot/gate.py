@@ -13,10 +13,12 @@ decides with the spot check as well:
   blocks the repaired cell is spot-checked (:func:`witcert.spot.check_cells`, all open cells at once),
   the ``i``-th check at ``delta_i = delta_g 6 / (pi^2 i^2)`` (``WitCert.sum_step_allocation_le``), where
   ``delta_g`` is the gate's share of the cell's ``delta`` (:data:`~witcert.spot.cells.GATE_SHARE`; the
-  check before repair spent the rest). A re-check carries the exact logits the cell's earlier re-checks read
-  (``carried`` of :func:`~witcert.spot.check_cells`): known from its first round, as a round knows what earlier
-  rounds read, so it does not restart from nothing; they were fixed before its draws, so its statement holds
-  conditionally on them at ``delta_i`` (registry SCR) and the split over the checks is unchanged. The repair stops at the first meter or check ``<= tau``, or
+  check before repair spent the rest). A re-check carries the exact logits the cell's check before repair
+  and its earlier re-checks read (``reads``; ``carried`` of :func:`~witcert.spot.check_cells`): known from its
+  first round, as a round knows what earlier rounds read, so it does not restart from nothing (most repaired cells
+  then stop at their first re-check); they were fixed before
+  its draws, so its statement holds conditionally on them at ``delta_i`` (registry SCR) and the split over the
+  checks is unchanged. The repair stops at the first meter or check ``<= tau``, or
   when no block is left to page: it never pages more than the deterministic gate would.
 
 A repaired cell's ``meter_after`` is the least of its recomputed meter and the spot bound that stopped
