@@ -480,3 +480,29 @@ def test_batched_pages_bound_their_logits_and_deliver_as_single_pages():
                  for row in keys]
         for value, error, truth in zip(page.logits.tolist(), page.error.tolist(), exact):
             assert abs(Fraction(value) - truth) <= Fraction(error)
+
+
+def test_repaired_output_recomputes_fired_cells_only_against_an_fp64_reference():
+    """The gate's output after repair (witcert.integrations.hf.cells._repaired_output, GQA): each fired cell is
+    softmax(repaired logits) over the compressed values with the exact ones on repaired tokens (fp64 reference,
+    within the fp32 output's rounding); every other cell keeps the model's output bit for bit."""
+    from types import SimpleNamespace
+
+    from witcert.integrations.hf.cells import _repaired_output
+
+    g = torch.Generator().manual_seed(0)
+    b, hq, hkv, tq, s, d = 2, 6, 2, 3, 40, 8
+    scores = torch.randn(b, hq, tq, s, generator=g, dtype=torch.float64)
+    v_hat = torch.randn(b, hkv, s, d, generator=g)
+    exact_v = v_hat + 0.1 * torch.randn(b, hkv, s, d, generator=g)
+    repaired = torch.rand(b, hq, tq, s, generator=g) < 0.3
+    fired = torch.rand(b, hq, tq, generator=g) < 0.5
+    output = torch.randn(b, tq, hq, d, generator=g)
+    out = _repaired_output(SimpleNamespace(c=torch.zeros(b, hq, tq, s)), v_hat, exact_v, scores, repaired, fired,
+                           output)
+    kv = torch.arange(hq) // (hq // hkv)
+    values = torch.where(repaired[..., None], exact_v.double()[:, kv, None], v_hat.double()[:, kv, None])
+    reference = (torch.softmax(scores, -1)[..., None] * values).sum(-2).transpose(1, 2)  # (B, Tq, Hq, d)
+    on = fired.transpose(1, 2)
+    assert torch.allclose(out[on].double(), reference[on], rtol=1e-6, atol=1e-6)
+    assert torch.equal(out[~on], output[~on])

@@ -286,12 +286,16 @@ def _repaired_output(math: CallMath, v_hat, exact_values, scores_after, repaired
     if not fired.any():
         return output
     groups = math.c.shape[1] // v_hat.shape[1]
-    v64 = exact_values.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
-    vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
-    p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
-    y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
-    y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
-    return torch.where(fired.transpose(1, 2)[..., None], y, output)
+    b, h, t = fired.nonzero(as_tuple=True)  # the fired cells only: the others keep the model's output
+    kv = (h // groups).to(v_hat.device)
+    b_dev = b.to(v_hat.device)
+    vh64 = v_hat[b_dev, kv].to(torch.float64)  # (F, S, d)
+    v64 = exact_values[b_dev, kv].to(device=v_hat.device, dtype=torch.float64)
+    p = torch.softmax(scores_after[b, h, t], dim=-1)[:, None, :]  # (F, 1, S) over the repaired logits
+    y = (p @ vh64 + (p * repaired[b, h, t][:, None, :]) @ (v64 - vh64))[:, 0]  # exact values on repaired tokens
+    out = output.clone()
+    out[b.to(out.device), t.to(out.device), h.to(out.device)] = y.to(device=out.device, dtype=out.dtype)
+    return out
 
 
 def spot_gated_output(math: CallMath, gate: Gate, spot, query, exact_keys, scale: float, radii, spot_bound, v_hat,
