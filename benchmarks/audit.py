@@ -9,8 +9,8 @@ Three sections, each recorded with its date, machine and command:
   picked cells metered, each above tau spot-checked with exact keys paged from the host backing store); the same at
   rate 1e-9 (*audit, none picked*: the production monitor with its host store of exact keys, nothing metered: the
   floor any audit rate pays);
-* ``usefulness``: per workload case (needle, text, code; fp8-e4m3 with 256 exact keys per check, rtn-int4 with
-  256 and 512), the request metered on every cell
+* ``usefulness``: per workload case (needle, text, code; fp8-e4m3 at the audit's default key budget, rtn-int4 at
+  256 and at the default), the request metered on every cell
   with the exact cache kept gives its true fraction of cells above tau; audited runs of the same request at rate
   0.05 (``--seeds`` audit seeds) give ``fraction_upper``; recorded: the median of ``fraction_upper`` minus the true
   fraction, and the requests where the true count exceeded ``M_upper`` (the statement's failures);
@@ -36,11 +36,12 @@ from benchmarks import machine
 from benchmarks.audit_requests import collapse_layer
 from benchmarks.generation import timed_generate
 from benchmarks.timing import compiled_available
+from witcert.audit.settings import DEFAULT_KEYS
 from witcert.observatory.runner import ObserveConfig, build_cases, run_case
 
 OUT = Path(__file__).with_name("results") / "audit.json"
 COST_SCHEME, COST_RATE = "rtn-int4", 0.02
-USEFUL_CONFIGS = (("fp8-e4m3", 256), ("rtn-int4", 256), ("rtn-int4", 512))  # (scheme, exact keys per check)
+USEFUL_CONFIGS = (("fp8-e4m3", DEFAULT_KEYS), ("rtn-int4", 256), ("rtn-int4", DEFAULT_KEYS))  # (scheme, most keys)
 USEFUL_TASKS, USEFUL_RATE = ("needle", "text", "code"), 0.05
 COLLAPSED_LAYER = 14
 TAU = 0.2
@@ -180,10 +181,11 @@ def main(argv=None) -> None:
         started = time.perf_counter()
         if section == "cost":
             body = {"runs": [cost(loaded.model, context, args.reps) for context in args.contexts],
-                    "scheme": COST_SCHEME, "rate": COST_RATE}
+                    "scheme": COST_SCHEME, "rate": COST_RATE, "keys": DEFAULT_KEYS}
         elif section == "usefulness":
             body = {"rate": USEFUL_RATE, "tau": TAU, "context": 512, "cases_per_task": args.cases,
-                    "seeds": args.seeds, "by": usefulness(loaded, args.cases, args.seeds, 512)}
+                    "seeds": args.seeds, "default_keys": DEFAULT_KEYS,
+                    "by": usefulness(loaded, args.cases, args.seeds, 512)}
         elif section == "collapse":
             body = collapse(loaded, args.requests, 256, 32)
         else:

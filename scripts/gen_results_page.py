@@ -440,8 +440,9 @@ def audit_section() -> str | None:
         lines += ["", "### Cost", "", _provenance(cost["date"], cost["machine"], cost["command"]), "",
                   f"SmolLM2-135M-Instruct `generate` (prefill included), {cost['scheme']}, production mode "
                   "(`keep_exact=False`), the meter's passes compiled (`WITCERT_COMPILE=1`); *every cell*: every cell "
-                  f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with 256 "
-                  "exact keys paged from the host backing store (which the audited monitor fills with exact keys); "
+                  f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with up to "
+                  f"{cost.get('keys', 256)} exact keys paged from the host backing store (which the audited monitor "
+                  "fills with exact keys); "
                   "*audit, none picked*: the same at a rate that picks nothing (1e-9), the floor any rate pays "
                   "(the compressed cache and the host store of exact keys). Tokens/s against stock in the same run, "
                   "interleaved, the median of the runs; in wall time, then in the process's CPU time (one torch "
@@ -496,7 +497,7 @@ def audit_glance(link: str) -> str | None:
                       for run in cost["runs"])
     gaps = {}
     for row in useful["by"].values():
-        if row["keys"] == 256:
+        if row["keys"] == useful.get("default_keys", 256):  # the audit's default budget when recorded
             gaps.setdefault(row["scheme"], []).append(row["median_gap"])
     gap = "; ".join(f"{scheme} {max(values):.2f}" for scheme, values in gaps.items())
     return (f"The request audit (`audit=witcert.Audit(rate=0.02)`, a per-request statement at probability 1 - 1e-3) "
@@ -791,10 +792,15 @@ def vllm_speed_section(name: str = "vllm_speed.json", heading: str = "Decode spe
              f"{record['model']} ({record['dtype']}), {record['workload']} prompts: {len(requests)} requests of "
              + ", ".join(f"{p} prompt + {g} generated tokens" for p, g in counts)
              + ". One engine process per configuration, one OpenMP thread each; every request is prefilled "
-             "before the decode steps are timed (decode tokens over the time of those steps); the modes "
-             f"interleaved over {record['repeats']} rounds after one untimed round; the plugin without the shadow, "
-             "with its defaults (deferred metering over 8 steps). Ratios: the median against the median of the "
-             "plugin off with the same cache, same run. The machine is shared with other work"
+             "before the decode steps are timed (decode tokens over the time of those steps"
+             + ("; what the prefill journaled is entered before the clock starts, and each mode's deferred work, "
+                "its deferred rows metered and its audits closed, is paid inside its own window"
+                if record.get("floor_ratios") is not None else "")
+             + f"); the modes interleaved over {record['repeats']} rounds after one untimed round"
+             + (", their order shuffled each round after the first" if record.get("floor_ratios") is not None else "")
+             + "; the plugin without the shadow, with its defaults (deferred metering over 8 steps). Ratios: the "
+             "median against the median of the plugin off with the same cache, same run. The machine is shared "
+             "with other work"
              + (f"; the whole run took {record['wall_s'] / 60:.1f} minutes." if record.get("wall_s") else ".")
              + (f" This run measured the modes `{','.join(ran)}` of the bench's `--modes`." if ran else ""), "",
              ]
@@ -815,6 +821,12 @@ def vllm_speed_section(name: str = "vllm_speed.json", heading: str = "Decode spe
             m = median(values)
             base = median(rates[modes[name]["baseline"]]) if modes[name]["plugin"] else m
             lines.append(f"| {name} | {m:.2f} | {m / base:.2f}x | {', '.join(f'{v:.2f}' for v in values)} |")
+    floor, cpu_floor = record.get("floor_ratios") or {}, record.get("cpu_floor_ratios") or {}
+    if floor:  # the metered modes of the plugin-on engine over its floor (nothing metered): their metering alone
+        lines += ["", "Against the floor (plugin on, the request metering no layer, in the same engine process; by "
+                  "the wall clock" + (" and per CPU second" if cpu_floor else "") + "): "
+                  + ", ".join(f"{name} {ratio:.2f}x" + (f" ({cpu_floor[name]:.2f}x)" if name in cpu_floor else "")
+                              for name, ratio in floor.items()) + "."]
     if record.get("fp8_skipped"):
         lines += ["", f"vLLM's fp8 cache: not measured ({record['fp8_skipped']})."]
     return "\n".join(lines)

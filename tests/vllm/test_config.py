@@ -61,3 +61,14 @@ def test_request_settings_follow_extra_args_within_what_the_operator_loaded():
     no_gate = config.PluginConfig.from_env({})
     with pytest.raises(ValueError, match="witcert_gate=true needs an engine started with WITCERT_VLLM_GATE=1"):
         config.request_settings(no_gate, {"witcert_gate": True})
+
+
+def test_meter_layers_none_meters_no_layer_and_bad_layers_name_the_key():
+    from witcert.integrations.vllm import sampling
+
+    nothing = sampling.metering_of(None, None, " None ", None)
+    assert nothing.layers == frozenset() and not nothing.everything
+    assert not any(nothing.meters(layer, position) for layer in range(4) for position in (0, 4, 700))
+    assert sampling.metering_of(None, None, "", None).everything
+    with pytest.raises(ValueError, match=r"witcert_meter_layers must name layer indices .*'none'"):
+        sampling.parse_layers("nothing")

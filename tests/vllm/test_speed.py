@@ -1,7 +1,7 @@
 """The speed mode's table logic (no engine): the modes, each against the plugin off with its own cache, one line each."""
 import pytest
 
-from witcert.integrations.vllm.speed import CPU_RATE, lines, modes, ratios
+from witcert.integrations.vllm.speed import CPU_RATE, floor_ratios, lines, modes, ordered, ratios
 
 
 def _runs(*rates):
@@ -52,3 +52,32 @@ def test_cpu_time_ratios_beside_the_wall_clock_ones():
     assert lines(record) == ["metering (no scheme): 0.50x of plugin off (0.90x in CPU time)"]
     old = {"plugin off": _runs(20), "metering (no scheme)": _runs(10)}  # a record from before the CPU rate
     assert ratios(old, chosen, CPU_RATE) == {}
+
+
+def test_the_floor_meters_no_layer_and_the_engine_s_modes_are_also_given_over_it():
+    chosen = modes((), keys=("exact", "floor", "every"))
+    assert [(m.name, m.xargs) for m in chosen] == [
+        ("plugin off", {}), ("metering (no scheme)", {}),
+        ("plugin on, nothing metered", {"witcert_meter_layers": "none"}),
+        ("metering every 4th step", {"witcert_meter_every": 4})]
+    runs = {"plugin off": _runs(20, 20, 20), "metering (no scheme)": _runs(17, 17, 17),
+            "plugin on, nothing metered": _runs(19, 19, 19), "metering every 4th step": _runs(18.05, 18.05, 18.05)}
+    record = {"ratios": ratios(runs, chosen), "floor_ratios": floor_ratios(runs, chosen),
+              "modes": {m.name: {"baseline": m.baseline} for m in chosen}}
+    assert record["floor_ratios"] == pytest.approx({"metering (no scheme)": 17 / 19, "metering every 4th step": 0.95})
+    assert lines(record) == ["metering (no scheme): 0.85x of plugin off, 0.89x of the floor",
+                             "plugin on, nothing metered: 0.95x of plugin off",
+                             "metering every 4th step: 0.90x of plugin off, 0.95x of the floor"]
+    assert floor_ratios(runs, modes((), keys=("exact",))) == {}  # no floor measured: no ratio over it
+    cpu = {name: [dict(r, decode_tokens_per_cpu_s=2 * r["decode_tokens_per_s"]) for r in values]
+           for name, values in runs.items()}
+    assert floor_ratios(cpu, chosen, CPU_RATE) == pytest.approx(record["floor_ratios"])  # per CPU second too
+
+
+def test_every_round_runs_every_mode_once_and_later_rounds_change_what_precedes_a_mode():
+    chosen = modes((), keys=("exact", "floor", "scheme", "every", "audit"))
+    orders = [[m.name for m in ordered(chosen, r)] for r in range(3)]
+    assert orders[0] == [m.name for m in chosen] and orders == [[m.name for m in ordered(chosen, r)] for r in range(3)]
+    assert all(sorted(o) == sorted(orders[0]) for o in orders)  # every mode once per round, replayable
+    before = [{o[i]: o[i - 1] for i in range(1, len(o))} for o in orders]
+    assert any(len({b.get(name) for b in before}) > 1 for name in orders[0])

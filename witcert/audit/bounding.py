@@ -7,8 +7,9 @@ event that none of these checks fails, a picked cell whose TV exceeds ``tau`` ha
 ``tau`` and is flagged: the event the binomial limit (:mod:`witcert.audit.limit`) needs.
 
 :func:`spot_bounds` is the one place the audit calls the spot check: the batched form
-(:func:`witcert.spot.check_cells`), one round of ``keys`` exact keys each (a cell that sees at most ``keys``
-tokens is read whole: its true TV, no failure probability). The audit feeds nothing back into the model,
+(:func:`witcert.spot.check_cells`), up to ``keys`` exact keys each in rounds that stop at a bound ``<= tau``
+(:mod:`witcert.spot.rounds`, registry SCR: the rounds split the cell's ``delta_c``; a cell that sees at most a
+round's budget is read whole: its true TV, no failure probability). The audit feeds nothing back into the model,
 so a pass records its checked cells (:class:`PendingChecks`) and every layer's are checked in one call
 when the flush or the forward call ends, as :mod:`witcert.spot.deferred` does for the spot certificate:
 one batched check per flush instead of one per layer.
@@ -25,15 +26,16 @@ from witcert.spot.batched import check_cells
 from witcert.spot.deferred import _Layers as StackedSources
 
 
-def spot_bounds(scores: torch.Tensor, radii: torch.Tensor, source, deltas: torch.Tensor, keys: int,
+def spot_bounds(scores: torch.Tensor, radii: torch.Tensor, source, deltas: torch.Tensor, keys: int, tau: float,
                 generator: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(bounds, keys read, delta spent)`` (K,) fp64 of the spot checks of ``K`` cells (registry SCO).
 
     ``scores``/``radii`` (K, S) the cells' compressed logits and per-token radii; ``source`` their exact logits
     (:mod:`witcert.spot.gather`: ``source.logits(cells, tokens)``); ``deltas`` (K,) each check's failure
-    probability; ``keys`` the exact keys each may read; ``generator`` the audit's own randomness.
+    probability; ``keys`` the most exact keys each may read; ``tau`` where a cell stops reading (its flag's
+    threshold); ``generator`` the audit's own randomness.
     """
-    result = check_cells(scores, radii, source, keys=keys, delta=deltas, generator=generator)
+    result = check_cells(scores, radii, source, keys=keys, delta=deltas, tau=tau, generator=generator)
     return result.bound, result.keys_read.to(torch.float64), result.delta
 
 
@@ -91,7 +93,7 @@ class PendingChecks:
             return
         spot, read, spent = spot_bounds(torch.cat([p.scores for p in parts]), torch.cat([p.radii for p in parts]),
                                         StackedSources([p.source for p in parts]),
-                                        torch.cat([p.deltas for p in parts]), keys, generator)
+                                        torch.cat([p.deltas for p in parts]), keys, tau, generator)
         first = 0
         for part in parts:
             at = slice(first, first + part.meter.numel())

@@ -42,9 +42,12 @@ def picked(seed: int, requests, layers, heads: int, positions, rate: float) -> t
         Query heads ``Hq`` (at most ``2^16``).
     rate : float
         Pick rate in ``(0, 1]``.
+
+    Raises
+    ------
+    ValueError
+        A seed, rate or range out of bounds (checked once, by :func:`~witcert.audit.row_picks.picked_rows`).
     """
-    if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-        raise ValueError(f"seed must be an int in [0, 2**64), got {seed!r}")
     requests = _range("requests", requests, WORD)
     positions = _range("positions", positions, WORD).reshape(1, -1).expand(requests.numel(), -1)
     b = requests.numel()

@@ -36,7 +36,7 @@ def picked_rows(seeds, rates, requests, layers, heads: int, positions) -> torch.
     """
     for seed in seeds:
         if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed < 2**64:
-            raise ValueError(f"seeds must be ints in [0, 2**64), got {seed!r}")
+            raise ValueError(f"seed must be an int in [0, 2**64) (seeds: one per row), got {seed!r}")
     positions = _range("positions", positions, WORD)
     if positions.dim() != 2 or positions.shape[0] != len(seeds) or len(rates) != len(seeds):
         raise ValueError(f"positions must be (B, T) with B = len(seeds) = len(rates), got {tuple(positions.shape)}, "

@@ -18,8 +18,12 @@ SAMPLING_SHARE = 0.5
 Both sides pay only ``log(1/share)``: the limit at ``X = 0`` is ``ln(1/delta_s) / rate`` cells, a spot
 check's width grows with ``ln(1/delta_c)``; halving either costs ``ln 2`` against ``ln(1/delta) ~ 7``. A
 power of two, so ``delta_s + delta_spot == delta`` exactly in floating point."""
-DEFAULT_KEYS = 256
-"""Exact keys a picked cell's spot check may read (the monitor's ``spot_keys`` default)."""
+DEFAULT_KEYS = 512
+"""Most exact keys a picked cell's spot check may read, in rounds of 32, 128, 512 that stop at a bound ``<= tau``
+(:mod:`witcert.spot.rounds`). Why 512 (SmolLM2 rtn-int4, 512-token code requests, rate 0.05, 6 audits,
+``benchmarks/audit.py``'s usefulness section, 2026-12-06): ``fraction_upper`` exceeded the true fraction by 0.10
+(median) reading 378 keys per check on average, against 0.28 with one round of 256 keys; a cell whose meter
+saturates needs more keys than the spot certificate's budget to be told apart from one above ``tau``."""
 
 
 def _probability(name: str, value, closed_above: bool = False) -> float:
@@ -47,7 +51,8 @@ class Audit:
     delta : float
         Failure probability of each request's statement, in ``(0, 1)``: ``P(M > M_upper) <= delta``.
     keys : int
-        Exact keys each picked cell's spot check may read (cells whose meter exceeds ``tau``).
+        Most exact keys each picked cell's spot check may read (cells whose meter exceeds ``tau``), in rounds
+        that stop once the cell's bound is at most ``tau`` (:data:`DEFAULT_KEYS`).
     seed : int, optional
         Replay opt-in: fixes the picks and the spot draws. By default the monitor draws a secret seed from the
         operating system's cryptographic source (a known seed lets whoever chooses the queries know the picks).

@@ -339,43 +339,42 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         risk = torch.full_like(meter, math.nan)
         raw = tv = raw_tv = repaired = None
         spot_delta = [None] * plan.metered_rows  # per row: the delta of its probabilistic bounds (None: proved)
-        if active:
-            rows = len(active) if active == list(range(len(active))) else torch.tensor(active)
-            q, lengths, spans = self._query_rows(query, plan, active)
-            view = self.state.view(rows, spans)
-            m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
-                              view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
-            spot = self._spot_rows(plan, md, settings, active, chosen, lengths, width)
-            lowered = torch.zeros(len(active), dtype=torch.bool)
-            if spot is not None:  # spot cells over tau: min(meter, spot bound) (before any repair)
-                m, lowered = self._spot_bound(spot, m, q, view, lengths, spot.first_delta())
-            first_m, first_view = _by_token(m, width), view
-            served_m, served_r = first_m, _by_token(r, width)
-            gated = [k for k, i in enumerate(active) if settings[i].gate]
-            if gated:
-                rt.telemetry.count("tokens_gated", sum(int(lengths[k].max()) for k in gated))
-            if gated and bool((first_m[gated] > rt.config.tau).any()):
-                served_m, served_r, view, again = self._repair(plan, layer, query, key, value, kv_cache, md, output,
-                                                               q, lengths, active, gated, rows, spans, first_m,
-                                                               served_r, spot, m)
-                lowered |= again
-                raw = torch.full_like(meter, math.nan)
-                raw[active] = first_m
-                repaired = [False] * plan.metered_rows
-                for k in gated:
-                    repaired[active[k]] = True
-            meter[active], risk[active] = served_m, served_r
-            for k in lowered.nonzero().reshape(-1).tolist():
-                spot_delta[active[k]] = settings[active[k]].spot.delta
-            if self.shadow is not None:
-                blocks = [self._blocks_of(md, plan.batch_of_row[i], int(plan.query_lengths[i].max())) for i in active]
-                tv = torch.full_like(meter, math.nan)
-                tv[active] = self._true_tv(q, view, lengths, blocks, width)
-                if raw is not None:
-                    raw_tv = torch.full_like(meter, math.nan)
-                    raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
-                self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
-            meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv, picks)
+        rows = len(active) if active == list(range(len(active))) else torch.tensor(active)
+        q, lengths, spans = self._query_rows(query, plan, active)
+        view = self.state.view(rows, spans)
+        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
+                          view["norm_max"], self.layout, self.scale, view["scales"], compiled=rt.config.compile)
+        spot = self._spot_rows(plan, md, settings, active, chosen, lengths, width)
+        lowered = torch.zeros(len(active), dtype=torch.bool)
+        if spot is not None:  # spot cells over tau: min(meter, spot bound) (before any repair)
+            m, lowered = self._spot_bound(spot, m, q, view, lengths, spot.first_delta())
+        first_m, first_view = _by_token(m, width), view
+        served_m, served_r = first_m, _by_token(r, width)
+        gated = [k for k, i in enumerate(active) if settings[i].gate]
+        if gated:
+            rt.telemetry.count("tokens_gated", sum(int(lengths[k].max()) for k in gated))
+        if gated and bool((first_m[gated] > rt.config.tau).any()):
+            served_m, served_r, view, again = self._repair(plan, layer, query, key, value, kv_cache, md, output,
+                                                           q, lengths, active, gated, rows, spans, first_m,
+                                                           served_r, spot, m)
+            lowered |= again
+            raw = torch.full_like(meter, math.nan)
+            raw[active] = first_m
+            repaired = [False] * plan.metered_rows
+            for k in gated:
+                repaired[active[k]] = True
+        meter[active], risk[active] = served_m, served_r
+        for k in lowered.nonzero().reshape(-1).tolist():
+            spot_delta[active[k]] = settings[active[k]].spot.delta
+        if self.shadow is not None:
+            blocks = [self._blocks_of(md, plan.batch_of_row[i], int(plan.query_lengths[i].max())) for i in active]
+            tv = torch.full_like(meter, math.nan)
+            tv[active] = self._true_tv(q, view, lengths, blocks, width)
+            if raw is not None:
+                raw_tv = torch.full_like(meter, math.nan)
+                raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
+            self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
+        meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv, picks)
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
         self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks,
                     spot_delta)

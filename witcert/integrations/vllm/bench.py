@@ -378,8 +378,9 @@ def main(argv=None) -> int:
                       help="vLLM cache dtypes (fp8, fp8_e4m3, fp8_e5m2 where the CPU runs them)")
     fast.add_argument("--audit-rate", type=float, default=0.02, help="the audit mode's pick rate")
     fast.add_argument("--modes", type=lambda s: tuple(x for x in s.split(",") if x),
-                      default=("exact", "scheme", "every", "audit", "caches"),
-                      help="modes to run: exact, scheme, every, audit, caches, gate, spot-gate (plugin off always)")
+                      default=("exact", "floor", "scheme", "every", "audit", "caches"),
+                      help="modes to run: exact, floor, scheme, every, audit, caches, gate, spot-gate (plugin off "
+                           "always)")
     fast.add_argument("--out", help="write the measurements as JSON here")
     worker = sub.add_parser("speed-engine", help=argparse.SUPPRESS)
     worker.add_argument("model")

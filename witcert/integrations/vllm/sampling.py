@@ -9,7 +9,8 @@ cell's meter and is refused with sampling (as :func:`witcert.monitor` refuses it
 
 Switches (``SamplingParams.extra_args``, over the OpenAI API ``vllm_xargs``; engine defaults from the
 environment, :mod:`.config`): ``witcert_meter_every`` (int >= 1), ``witcert_meter_heads`` (fraction in
-(0, 1]), ``witcert_meter_layers`` (layer indices ``"0-3,10"``), ``witcert_meter_seed`` (int, for replay).
+(0, 1]), ``witcert_meter_layers`` (layer indices ``"0-3,10"``; ``"none"``: no layer, the request is
+counted and meters nothing), ``witcert_meter_seed`` (int, for replay).
 """
 import secrets
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from witcert.integrations.hf.sampling import MeterSampling
 
 EVERY, HEADS, LAYERS, SEED = "witcert_meter_every", "witcert_meter_heads", "witcert_meter_layers", "witcert_meter_seed"
 KEYS = (EVERY, HEADS, LAYERS, SEED)
+NO_LAYER = "none"  # witcert_meter_layers: meter no layer (what the plugin costs a request that asks for nothing)
 
 
 @dataclass(frozen=True)
@@ -61,17 +63,20 @@ def metering_of(every, heads, layers, seed) -> Metering:
 
 
 def parse_layers(value) -> frozenset | None:
-    """``"0-3,10"`` (or an int, or a list of ints) as a frozenset of layer indices; ``None``/``""``: every layer."""
+    """``"0-3,10"`` (or an int, or a list of ints) as a frozenset of layer indices; ``None``/``""``: every layer;
+    ``"none"``: no layer (the empty set: the request's cells are counted unmetered)."""
     if value is None or value == "":
         return None
+    if isinstance(value, str) and value.strip().lower() == NO_LAYER:
+        return frozenset()
     if isinstance(value, bool):
-        raise ValueError(f"{LAYERS} must name layer indices such as '0-3,10', got {value!r}")
+        raise ValueError(f"{LAYERS} must name layer indices such as '0-3,10' (or 'none'), got {value!r}")
     if isinstance(value, int):
         value = str(value)
     if isinstance(value, (list, tuple)):
         value = ",".join(str(v) for v in value)
     if not isinstance(value, str):
-        raise ValueError(f"{LAYERS} must name layer indices such as '0-3,10', got {value!r}")
+        raise ValueError(f"{LAYERS} must name layer indices such as '0-3,10' (or 'none'), got {value!r}")
     out = set()
     try:
         for part in value.split(","):
@@ -81,7 +86,7 @@ def parse_layers(value) -> frozenset | None:
                 raise ValueError
             out.update(range(lo, hi + 1))
     except ValueError:
-        raise ValueError(f"{LAYERS} must name layer indices such as '0-3,10', got {value!r}") from None
+        raise ValueError(f"{LAYERS} must name layer indices such as '0-3,10' (or 'none'), got {value!r}") from None
     return frozenset(out)
 
 
