@@ -7,7 +7,9 @@ gate that decides on ``min(meter, spot bound)`` and pages from the verified host
 (:mod:`witcert.spot.gate`), and, for reference, the same cache without a gate. Reported per configuration:
 exact-match accuracy with its exact binomial interval (Clopper-Pearson, 95%), the share of the tokens paged
 (mean over cells of the fraction of visible tokens paged in), bytes paged and bytes read by the checks, the
-cells the gate fired on, and the share of cells certified after repair (``meter_after <= tau``).
+cells the gate fired on, and the share of cells certified after repair (``meter_after <= tau``). The
+configurations run interleaved, case by case, and the record is written after every case (each row marked
+``partial`` until the last case), so a run stopped early holds the same cases for every configuration.
 """
 from __future__ import annotations
 
@@ -34,39 +36,50 @@ def accuracy(outcomes: list[bool]) -> dict:
     return {"cases": n, "correct": correct, "accuracy": correct / n, "low": low, "high": high}
 
 
-def run_configuration(model, tokenizer, cases, new_tokens: int, scheme: str | None, gate, spot_keys: int,
-                      tau: float, witness_bits: int | None = None) -> dict:
-    outcomes, paged, fired, certified, bytes_paged, check_bytes = [], [], [], [], 0.0, 0.0
-    started = time.perf_counter()
-    for case in cases:
-        if scheme is None:
+class Tally:
+    """One configuration's outcomes over the cases run so far (``scheme`` ``None``: uncompressed)."""
+
+    def __init__(self, scheme: str | None, gate, tau: float):
+        self.scheme, self.gate, self.tau = scheme, gate, tau
+        self.outcomes, self.paged, self.fired, self.certified = [], [], [], []
+        self.bytes_paged = self.check_bytes = self.seconds = 0.0
+
+    def run(self, model, tokenizer, case, new_tokens: int, spot_keys: int, witness_bits: int | None) -> None:
+        """Run ``case`` under this configuration and keep its outcome, pages and traffic."""
+        started = time.perf_counter()
+        if self.scheme is None:
             out = run_case(model, tokenizer, case, new_tokens)
-            outcomes.append(case.score(out.answer))
-            continue
-        mon = witcert.monitor(model, scheme, keep_exact=False, certificate="spot", spot_keys=spot_keys, tau=tau,
-                              gate=gate, witness_bits=witness_bits)
-        with mon:
-            out = run_case(model, tokenizer, case, new_tokens, mon)
-        outcomes.append(case.score(out.answer))
-        print(f"  case {len(outcomes)}/{len(cases)}: {time.perf_counter() - started:.0f} s", flush=True)
+        else:
+            mon = witcert.monitor(model, self.scheme, keep_exact=False, certificate="spot", spot_keys=spot_keys,
+                                  tau=self.tau, gate=self.gate, witness_bits=witness_bits)
+            with mon:
+                out = run_case(model, tokenizer, case, new_tokens, mon)
+        self.seconds += time.perf_counter() - started
+        self.outcomes.append(case.score(out.answer))
+        if self.scheme is None:
+            return
         table = out.cells
         live = ~np.isnan(table["meter"])
-        if gate is not None:
-            paged.append(table["paged_fraction"][live])
-            fired.append(table["repaired"][live])
-            certified.append(table["meter_after"][live] <= gate.tau)
-            bytes_paged += float(np.nansum(table["bytes_paged"]))
-            check_bytes += float(np.nansum(table["spot_gate_bytes"]))
+        if self.gate is not None:
+            self.paged.append(table["paged_fraction"][live])
+            self.fired.append(table["repaired"][live])
+            self.certified.append(table["meter_after"][live] <= self.gate.tau)
+            self.bytes_paged += float(np.nansum(table["bytes_paged"]))
+            self.check_bytes += float(np.nansum(table["spot_gate_bytes"]))
         else:
-            certified.append(table["meter"][live] <= tau)
-        check_bytes += float(np.nansum(table["spot_bytes"]))
-    row = accuracy(outcomes) | {"wall_s": time.perf_counter() - started}
-    if scheme is not None:
-        row |= {"certified": float(np.mean(np.concatenate(certified))), "check_bytes_per_case": check_bytes / len(cases)}
-    if gate is not None:
-        row |= {"paged_fraction": float(np.mean(np.concatenate(paged))),
-                "fired": float(np.mean(np.concatenate(fired))), "bytes_paged_per_case": bytes_paged / len(cases)}
-    return row
+            self.certified.append(table["meter"][live] <= self.tau)
+        self.check_bytes += float(np.nansum(table["spot_bytes"]))
+
+    def row(self) -> dict:
+        n = len(self.outcomes)
+        out = accuracy(self.outcomes) | {"wall_s": self.seconds}
+        if self.scheme is not None:
+            out |= {"certified": float(np.mean(np.concatenate(self.certified))),
+                    "check_bytes_per_case": self.check_bytes / n}
+        if self.gate is not None:
+            out |= {"paged_fraction": float(np.mean(np.concatenate(self.paged))),
+                    "fired": float(np.mean(np.concatenate(self.fired))), "bytes_paged_per_case": self.bytes_paged / n}
+        return out
 
 
 def main(argv=None) -> int:
@@ -89,22 +102,25 @@ def main(argv=None) -> int:
     config = ObserveConfig(schemes=SCHEMES, task="needle", context_tokens=args.context, cases=args.cases)
     cases = build_cases(tokenizer, config)
     record = spot_records.provenance("benchmarks.spot_gate", argv) | {
-              "model": loaded.source, "cases": len(cases), "context_tokens": args.context, "tau": args.tau,
+              "model": loaded.source, "cases": 0, "cases_planned": len(cases), "context_tokens": args.context,
+              "tau": args.tau,
               "spot_keys": args.spot_keys, "witness_bits": args.witness_bits, "configurations": {}}
+    tallies = {"uncompressed": Tally(None, None, args.tau)}
+    for scheme in (s for s in args.schemes.split(",") if s):
+        tallies[f"{scheme}, production spot gate"] = Tally(scheme, witcert.Gate(tau=args.tau), args.tau)
+        if not args.gate_only:
+            tallies[f"{scheme}, spot check, no gate"] = Tally(scheme, None, args.tau)
+    started = time.perf_counter()
     with torch.no_grad():
-        record["configurations"]["uncompressed"] = run_configuration(model, tokenizer, cases, config.new_tokens,
-                                                                     None, None, args.spot_keys, args.tau)
-        print("uncompressed", record["configurations"]["uncompressed"], flush=True)
-        for scheme in (s for s in args.schemes.split(",") if s):
-            configurations = [(f"{scheme}, production spot gate", witcert.Gate(tau=args.tau))]
-            if not args.gate_only:
-                configurations.append((f"{scheme}, spot check, no gate", None))
-            for name, gate in configurations:
-                row = run_configuration(model, tokenizer, cases, config.new_tokens, scheme, gate, args.spot_keys,
-                                        args.tau, args.witness_bits)
-                record["configurations"][name] = row
-                print(name, row, flush=True)
-                spot_records.write(record, args.out)  # after each configuration: a long run keeps what it measured
+        for done, case in enumerate(cases, start=1):  # configurations interleaved case by case: a run stopped
+            for name, tally in tallies.items():          # early holds the same cases for every configuration
+                tally.run(model, tokenizer, case, config.new_tokens, args.spot_keys, args.witness_bits)
+                record["configurations"][name] = tally.row() | ({"partial": True} if done < len(cases) else {})
+            record["cases"] = done  # the cases every configuration has run (``cases_planned`` asked for)
+            print(f"case {done}/{len(cases)}: {time.perf_counter() - started:.0f} s", flush=True)
+            spot_records.write(record, args.out)
+    for name, row in record["configurations"].items():
+        print(name, row, flush=True)
     return 0
 
 

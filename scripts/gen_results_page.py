@@ -318,13 +318,20 @@ def spot_gate_section() -> str | None:
     return "\n".join([*lines, "", *table, *production_spot_gate_lines(_load("spot_gate.json"))])
 
 
+def _planned(record: dict) -> str:
+    """`` (the first n of the N asked for)`` when a run stopped before its planned cases, else empty."""
+    planned = record.get("cases_planned", record["cases"])
+    return f" (the first {record['cases']} of the {planned} asked for)" if planned > record["cases"] else ""
+
+
 def production_spot_gate_lines(record: dict | None) -> list[str]:
     """The production spot-certified gate on the needle task (``benchmarks.spot_gate``)."""
     if not record:
         return []
     rows = record["configurations"]
     lines = ["", "### The production spot gate", "", _provenance(record["date"], record["machine"], record["command"]),
-             "", f"{record['cases']} needle cases of {record['context_tokens']} tokens, `keep_exact=False`: pages and "
+             "", f"{record['cases']} needle cases{_planned(record)} of {record['context_tokens']} tokens, "
+             "`keep_exact=False`: pages and "
              f"checks read the verified host backing store; tau = {record['tau']}, at most {record['spot_keys']} exact "
              "keys per check, witness "
              + ("the monitor's default for each scheme" if record.get("witness_bits") is None

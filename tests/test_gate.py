@@ -458,3 +458,51 @@ def test_fp32_scores_with_fp64_pager_stay_sound(exact, radius, tau, signs):
     assert at_most(golden_tv(exact64, result.scores.double()), float(result.after))
     if result.reached:
         assert at_most(golden_tv(exact64, result.scores.double()), tau)
+
+
+def test_batched_pages_bound_their_logits_and_deliver_as_single_pages():
+    """LayerPager.pages (one batched fp64 pass for a round's pages, partial last block included): each page's
+    logits are within its stated error of the exact q . k scale (fractions, no rounding), the bytes and the
+    write-back equal what one call per page delivers."""
+    from fractions import Fraction
+
+    k, k_hat, q, scale, *_, store = store_setup()
+    cells, blocks = [(0,), (1,), (2,), (3,), (1,)], [0, 4, 4, 2, 1]  # query heads 0-3 over kv heads 0-1; block 4 short
+    batched = LayerPager(Repairer(store), "L0", q, scale, group=2, k_cache=k_hat.clone())
+    single = LayerPager(Repairer(store), "L0", q, scale, group=2, k_cache=k_hat.clone())
+    pages = batched.pages(cells, blocks)
+    one_by_one = [single(cell, block) for cell, block in zip(cells, blocks)]
+    assert torch.equal(batched.k_cache, single.k_cache)
+    for (cell, block), page, alone in zip(zip(cells, blocks), pages, one_by_one):
+        keys = k[cell[0] // 2, block * 8:(block + 1) * 8].double()
+        assert page.logits.shape == (keys.shape[0],) and page.nbytes == alone.nbytes
+        exact = [sum(Fraction(float(a)) * Fraction(float(b)) for a, b in zip(row, q[cell].double())) * Fraction(scale)
+                 for row in keys]
+        for value, error, truth in zip(page.logits.tolist(), page.error.tolist(), exact):
+            assert abs(Fraction(value) - truth) <= Fraction(error)
+
+
+def test_repaired_output_recomputes_fired_cells_only_against_an_fp64_reference():
+    """The gate's output after repair (witcert.integrations.hf.cells._repaired_output, GQA): each fired cell is
+    softmax(repaired logits) over the compressed values with the exact ones on repaired tokens (fp64 reference,
+    within the fp32 output's rounding); every other cell keeps the model's output bit for bit."""
+    from types import SimpleNamespace
+
+    from witcert.integrations.hf.cells import _repaired_output
+
+    g = torch.Generator().manual_seed(0)
+    b, hq, hkv, tq, s, d = 2, 6, 2, 3, 40, 8
+    scores = torch.randn(b, hq, tq, s, generator=g, dtype=torch.float64)
+    v_hat = torch.randn(b, hkv, s, d, generator=g)
+    exact_v = v_hat + 0.1 * torch.randn(b, hkv, s, d, generator=g)
+    repaired = torch.rand(b, hq, tq, s, generator=g) < 0.3
+    fired = torch.rand(b, hq, tq, generator=g) < 0.5
+    output = torch.randn(b, tq, hq, d, generator=g)
+    out = _repaired_output(SimpleNamespace(c=torch.zeros(b, hq, tq, s)), v_hat, exact_v, scores, repaired, fired,
+                           output)
+    kv = torch.arange(hq) // (hq // hkv)
+    values = torch.where(repaired[..., None], exact_v.double()[:, kv, None], v_hat.double()[:, kv, None])
+    reference = (torch.softmax(scores, -1)[..., None] * values).sum(-2).transpose(1, 2)  # (B, Tq, Hq, d)
+    on = fired.transpose(1, 2)
+    assert torch.allclose(out[on].double(), reference[on], rtol=1e-6, atol=1e-6)
+    assert torch.equal(out[~on], output[~on])

@@ -77,3 +77,20 @@ def test_production_spot_gate_pages_from_the_backing_store_and_reports_both_traf
     assert np.all(validation["true_tv_after"][same] <= production["meter_after"][same])
     assert production["bytes_paged"].sum() > 0 and production["spot_bytes"].sum() > 0
     assert production["spot_gate_bytes"].sum() > 0 and validation["bytes_paged"].sum() == 0
+
+
+def test_gate_rechecks_start_from_the_reads_of_the_check_before_repair():
+    """A fired cell's first re-check carries the exact logits the check before repair read for that same cell
+    (``reads = (at, known, exact)`` over the call's cells), matched by position, whatever the order of ``at``."""
+    from witcert.spot.gate import _Open
+
+    shape = torch.Size((2, 3, 2))  # (B, Hq, Tq): 12 cells
+    at = torch.tensor([[1, 2, 1], [0, 1, 0], [1, 0, 0]])  # flat cells 11, 2, 6, in no particular order
+    known = torch.rand(3, 5, generator=torch.Generator().manual_seed(0)) < 0.5
+    exact = torch.where(known, torch.arange(15, dtype=torch.float64).reshape(3, 5), 0.0)
+    rows = torch.tensor([2, 11])  # the fired cells: a subset of the checked ones
+    scores = torch.zeros(2, 5, dtype=torch.float64)
+    work = _Open(witcert.Gate(tau=0.2, block_size=2), scores, torch.ones_like(scores), torch.ones_like(scores), rows)
+    work.carry_checked((at, known, exact), shape)
+    carried_known, carried_exact = work.carried(torch.arange(2))
+    assert torch.equal(carried_known, known[[1, 0]]) and torch.equal(carried_exact, exact[[1, 0]])

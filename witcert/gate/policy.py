@@ -455,26 +455,40 @@ class _PagerSource:
         self.n_tokens, self.dtype, self.c_dtype = shape[-1], dtype, c_dtype
 
     def fetch(self, rows, which, blocks):
-        exact = torch.zeros(rows.shape[0], self.n_tokens, dtype=self.dtype, device=rows.device)
-        slack = torch.zeros(rows.shape[0], self.n_tokens, dtype=self.c_dtype, device=rows.device)
+        """The pages of one round: (n, S) exact logits and their slack, and the bytes per page. A pager with a
+        ``pages(cells, blocks)`` method (:class:`witcert.gate.repair.LayerPager`) is asked once for all of them;
+        the slack is formed once over every paged token (elementwise: the same values page by page)."""
+        logits = torch.zeros(rows.shape[0], self.n_tokens, dtype=torch.float64, device=rows.device)
+        error = torch.zeros_like(logits)
         moved = torch.zeros(which.shape[0], dtype=torch.int64)
-        for i, (local, block) in enumerate(zip(which.tolist(), blocks.tolist())):
-            cell = self.cell(int(rows[local]))
+        locals_, block_list = which.tolist(), blocks.tolist()
+        cells = [self.cell(int(rows[local])) for local in locals_]
+        pages = self._pages(cells, block_list)
+        for i, (local, block, cell, page) in enumerate(zip(locals_, block_list, cells, pages)):
             tokens = block_tokens(block, self.block_size, self.n_tokens)
-            page = self.pager(cell, block)
             if not isinstance(page, PageIn):
                 raise ValueError(f"pager must return a PageIn, got {type(page).__name__}")
-            logits = page.logits.reshape(-1)
-            if logits.shape[0] != tokens.stop - tokens.start:
+            page_logits = page.logits.reshape(-1)
+            if page_logits.shape[0] != tokens.stop - tokens.start:
                 raise ValueError(
-                    f"pager returned {logits.shape[0]} logits for block {block} of cell {cell}; "
+                    f"pager returned {page_logits.shape[0]} logits for block {block} of cell {cell}; "
                     f"it holds {tokens.stop - tokens.start} tokens (do the gate's and the store's block sizes agree?)"
                 )
-            cast = logits.to(device=exact.device, dtype=self.dtype)
-            exact[local, tokens] = cast
-            slack[local, tokens] = _cast_slack(logits, cast, self.c_dtype, _page_error(page, cell, block))
+            logits[local, tokens] = page_logits.to(device=logits.device, dtype=torch.float64)  # exact: fp64 holds any
+            error[local, tokens] = _page_error(page, cell, block).to(logits.device)
             moved[i] = int(page.nbytes)
-        return exact, slack, moved
+        exact = logits.to(self.dtype)
+        return exact, _cast_slack(logits, exact, self.c_dtype, error), moved
+
+    def _pages(self, cells: list, blocks: list) -> list:
+        """The pager's answers for the (cell, block) pages, in one call when it pages in batches."""
+        many = getattr(self.pager, "pages", None)
+        if callable(many):
+            pages = list(many(cells, blocks))
+            if len(pages) != len(cells):
+                raise ValueError(f"pager.pages returned {len(pages)} pages for {len(cells)} requests")
+            return pages
+        return [self.pager(cell, block) for cell, block in zip(cells, blocks)]
 
     def cell(self, row: int) -> tuple:
         return _cell(row, self.shape)

@@ -10,7 +10,8 @@ it (1267 GiB on gated fp8); filtering already-repaired slots brought that to 30.
 - :class:`LayerPager` is the pager a :class:`~witcert.gate.policy.Gate` calls for one layer: it maps a
   gate cell to its kv head (GQA), fetches the block through the repairer, writes the exact
   keys (and values) back into the compressed cache, zeroes the witness of those slots, and
-  returns the exact logits.
+  returns the exact logits; :meth:`LayerPager.pages` does a round's pages at once (one batched
+  fp64 pass for their logits and error bounds).
 - :meth:`Repairer.mask_repaired` zeroes ``c`` (or a Tier B radius expanded per token) on
   repaired slots for the next step, so the gate never selects a repaired slot again.
 
@@ -220,13 +221,27 @@ class LayerPager:
         return tuple(int(i) for i in index)
 
     def __call__(self, cell: tuple, block: int) -> PageIn:
-        index = self.store_index(cell)
-        paged, nbytes = self.repairer.fetch(self.key, index, block)
-        self._write_back(index, paged)
-        q = self.q[cell].to(torch.float64)  # (d,)
-        k = paged.k.to(device=q.device, dtype=torch.float64)  # (n, d)
-        logits = (k @ q) * float(self.sm_scale)  # (n,)
-        return PageIn(logits=logits, nbytes=nbytes, error=_dot_error(k, q, float(self.sm_scale)))
+        return self.pages([cell], [block])[0]
+
+    def pages(self, cells: list[tuple], blocks: list[int]) -> list[PageIn]:
+        """:meth:`__call__` of many (cell, block) pages at once: each block fetched (verified) and written back as
+        one call would, then every page's exact logits and their error bound (:func:`_dot_error`) in one batched
+        fp64 pass (the error bound holds for any summation order, so batching changes no statement)."""
+        fetched = []
+        for cell, block in zip(cells, blocks):
+            index = self.store_index(cell)
+            paged, nbytes = self.repairer.fetch(self.key, index, block)
+            self._write_back(index, paged)
+            fetched.append((paged.k, nbytes))
+        if not fetched:
+            return []
+        q = torch.stack([self.q[cell] for cell in cells]).to(torch.float64)  # (P, d)
+        k = _padded_blocks([keys for keys, _ in fetched], q.device)  # (P, n, d), zero rows past a short block
+        scale = float(self.sm_scale)
+        logits = (k @ q[:, :, None])[..., 0] * scale  # (P, n)
+        error = _dot_error(k, q[:, None, :], scale)  # (P, n)
+        return [PageIn(logits=logits[i, :keys.shape[0]], nbytes=nbytes, error=error[i, :keys.shape[0]])
+                for i, (keys, nbytes) in enumerate(fetched)]
 
     def _write_back(self, index: tuple, paged: PagedBlock) -> None:
         tokens = paged.tokens
@@ -240,8 +255,18 @@ class LayerPager:
             self.witness[index][tokens] = 0
 
 
+def _padded_blocks(blocks: list[torch.Tensor], device) -> torch.Tensor:
+    """``(P, n, d)`` fp64 of ``P`` key blocks ``(n_i, d)`` (``n = max n_i``), zero rows past each block's end."""
+    n, d = max(b.shape[0] for b in blocks), blocks[0].shape[-1]
+    out = torch.zeros(len(blocks), n, d, dtype=torch.float64, device=device)
+    for i, b in enumerate(blocks):
+        out[i, :b.shape[0]] = b.to(device=device, dtype=torch.float64)
+    return out
+
+
 def _dot_error(k: torch.Tensor, q: torch.Tensor, scale: float) -> torch.Tensor:
-    """``>= |fl(fl(k . q) scale) - (k . q) scale|`` per row of fp64 ``k`` (n, d), ``q`` (d,).
+    """``>= |fl(fl(k . q) scale) - (k . q) scale|`` per row of fp64 ``k`` (..., n, d), ``q`` (..., d) or broadcast
+    against ``k`` (``(P, 1, d)`` for ``P`` pages).
 
     A d-term fp64 dot product (any order) then one product: ``gamma_{d+1} sum_i |k_i q_i|`` relative
     to the absolute products (Higham, Thm. 3.1), with ``gamma`` taken at ``d + 2`` to cover the

@@ -95,14 +95,16 @@ class SpotSettings:
         return 1 - GATE_SHARE if self.gated else 1.0
 
     def apply(self, math, query, exact_keys, scale: float, tau_k: float, tau_v: float, radii=None,
-              step: int | None = None, layers: int = 1):
+              step: int | None = None, layers: int = 1, keep_reads: bool = False):
         """``(math with the spot meter, extra columns)`` for one call (see the module docstring).
 
         ``math`` a :class:`~witcert.integrations.hf.cells.CallMath`; ``query`` (B, Hq, Tq, d) post-RoPE;
         ``exact_keys`` (B, Hkv, S, d) the exact cache or a :class:`BackedKeys`; ``radii`` (B, Hq, Tq, S) the
         per-token radii the check relies on (default ``math.c``; the monitor passes radii that hold for every
         query, so the check's ``delta`` is its whole failure probability); ``step`` the request's metered
-        decode step and ``layers`` the model's, for a request budget.
+        decode step and ``layers`` the model's, for a request budget. ``keep_reads``: also return the checked
+        cells' exact reads ``(at (M, 3), known (M, S), exact (M, S))`` (:class:`~witcert.spot.batched.CellChecks`),
+        which the gate's re-checks of those cells carry (:func:`witcert.spot.gate.spot_gated`).
         """
         before = math.cells["meter"]
         checked = (before > self.tau) & ~math.blank  # (B, Hq, Tq)
@@ -111,13 +113,15 @@ class SpotSettings:
         columns = {name: torch.zeros(shape, dtype=torch.float64) for name in ("spot_keys", "spot_bytes",
                                                                              "spot_rounds", "spot_delta")}
         at = checked.cpu().nonzero()  # (M, 3): row, query head, query
+        reads = (at, None, None)
         if at.numel():
             delta = self.cell_delta(step, layers * shape[1] * shape[2]) * self.check_share()
             scores, source = self.cells(math, query, exact_keys, scale, at)
             radii = (math.c if radii is None else radii).detach()[checked].cpu()
             result = check_cells(scores, radii, source, keys=self.keys, delta=delta,
                                  tau=self.tau if self.adaptive else None, generator=self.randomness.generator,
-                                 split=self.split)
+                                 split=self.split, keep_reads=keep_reads)
+            reads = (at, result.known, result.exact)
             where = tuple(at.T)
             bound[where] = result.bound
             for name, value in (("spot_keys", result.keys_read), ("spot_bytes", source.bytes_read),
@@ -130,7 +134,7 @@ class SpotSettings:
                      output_bound=values.output_bound(meter, math.value_term, math.v_norm_max))
         extra = {"meter_before_spot": torch.where(math.blank.cpu(), torch.nan, before.cpu().to(torch.float64)),
                  "spot_bound": bound.cpu(), **columns}
-        return replace(math, cells=cells), extra
+        return (replace(math, cells=cells), extra, reads) if keep_reads else (replace(math, cells=cells), extra)
 
     @staticmethod
     def cells(math, query, exact_keys, scale: float, at: torch.Tensor, rows=None):

@@ -13,10 +13,12 @@ decides with the spot check as well:
   blocks the repaired cell is spot-checked (:func:`witcert.spot.check_cells`, all open cells at once),
   the ``i``-th check at ``delta_i = delta_g 6 / (pi^2 i^2)`` (``WitCert.sum_step_allocation_le``), where
   ``delta_g`` is the gate's share of the cell's ``delta`` (:data:`~witcert.spot.cells.GATE_SHARE`; the
-  check before repair spent the rest). A re-check carries the exact logits the cell's earlier re-checks read
-  (``carried`` of :func:`~witcert.spot.check_cells`): known from its first round, as a round knows what earlier
-  rounds read, so it does not restart from nothing; they were fixed before its draws, so its statement holds
-  conditionally on them at ``delta_i`` (registry SCR) and the split over the checks is unchanged. The repair stops at the first meter or check ``<= tau``, or
+  check before repair spent the rest). A re-check carries the exact logits the cell's check before repair
+  and its earlier re-checks read (``reads``; ``carried`` of :func:`~witcert.spot.check_cells`): known from its
+  first round, as a round knows what earlier rounds read, so it does not restart from nothing (most repaired cells
+  then stop at their first re-check); they were fixed before
+  its draws, so its statement holds conditionally on them at ``delta_i`` (registry SCR) and the split over the
+  checks is unchanged. The repair stops at the first meter or check ``<= tau``, or
   when no block is left to page: it never pages more than the deterministic gate would.
 
 A repaired cell's ``meter_after`` is the least of its recomputed meter and the spot bound that stopped
@@ -53,7 +55,7 @@ class SpotRepair:
 
 
 def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bound, page_source,
-               step: int | None = None, layers: int = 1) -> SpotRepair:
+               step: int | None = None, layers: int = 1, reads: tuple | None = None) -> SpotRepair:
     """The spot-certified gate over one call's cells (see the module docstring).
 
     ``math`` the call's :class:`~witcert.integrations.hf.cells.CallMath` (its meter the one reported before
@@ -61,7 +63,9 @@ def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bo
     ``exact_keys`` (the exact cache or a :class:`~witcert.spot.gather.BackedKeys`) what the checks read;
     ``radii`` the radii the checks rely on; ``spot_bound`` (B, Hq, Tq) the bound before repair (NaN where
     unchecked; a cell it certified is not repaired: ``math``'s meter already holds it); ``page_source`` the gate's source of exact blocks (:meth:`witcert.Gate.page_source`: exact
-    logits in memory, or the production pager); ``step``, ``layers`` as :meth:`SpotSettings.apply`.
+    logits in memory, or the production pager); ``step``, ``layers`` as :meth:`SpotSettings.apply`; ``reads``
+    the check's exact reads before repair, ``(at (M, 3), known (M, S), exact (M, S))`` (``keep_reads`` of
+    :meth:`SpotSettings.apply`; ``None``: the re-checks start from what they read themselves).
     """
     shape, n_tokens = math.cells["meter"].shape, math.scores_hat.shape[-1]
     flat_scores = math.scores_hat.reshape(-1, n_tokens)
@@ -71,6 +75,8 @@ def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bo
     rows = fired.reshape(-1).nonzero().reshape(-1)
     work = _Open(gate, flat_scores[rows].clone(), flat_c[rows].clone(),
                  radii.reshape(-1, n_tokens)[rows].to(flat_scores.dtype).clone(), rows)
+    if reads is not None:
+        work.carry_checked(reads, shape)
     meter_after = math.cells["meter"].reshape(-1).clone()
     per_cell = {name: torch.zeros(rows.numel(), dtype=torch.float64) for name in ("delta", "checks", "keys", "bytes")}
     pages = torch.zeros(rows.numel(), dtype=torch.int64)
@@ -137,6 +143,20 @@ class _Open:
     def carried(self, which: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The exact logits earlier checks of the cells ``which`` read: known in their next check (no re-read)."""
         return self.known[which], self.exact[which]
+
+    def carry_checked(self, reads: tuple, shape: torch.Size) -> None:
+        """Start from the exact logits the check before repair read, ``reads = (at (M, 3), known, exact)`` over the
+        call's ``shape`` (B, Hq, Tq): every fired cell was checked (its meter was over tau before the check)."""
+        at, known, exact = reads
+        if known is None or not self.rows.numel():
+            return
+        flat = (at[:, 0] * shape[1] + at[:, 1]) * shape[2] + at[:, 2]
+        slot = torch.full((shape.numel(),), -1, dtype=torch.int64)
+        slot[flat] = torch.arange(flat.numel())
+        local = slot[self.rows]
+        held = local >= 0
+        self.known[held] = known[local[held]].cpu()
+        self.exact[held] = exact[local[held]].to(device="cpu", dtype=torch.float64)
 
     def carry(self, which: torch.Tensor, result) -> None:
         """Keep what a check of the cells ``which`` knew (:class:`~witcert.spot.batched.CellChecks`) for the next."""

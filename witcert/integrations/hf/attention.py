@@ -235,8 +235,10 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple | None, a
         if scope.spot_pending is not None:  # nothing fed back (no gate): checked with every layer at the call's end
             math, spot_extra = scope.spot_pending.add(math, query, spot_keys, scale, radii, len(scope.layers))
         else:
-            math, spot_extra = scope.spot.apply(math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii,
-                                                step=scope.spot_step, layers=len(scope.layers))
+            # with a gate, the check's exact reads are carried into the gate's re-checks of the cells it repairs
+            math, spot_extra, *spot_reads = scope.spot.apply(
+                math, query, spot_keys, scale, scope.tau_k, scope.tau_v, radii=radii, step=scope.spot_step,
+                layers=len(scope.layers), keep_reads=scope.gate is not None)
         extra.update(spot_extra)
     audit_checks = None
     if scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
@@ -254,7 +256,7 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple | None, a
         if scope.spot is not None:  # the spot-certified gate (witcert.spot.gate), validation or production
             repair, counts = cells.spot_gated_output(math, scope.gate, scope.spot, query, spot_keys, scale, radii,
                                                      extra["spot_bound"], read[1], output, step=scope.spot_step,
-                                                     layers=len(scope.layers), **source)
+                                                     layers=len(scope.layers), reads=spot_reads[0], **source)
             extra["spot_delta"] = extra["spot_delta"] + counts.pop("added_delta")
             extra.update(counts)
         else:

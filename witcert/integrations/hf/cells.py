@@ -286,22 +286,28 @@ def _repaired_output(math: CallMath, v_hat, exact_values, scores_after, repaired
     if not fired.any():
         return output
     groups = math.c.shape[1] // v_hat.shape[1]
-    v64 = exact_values.to(torch.float64).repeat_interleave(groups, dim=1)  # (B, Hq, S, d)
-    vh64 = v_hat.to(torch.float64).repeat_interleave(groups, dim=1)
-    p = torch.softmax(scores_after, dim=-1)  # (B, Hq, Tq, S) over the repaired logits
-    y = p @ vh64 + (p * repaired) @ (v64 - vh64)  # exact values on repaired tokens
-    y = y.transpose(1, 2).to(output.dtype)  # (B, Tq, Hq, d)
-    return torch.where(fired.transpose(1, 2)[..., None], y, output)
+    b, h, t = fired.nonzero(as_tuple=True)  # the fired cells only: the others keep the model's output
+    kv = (h // groups).to(v_hat.device)
+    b_dev = b.to(v_hat.device)
+    vh64 = v_hat[b_dev, kv].to(torch.float64)  # (F, S, d)
+    v64 = exact_values[b_dev, kv].to(device=v_hat.device, dtype=torch.float64)
+    p = torch.softmax(scores_after[b, h, t], dim=-1)[:, None, :]  # (F, 1, S) over the repaired logits
+    y = (p @ vh64 + (p * repaired[b, h, t][:, None, :]) @ (v64 - vh64))[:, 0]  # exact values on repaired tokens
+    out = output.clone()
+    out[b.to(out.device), t.to(out.device), h.to(out.device)] = y.to(device=out.device, dtype=out.dtype)
+    return out
 
 
 def spot_gated_output(math: CallMath, gate: Gate, spot, query, exact_keys, scale: float, radii, spot_bound, v_hat,
                       output, *, exact: tuple | None = None, paging: tuple | None = None, step: int | None = None,
-                      layers: int = 1) -> tuple[Repair, dict]:
+                      layers: int = 1, reads: tuple | None = None) -> tuple[Repair, dict]:
     """:func:`gated_output` with the spot-certified gate (:mod:`witcert.spot.gate`), in either mode.
 
     ``exact=(exact_logits, exact_values)`` in memory (validation) or ``paging=(repairer, stream, query, scale)``
     over the verified backing store (production), as :func:`gated_output`; ``exact_keys`` what the gate's
-    checks read (the exact cache or a :class:`~witcert.spot.gather.BackedKeys`). Returns the :class:`Repair`
+    checks read (the exact cache or a :class:`~witcert.spot.gather.BackedKeys`); ``reads`` the check's exact reads
+    before repair (:meth:`~witcert.spot.cells.SpotSettings.apply` ``keep_reads``), carried into the gate's re-checks.
+    Returns the :class:`Repair`
     and, per cell, the failure probability the gate's checks spent (``added_delta``), their number
     (``spot_gate_checks``), the exact keys they read (``spot_gate_keys``) and those keys' bytes
     (``spot_gate_bytes``; the pages' bytes are the repair's ``bytes``).
@@ -320,7 +326,7 @@ def spot_gated_output(math: CallMath, gate: Gate, spot, query, exact_keys, scale
                            group=paging_query.shape[1] // v_hat.shape[1], v_cache=exact_values)
         source = gate.page_source(math.scores_hat, math.c.dtype, pager=pager)
     result = spot_gated(math, gate, spot, query, exact_keys, scale, radii, spot_bound, source, step=step,
-                        layers=layers)
+                        layers=layers, reads=reads)
     seen = ~torch.isneginf(math.scores_hat)
     paged = result.repaired.sum(-1) / seen.sum(-1).clamp(min=1)
     true_tv_after = _true_tv_after(math, result.fired, result.scores, exact_scores)
