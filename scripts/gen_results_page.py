@@ -464,7 +464,7 @@ def audit_section() -> str | None:
                   f"{useful['seeds']} audits per case at rate {useful['rate']:g}. True fraction: cells with true TV "
                   f"above tau = {useful['tau']:g} in the same request metered on every cell; *failures*: audits whose "
                   "true count exceeded `M_upper`.", "",
-                  "| scheme | exact keys per check | task | audits | median true fraction | median fraction_upper | "
+                  "| scheme | most exact keys per check (rounds that stop at tau) | task | audits | median true fraction | median fraction_upper | "
                   "median fraction_upper - true | failures |", "|---|---|---|---|---|---|---|---|"]
         for row in useful["by"].values():
             lines.append(f"| {row['scheme']} | {row['keys']} | {row['task']} | {row['requests']} | "
