@@ -42,7 +42,8 @@ class Runtime:
         self.prompt_lens: list[int] = []  # prompt tokens of each batch row (a verification step starts past them)
         self.step = 0  # engine steps seen (the model runner's input preparation)
         self.planner = Planner()
-        self.slot_cache = None  # (step, slot mapping, cache shape, tokens, slots, key entries) of the step
+        self.slot_cache = None  # (step, slot mapping, tokens, slots) of the step
+        self.entry_cache = None  # (step, slots, cache shape, key entries) of the step
         self.journal_step = None  # (step, whether its writes are journaled): the same for every layer
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
