@@ -122,7 +122,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     # -- write ---------------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        if self.journal and self.journal.holds(self._step_tokens(slot_mapping)[1]):
+        if self.journal and self.journal.may_hold(*self._step_tokens(slot_mapping)[1:]):
             self._enter_journal(every=True)  # read back before this write reaches a journaled slot
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         if not self.metered:
@@ -130,12 +130,12 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self._prepare(layer, kv_cache, key.dtype)
         self._follow_scale(layer)
         n = slot_mapping.shape[0]
-        index, slots = self._step_tokens(slot_mapping)
+        index, slots, write, _ = self._step_tokens(slot_mapping)
         exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[index]  # (N, Hkv, d): a copy, vLLM's own
         if self.shadow is not None:
             layout.scatter_rows(self.shadow, slots, exact)
         if self._journaling():
-            self.journal.add(slots, exact)
+            self.journal.add(slots, exact, write)
             self._written_to = (layer, kv_cache)
             self._pending = _Pending(key[:n], value[:n], slot_mapping, index, None)
             return
@@ -186,13 +186,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                                  kept.key_norms[placed])
 
     def _step_tokens(self, slot_mapping) -> tuple:
-        """The step's written tokens (``-1`` marks padding) and their slots: the same for every layer of a step (one
-        slot mapping), so found once per step."""
+        """``(index, slots, write, before)``: the step's written tokens (``-1`` marks padding), their slots, the write's
+        number and the last earlier write of any of them (:meth:`.runtime.Runtime.number_writes`): the same for every
+        layer of a step (one slot mapping), so found once per step."""
         rt = self.runtime
         cached = rt.slot_cache
         if cached is None or cached[0] != rt.step or cached[1] is not slot_mapping:
             index = (slot_mapping >= 0).nonzero().squeeze(-1)
-            cached = rt.slot_cache = (rt.step, slot_mapping, index, slot_mapping[index].long())
+            slots = slot_mapping[index].long()
+            cached = rt.slot_cache = (rt.step, slot_mapping, index, slots, *rt.number_writes(slots))
         return cached[2:]
 
     def _step_entries(self, kv_cache, slots) -> torch.Tensor:
@@ -254,7 +256,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.k_scale = layer._k_scale_float
         self.model_dtype = model_dtype
         self.repaired = torch.zeros(blocks * block_size, dtype=torch.bool)
-        self.journal = WriteJournal(blocks * block_size)  # a new cache: nothing of the old one is entered
+        self.journal = WriteJournal()  # a new cache: nothing of the old one is entered
         if cfg.shadow:
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
         if cfg.gate:
@@ -447,15 +449,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         """Per metered row and query token: whether the operator's sampling or the request's audit meters it in this
         layer (with the shadow, every token of an audited request: the audit's statement is checked against every
         cell's truth; its meter is still kept on the picked cells only)."""
+        if "chosen" in plan.cache:  # the step's answer, the same in every layer (below)
+            return plan.cache["chosen"]
         if all(s.everything for s in settings):
-            if "chosen" not in plan.cache:
-                plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
-                                        for i in range(len(settings))]
+            plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
+                                    for i in range(len(settings))]
             return plan.cache["chosen"]
         if picks is None and all(not s.metering.layers for s in settings):  # every layer or none: the same in each
-            if "chosen" not in plan.cache:
-                plan.cache["chosen"] = [[j < plan.query_counts[i] and s.metering.meters(0, positions[i][j])
-                                         for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+            plan.cache["chosen"] = [[j < plan.query_counts[i] and s.metering.meters(0, positions[i][j])
+                                     for j in range(len(positions[i]))] for i, s in enumerate(settings)]
             return plan.cache["chosen"]
         layer, shadow = self.layer_index, self.shadow is not None
         any_picked = None if picks is None else self._any_picked(plan)
