@@ -461,18 +461,26 @@ _ROW_WEIGHTS = np.random.default_rng(0x5EED).integers(0, 1 << 30, size=1 << 15, 
 """Odd weights ``< 2^31`` of the row checksum, one per word position (fixed: the checksum is part of the store)."""
 
 
+_WEIGHT_HALVES = np.stack([_ROW_WEIGHTS >> 16, _ROW_WEIGHTS & 0xFFFF], axis=-1).astype(np.float64)
+"""Each weight as ``2^16 hi + lo`` (``hi < 2^15``, ``lo < 2^16``), in fp64: the checksum's two exact products."""
+
+
 def row_checksums(rows: torch.Tensor) -> np.ndarray:
     """``sum_i w_i b_i`` over the raw 16-bit words ``b_i`` of each row of ``rows`` (..., T, d) -> (..., T) int64
     (bytes where a row has an odd number of them).
 
     Exact: ``2^16 * 2^31 * 2^15 < 2^63``, so no sum wraps (rows of up to ``2^15`` words), and a word changed by
-    ``D != 0`` changes the sum by ``w_i D != 0``.
+    ``D != 0`` changes the sum by ``w_i D != 0``. Computed as ``2^16 sum_i hi_i b_i + sum_i lo_i b_i`` with each
+    weight split in 16-bit halves: both sums are integers below ``2^15 * 2^16 * 2^16 = 2^47``, every partial sum
+    too, so an fp64 matrix product (BLAS, any summation order) forms them exactly, and the int64 combination is
+    the same integer as the direct sum.
     """
     raw = _row_bytes(rows)
     words = raw.view(np.uint16) if raw.shape[-1] % 2 == 0 else raw  # half the terms: the checksum runs at every write
     if words.shape[-1] > _ROW_WEIGHTS.size:
         raise ValueError(f"rows of {raw.shape[-1]} bytes: the row checksum covers at most {_ROW_WEIGHTS.size} words")
-    return words.astype(np.int64) @ _ROW_WEIGHTS[:words.shape[-1]]
+    halves = words.astype(np.float64) @ _WEIGHT_HALVES[:words.shape[-1]]  # (..., T, 2), exact integers
+    return (halves[..., 0].astype(np.int64) << 16) + halves[..., 1].astype(np.int64)
 
 
 def _count_written(written: np.ndarray, start: int, stop: int, block_size: int) -> None:

@@ -31,6 +31,7 @@ from witcert.spot.cell import (ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, 
                                exact_order, unit_ratio)
 from witcert.spot.confidence import ONE_SIDED_CAP, row_betting_upper
 from witcert.spot.one_sided import EXACT_SHARE, ROUNDING, SMALL, Z_KEYS_SHARE, Z_SHARE_OF_DELTA, exact_keys
+from witcert.spot.groups import whole_groups
 from witcert.spot.randomness import MultinomialSampler, draw_until_new, spot_randomness
 from witcert.spot.rounds import DEFAULT_SPLIT, ROUND_GROWTH, schedule
 
@@ -40,8 +41,8 @@ class CellChecks:
     """Results of :func:`check_cells`, each ``(N,)``.
 
     ``bound`` holds for its cell with probability ``>= 1 - delta`` (``delta`` what the rounds run spent; 0 for
-    a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read;
-    ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` (with ``keep_reads``) the
+    a cell read whole, whose bound is its true TV rounded up); ``keys_read`` distinct exact keys the cell read
+    (in a key group read whole, its share of the group's reads); ``rounds`` rounds run; ``whole`` the cell was read whole; ``known`` and ``exact`` (with ``keep_reads``) the
     exact logits the check knew (read or carried), for a later check of the same cells (``carried``).
     """
 
@@ -58,7 +59,7 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
                 generator: torch.Generator | None = None, split: str = DEFAULT_SPLIT, sampler=None,
                 exact_share: float = EXACT_SHARE, z_keys_share: float = Z_KEYS_SHARE,
                 z_share: float = Z_SHARE_OF_DELTA, growth: int = ROUND_GROWTH, carried=None,
-                keep_reads: bool = False) -> CellChecks:
+                keep_reads: bool = False, read_groups: bool = False) -> CellChecks:
     """Spot-check bounds on ``TV(p, p~)`` of ``N`` cells at once (registry SCO with SCB; rounds SCR).
 
     Parameters
@@ -68,7 +69,10 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     radii : (N, S) tensor
         Per-token bounds ``c >= |l~ - l|`` (checked on every token read).
     source : object
-        ``source.logits(cells (M,), tokens (M,)) -> (M,)`` exact logits (:mod:`witcert.spot.gather`).
+        ``source.logits(cells (M,), tokens (M,)) -> (M,)`` exact logits (:mod:`witcert.spot.gather`). Optional:
+        ``source.groups`` (N,) int64, the cells' key groups (cells of a group attend the same exact keys: one
+        layer, row and kv head; see ``read_groups``), and ``source.dense_logits(cells (M,), wanted (M, S) bool)
+        -> (M, S)``, the exact logits of whole rows (used wherever a cell is read whole).
     keys : int
         Most distinct exact keys a cell may read.
     delta : float or (N,) tensor
@@ -92,6 +96,13 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads.
     keep_reads : bool
         Return what the check knew (``known``, ``exact``: a later check's ``carried``); ``None`` otherwise.
+    read_groups : bool
+        Read key groups whole where that fits the budget (:mod:`witcert.spot.groups`; needs ``source.groups``):
+        a group whose history (the union of its cells' visible tokens not yet known) is at most ``keys`` per
+        checked cell of the group is read before any round, and each of its cells gets its true TV rounded up,
+        ``delta`` 0, ``whole``, one round, and ``keys_read`` its share of the group's reads, ``ceil(history /
+        cells of the group)`` (the shares sum to at least the keys read, each ``<= keys``). Off by default:
+        without it every cell reads on its own, as before.
 
     Returns
     -------
@@ -110,6 +121,13 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
     active = torch.ones(n, dtype=torch.bool)
+    if read_groups and getattr(source, "groups", None) is not None:  # key groups read whole (witcert.spot.groups)
+        grouped, shared = whole_groups(cells.visible & ~cells.known, source.groups, keys)
+        done = grouped.nonzero().reshape(-1)
+        if done.numel():
+            best[done] = cells.whole(done)
+            cells.count[done] = shared[done]
+            rounds[done], whole[done], active[done] = 1, True, False
     for budget, share in schedule(keys, tau, split, growth):
         rows = active.nonzero().reshape(-1)
         if not rows.numel():
@@ -294,6 +312,25 @@ class _Cells:
                              "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
         self.x[rows, tokens] = x
 
+    def _read_rows(self, rows: torch.Tensor, fresh: torch.Tensor, dense) -> None:
+        """The exact logits of the ``fresh`` (M, S) tokens of ``rows`` from ``dense(rows, fresh) -> (M, S)``, checked
+        as :meth:`_checked_logits` checks them, in dense passes over the rows (no per-pair indexing)."""
+        logits = torch.as_tensor(dense(rows, fresh)).to(torch.float64).cpu()
+        if logits.shape != fresh.shape:
+            raise ValueError(f"source: returned dense logits of shape {tuple(logits.shape)} for {tuple(fresh.shape)}")
+        if not bool(torch.isfinite(logits[fresh]).all()):
+            raise ValueError("source: returned a non-finite exact logit for a visible token")
+        x = torch.where(fresh, logits - self.take(self.scores, rows), 0.0)
+        radius = self.take(self.c, rows)
+        bad = fresh & (x.abs() > radius * (1 + RANGE_TOLERANCE) + ABSOLUTE_SLACK)
+        if bool(bad.any()):
+            i, t = bad.nonzero()[0].tolist()
+            raise ValueError(f"radii: c = {float(radius[i, t])!r} of cell {int(rows[i])}, token {t} does not "
+                             "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
+        self.x[rows] = torch.where(fresh, x, self.take(self.x, rows))
+        self.known[rows] = self.take(self.known, rows) | fresh
+        self.count.index_add_(0, rows, fresh.sum(-1))
+
     def keys_read(self, rows: torch.Tensor) -> torch.Tensor:
         return self.count[rows]
 
@@ -319,7 +356,11 @@ class _Cells:
     def whole(self, rows: torch.Tensor) -> torch.Tensor:
         """Read every visible token of ``rows``: the true TV rounded up, (M,)."""
         visible = self.take(self.visible, rows)
-        self.read(rows[:, None].expand_as(visible)[visible], visible.nonzero()[:, 1])
+        dense = getattr(self.source, "dense_logits", None)
+        if dense is None:
+            self.read(rows[:, None].expand_as(visible)[visible], visible.nonzero()[:, 1])
+        else:  # whole rows: one matmul per key group, not per-pair gathers
+            self._read_rows(rows, visible & ~self.take(self.known, rows), dense)
         log_p = self.take(self.log_p, rows)
         exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
         return _inflated((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)

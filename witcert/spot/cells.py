@@ -11,7 +11,8 @@ pass are recomputed from it. Extra columns:
   ``generate``; under Tier B's probabilistic branch (``mon.non_adaptive()`` on the dithered cache) it
   is Tier B's meter, valid with probability ``1 - delta_loc`` (the check itself relies on deterministic
   radii, so its bound does not);
-- ``spot_bound`` (NaN where no check ran), ``spot_keys`` (distinct exact keys the cell read),
+- ``spot_bound`` (NaN where no check ran), ``spot_keys`` (distinct exact keys the cell read; in a key group read whole,
+  its share of the group's reads: :mod:`witcert.spot.groups`),
   ``spot_rounds``, ``spot_bytes`` (bytes the checks read, each key row or verified block charged to the
   first cell of the call that needed it, so the column sums to the traffic), ``spot_delta`` (the failure
   probability the cell's checks spent: at most its ``delta``; 0 where the meter is deterministic and where

@@ -81,7 +81,7 @@ class PendingChecks:
         source = _Layers([layer.source for layer in pending])
         result = check_cells(torch.cat([layer.scores for layer in pending]), torch.cat([layer.radii for layer in pending]),
                              source, keys=spot.keys, delta=delta, tau=spot.tau if spot.adaptive else None,
-                             generator=spot.randomness.generator, split=spot.split)
+                             generator=spot.randomness.generator, split=spot.split, read_groups=True)
         first = 0
         for layer in pending:
             part = slice(first, first + layer.at.shape[0])
@@ -107,11 +107,18 @@ def _write(layer: _Layer, bound: torch.Tensor, result, part: slice, tau_k: float
 
 
 class _Layers:
-    """One exact-logit source over several layers' cells, stacked in order (each layer's own gather)."""
+    """One exact-logit source over several layers' cells, stacked in order (each layer's own gather).
+
+    Each cell's key group is ``(layer, row, kv head)``, numbered ``layer * stride + row * kv heads + kv head``
+    (:mod:`witcert.spot.groups`)."""
 
     def __init__(self, sources: list):
         self.sources = sources
         self.starts = torch.cumsum(torch.tensor([0] + [s.q.shape[0] for s in sources]), 0)
+        own = [s.groups for s in sources]
+        stride = max([int(g.max()) + 1 for g in own if g.numel()], default=1)
+        self.groups = torch.cat([g + index * stride for index, g in enumerate(own)]) if own else \
+            torch.zeros(0, dtype=torch.int64)
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         out = torch.empty(cells.numel(), dtype=torch.float64)
@@ -119,4 +126,14 @@ class _Layers:
         for index in torch.unique(layer).tolist():
             at = layer == index
             out[at] = self.sources[index].logits(cells[at] - self.starts[index], tokens[at])
+        return out
+
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` exact logits of ``cells`` at ``wanted`` (:meth:`witcert.spot.gather.KeyGather.dense_logits`),
+        each layer's cells from its own source."""
+        out = torch.zeros(wanted.shape, dtype=torch.float64)
+        layer = torch.searchsorted(self.starts, cells, right=True) - 1
+        for index in torch.unique(layer).tolist():
+            at = (layer == index).nonzero().reshape(-1)
+            out[at] = self.sources[index].dense_logits(cells[at] - self.starts[index], wanted[at])
         return out

@@ -21,14 +21,20 @@ import torch
 
 
 class TableLogits:
-    """Exact logits ``(N, S)`` held in memory; reads cost nothing."""
+    """Exact logits ``(N, S)`` held in memory; reads cost nothing. ``groups`` (N,) int64, optional: the key groups
+    of the cells (:mod:`witcert.spot.groups`; ``None``: each cell on its own, no group read whole)."""
 
-    def __init__(self, exact: torch.Tensor):
+    def __init__(self, exact: torch.Tensor, groups: torch.Tensor | None = None):
         self.exact = torch.as_tensor(exact).detach().to(torch.float64).cpu()
         self.bytes_read = torch.zeros(self.exact.shape[0], dtype=torch.float64)
+        self.groups = None if groups is None else torch.as_tensor(groups, dtype=torch.int64).reshape(-1)
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         return self.exact[cells, tokens]
+
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` exact logits of the rows ``cells`` (every token; ``wanted`` the ones used)."""
+        return self.exact[cells]
 
 
 class BackedKeys:
@@ -61,10 +67,10 @@ class BackedKeys:
         self.fetch(flat)
         return self.gather(flat)
 
-    def fetch(self, flat: torch.Tensor) -> torch.Tensor:
+    def fetch(self, flat: torch.Tensor, distinct: bool = False) -> torch.Tensor:
         """Read (verified) every pair of ``flat`` (``(row * kv_heads + kv head) * length + token``) not held yet,
-        in one store read; returns the flat pairs read now."""
-        wanted = torch.unique(flat)
+        in one store read; returns the flat pairs read now (``distinct``: ``flat`` has no repeats)."""
+        wanted = flat if distinct else torch.unique(flat)
         new = wanted[self._slot[wanted] < 0]
         if not new.numel():
             return new
@@ -76,6 +82,10 @@ class BackedKeys:
     def gather(self, flat: torch.Tensor) -> torch.Tensor:
         """``(k, d)`` fp64 keys of the flat pairs ``flat`` already read (:meth:`fetch`), in one indexing."""
         return self._keys[self._slot[flat]]
+
+    def latest(self, count: int) -> torch.Tensor:
+        """``(count, d)`` fp64 keys of the last ``count`` pairs read (:meth:`fetch` keeps their order)."""
+        return self._keys[self._keys.shape[0] - count:]
 
     @property
     def row_bytes(self) -> int:
@@ -124,18 +134,58 @@ class KeyGather:
         logits = (keys[inverse] * self.q[cells]).sum(-1) * self.scale
         return logits if self.bias is None else logits + self.bias[cells, tokens]
 
+    @property
+    def groups(self) -> torch.Tensor:
+        """(N,) int64 each cell's (row, kv head): cells of one group attend the same exact keys
+        (:mod:`witcert.spot.groups`)."""
+        return self.rows * self.kv_heads + self.kv
+
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` fp64 exact logits of the cells ``cells`` at the tokens ``wanted`` (M, S) bool (others 0): the
+        union of each (row, kv head)'s wanted keys, every head's in one read (charged as :meth:`logits` charges:
+        each row once), and every logit by one matmul per (row, kv head) of its cells' queries against its keys."""
+        out = torch.zeros(cells.numel(), self.length, dtype=torch.float64)
+        names, member = torch.unique(self.groups[cells], return_inverse=True)
+        union = torch.zeros(names.numel(), self.length, dtype=torch.int32).index_add_(0, member, wanted.to(torch.int32))
+        head, tokens = (union > 0).nonzero().unbind(-1)  # by head, then token
+        if not head.numel():
+            return out
+        flat = names[head] * self.length + tokens
+        if self.backed:
+            keys = self._backed(flat)
+        else:
+            keys = self._cached(flat)
+            first = torch.full((names.numel(),), member.numel()).scatter_reduce(0, member, torch.arange(member.numel()),
+                                                                               "amin")  # each head's first cell
+            self._charge_rows(flat, torch.arange(flat.numel()), cells[first[head]])
+        sizes = torch.bincount(head, minlength=names.numel()).tolist()
+        for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
+            if not at.numel():
+                continue
+            mine = (member == index).nonzero().reshape(-1)
+            logits = (self.q[cells[mine]] @ rows.T) * self.scale
+            if at.numel() == self.length:  # the whole history (in order): rows of out, no scatter
+                out[mine] = logits
+            else:
+                out[mine[:, None], at] = logits
+        if self.bias is not None:
+            out = torch.where(wanted, out + self.bias[cells], 0.0)
+        return out
+
     def _cached(self, unique: torch.Tensor) -> torch.Tensor:
         """Key rows ``unique`` of the exact cache, gathered where the cache lives (an accelerator too), to the host."""
         d = self.keys.shape[-1]
         return self.keys.reshape(-1, d)[unique.to(self.keys.device)].to(device="cpu", dtype=torch.float64)
 
     def _backed(self, unique: torch.Tensor) -> torch.Tensor:
-        """Keys of ``unique`` flat indices from the backing store: the pairs not held yet read and checked together,
-        each new row charged to the first cell of its (row, kv head)."""
-        new = self.keys.fetch(unique)
+        """Keys of ``unique`` flat indices (distinct) from the backing store: the pairs not held yet read and checked
+        together, each new row charged to the first cell of its (row, kv head)."""
+        new = self.keys.fetch(unique, distinct=True)
         if new.numel():
             self._store_bytes.index_add_(0, self._first_cells()[new // self.length],
                                          torch.full((new.numel(),), float(self.keys.row_bytes), dtype=torch.float64))
+        if new.numel() == unique.numel():  # all read now: the rows just appended, in order (no gather)
+            return self.keys.latest(new.numel())
         return self.keys.gather(unique)
 
     def _charge_rows(self, unique: torch.Tensor, inverse: torch.Tensor, cells: torch.Tensor) -> None:

@@ -1,0 +1,44 @@
+"""The backing store's row checksum, computed by fp64 matrix products (``witcert.gate.backing_store.row_checksums``).
+
+Implementation under test: ``row_checksums`` (the content check of every key row the spot check reads from the
+store). Oracle: the direct integer sum ``sum_i w_i b_i`` in Python integers. Domain: random fp32/fp16/bf16 rows,
+rows of all-ones words (every word 0xFFFF: the largest sums), odd byte counts, rows of the most words covered
+(2^15). Tolerance: equal integers.
+"""
+import numpy as np
+import pytest
+import torch
+
+from witcert.gate.backing_store import _ROW_WEIGHTS, _row_bytes, row_checksums
+
+
+def direct(rows: torch.Tensor) -> list[int]:
+    raw = _row_bytes(rows).reshape(-1, _row_bytes(rows).shape[-1])
+    words = raw.view(np.uint16) if raw.shape[-1] % 2 == 0 else raw
+    return [sum(int(w) * int(b) for w, b in zip(_ROW_WEIGHTS, row)) for row in words]
+
+
+@pytest.mark.parametrize("dtype", (torch.float32, torch.float16, torch.bfloat16))
+def test_checksums_equal_the_direct_integer_sum(dtype):
+    rows = torch.randn(3, 5, 24, generator=torch.Generator().manual_seed(0)).to(dtype)
+    assert row_checksums(rows).reshape(-1).tolist() == direct(rows)
+
+
+def test_the_largest_sums_are_exact():
+    words = 1 << 15  # the most a row may hold
+    ones = torch.full((2, words), -1, dtype=torch.int16).view(torch.float16)  # every word 0xFFFF
+    assert row_checksums(ones).tolist() == direct(ones)
+    assert row_checksums(ones)[0] == 0xFFFF * int(_ROW_WEIGHTS.sum())
+
+
+def test_odd_byte_rows_sum_bytes():
+    rows = torch.arange(2 * 7, dtype=torch.uint8).reshape(2, 7)
+    assert row_checksums(rows).tolist() == direct(rows)
+
+
+def test_a_changed_word_changes_the_checksum():
+    rows = torch.randn(4, 16, generator=torch.Generator().manual_seed(1))
+    before = row_checksums(rows)
+    rows.view(torch.int32)[2, 5] ^= 1
+    after = row_checksums(rows)
+    assert after[2] != before[2] and np.array_equal(np.delete(after, 2), np.delete(before, 2))
