@@ -122,7 +122,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     # -- write ---------------------------------------------------------------------------------
     def do_kv_cache_update(self, layer, key, value, kv_cache, slot_mapping) -> None:
-        if self.journal and self.journal.holds(slot_mapping[slot_mapping >= 0].long()):
+        if self.journal and self.journal.may_hold(*self._step_tokens(slot_mapping)[1:]):
             self._enter_journal(every=True)  # read back before this write reaches a journaled slot
         super().do_kv_cache_update(layer, key, value, kv_cache, slot_mapping)
         if not self.metered:
@@ -130,17 +130,17 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self._prepare(layer, kv_cache, key.dtype)
         self._follow_scale(layer)
         n = slot_mapping.shape[0]
-        index, slots, entries = self._step_slots(slot_mapping, kv_cache)
-        exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[index]  # (N, Hkv, d)
+        index, slots, write, _ = self._step_tokens(slot_mapping)
+        exact = key[:n].reshape(n, self.num_kv_heads, self.head_size)[index]  # (N, Hkv, d): a copy, vLLM's own
         if self.shadow is not None:
             layout.scatter_rows(self.shadow, slots, exact)
         if self._journaling():
-            self.journal.add(slots, exact)
+            self.journal.add(slots, exact, write)
             self._written_to = (layer, kv_cache)
             self._pending = _Pending(key[:n], value[:n], slot_mapping, index, None)
             return
         self._enter_journal()
-        _, kept = self._read_back(layer, kv_cache, slots, exact, entries)
+        _, kept = self._read_back(layer, kv_cache, slots, exact, self._step_entries(kv_cache, slots))
         if self.store is not None:
             exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[index]
             self.store.write(slots, exact, exact_v)
@@ -185,18 +185,26 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 self.state.write(rows[placed], positions[placed], kept.keys[placed], kept.witness[placed],
                                  kept.key_norms[placed])
 
-    def _step_slots(self, slot_mapping, kv_cache) -> tuple:
-        """The step's written tokens (``-1`` marks padding), their slots and key entries: the same for every layer of
-        a step (one slot mapping, caches of one shape), so found once per step."""
-        cached = self.runtime.slot_cache
-        if cached is None or cached[0] != self.runtime.step or cached[1] is not slot_mapping \
-                or cached[2] != kv_cache.shape:
+    def _step_tokens(self, slot_mapping) -> tuple:
+        """``(index, slots, write, before)``: the step's written tokens (``-1`` marks padding), their slots, the write's
+        number and the last earlier write of any of them (:meth:`.runtime.Runtime.number_writes`): the same for every
+        layer of a step (one slot mapping), so found once per step."""
+        rt = self.runtime
+        cached = rt.slot_cache
+        if cached is None or cached[0] != rt.step or cached[1] is not slot_mapping:
             index = (slot_mapping >= 0).nonzero().squeeze(-1)
             slots = slot_mapping[index].long()
-            cached = (self.runtime.step, slot_mapping, kv_cache.shape, index, slots,
-                      self.cache_layout.key_entries(kv_cache, slots))
-            self.runtime.slot_cache = cached
-        return cached[3:]
+            cached = rt.slot_cache = (rt.step, slot_mapping, index, slots, *rt.number_writes(slots))
+        return cached[2:]
+
+    def _step_entries(self, kv_cache, slots) -> torch.Tensor:
+        """Where the cache holds the keys of the step's ``slots`` (caches of one shape: found once per step; a
+        journaled step never needs them)."""
+        rt = self.runtime
+        cached = rt.entry_cache
+        if cached is None or cached[0] != rt.step or cached[1] is not slots or cached[2] != kv_cache.shape:
+            cached = rt.entry_cache = (rt.step, slots, kv_cache.shape, self.cache_layout.key_entries(kv_cache, slots))
+        return cached[3]
 
     def _read_back(self, layer, kv_cache, slots, exact, entries=None) -> tuple[torch.Tensor, Written]:
         """Read the keys at ``slots`` back, record their witnesses against ``exact``; return the stored entries (in
@@ -248,7 +256,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self.k_scale = layer._k_scale_float
         self.model_dtype = model_dtype
         self.repaired = torch.zeros(blocks * block_size, dtype=torch.bool)
-        self.journal = WriteJournal(blocks * block_size)  # a new cache: nothing of the old one is entered
+        self.journal = WriteJournal()  # a new cache: nothing of the old one is entered
         if cfg.shadow:
             self.shadow = torch.zeros(blocks, heads, block_size, self.head_size, dtype=model_dtype)
         if cfg.gate:
@@ -293,10 +301,17 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self._state_from_cache(layer, kv_cache, torch.full_like(slots, row), torch.arange(start, end), slots)
         p = self._pending
         if p is not None and p.kept is None:
-            self.journal.place(plan.token_rows[p.index], plan.token_positions[p.index])
+            self.journal.place(*self._placed(plan, p.index))
         elif p is not None and p.index.numel():
-            self.state.write(plan.token_rows[p.index], plan.token_positions[p.index], p.kept.keys, p.kept.witness,
-                             p.kept.key_norms)
+            self.state.write(*self._placed(plan, p.index), p.kept.keys, p.kept.witness, p.kept.key_norms)
+
+    @staticmethod
+    def _placed(plan, index) -> tuple:
+        """The state rows and positions of the step's written tokens ``index`` (the same for every layer)."""
+        cached = plan.cache.get("placed")
+        if cached is None or cached[0] is not index:
+            cached = plan.cache["placed"] = (index, plan.token_rows[index], plan.token_positions[index])
+        return cached[1:]
 
     def _state_from_cache(self, layer, kv_cache, rows, positions, slots) -> None:
         """Enter the cache's current keys at ``slots`` into the state at ``(rows, positions)``."""
@@ -323,7 +338,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         settings, positions = self._step_rows(plan)
         picks = self._layer_picks(plan, settings, positions)
         chosen = self._chosen(plan, settings, positions, picks)
-        active = [i for i in range(plan.metered_rows) if any(chosen[i])]
+        active = self._active(plan, chosen)
         if not active:  # nothing metered in this layer: counted, nothing built per cell
             self._count_unmetered(plan, settings)
             return
@@ -379,6 +394,14 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks,
                     spot_delta)
 
+    @staticmethod
+    def _active(plan, chosen: list) -> list:
+        """The metered rows with a chosen query token (found once per step where ``chosen`` is the step's own)."""
+        cached = plan.cache.get("active")
+        if cached is None or cached[0] is not chosen:
+            cached = plan.cache["active"] = (chosen, [i for i in range(plan.metered_rows) if any(chosen[i])])
+        return cached[1]
+
     def _spot_rows(self, plan, md, settings, active, chosen, lengths, width):
         """The step's :class:`~.spot_gate.SpotRows` (``None``: no active row asked for the spot check)."""
         if all(settings[i].spot is None for i in active):
@@ -426,15 +449,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         """Per metered row and query token: whether the operator's sampling or the request's audit meters it in this
         layer (with the shadow, every token of an audited request: the audit's statement is checked against every
         cell's truth; its meter is still kept on the picked cells only)."""
-        if all(s.everything for s in settings):
-            if "chosen" not in plan.cache:
-                plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
-                                        for i in range(len(settings))]
+        if "chosen" in plan.cache:  # the step's answer, the same in every layer (below)
             return plan.cache["chosen"]
-        if picks is None and all(s.metering.layers is None for s in settings):  # the same in every layer
-            if "chosen" not in plan.cache:
-                plan.cache["chosen"] = [[j < plan.query_counts[i] and s.metering.meters(0, positions[i][j])
-                                         for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+        if all(s.everything for s in settings):
+            plan.cache["chosen"] = [[j < plan.query_counts[i] for j in range(len(positions[i]))]
+                                    for i in range(len(settings))]
+            return plan.cache["chosen"]
+        if picks is None and all(not s.metering.layers for s in settings):  # every layer or none: the same in each
+            plan.cache["chosen"] = [[j < plan.query_counts[i] and s.metering.meters(0, positions[i][j])
+                                     for j in range(len(positions[i]))] for i, s in enumerate(settings)]
             return plan.cache["chosen"]
         layer, shadow = self.layer_index, self.shadow is not None
         any_picked = None if picks is None else self._any_picked(plan)

@@ -11,7 +11,8 @@ call for all the steps.
 
 Soundness: the read-back must see what the kernel attended. A slot in the journal belongs to a running
 sequence and is written once; the caller empties the journal before any write that reaches a slot it holds
-(:meth:`WriteJournal.holds`: a freed block reused, a speculative token written again), so the read-back finds
+(:meth:`WriteJournal.holds`: a freed block reused, a speculative token written again; :meth:`WriteJournal.may_hold`
+answers the same question from write numbers, once per step for every layer), so the read-back finds
 the very entries the write left, and the witness comes from the exact keys the write saw. Entries are
 distinct slots, so the batched scatters never write one place twice.
 """
@@ -19,25 +20,26 @@ import torch
 
 
 class WriteJournal:
-    """One layer's journaled writes into a cache of ``slots`` slots: per step the slots (N,), exact keys
-    (N, Hkv, d) and, once the step's plan placed them, the state rows and positions (N,) (``None``: the step was
-    not metered, only the witness side tensor is written)."""
+    """One layer's journaled writes: per step the slots (N,), exact keys (N, Hkv, d), the write's number
+    (:meth:`may_hold`) and, once the step's plan placed them, the state rows and positions (N,) (``None``: the step was
+    not metered, only the witness side tensor is written). Adding a step is a list append: nothing is indexed
+    until something reads the journal."""
 
-    def __init__(self, slots: int = 0):
-        self.entries = []  # [slots, exact, rows, positions, placed]
-        self.held = torch.zeros(slots, dtype=torch.bool)  # which slots an entry holds
+    def __init__(self):
+        self.entries = []  # [slots, exact, rows, positions, placed, write number]
+        self.numbered = True  # every entry added with its write number
 
     def __bool__(self) -> bool:
         return bool(self.entries)
 
-    def add(self, slots: torch.Tensor, exact: torch.Tensor) -> None:
-        """A step's writes, not yet placed in the state."""
-        self.entries.append([slots, exact, None, None, False])
-        self.held[slots] = True
+    def add(self, slots: torch.Tensor, exact: torch.Tensor, write: int | None = None) -> None:
+        """A step's writes, not yet placed in the state (``write``: their write number, :meth:`may_hold`)."""
+        self.entries.append([slots, exact, None, None, False, write])
+        self.numbered &= write is not None
 
     def place(self, rows: torch.Tensor, positions: torch.Tensor) -> None:
         """The state rows and positions of the last step's writes (its plan's)."""
-        self.entries[-1][2:] = [rows, positions, True]
+        self.entries[-1][2:5] = [rows, positions, True]
 
     def close(self) -> None:
         """End of the step's forward: a write its plan did not place keeps its witness only."""
@@ -46,7 +48,19 @@ class WriteJournal:
 
     def holds(self, slots: torch.Tensor) -> bool:
         """Whether any of ``slots`` is already journaled (the journal must be entered before they are written)."""
-        return bool(self.entries) and bool(self.held[slots].any())
+        return any(bool(torch.isin(slots, e[0]).any()) for e in self.entries)
+
+    def may_hold(self, slots: torch.Tensor, write: int, before: int) -> bool:
+        """Whether any of ``slots`` may be journaled, from write numbers: ``write`` numbers the write about to happen,
+        ``before`` the last earlier write of any of ``slots`` (``-1``: none). A journaled slot was last written by its
+        entry's write (a later write would have emptied the journal first), so ``before`` is at least that entry's
+        number, and no slot is held where ``before`` precedes the oldest entry: one comparison, no tensor operation.
+        An entry of this same write, or one added without a number, is looked up by slot (:meth:`holds`)."""
+        if not self.entries:
+            return False
+        if not self.numbered or self.entries[-1][5] >= write:
+            return self.holds(slots)
+        return before >= self.entries[0][5]
 
     def take(self) -> tuple | None:
         """Remove the placed steps' writes and return them concatenated: ``(slots, exact, rows, positions)``, rows
@@ -55,8 +69,8 @@ class WriteJournal:
         if not done:
             return None
         self.entries = [e for e in self.entries if not e[4]]
+        self.numbered = all(e[5] is not None for e in self.entries)
         slots = torch.cat([e[0] for e in done])
-        self.held[slots] = False
         exact = torch.cat([e[1] for e in done])
 
         def where(k):

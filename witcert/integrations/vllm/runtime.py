@@ -10,6 +10,8 @@ import time
 import weakref
 from collections import OrderedDict
 
+import torch
+
 from witcert.schemes.catalog import DITHERED
 
 from . import config
@@ -42,13 +44,32 @@ class Runtime:
         self.prompt_lens: list[int] = []  # prompt tokens of each batch row (a verification step starts past them)
         self.step = 0  # engine steps seen (the model runner's input preparation)
         self.planner = Planner()
-        self.slot_cache = None  # (step, slot mapping, cache shape, tokens, slots, key entries) of the step
+        self.slot_cache = None  # (step, slot mapping, tokens, slots, write number, last earlier write) of the step
+        self.writes = 0  # writes numbered so far (number_writes)
+        self.written_by = torch.full((0,), -1, dtype=torch.long)  # per slot, the number of its last write (-1: none)
+        self.entry_cache = None  # (step, slots, cache shape, key entries) of the step
         self.journal_step = None  # (step, whether its writes are journaled): the same for every layer
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
         self._published = -math.inf  # when the snapshot was last written
         self._logged = (-math.inf, 0)  # when the aggregate was last logged, and its cells then
         self._default = config.default_settings(cfg)
+
+    def number_writes(self, slots: torch.Tensor) -> tuple[int, int]:
+        """Number a write of ``slots`` (every layer's write of one step shares it): ``(number, before)``, ``before`` the
+        number of the last earlier write of any of ``slots`` (``-1``: none), which tells a layer's journal whether it
+        may hold one of them (:meth:`.journal.WriteJournal.may_hold`)."""
+        self.writes += 1
+        if not slots.numel():
+            return self.writes, -1
+        top = int(slots.max()) + 1
+        if top > self.written_by.numel():
+            grown = torch.full((max(top, 2 * self.written_by.numel()),), -1, dtype=torch.long)
+            grown[: self.written_by.numel()] = self.written_by
+            self.written_by = grown
+        before = int(self.written_by[slots].max())
+        self.written_by[slots] = self.writes
+        return self.writes, before
 
     def request_id(self, row: int) -> str:
         """The request in batch row ``row`` of the running step (``row<i>`` if unknown)."""

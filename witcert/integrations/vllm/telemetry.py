@@ -119,7 +119,10 @@ class Telemetry:
         costs a few integer additions."""
         self.unmetered += len(requests) * heads
         for name in schemes:
-            self.schemes.setdefault(name, _scheme_stats())["unmetered"] += heads
+            stats = self.schemes.get(name)
+            if stats is None:
+                stats = self.schemes[name] = _scheme_stats()
+            stats["unmetered"] += heads
         self.layer_max.setdefault(layer, 0.0)
         for request in requests:
             self.request_max[request] = self.request_max.pop(request, 0.0)
@@ -264,8 +267,9 @@ class Telemetry:
         os.makedirs(directory, exist_ok=True)
         path = os.path.join(directory, f"witcert-{os.getpid()}.json")
         tmp = path + ".tmp"
+        text = json.dumps(self.snapshot())  # one C-encoded string (json.dump streams through the Python encoder)
         with open(tmp, "w") as f:
-            json.dump(self.snapshot(), f)
+            f.write(text)
         os.replace(tmp, path)
 
 
