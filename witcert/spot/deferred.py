@@ -9,8 +9,8 @@ then writes ``min(meter, spot bound)``, the output bound, the joint pass and the
 recorded cells. One check of a whole decode step's cells (SmolLM2: 30 layers x 9 heads) instead of
 thirty of nine: the per-call work of the batched check is shared by thirty times more cells. The draws
 are still made after every query of the call is fixed. With deferred metering
-(:mod:`witcert.integrations.hf.pending`, a fixed delta per cell) one :class:`PendingChecks` collects every
-layer's cells of every call metered at a request's flush, and runs once at its end.
+(:mod:`witcert.integrations.hf.pending`, a fixed delta per cell) one :class:`PendingChecks` collects a
+layer's cells of every call metered at a request's flush, and runs once per layer.
 """
 from __future__ import annotations
 

@@ -10,7 +10,7 @@ cache writes and reads. Sampled metering (:mod:`~witcert.integrations.hf.samplin
 cells as in the step: its draw depends on each call's layer and positions alone; so does the request
 audit (:mod:`witcert.audit`: a pick is a function of the cell and the audit's seed), whose spot checks
 read the exact keys at the flush (the exact cache and the host backing store only append). So does the spot
-certificate with a fixed ``spot_delta`` per cell (:mod:`witcert.spot.deferred`): every layer's cells above tau of
+certificate with a fixed ``spot_delta`` per cell (:mod:`witcert.spot.deferred`): a layer's cells above tau of
 every recorded call are checked in one batch at the flush, their draws made after all their queries are fixed;
 a key group (layer, row, kv head) then holds the cells of all those calls, so its history is read once for
 all of them where that costs at most ``spot_keys`` keys per checked cell (:mod:`witcert.spot.groups`).
@@ -97,8 +97,6 @@ class PendingCells:
             spot = self.scope.spot
             checks = None if spot is None else spot.pending(self.scope.tau_k, self.scope.tau_v, None)
             self._meter(recorded, checks)
-            if checks is not None:  # the spot checks of every layer's cells above tau, in one batch
-                checks.run()
             if self.scope.audit is not None:  # the audit's checks of every layer's picked cells, in one batch
                 self.scope.audit.run_checks()
 
@@ -114,6 +112,8 @@ class PendingCells:
                     _, batch = attend(scope, layer, query, None, visible, run[0].scale, None,  # read if metered
                                       spans=[call.span for call in run])
                     scope.record(batch)
+                if spot_checks is not None:  # the layer's cells above tau of every recorded call, in one batch (one
+                    spot_checks.run()  # layer at a time: a flush holds up to FLUSH_CALLS calls' logits per layer)
 
 
 def _runs(calls: list[_Call]) -> list[list[_Call]]:
