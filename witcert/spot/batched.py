@@ -177,6 +177,16 @@ def _inflated(value: torch.Tensor) -> torch.Tensor:
     return torch.where(torch.isnan(value) | (value >= 1), 1.0, up)
 
 
+def _outside(x: torch.Tensor, radius: torch.Tensor) -> torch.Tensor:
+    """Where ``|l - l~| = |x|`` exceeds its radius beyond the check's tolerance (a radius that does not hold)."""
+    return x.abs() > radius * (1 + RANGE_TOLERANCE) + ABSOLUTE_SLACK
+
+
+def _radius_error(radius: float, cell: int, token: int) -> ValueError:
+    return ValueError(f"radii: c = {radius!r} of cell {cell}, token {token} does not bound its logit error "
+                      "(|l~ - l| > c): the spot check's ranges need a valid radius")
+
+
 def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """What no round changes, per (cell, token): ``visible``, ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the
     small radii (``e^c - 1 < SMALL``), per cell ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` (every term in log space),
@@ -305,11 +315,10 @@ class _Cells:
             raise ValueError("source: returned a non-finite exact logit for a visible token")
         x = logits - self.scores[rows, tokens]
         radius = self.c[rows, tokens]
-        bad = x.abs() > radius * (1 + RANGE_TOLERANCE) + ABSOLUTE_SLACK
+        bad = _outside(x, radius)
         if bool(bad.any()):
             i = int(bad.nonzero()[0, 0])
-            raise ValueError(f"radii: c = {float(radius[i])!r} of cell {int(rows[i])}, token {int(tokens[i])} does not "
-                             "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
+            raise _radius_error(float(radius[i]), int(rows[i]), int(tokens[i]))
         self.x[rows, tokens] = x
 
     def _read_rows(self, rows: torch.Tensor, fresh: torch.Tensor, dense) -> None:
@@ -322,11 +331,10 @@ class _Cells:
             raise ValueError("source: returned a non-finite exact logit for a visible token")
         x = torch.where(fresh, logits - self.take(self.scores, rows), 0.0)
         radius = self.take(self.c, rows)
-        bad = fresh & (x.abs() > radius * (1 + RANGE_TOLERANCE) + ABSOLUTE_SLACK)
+        bad = fresh & _outside(x, radius)
         if bool(bad.any()):
             i, t = bad.nonzero()[0].tolist()
-            raise ValueError(f"radii: c = {float(radius[i, t])!r} of cell {int(rows[i])}, token {t} does not "
-                             "bound its logit error (|l~ - l| > c): the spot check's ranges need a valid radius")
+            raise _radius_error(float(radius[i, t]), int(rows[i]), t)
         self.x[rows] = torch.where(fresh, x, self.take(self.x, rows))
         self.known[rows] = self.take(self.known, rows) | fresh
         self.count.index_add_(0, rows, fresh.sum(-1))
