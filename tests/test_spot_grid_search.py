@@ -7,6 +7,7 @@ above it, so no test depends on the order a CPU sums in). Rows of every length, 
 with no valid sample, are searched together, as the batched check does.
 """
 import math
+import warnings
 
 import pytest
 import torch
@@ -75,3 +76,25 @@ def test_search_bounds_every_grid_region(search):
     assert bool((bound <= means + 0.1).all())
     assert len(set((bound * confidence.GRID_CELLS).long().div(confidence.GRID_STRIDE, rounding_mode="floor")
                    .tolist())) == confidence.GRID_CELLS // confidence.GRID_STRIDE  # every coarse block
+
+
+def test_compiled_grid_search_matches_eager_on_single_rows_of_few_draws(monkeypatch):
+    """``WITCERT_COMPILE=1``'s grid search gives the eager bound, compiled (no fallback), on the inputs an audit's
+    one-cell rounds give: a single row of a few draws, with and without a rejected point. (Found with an
+    ``argmax``-then-``gather`` form of ``_first``, which inductor compiled to read the index before forming it.)"""
+    from witcert.fastpath import compiled as compiled_mod
+
+    monkeypatch.setattr(compiled_mod, "_state", {})
+    search = compiled_mod.pick(confidence._grid_search, confidence._grid_search_probe, compiled=True)
+    if search is confidence._grid_search:
+        pytest.skip("torch.compile is unavailable here")
+    g = torch.Generator().manual_seed(3)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # a fallback to eager would hide a miscompiled call
+        for width in (2, 3, 4, 7, 16, 33):
+            for delta, scale in ((2.6e-8, 0.3), (1e-3, 0.05), (0.3, 1.0)):
+                x = torch.rand(1, width, generator=g, dtype=torch.float64) * scale
+                args = (x, torch.ones_like(x, dtype=torch.bool), torch.tensor([delta], dtype=torch.float64),
+                        torch.tensor([float(width)], dtype=torch.float64),
+                        torch.tensor(confidence.ONE_SIDED_CAP, dtype=torch.float64))
+                assert torch.equal(search(*args), confidence._grid_search(*args)), (width, delta)

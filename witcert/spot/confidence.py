@@ -147,9 +147,13 @@ def _rejected(x: torch.Tensor, lambdas: torch.Tensor, threshold: torch.Tensor, p
 
 
 def _first(hit: torch.Tensor, points: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
-    """Per row, the first of ``points`` (R, P) where ``hit``, else ``otherwise`` (R,)."""
-    first = hit.to(torch.int8).argmax(-1, keepdim=True)  # the first True (0 when none)
-    return torch.where(hit.any(-1), points.gather(1, first)[:, 0], otherwise)
+    """Per row, the first of ``points`` (R, P), ascending, where ``hit``, else ``otherwise`` (R,), above every point.
+
+    The least point hit, as one masked minimum: no index is computed and read back. (An ``argmax`` then ``gather``
+    compiled by torch 2.13's inductor read the index before it was formed for single-row inputs of a few draws,
+    caught then only by its bounds check.)
+    """
+    return torch.where(hit, points, otherwise[:, None]).amin(-1)
 
 
 def _grid_search(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, planned: torch.Tensor,
