@@ -59,8 +59,8 @@ def _true_tv(q, k, view, lengths):
     return 0.5 * (torch.softmax(truth, -1) - torch.softmax(scores, -1)).abs().sum(-1)
 
 
-def _checked(seed, keys, delta):
-    q, k, store, state, lengths, slots = _cells(seed)
+def _checked(seed, keys, delta, groups=4):
+    q, k, store, state, lengths, slots = _cells(seed, groups=groups)
     rows, hkv, groups = q.shape[:3]
     view = state.view(rows, lengths)
     lens = lengths[:, None, None].expand(rows, 1, groups)
@@ -83,17 +83,27 @@ def test_spot_bounds_cover_the_true_tv_at_small_delta_and_read_only_drawn_key_ro
 
 
 def test_spot_failures_at_large_delta_stay_within_the_binomial_ceiling():
-    """delta = 0.2 per cell, 48 of ~150 keys (the checks sample): bounds below the true TV at most as often as delta
-    allows, over 8 independent draws of 32 cells; not vacuous: many bounds within 1.3x of the true TV."""
+    """delta = 0.2 per cell, 48 of ~150 keys (the checks sample: two query heads per kv head read at most 96 of a
+    group's ~150 keys, so no group is read whole): bounds below the true TV at most as often as delta allows, over 8
+    independent draws of 16 cells; not vacuous: many bounds within 1.3x of the true TV."""
     failures, trials, tight = 0, 0, 0
     for seed in range(8):
-        out, tv, _ = _checked(100 + seed, keys=48, delta=0.2)
+        out, tv, _ = _checked(100 + seed, keys=48, delta=0.2, groups=2)
         failures += int((out.bound < tv).sum())
         tight += int((out.bound < 1.3 * tv).sum())
         trials += tv.numel()
         assert out.keys < out.cells * 48 + 1 and out.keys > out.cells * 16  # sampled, not read whole
     assert failures <= binomial_ceiling(trials, 0.2), (failures, trials)
     assert tight > trials // 4, tight
+
+
+def test_key_groups_within_the_budget_are_read_whole_to_their_true_tv():
+    """Four query heads per kv head at 48 keys each may read a group's whole history (at most 160 keys): every cell
+    gets its true TV rounded up, each key row read once per group (charged as shares of at most the budget)."""
+    out, tv, store = _checked(7, keys=48, delta=1e-6)
+    assert bool((out.bound >= tv).all()) and bool((out.bound <= tv + 1e-8).all()), (out.bound - tv)
+    assert out.bytes == int(store.written.sum()) * store.key_row_bytes  # every written key row, once
+    assert out.keys <= out.cells * 48
 
 
 def test_store_reads_keys_checked_against_their_own_crc():

@@ -78,28 +78,29 @@ class ExactStore:
     def read_keys(self, slots: torch.Tensor) -> torch.Tensor:
         """Verified copies of the key rows at ``slots`` (N,) (distinct), (N, Hkv, d): each checked against the CRC of
         the key bytes written (``NeverWrittenError``, ``ChecksumMismatchError`` as :meth:`page_in`)."""
-        ids = slots.long().tolist()
-        missing = [s for s in ids if not self.written[s]]
-        if missing:
-            raise NeverWrittenError(f"exact store: slot(s) {missing[:8]} were never written; refusing to read "
+        index = slots.long()
+        ids = index.numpy()
+        missing = ids[~self.written[ids]]
+        if missing.size:
+            raise NeverWrittenError(f"exact store: slot(s) {missing[:8].tolist()} were never written; refusing to read "
                                     "unwritten keys")
-        k = self.k[slots.long()].clone()
-        bad = [s for s, crc in zip(ids, _key_crcs(k)) if crc != self.key_crc[s]]
-        if bad:
-            raise ChecksumMismatchError(f"exact store: the key bytes of slot(s) {bad[:8]} differ from the bytes "
-                                        "written")
-        self.bytes_checked += len(ids) * self.key_row_bytes
+        k = self.k[index].clone()
+        bad = ids[np.asarray(_key_crcs(k), dtype=np.uint32) != self.key_crc[ids]]
+        if bad.size:
+            raise ChecksumMismatchError(f"exact store: the key bytes of slot(s) {bad[:8].tolist()} differ from the "
+                                        "bytes written")
+        self.bytes_checked += ids.size * self.key_row_bytes
         return k
 
 
 def _key_crcs(k: torch.Tensor) -> list[int]:
     """CRC-32 of each slot's key bytes."""
     kb = k.reshape(k.shape[0], -1).view(torch.uint8).numpy()
-    return [zlib.crc32(kb[i].tobytes()) for i in range(kb.shape[0])]
+    return [zlib.crc32(row) for row in kb]  # each row a contiguous buffer: no copy
 
 
 def _row_crcs(k: torch.Tensor, v: torch.Tensor, key_crcs: list[int] | None = None) -> list[int]:
     """CRC-32 of each slot's key bytes followed by its value bytes (continued from ``key_crcs`` when given)."""
     key_crcs = _key_crcs(k) if key_crcs is None else key_crcs
     vb = v.reshape(v.shape[0], -1).view(torch.uint8).numpy()
-    return [zlib.crc32(vb[i].tobytes(), key_crcs[i]) for i in range(vb.shape[0])]
+    return [zlib.crc32(row, crc) for row, crc in zip(vb, key_crcs)]

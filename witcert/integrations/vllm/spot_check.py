@@ -5,7 +5,10 @@ Every checked cell of one layer and step goes through one :func:`witcert.spot.ch
 (:func:`.decode_pass.cell_terms` with ``reference=True``: the attention the meter certifies, over the keys the
 cache holds now), and :class:`StoreLogits` serves the exact logits of the drawn tokens only, reading each drawn
 token's key row from the :class:`~.exact_store.ExactStore` once per layer-step, checked against the CRC of the key
-bytes written. The draws come from the engine's spot generator (seeded from the operating system) and are made
+bytes written. A key group (one row's kv head: its checked query heads attend the same exact keys) whose history
+is at most the key budget per checked cell of the group is read whole instead (``read_groups``,
+:mod:`witcert.spot.groups`: one verified read and one matmul per group; its cells get their true TV rounded up, no
+draws): with a few hundred tokens of context and the default budget, the usual case. The draws come from the engine's spot generator (seeded from the operating system) and are made
 here, after the step's queries are fixed. A cell's bound is ``min(meter, spot bound)``, valid with probability at
 least ``1 - delta_cell`` (the share of the request's ``delta`` this check spends).
 """
@@ -37,7 +40,8 @@ class StoreLogits:
     def __init__(self, store, queries: torch.Tensor, rows: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
                  scale: float):
         self.store, self.q, self.rows, self.kv, self.slots, self.scale = store, queries.double(), rows, kv, slots, scale
-        self.at = {}  # slot -> its row in self.keys, for the slots read so far
+        # slot -> its row in self.keys (-1: not read yet): one gather per call, no Python loop over the drawn slots
+        self.at = torch.full((store.k.shape[0],), -1, dtype=torch.int64)
         self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows, in read order
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
@@ -45,19 +49,52 @@ class StoreLogits:
         wanted = self.slots[self.rows[cells], tokens]
         if bool((wanted < 0).any()):
             raise ValueError("spot check: a drawn token lies past its sequence's length (no slot)")
-        unique, inverse = torch.unique(wanted, return_inverse=True)
-        rows = self._read(unique.tolist())
-        keys = self.keys[rows[inverse], self.kv[cells]]  # (M, d)
+        rows = self._read(wanted)
+        keys = self.keys[rows, self.kv[cells]]  # (M, d)
         return (keys * self.q[cells]).sum(-1) * self.scale
 
-    def _read(self, unique: list) -> torch.Tensor:
-        """The rows of ``self.keys`` holding the slots ``unique``, the slots not read yet read (verified) first."""
-        new = [s for s in unique if s not in self.at]
-        if new:
+    @property
+    def groups(self) -> torch.Tensor:
+        """(N,) each cell's key group, its (row, kv head): cells of a group attend the same exact keys (registry
+        SCO's whole reads, :mod:`witcert.spot.groups`)."""
+        return self.rows * self.store.k.shape[1] + self.kv
+
+    def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
+        """``(M, S)`` fp64 exact logits of ``cells`` at the tokens ``wanted`` (M, S) bool (others 0): the union of
+        each key group's wanted slots read once (verified), then one matmul per group of its cells' queries."""
+        out = torch.zeros(wanted.shape, dtype=torch.float64)
+        names, member = torch.unique(self.groups[cells], return_inverse=True)
+        union = torch.zeros(names.numel(), wanted.shape[1], dtype=torch.int32).index_add_(0, member,
+                                                                                         wanted.to(torch.int32)) > 0
+        row_of = self.rows[cells[torch.full((names.numel(),), cells.numel()).scatter_reduce(
+            0, member, torch.arange(cells.numel()), "amin")]]  # each group's row (that of its first cell)
+        kv_of = names - row_of * self.store.k.shape[1]
+        head, tokens = union.nonzero().unbind(-1)
+        if not head.numel():
+            return out
+        wanted_slots = self.slots[row_of[head], tokens]
+        if bool((wanted_slots < 0).any()):
+            raise ValueError("spot check: a wanted token lies past its sequence's length (no slot)")
+        at = self._read(wanted_slots)  # before self.keys is indexed: the read extends it
+        keys = self.keys[at, kv_of[head]]  # (T, d): each group's tokens, by group
+        sizes = torch.bincount(head, minlength=names.numel()).tolist()
+        for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
+            if at.numel():
+                mine = (member == index).nonzero().reshape(-1)
+                out[mine[:, None], at] = (self.q[cells[mine]] @ rows.T) * self.scale
+        return out
+
+    def _read(self, wanted: torch.Tensor) -> torch.Tensor:
+        """The rows of ``self.keys`` holding the slots ``wanted`` (any order, repeats), the slots not read yet read
+        (verified, each once) first."""
+        rows = self.at[wanted]
+        if bool((rows < 0).any()):
+            new = torch.unique(wanted[rows < 0])
             first = self.keys.shape[0]
-            self.keys = torch.cat([self.keys, self.store.read_keys(torch.tensor(new)).double()])
-            self.at.update(zip(new, range(first, first + len(new))))
-        return torch.tensor([self.at[s] for s in unique], dtype=torch.int64)
+            self.keys = torch.cat([self.keys, self.store.read_keys(new).double()])
+            self.at[new] = torch.arange(first, first + new.numel())
+            rows = self.at[wanted]
+        return rows
 
 
 @dataclass(frozen=True)
@@ -101,7 +138,7 @@ class SpotChecker:
             rp, kvp, mp = r[pick], kv[pick], m[pick]
             source = StoreLogits(self.store, q[rp, kvp, mp], rp, kvp, slots, self.scale)
             result = check_cells(scores[rp, kvp, mp], c[rp, kvp, mp], source, keys=budget, delta=delta[rp],
-                                 tau=self.tau, generator=self.generator)
+                                 tau=self.tau, generator=self.generator, read_groups=True)
             bound[rp, kvp, mp] = result.bound
             read += int(result.keys_read.sum())
         return Checked(bound, int(at.shape[0]), read, self.store.bytes_checked - before)

@@ -83,8 +83,10 @@ def bounded(checker, rows: SpotRows, meter: torch.Tensor, q, view: dict, lengths
     over = (mine > checker.tau) & rows.valid  # NaN compares False
     if changed is not None:
         over &= changed[:, None, None]
-    view = {name: None if x is None else x[pick] for name, x in view.items()}
-    checked = checker.check(q[pick], view, lengths[pick], over, rows.slots, rows.keys, delta, layout)
+    every = pick.numel() == meter.shape[0] and bool((pick == torch.arange(pick.numel())).all())
+    if not every:  # the spot rows alone (every active row, in order, is the usual case: no copy)
+        view, q, lengths = {name: None if x is None else x[pick] for name, x in view.items()}, q[pick], lengths[pick]
+    checked = checker.check(q, view, lengths, over, rows.slots, rows.keys, delta, layout)
     lower = ~torch.isnan(checked.bound) & (checked.bound < mine)
     out = meter.clone()
     out[pick] = torch.where(lower, checked.bound, mine)
