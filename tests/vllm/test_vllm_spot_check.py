@@ -106,6 +106,28 @@ def test_key_groups_within_the_budget_are_read_whole_to_their_true_tv():
     assert out.keys <= out.cells * 48
 
 
+def test_rechecks_reuse_verified_key_rows_until_the_store_is_written():
+    """The gate's re-checks of a layer-step (same store, no write between) read no key row again and give the same
+    whole-read bounds; any store write starts the reads afresh (a slot may have been reused)."""
+    q, k, store, state, lengths, slots = _cells(11)
+    rows, hkv, groups = q.shape[:3]
+    view = state.view(rows, lengths)
+    lens = lengths[:, None, None].expand(rows, 1, groups)
+    table = torch.full((rows, int(lengths.max())), -1, dtype=torch.int64)
+    for r, at in enumerate(slots):
+        table[r, : at.numel()] = at
+    checker = SpotChecker(store, SCALE, TAU, witcert.spot.spot_randomness(11).generator)
+    over = torch.ones(rows, hkv, groups, dtype=torch.bool)
+    delta = torch.full((rows,), 1e-6, dtype=torch.float64)
+    first = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
+    again = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
+    assert first.bytes > 0 and again.bytes == 0 and torch.equal(first.bound, again.bound)
+    assert bool((again.bound >= _true_tv(q, k, view, lens)).all())
+    store.write(slots[0][:1], k[0, :1], k[0, :1])  # a new token's write: earlier reads no longer vouch for the store
+    after = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
+    assert after.bytes == first.bytes
+
+
 def test_store_reads_keys_checked_against_their_own_crc():
     store = ExactStore(8, 2, 4, torch.float32)
     k, v = torch.randn(3, 2, 4), torch.randn(3, 2, 4)

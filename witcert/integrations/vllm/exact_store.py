@@ -33,6 +33,7 @@ class ExactStore:
         self.written = np.zeros(num_slots, dtype=bool)
         self.bytes_paged = 0
         self.bytes_checked = 0  # key bytes read by spot checks (read_keys)
+        self.writes = 0  # writes so far: a key row read (and checked) since the last write is still the row written
 
     @property
     def key_row_bytes(self) -> int:
@@ -59,6 +60,7 @@ class ExactStore:
         self.written[ids] = True
         self.k[index] = k_src
         self.v[index] = v_src
+        self.writes += 1
 
     def page_in(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Verified copies of the rows at ``slots`` (N,): ``(k, v)`` each (N, Hkv, d)."""

@@ -21,6 +21,37 @@ from witcert.spot import check_cells, spot_randomness
 from .decode_pass import cell_terms
 
 
+class KeyReads:
+    """Verified exact key rows read from the store, by slot, while the store is unchanged (``store.writes``).
+
+    The gate's re-checks of a layer-step check the same sequences again after a repair rewrote their *cache*; the
+    store (the exact keys) is written only with new tokens, so a row read and checked against its CRC earlier in the
+    layer-step is still the row written, and is not read again. :meth:`current` hands out a fresh one after any
+    store write (a slot may have been reused)."""
+
+    def __init__(self, store):
+        self.store, self.writes = store, store.writes
+        # slot -> its row in self.keys (-1: not read yet): one gather per call, no Python loop over the drawn slots
+        self.at = torch.full((store.k.shape[0],), -1, dtype=torch.int64)
+        self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows, in read order
+
+    def current(self) -> "KeyReads":
+        """This object while the store is unchanged, else a new, empty one."""
+        return self if self.store.writes == self.writes else KeyReads(self.store)
+
+    def rows(self, wanted: torch.Tensor) -> torch.Tensor:
+        """The rows of ``self.keys`` holding the slots ``wanted`` (any order, repeats), the slots not read yet read
+        (verified, each once) first."""
+        rows = self.at[wanted]
+        if bool((rows < 0).any()):
+            new = torch.unique(wanted[rows < 0])
+            first = self.keys.shape[0]
+            self.keys = torch.cat([self.keys, self.store.read_keys(new).double()])
+            self.at[new] = torch.arange(first, first + new.numel())
+            rows = self.at[wanted]
+        return rows
+
+
 class StoreLogits:
     """``logits(cells, tokens)`` of :func:`witcert.spot.check_cells` over the exact store.
 
@@ -35,22 +66,22 @@ class StoreLogits:
         Each row's cache slot per token position.
     scale : float
         Softmax scale.
+    reads : KeyReads, optional
+        Key rows already read from ``store`` (and still current); default: none.
     """
 
     def __init__(self, store, queries: torch.Tensor, rows: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
-                 scale: float):
+                 scale: float, reads: KeyReads | None = None):
         self.store, self.q, self.rows, self.kv, self.slots, self.scale = store, queries.double(), rows, kv, slots, scale
-        # slot -> its row in self.keys (-1: not read yet): one gather per call, no Python loop over the drawn slots
-        self.at = torch.full((store.k.shape[0],), -1, dtype=torch.int64)
-        self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows, in read order
+        self.reads = KeyReads(store) if reads is None else reads.current()
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``scale (q_cell . k_token)`` fp64 from the exact key rows (M,)."""
         wanted = self.slots[self.rows[cells], tokens]
         if bool((wanted < 0).any()):
             raise ValueError("spot check: a drawn token lies past its sequence's length (no slot)")
-        rows = self._read(wanted)
-        keys = self.keys[rows, self.kv[cells]]  # (M, d)
+        rows = self.reads.rows(wanted)
+        keys = self.reads.keys[rows, self.kv[cells]]  # (M, d)
         return (keys * self.q[cells]).sum(-1) * self.scale
 
     @property
@@ -75,26 +106,18 @@ class StoreLogits:
         wanted_slots = self.slots[row_of[head], tokens]
         if bool((wanted_slots < 0).any()):
             raise ValueError("spot check: a wanted token lies past its sequence's length (no slot)")
-        at = self._read(wanted_slots)  # before self.keys is indexed: the read extends it
-        keys = self.keys[at, kv_of[head]]  # (T, d): each group's tokens, by group
+        at = self.reads.rows(wanted_slots)  # before reads.keys is indexed: the read extends it
+        keys = self.reads.keys[at, kv_of[head]]  # (T, d): each group's tokens, by group
         sizes = torch.bincount(head, minlength=names.numel()).tolist()
         for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
             if at.numel():
                 mine = (member == index).nonzero().reshape(-1)
-                out[mine[:, None], at] = (self.q[cells[mine]] @ rows.T) * self.scale
+                logits = (self.q[cells[mine]] @ rows.T) * self.scale
+                if at.numel() == out.shape[1]:  # every token, in order (a whole read): rows of out, no scatter
+                    out[mine] = logits
+                else:
+                    out[mine[:, None], at] = logits
         return out
-
-    def _read(self, wanted: torch.Tensor) -> torch.Tensor:
-        """The rows of ``self.keys`` holding the slots ``wanted`` (any order, repeats), the slots not read yet read
-        (verified, each once) first."""
-        rows = self.at[wanted]
-        if bool((rows < 0).any()):
-            new = torch.unique(wanted[rows < 0])
-            first = self.keys.shape[0]
-            self.keys = torch.cat([self.keys, self.store.read_keys(new).double()])
-            self.at[new] = torch.arange(first, first + new.numel())
-            rows = self.at[wanted]
-        return rows
 
 
 @dataclass(frozen=True)
@@ -116,6 +139,7 @@ class SpotChecker:
 
     def __init__(self, store, scale: float, tau: float, generator: torch.Generator | None = None):
         self.store, self.scale, self.tau = store, scale, tau
+        self.reads = KeyReads(store)  # shared by the checks of a layer-step (the gate's re-checks)
         self.generator = spot_randomness().generator if generator is None else generator
 
     def check(self, q, view: dict, lengths: torch.Tensor, over: torch.Tensor, slots: torch.Tensor,
@@ -136,7 +160,8 @@ class SpotChecker:
         for budget in torch.unique(budgets).tolist():
             pick = budgets == budget
             rp, kvp, mp = r[pick], kv[pick], m[pick]
-            source = StoreLogits(self.store, q[rp, kvp, mp], rp, kvp, slots, self.scale)
+            source = StoreLogits(self.store, q[rp, kvp, mp], rp, kvp, slots, self.scale, self.reads)
+            self.reads = source.reads
             result = check_cells(scores[rp, kvp, mp], c[rp, kvp, mp], source, keys=budget, delta=delta[rp],
                                  tau=self.tau, generator=self.generator, read_groups=True)
             bound[rp, kvp, mp] = result.bound
