@@ -177,7 +177,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 return
             slots, exact, rows, positions = taken
             layer, kv_cache = self._written_to
-            _, kept = self._read_back(layer, kv_cache, slots, exact)
+            _, kept = self._read_back(layer, kv_cache, slots, exact, self._journal_entries(kv_cache, slots))
             placed = rows >= 0
             if bool(placed.all()):
                 self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms)
@@ -205,6 +205,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         if cached is None or cached[0] != rt.step or cached[1] is not slots or cached[2] != kv_cache.shape:
             cached = rt.entry_cache = (rt.step, slots, kv_cache.shape, self.cache_layout.key_entries(kv_cache, slots))
         return cached[3]
+
+    def _journal_entries(self, kv_cache, slots) -> torch.Tensor:
+        """Where the cache holds the keys of the journaled ``slots``: the layers' journals, entered one after another
+        (a flush, the engine going idle), hold the same slots (one slot mapping per step), so found once for all."""
+        rt = self.runtime
+        cached = rt.journal_entries
+        if cached is None or cached[0] != kv_cache.shape or not torch.equal(cached[1], slots):
+            cached = rt.journal_entries = (kv_cache.shape, slots, self.cache_layout.key_entries(kv_cache, slots))
+        return cached[2]
 
     def _read_back(self, layer, kv_cache, slots, exact, entries=None) -> tuple[torch.Tensor, Written]:
         """Read the keys at ``slots`` back, record their witnesses against ``exact``; return the stored entries (in
