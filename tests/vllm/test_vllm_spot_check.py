@@ -59,7 +59,9 @@ def _true_tv(q, k, view, lengths):
     return 0.5 * (torch.softmax(truth, -1) - torch.softmax(scores, -1)).abs().sum(-1)
 
 
-def _checked(seed, keys, delta, groups=4):
+def _checker(seed, groups=4):
+    """``(q, k, store, view, lens, table, checker, over)``: :func:`_cells` set up for :meth:`SpotChecker.check`, every
+    cell over tau."""
     q, k, store, state, lengths, slots = _cells(seed, groups=groups)
     rows, hkv, groups = q.shape[:3]
     view = state.view(rows, lengths)
@@ -68,7 +70,12 @@ def _checked(seed, keys, delta, groups=4):
     for r, at in enumerate(slots):
         table[r, : at.numel()] = at
     checker = SpotChecker(store, SCALE, TAU, witcert.spot.spot_randomness(seed).generator)
-    over = torch.ones(rows, hkv, groups, dtype=torch.bool)
+    return q, k, store, view, lens, table, checker, torch.ones(rows, hkv, groups, dtype=torch.bool)
+
+
+def _checked(seed, keys, delta, groups=4):
+    q, k, store, view, lens, table, checker, over = _checker(seed, groups)
+    rows = q.shape[0]
     out = checker.check(q, view, lens, over, table, [keys] * rows, torch.full((rows,), delta, dtype=torch.float64),
                         LAYOUT)
     return out, _true_tv(q, k, view, lens), store
@@ -109,21 +116,14 @@ def test_key_groups_within_the_budget_are_read_whole_to_their_true_tv():
 def test_rechecks_reuse_verified_key_rows_until_the_store_is_written():
     """The gate's re-checks of a layer-step (same store, no write between) read no key row again and give the same
     whole-read bounds; any store write starts the reads afresh (a slot may have been reused)."""
-    q, k, store, state, lengths, slots = _cells(11)
-    rows, hkv, groups = q.shape[:3]
-    view = state.view(rows, lengths)
-    lens = lengths[:, None, None].expand(rows, 1, groups)
-    table = torch.full((rows, int(lengths.max())), -1, dtype=torch.int64)
-    for r, at in enumerate(slots):
-        table[r, : at.numel()] = at
-    checker = SpotChecker(store, SCALE, TAU, witcert.spot.spot_randomness(11).generator)
-    over = torch.ones(rows, hkv, groups, dtype=torch.bool)
+    q, k, store, view, lens, table, checker, over = _checker(11)
+    rows = q.shape[0]
     delta = torch.full((rows,), 1e-6, dtype=torch.float64)
     first = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
     again = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
     assert first.bytes > 0 and again.bytes == 0 and torch.equal(first.bound, again.bound)
     assert bool((again.bound >= _true_tv(q, k, view, lens)).all())
-    store.write(slots[0][:1], k[0, :1], k[0, :1])  # a new token's write: earlier reads no longer vouch for the store
+    store.write(table[0, :1], k[0, :1], k[0, :1])  # a new token's write: earlier reads no longer vouch for the store
     after = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
     assert after.bytes == first.bytes
 
