@@ -261,9 +261,10 @@ def spot_cost_lines(record: dict | None) -> list[str]:
     lines = ["", "### Cost per checked cell", "", _provenance(record["date"], record["machine"], record["command"]), "",
              f"One decode layer-step, every query head's cell checked at once ({rows[0]['keys']} keys at most, radii 100x "
              "the logit error so that every round runs: the worst case), per checked cell, against one cell's "
-             "attention (fp32) and the layer step's (sdpa); the one-cell form beside it; key groups: a deferred flush's cells "
-             "of several steps per (row, kv head), each group's history read whole (true TV, no draws).", "",
-             "| shape | context | batched, adaptive | batched, fixed | key groups read whole | one cell | "
+             "attention (fp32) and the layer step's (sdpa); the one-cell form beside it; steps' cells by key group: a deferred "
+             "flush's cells of several steps per (row, kv head) in one check, each group's history read whole where it "
+             "is at most the key budget per cell of the group (true TV, no draws; at 2k here), sampled otherwise.", "",
+             "| shape | context | batched, adaptive | batched, fixed | steps' cells by key group | one cell | "
              "attention, one cell | batched adaptive / cell attention |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ms = row["ms_per_checked_cell"]
