@@ -4,7 +4,9 @@ One layer-step of decode: every query head's cell checked at once (:func:`witcer
 ``keys`` exact keys, ``delta`` 1e-6, exact logits gathered from fp32 keys in memory, one gather per kv head),
 per checked cell, against one cell's attention (``softmax(q K^T / sqrt d) V`` in fp32) and against the layer
 step's attention (sdpa with GQA), at ``S`` = 2k and 32k, for SmolLM2's shape (9 query heads over 3 kv heads,
-head size 64) and a 7B-class one (32 over 8, head size 128). Beside it the one-cell form
+head size 64) and a 7B-class one (32 over 8, head size 128), and the key-group path of a deferred flush (:mod:`witcert.spot.groups`: the cells of
+``GROUP_STEPS`` steps per (row, kv head), each group's history read whole when that costs at most ``keys`` per
+cell: every cell's true TV, no draws). Beside it the one-cell form
 (:func:`witcert.spot.spot_check`) on one cell. The cells' radii are ``c_t = 100 |eps_t|`` (the witness exceeds
 the error about that much where it saturates), so every check samples and, with ``tau`` 0.2 out of reach,
 runs every round up to ``keys``: the worst case of the adaptive check. Median of interleaved runs
@@ -24,6 +26,8 @@ from benchmarks.timing import time_interleaved
 from witcert.spot import KeyGather, check_cells, spot_check, spot_randomness
 
 CONTEXTS = (2048, 32768)
+GROUP_STEPS = 16
+"""Decode steps whose cells share a key group in the key-group line (a deferred flush holds up to 64 calls)."""
 SHAPES = {"SmolLM2": (9, 3, 64), "7B-class": (32, 8, 128)}  # query heads, kv heads, head size
 
 
@@ -55,6 +59,11 @@ def measure(context: int, shape: str, keys: int, reps: int) -> dict:
             return check_cells(scores, radii, source, keys=keys, delta=1e-6, tau=tau, generator=generator)
         return run
 
+    def grouped():  # a deferred flush's case: GROUP_STEPS steps' cells per key group, each group read whole
+        source = KeyGather(q.repeat(GROUP_STEPS, 1), rows.repeat(GROUP_STEPS), kv.repeat(GROUP_STEPS), k[None], scale)
+        return check_cells(scores.repeat(GROUP_STEPS, 1), radii.repeat(GROUP_STEPS, 1), source, keys=keys, delta=1e-6,
+                           tau=0.2, generator=generator, read_groups=True)
+
     def one_cell():
         return spot_check(scores[0], radii[0], lambda index: (k0[index] @ q64[0]) * scale, keys=keys, delta=1e-6,
                           generator=generator)
@@ -68,11 +77,13 @@ def measure(context: int, shape: str, keys: int, reps: int) -> dict:
         return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
 
     timed = time_interleaved({"batched, adaptive (tau 0.2)": batched(0.2), "batched, fixed": batched(None),
+                              f"batched, key groups ({GROUP_STEPS} steps)": grouped,
                               "one cell, fixed": one_cell, "attention, one cell": attention_cell,
                               "attention, one layer step": attention_layer}, reps=reps)
     cell = timed["attention, one cell"].median
-    per_cell = {name: timed[name].median / (heads if name.startswith("batched") else 1)
-                for name in ("batched, adaptive (tau 0.2)", "batched, fixed", "one cell, fixed")}
+    cells = {"batched, adaptive (tau 0.2)": heads, "batched, fixed": heads,
+             f"batched, key groups ({GROUP_STEPS} steps)": heads * GROUP_STEPS, "one cell, fixed": 1}
+    per_cell = {name: timed[name].median / count for name, count in cells.items()}
     result = batched(0.2)()
     return {"context": context, "shape": shape, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "keys": keys,
             "mean_keys_read": float(result.keys_read.double().mean()), "rounds": int(result.rounds.max()),

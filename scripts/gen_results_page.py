@@ -288,14 +288,18 @@ def spot_cost_lines(record: dict | None) -> list[str]:
     lines = ["", "### Cost per checked cell", "", _provenance(record["date"], record["machine"], record["command"]), "",
              f"One decode layer-step, every query head's cell checked at once ({rows[0]['keys']} keys at most, radii 100x "
              "the logit error so that every round runs: the worst case), per checked cell, against one cell's "
-             "attention (fp32) and the layer step's (sdpa); the one-cell form beside it.", "",
-             "| shape | context | batched, adaptive | batched, fixed | one cell | attention, one cell | "
-             "batched adaptive / cell attention |", "|---|---|---|---|---|---|---|"]
+             "attention (fp32) and the layer step's (sdpa); the one-cell form beside it; steps' cells by key group: a deferred "
+             "flush's cells of several steps per (row, kv head) in one check, each group's history read whole where it "
+             "is at most the key budget per cell of the group (true TV, no draws; at 2k here), sampled otherwise.", "",
+             "| shape | context | batched, adaptive | batched, fixed | steps' cells by key group | one cell | "
+             "attention, one cell | batched adaptive / cell attention |", "|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ms = row["ms_per_checked_cell"]
+        grouped = next((f"{v:.3f} ms ({k.split('(')[1].rstrip(')')})" for k, v in ms.items()
+                        if k.startswith("batched, key groups")), "not run")
         lines.append(f"| {row['shape']} ({row['heads']} heads over {row['kv_heads']}, d {row['head_dim']}) | "
                      f"{row['context']:,} | {ms['batched, adaptive (tau 0.2)']:.2f} ms | {ms['batched, fixed']:.2f} ms | "
-                     f"{ms['one cell, fixed']:.2f} ms | {row['ms']['attention, one cell']:.3f} ms | "
+                     f"{grouped} | {ms['one cell, fixed']:.2f} ms | {row['ms']['attention, one cell']:.3f} ms | "
                      f"{row['per_checked_cell_over_cell_attention']['batched, adaptive (tau 0.2)']:.1f}x |")
     return lines
 

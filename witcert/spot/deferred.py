@@ -123,11 +123,15 @@ class _Layers:
             torch.zeros(0, dtype=torch.int64)
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
-        out = torch.empty(cells.numel(), dtype=torch.float64)
+        """Each layer's pairs from its own source, in one pass over the pairs ordered by layer (no mask per layer)."""
         layer = torch.searchsorted(self.starts, cells, right=True) - 1
-        for index in torch.unique(layer).tolist():
-            at = layer == index
-            out[at] = self.sources[index].logits(cells[at] - self.starts[index], tokens[at])
+        order = torch.argsort(layer, stable=True)
+        counts = torch.bincount(layer, minlength=len(self.sources)).tolist()
+        local = (cells - self.starts[layer])[order]
+        parts = [self.sources[index].logits(at, some) for index, (at, some) in
+                 enumerate(zip(local.split(counts), tokens[order].split(counts))) if at.numel()]
+        out = torch.empty(cells.numel(), dtype=torch.float64)
+        out[order] = torch.cat(parts) if parts else out[:0]
         return out
 
     def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:

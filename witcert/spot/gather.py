@@ -113,6 +113,7 @@ class KeyGather:
             self.keys = keys.detach()
             self.kv_heads, self.length = keys.shape[1], keys.shape[2]
             self.row_bytes = keys.shape[-1] * keys.element_size()
+        self._heads = self.rows * self.kv_heads + self.kv  # (N,) each cell's flat (row, kv head)
         self._bytes_read = torch.zeros(self.q.shape[0], dtype=torch.float64)
         self._read = None  # (rows * kv heads * length,) bool: key rows read in this call (allocated at a first read)
         self._first_cell = None  # (row, kv head) -> first cell asking for it (store reads' charges)
@@ -125,8 +126,7 @@ class KeyGather:
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``(q_cell . k_token) scale + bias`` fp64 for every pair, (M,)."""
-        head = self.rows[cells] * self.kv_heads + self.kv[cells]  # (M,) flat (row, kv head)
-        flat = head * self.length + tokens
+        flat = self._heads[cells] * self.length + tokens  # (row, kv head, token) flat
         unique, inverse = torch.unique(flat, return_inverse=True)
         keys = self._backed(unique) if self.backed else self._cached(unique)  # (U, d) fp64, one gather
         if not self.backed:
@@ -138,7 +138,7 @@ class KeyGather:
     def groups(self) -> torch.Tensor:
         """(N,) int64 each cell's (row, kv head): cells of one group attend the same exact keys
         (:mod:`witcert.spot.groups`)."""
-        return self.rows * self.kv_heads + self.kv
+        return self._heads
 
     def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
         """``(M, S)`` fp64 exact logits of the cells ``cells`` at the tokens ``wanted`` (M, S) bool (others 0): the
@@ -206,7 +206,7 @@ class KeyGather:
     def _first_cells(self) -> torch.Tensor:
         """(rows * kv heads,) the first cell of each (row, kv head) in this call (the store reads' charges)."""
         if self._first_cell is None:
-            heads = self.rows * self.kv_heads + self.kv
+            heads = self._heads
             size = int(heads.max()) + 1 if heads.numel() else 0
             self._first_cell = torch.full((size,), heads.numel(), dtype=torch.int64).scatter_reduce(
                 0, heads, torch.arange(heads.numel()), "amin")

@@ -71,37 +71,46 @@ def draw_until_new(sampler, weights: torch.Tensor, counts: torch.Tensor, known: 
     cap = counts.clamp(min=0) * MAX_DRAWS_PER_KEY
     drawn = torch.minimum(2 * counts.clamp(min=0), cap)  # each row's draws after its first chunk
     taken = torch.zeros(rows, dtype=torch.int64)
-    seen = known.clone()
+    seen = known
     new_so_far = torch.zeros(rows, dtype=torch.int64)
-    stop = torch.where(counts < 1, 0, -1)  # -1: still drawing
-    chunks, masks = [], []
-    while bool((stop < 0).any()):
-        going = (stop < 0).nonzero().reshape(-1)
+    going = (counts >= 1).nonzero().reshape(-1)  # rows still drawing
+    chunks, masks, placed = [], [], []  # each chunk's draws, used draws and rows
+    while going.numel():
+        if chunks:  # a later chunk: the new tokens of the last one's used draws are known to it
+            seen = seen.clone() if seen is known else seen
+            last, used_new = chunks[-1], masks[-1] & fresh
+            seen[placed[-1][:, None].expand_as(last)[used_new], last[used_new]] = True
         size = drawn[going] - taken[going]
         width = int(size.max())
         part = sampler.draw(weights[going], width, cells=None if cells is None else cells[going])[:, :width]
         step = torch.arange(width).expand_as(part)
         inside = step < size[:, None]
-        new = _first_occurrence(torch.where(inside, part, weights.shape[-1])) & inside & ~seen[going[:, None], part]
-        running = new_so_far[going, None] + torch.cumsum(new, -1)
+        fresh = _first_occurrence(torch.where(inside, part, weights.shape[-1])) & inside & ~seen[going[:, None], part]
+        running = new_so_far[going, None] + torch.cumsum(fresh, -1)
         reached = (running >= counts[going, None]) & inside
         hit = reached.any(-1)
         end = torch.where(hit, reached.to(torch.int8).argmax(-1) + 1, size)  # draws of this chunk used
         used = step < end[:, None]
-        seen[going[:, None].expand_as(part)[used & new], part[used & new]] = True
         new_so_far[going] = running.gather(1, (end - 1).clamp(min=0)[:, None])[:, 0]
-        full = torch.zeros(rows, width, dtype=torch.int64)
-        mask = torch.zeros(rows, width, dtype=torch.bool)
-        full[going], mask[going] = part, used
-        chunks.append(full)
-        masks.append(mask)
+        chunks.append(part)
+        masks.append(used)
+        placed.append(going)
         taken[going] += end
         capped = drawn[going] >= cap[going]
-        stop[going] = torch.where(hit | capped, taken[going], -1)
         drawn[going] = torch.where(hit | capped, drawn[going], torch.minimum(2 * drawn[going], cap[going]))
+        going = going[~(hit | capped)]
     if not chunks:
         return torch.zeros(rows, 0, dtype=torch.int64), torch.zeros(rows, 0, dtype=torch.bool)
-    return _packed(torch.cat(chunks, -1), torch.cat(masks, -1))
+    if len(chunks) == 1 and chunks[0].shape[0] == rows:  # one chunk of every row: its used draws are a prefix
+        width = int(taken.max())
+        return chunks[0][:, :width], masks[0][:, :width]
+    full = torch.zeros(rows, sum(c.shape[1] for c in chunks), dtype=torch.int64)
+    mask = torch.zeros(full.shape, dtype=torch.bool)
+    first = 0
+    for part, used, going in zip(chunks, masks, placed):  # each chunk in its own columns, rows where they drew
+        full[going, first:first + part.shape[1]], mask[going, first:first + part.shape[1]] = part, used
+        first += part.shape[1]
+    return _packed(full, mask)
 
 
 def _first_occurrence(tokens: torch.Tensor) -> torch.Tensor:
