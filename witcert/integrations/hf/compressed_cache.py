@@ -274,12 +274,13 @@ class CompressedLayer:
     def _read_pair(self) -> torch.Tensor:
         return self._decoded.view() if self.keep_exact else self._packed.decode(self._dtype)
 
-    def _derived_norms(self, pair: torch.Tensor | None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def _derived_norms(self, pair: torch.Tensor | None, start: int = 0,
+                       groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """fp64 upper band norms of the codec's bounds of the tokens from ``start`` on: keys (B, Hkv, S', bands),
-        values (B, Hkv, S') (``DW``)."""
+        values (B, Hkv, S') (``DW``); ``groups``: their bounds per channel group, where already formed."""
         if self._packed.grouped:
-            groups = self._packed.group_error_bound(self._dtype)  # (2, B, Hkv, S, G): cheap, from the scales
-            groups = groups.narrow(-2, start, groups.shape[-2] - start)
+            if groups is None:  # (2, B, Hkv, S', G): cheap, from the scales of those tokens alone
+                groups = self._packed.group_error_bound(self._dtype, start)
             counts = group_counts(self.layout, groups.shape[-1])
             whole = group_counts(BandLayout(self.layout.head_dim, 1), groups.shape[-1])
             return group_band_norms(groups[0], counts), group_band_norms(groups[1], whole)[..., 0]
@@ -293,7 +294,7 @@ class CompressedLayer:
         if self._packed.grouped:
             decoded = pair.narrow(-2, start, n) if pair is not None else (
                 self._decoded.view().narrow(-2, start, n) if self.keep_exact else self._packed.decode(self._dtype, start))
-            return decoded, self._packed.group_error_bound(self._dtype).narrow(-2, start, n)
+            return decoded, self._packed.group_error_bound(self._dtype, start).narrow(-2, 0, n)
         pair = self._read_pair() if pair is None else pair
         return pair.narrow(-2, start, n), self._packed.error_bound(pair).narrow(-2, start, n)
 
@@ -336,14 +337,16 @@ class CompressedLayer:
                 _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])))
                 return
             keys, rho, v_norm = _written_norms(exact, decoded, self.layout)
+            groups = bound if self._packed.grouped else None  # the new tokens' bounds per channel group, formed once
             _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(v_norm),
-                  **self._relative_codes(keys, rho, start))
+                  **self._relative_codes(keys, rho, start, groups))
 
-    def _relative_codes(self, keys: torch.Tensor, rho: torch.Tensor, start: int) -> dict:
+    def _relative_codes(self, keys: torch.Tensor, rho: torch.Tensor, start: int, groups: torch.Tensor | None) -> dict:
         """``witness_bits=4``: each band norm ``keys`` (fp64 upper, (..., n, B)) of the new tokens' residuals as a 4-bit
         fraction of the derived witness (nibbles, band-major (..., ceil(B/2), n)), each value residual norm ``rho``
-        as an 8-bit fraction of its derived bound."""
-        derived_keys, derived_values = self._derived_norms(None if self._packed.grouped else self._read_pair(), start)
+        as an 8-bit fraction of its derived bound (``groups``: the new tokens' bounds per channel group, if any)."""
+        derived_keys, derived_values = self._derived_norms(None if self._packed.grouped else self._read_pair(), start,
+                                                           groups)
         codes = relative_codes(keys, derived_keys, 16).transpose(-1, -2)  # (..., B, n)
         if codes.shape[-2] % 2:
             codes = torch.cat([codes, torch.zeros_like(codes[..., :1, :])], dim=-2)
