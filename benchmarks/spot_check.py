@@ -10,7 +10,18 @@ coverage at tau (reported meter ``min(meter, spot) <= tau``) beside the ceiling 
 whose true TV is at most tau) and the deterministic meter's coverage, the median reported meter / true TV
 over the cells above tau, mean exact keys read per checked cell, the time per checked cell, and violations
 (cells with true TV above the reported meter); then the cost of a batched check against attention at
-S = 2k and 32k (:mod:`benchmarks.spot_cost`). Writes ``benchmarks/results/spot_check.json``.
+S = 2k and 32k (:mod:`benchmarks.spot_cost`).
+
+Section ``monitor``: the spot check as a user runs it, ``witcert.monitor(model, scheme, certificate="spot",
+spot_keys=512, spot_delta=delta)`` with the exact cache kept (true TV of every cell) over the same cases, every
+cell of every call: the monitor checks every cell above tau together per layer (key groups sharing a history
+read whole where that is the cheaper read, :mod:`witcert.spot.groups`), so the exact keys read per checked cell
+are those the product pays. Reported per scheme: coverage beside the ceiling, median reported meter / true TV over
+the cells above tau, mean exact keys per checked cell, the share of checked cells whose keys were read whole (no
+``delta`` spent), violations.
+
+Writes ``benchmarks/results/spot_check.json``; a section not run (``--sections``) keeps what the file holds, each
+section with its own date, machine and command.
 """
 from __future__ import annotations
 
@@ -45,6 +56,7 @@ CONFIGS = {  # name -> check_cells keywords (keys, tau: rounds when set, split, 
     "fixed 512": dict(keys=512, adaptive=False),
 }
 OUT = Path(__file__).with_name("results") / "spot_check.json"
+SECTIONS = ("sampled", "monitor")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -57,6 +69,9 @@ def parse(argv=None) -> argparse.Namespace:
     p.add_argument("--configs", default=",".join(CONFIGS), help="comma-separated names of CONFIGS")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--no-cost", dest="cost", action="store_false", help="skip the cost section (benchmarks.spot_cost)")
+    p.add_argument("--sections", default=",".join(SECTIONS),
+                   help=f"comma-separated of {SECTIONS}: the sampled configurations, the monitor as a user runs it")
+    p.add_argument("--spot-keys", type=int, default=512, help="the monitor section's spot_keys")
     p.add_argument("--out", type=Path, default=OUT)
     return p.parse_args(argv)
 
@@ -125,6 +140,63 @@ def scheme_rows(loaded, scheme: str, args) -> tuple[list[dict], dict]:
     return sampler.rows, dict(seed=sampler.randomness.seed, from_os=sampler.randomness.from_os)
 
 
+def monitor_tables(loaded, scheme: str, args) -> dict:
+    """``task -> CellTable`` of ``scheme`` under the spot-certified monitor (exact cache kept: true TV per cell)."""
+    model, tokenizer = loaded.model, loaded.tokenizer
+    monitor = Monitor(model, scheme, tau=args.tau, certificate="spot", spot_keys=args.spot_keys, spot_delta=args.delta)
+    tables = {}
+    with monitor:
+        for task in TASKS:
+            config = ObserveConfig(schemes=(scheme,), task=task, context_tokens=args.context, cases=1)
+            for case in build_cases(tokenizer, config):
+                tables[task] = run_case(model, tokenizer, case, config.new_tokens, monitor).cells
+    return tables
+
+
+def summarize_monitor(tables: list, tau: float) -> dict:
+    """Coverage beside its ceiling, median reported / true TV above tau, keys per checked cell, whole reads and
+    violations over the live cells of ``tables`` (the monitor's cell tables)."""
+    column = lambda name: np.concatenate([np.asarray(t[name], dtype=np.float64) for t in tables])  # noqa: E731
+    meter, tv, before, spot = column("meter"), column("true_tv"), column("meter_before_spot"), column("spot_bound")
+    live = ~np.isnan(meter)
+    meter, tv, before, spot = meter[live], tv[live], before[live], spot[live]
+    checked = ~np.isnan(spot)
+    keys, spent = column("spot_keys")[live][checked], column("spot_delta")[live][checked]
+    above = before > tau
+    ratio = meter[above] / np.maximum(tv[above], 1e-300)
+    return dict(cells=int(live.sum()), above_tau=int(above.sum()), ceiling=float(np.mean(tv <= tau)),
+                coverage_deterministic=float(np.mean(before <= tau)), coverage=float(np.mean(meter <= tau)),
+                median_bound_over_true_tv=float(np.median(ratio)) if ratio.size else None,
+                checked=int(checked.sum()), mean_keys_read=float(keys.mean()) if keys.size else 0.0,
+                read_whole=float(np.mean(spent == 0)) if spent.size else 0.0, violations=int(np.sum(tv > meter)))
+
+
+def monitor_section(loaded, schemes, args, argv) -> dict:
+    """The ``monitor`` section: per scheme, every cell of one case per task under the spot-certified monitor."""
+    out = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+               machine=machine(args.threads) + " (shared with other engineers' jobs)",
+               command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)]),
+               context_tokens=args.context, tasks=list(TASKS), spot_keys=args.spot_keys, delta_per_cell=args.delta,
+               tau=args.tau, schemes={})
+    for scheme in schemes:
+        started = time.perf_counter()
+        try:
+            tables = monitor_tables(loaded, scheme, args)
+        except ImportError as err:  # hf-quanto-int4 needs the quant extra
+            out["schemes"][scheme] = dict(skipped=str(err))
+            continue
+        entry = dict(all=summarize_monitor(list(tables.values()), args.tau),
+                     by_task={task: summarize_monitor([table], args.tau) for task, table in tables.items()},
+                     wall_s=time.perf_counter() - started)
+        out["schemes"][scheme] = entry
+        every = entry["all"]
+        print(f"{scheme} (monitor): cells {every['cells']}, ceiling {every['ceiling']:.3f}, coverage "
+              f"{every['coverage']:.3f} ({every['mean_keys_read']:.0f} keys per checked cell, read whole "
+              f"{every['read_whole']:.2f}), median bound / true TV {every['median_bound_over_true_tv']}, violations "
+              f"{every['violations']}, {entry['wall_s']:.0f} s", flush=True)
+    return out
+
+
 def summarize(rows: list[dict], tau: float, head_dim: int, configs=tuple(CONFIGS)) -> dict:
     """Coverage beside its ceiling, median reported meter / true TV, keys, bytes, time and violations per configuration."""
     meter = np.array([r["meter"] for r in rows])
@@ -156,12 +228,27 @@ def machine(threads: int) -> str:
     return f"{_cpu_model()}, {os.cpu_count()} logical CPUs, {threads} torch thread{'s' if threads != 1 else ''}"
 
 
-def run(schemes=SCHEMES, args=None, argv=None) -> dict:
+def run(schemes=SCHEMES, args=None, argv=None, previous: dict | None = None) -> dict:
+    """The sections asked for (``args.sections``); those not asked for are kept from ``previous``."""
     from witcert.integrations.hf.default_model import load_model
 
     args = args or parse([])
     torch.set_num_threads(args.threads)
     loaded = load_model()
+    sections = set(args.sections.split(","))
+    unknown = sections - set(SECTIONS)
+    if unknown:
+        raise ValueError(f"--sections: unknown {sorted(unknown)}, expected some of {SECTIONS}")
+    results = dict(previous or {})
+    if "monitor" in sections:
+        results["monitor"] = monitor_section(loaded, schemes, args, argv)
+    if "sampled" in sections:
+        results |= sampled_section(loaded, schemes, args, argv)
+    return results
+
+
+def sampled_section(loaded, schemes, args, argv) -> dict:
+    """The sampled configurations (``setup``, ``schemes``) and the cost section."""
     head_dim = loaded.model.config.head_dim if getattr(loaded.model.config, "head_dim", None) else \
         loaded.model.config.hidden_size // loaded.model.config.num_attention_heads
     results = dict(setup=dict(model=loaded.source, context_tokens=args.context, tasks=list(TASKS),
@@ -197,7 +284,8 @@ def run(schemes=SCHEMES, args=None, argv=None) -> dict:
 
 def main(argv=None) -> int:
     args = parse(argv)
-    results = run(tuple(s for s in args.schemes.split(",") if s), args, argv)
+    previous = json.loads(args.out.read_text(encoding="utf-8")) if args.out.exists() else None
+    results = run(tuple(s for s in args.schemes.split(",") if s), args, argv, previous)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1) + "\n", encoding="utf-8")
     print(f"wrote {args.out}")

@@ -173,8 +173,35 @@ def spot_section() -> str:
     lines += ["", "![Coverage against exact keys read, per scheme](assets/spot-coverage.png)", "",
               "Drawn from this record by `python scripts/docs_pictures.py --records` (dotted: the deterministic "
               "meter's coverage)."]
+    lines += spot_monitor_lines(spot.get("monitor"))
     # the needle task's production spot gate (spot_gate.json) is shown once, in the spot-certified gate's section
     return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
+
+
+def spot_monitor_lines(record: dict | None) -> list[str]:
+    """The spot check as a user runs it (``benchmarks.spot_check --sections monitor``): every cell of every call."""
+    if not record:
+        return []
+    lines = ["", "### As the monitor runs it", "", _provenance(record["date"], record["machine"], record["command"]), "",
+             f"`witcert.monitor(model, scheme, certificate=\"spot\", spot_keys={record['spot_keys']}, "
+             f"spot_delta={record['delta_per_cell']:g})` with the exact cache kept (true TV of every cell), one "
+             f"{record['context_tokens']}-token case per task ({', '.join(record['tasks'])}), every cell of every "
+             f"call, tau = {record['tau']}. The monitor checks the cells above tau together, one layer at a time; "
+             "cells of one layer, sequence and kv head share a key history, read once and whole where that costs "
+             "fewer keys per cell than sampling (their bound is then the exact TV rounded up, no failure "
+             "probability spent). *Keys per checked cell*: exact keys read, shared reads divided among their cells.",
+             "", "| scheme | cells | ceiling | meter coverage | coverage | keys per checked cell | read whole | "
+             "median reported / true TV | violations |", "|---|---|---|---|---|---|---|---|---|"]
+    for scheme, entry in record["schemes"].items():
+        if "all" not in entry:
+            continue
+        every = entry["all"]
+        ratio = every["median_bound_over_true_tv"]
+        lines.append(f"| {scheme} | {every['cells']} | {_fraction(every['ceiling'])} | "
+                     f"{_fraction(every['coverage_deterministic'])} | {_fraction(every['coverage'])} | "
+                     f"{every['mean_keys_read']:.0f} | {every['read_whole']:.2f} | "
+                     f"{'-' if ratio is None else f'{ratio:.2f}'} | {every['violations']} |")
+    return lines
 
 
 def _needle_rows(record: dict) -> dict:
