@@ -137,7 +137,7 @@ THEOREMS: tuple[Theorem, ...] = (
         spec="witcert.spec.bands.band_norms",
         torch="witcert.tier_a.witness.witness_of",
         kernel="witcert.kernels.witness_write.witness_write",
-        tests=("tests/test_tier_a.py", "tests/test_schemes.py"),
+        tests=("tests/test_tier_a.py", "tests/test_schemes.py", "tests/test_pair_statistics.py"),
     ),
     Theorem(
         key="L1fp",

@@ -285,3 +285,19 @@ def test_read_key_rows_bad_tokens_raise_value_error():
             store.read_key_rows("L", (0,), tokens)
     with pytest.raises(ValueError, match="index"):
         store.read_key_rows("L", (2,), torch.tensor([1]))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_one_non_finite_entry_anywhere_is_refused(dtype, bad):
+    """The finiteness check reads the smallest and largest entry: one NaN or infinity at the first, a middle or the
+    last entry of keys or values is refused, naming the tensor; finite extremes (the dtype's largest) pass."""
+    for position in (0, 37, -1):
+        for name in ("k", "v"):
+            k, v = torch.zeros(2, 5, 8, dtype=dtype), torch.ones(2, 5, 8, dtype=dtype)
+            (k if name == "k" else v).view(-1)[position] = bad
+            with pytest.raises(ValueError, match=f"{name} contains NaN or Inf"):
+                BackingStore(block_size=4).write("L", k, v)
+    extreme = torch.full((1, 3, 8), torch.finfo(dtype).max, dtype=dtype)
+    extreme[0, 1] = -torch.finfo(dtype).max
+    BackingStore(block_size=4).write("L", extreme, extreme)

@@ -1,4 +1,4 @@
-"""The backing store's row checksum, computed by fp64 matrix products (``witcert.gate.backing_store.row_checksums``).
+"""The backing store's row checksum, computed in int64 (``witcert.gate.backing_store.row_checksums``).
 
 Implementation under test: ``row_checksums`` (the content check of every key row the spot check reads from the
 store). Oracle: the direct integer sum ``sum_i w_i b_i`` in Python integers. Domain: random fp32/fp16/bf16 rows,

@@ -34,6 +34,7 @@ from typing import Hashable, Protocol
 import torch
 
 from witcert.fastpath.group_check import group_bound_holds
+from witcert.fastpath.pair_statistics import NARROW_INPUTS, pair_norms, pair_statistics
 from witcert.gate.backing_store import BackingStore
 from witcert.integrations.hf.codecs import owned_codec
 from witcert.integrations.hf.memory import MemoryAccount
@@ -273,12 +274,13 @@ class CompressedLayer:
     def _read_pair(self) -> torch.Tensor:
         return self._decoded.view() if self.keep_exact else self._packed.decode(self._dtype)
 
-    def _derived_norms(self, pair: torch.Tensor | None, start: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+    def _derived_norms(self, pair: torch.Tensor | None, start: int = 0,
+                       groups: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """fp64 upper band norms of the codec's bounds of the tokens from ``start`` on: keys (B, Hkv, S', bands),
-        values (B, Hkv, S') (``DW``)."""
+        values (B, Hkv, S') (``DW``); ``groups``: their bounds per channel group, where already formed."""
         if self._packed.grouped:
-            groups = self._packed.group_error_bound(self._dtype)  # (2, B, Hkv, S, G): cheap, from the scales
-            groups = groups.narrow(-2, start, groups.shape[-2] - start)
+            if groups is None:  # (2, B, Hkv, S', G): cheap, from the scales of those tokens alone
+                groups = self._packed.group_error_bound(self._dtype, start)
             counts = group_counts(self.layout, groups.shape[-1])
             whole = group_counts(BandLayout(self.layout.head_dim, 1), groups.shape[-1])
             return group_band_norms(groups[0], counts), group_band_norms(groups[1], whole)[..., 0]
@@ -292,7 +294,7 @@ class CompressedLayer:
         if self._packed.grouped:
             decoded = pair.narrow(-2, start, n) if pair is not None else (
                 self._decoded.view().narrow(-2, start, n) if self.keep_exact else self._packed.decode(self._dtype, start))
-            return decoded, self._packed.group_error_bound(self._dtype).narrow(-2, start, n)
+            return decoded, self._packed.group_error_bound(self._dtype, start).narrow(-2, 0, n)
         pair = self._read_pair() if pair is None else pair
         return pair.narrow(-2, start, n), self._packed.error_bound(pair).narrow(-2, start, n)
 
@@ -315,11 +317,11 @@ class CompressedLayer:
             return self._settle_derived(pair)
         exact, decoded = self._unsettled_pairs()
         with torch.no_grad():  # statistics of stored tokens, whatever grad mode the caller is in
-            new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], self.layout)
+            witness, rho, v_norm = _written_statistics(exact, decoded, self.layout)
         self._unsettled, self._settled = [], self._length
         code = self.witness_code  # every stored value rounded up: still >= the norm it stands for
-        _grow(self._stats, axis=-1, witness=code.witness(new.witness.transpose(-1, -2)),
-              value_residual=code.residual(new.value_residual), value_norm=code.norm(new.value_norm))
+        _grow(self._stats, axis=-1, witness=code.witness(witness.transpose(-1, -2)),
+              value_residual=code.residual(rho), value_norm=code.norm(v_norm))
 
     def _settle_derived(self, pair: torch.Tensor | None) -> None:
         """Derived mode: check ``|x - x^| <= error bound`` for every new token (``ValueError`` naming the codec where
@@ -331,19 +333,24 @@ class CompressedLayer:
             decoded, bound = self._new_bounds(start, n, pair)
             self._check_new_bounds(exact, decoded, bound)
             self._unsettled, self._settled = [], self._length
-            codes = self._relative_codes(exact, decoded, start, n) if self.witness_code.relative else {}
-            _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])), **codes)
+            if not self.witness_code.relative:
+                _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(value_norms(exact[1])))
+                return
+            keys, rho, v_norm = _written_norms(exact, decoded, self.layout)
+            groups = bound if self._packed.grouped else None  # the new tokens' bounds per channel group, formed once
+            _grow(self._stats, axis=-1, value_norm=self.witness_code.norm(v_norm),
+                  **self._relative_codes(keys, rho, start, groups))
 
-    def _relative_codes(self, exact: torch.Tensor, decoded: torch.Tensor, start: int, n: int) -> dict:
-        """``witness_bits=4``: each band norm of the new tokens' residuals as a 4-bit fraction of the derived witness
-        (nibbles, band-major (..., ceil(B/2), n)), each value residual as an 8-bit fraction of its derived bound."""
-        residual = decoded.double() - exact.double()  # exact: both at most fp32
-        keys, values = self._derived_norms(None if self._packed.grouped else self._read_pair(), start)
-        codes = relative_codes(derived_norms(residual[0], self.layout), keys, 16).transpose(-1, -2)  # (..., B, n)
+    def _relative_codes(self, keys: torch.Tensor, rho: torch.Tensor, start: int, groups: torch.Tensor | None) -> dict:
+        """``witness_bits=4``: each band norm ``keys`` (fp64 upper, (..., n, B)) of the new tokens' residuals as a 4-bit
+        fraction of the derived witness (nibbles, band-major (..., ceil(B/2), n)), each value residual norm ``rho``
+        as an 8-bit fraction of its derived bound (``groups``: the new tokens' bounds per channel group, if any)."""
+        derived_keys, derived_values = self._derived_norms(None if self._packed.grouped else self._read_pair(), start,
+                                                           groups)
+        codes = relative_codes(keys, derived_keys, 16).transpose(-1, -2)  # (..., B, n)
         if codes.shape[-2] % 2:
             codes = torch.cat([codes, torch.zeros_like(codes[..., :1, :])], dim=-2)
-        rho = relative_codes(derived_norms(residual[1], None), values, 256)
-        return {"witness": pack_nibbles(codes), "value_residual": rho}
+        return {"witness": pack_nibbles(codes), "value_residual": relative_codes(rho, derived_values, 256)}
 
     def _relative_stats(self, keys: torch.Tensor, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The fp16 witness (band-major) and fp32 value residual the stored fractions of the derived norms stand for."""
@@ -376,6 +383,34 @@ def backing_bytes(backing: BackingStore | None, key: Hashable) -> dict:
     if backing is None or key not in backing:
         return {}
     return {"backing_files" if backing.directory is not None else "backing_host": backing.stream_nbytes(key)}
+
+
+def _written_statistics(exact: torch.Tensor, decoded: torch.Tensor,
+                        layout: BandLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(witness, rho, v_norm)`` of written tokens, keys and values stacked (2, B, Hkv, n, d) (``L1``, ``T2``): one
+    pass over both stacks where the model dtype is at most fp32 (:func:`~witcert.fastpath.pair_statistics.
+    pair_statistics`), the general statistics otherwise and wherever an entry is not finite (their error)."""
+    if exact.dtype in NARROW_INPUTS and decoded.dtype == exact.dtype:
+        witness, rho, v_norm, finite = pair_statistics(exact, decoded, layout)
+        if bool(finite):
+            return witness, rho, v_norm
+    new = stored_keys(exact[0], decoded[0], exact[1], decoded[1], layout)  # raises on a non-finite entry
+    return new.witness, new.value_residual, new.value_norm
+
+
+def _written_norms(exact: torch.Tensor, decoded: torch.Tensor,
+                   layout: BandLayout) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """fp64 upper norms ``(keys (B, Hkv, n, bands), rho, v_norm)`` of written tokens' residuals and values, keys and
+    values stacked (2, B, Hkv, n, d) (``DW``'s relative codes): one pass where the model dtype is at most fp32
+    (:func:`~witcert.fastpath.pair_statistics.pair_norms`), the general norms otherwise and wherever an entry is not
+    finite (``value_norms`` raises naming it)."""
+    if exact.dtype in NARROW_INPUTS and decoded.dtype == exact.dtype:
+        keys, rho, v_norm, finite = pair_norms(exact, decoded, layout)
+        if bool(finite):
+            return keys, rho, v_norm
+    v_norm = value_norms(exact[1])
+    residual = decoded.double() - exact.double()
+    return derived_norms(residual[0], layout), derived_norms(residual[1], None), v_norm
 
 
 def _cat_tokens(parts: list) -> torch.Tensor:

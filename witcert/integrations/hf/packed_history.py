@@ -101,11 +101,17 @@ class PackedHistory:
         bounds = [self.codec.error_bound(p, d).expand_as(d) for p, d in zip(self.chunks, parts)]
         return bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
 
-    def group_error_bound(self, dtype: torch.dtype) -> torch.Tensor:
-        """The codec's fp64 bounds per channel group (..., S, G) of every token held (``group_error_bound``: from the
-        stored scales, no decode)."""
+    def group_error_bound(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
+        """The codec's fp64 bounds per channel group (..., S - start, G) of the tokens held from ``start`` on
+        (``group_error_bound``: from the stored scales, no decode; token by token, so a range's bounds are those
+        of the range's scales alone)."""
+        if start and isinstance(self.axes, tuple):
+            chunk = tuple(p if a is None else p.narrow(p.dim() + a, start, p.shape[a] - start)
+                          for a, p in zip(self.axes, self.chunks[0]))
+            return self.codec.group_error_bound(chunk, dtype)
         bounds = [self.codec.group_error_bound(p, dtype) for p in self.chunks]
-        return bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
+        bound = bounds[0] if len(bounds) == 1 else torch.cat(bounds, dim=-2)
+        return bound.narrow(-2, start, bound.shape[-2] - start) if start else bound
 
     def nbytes(self) -> int:
         return sum(self.codec.nbytes(p) for p in self.chunks)
@@ -178,11 +184,12 @@ class PackedPair:
         """Whether the codec declares error bounds (``error_bound`` or ``group_error_bound``: a witness can be derived)."""
         return self.grouped or callable(getattr(self.codec, "error_bound", None))
 
-    def group_error_bound(self, dtype: torch.dtype) -> torch.Tensor:
-        """fp64 bounds per channel group (2, B, Hkv, S, G) of keys and values, from the stored scales."""
+    def group_error_bound(self, dtype: torch.dtype, start: int = 0) -> torch.Tensor:
+        """fp64 bounds per channel group (2, B, Hkv, S - start, G) of keys and values from token ``start`` on, from the
+        stored scales."""
         if self.alike:
-            return self.histories[0].group_error_bound(dtype)
-        return torch.stack([history.group_error_bound(dtype) for history in self.histories])
+            return self.histories[0].group_error_bound(dtype, start)
+        return torch.stack([history.group_error_bound(dtype, start) for history in self.histories])
 
     def error_bound(self, pair: torch.Tensor) -> torch.Tensor:
         """Elementwise fp64 bounds (2, B, Hkv, S, d) of keys and values against ``pair``, the history decoded."""
