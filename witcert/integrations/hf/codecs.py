@@ -547,10 +547,10 @@ def default_witness_bits(codec, spot: bool = False) -> int:
     tau 0.2 on SmolLM2 (16 bands; ``benchmarks/results/witness_derived.json``) and from what a read costs:
 
     - ``0`` (derived, nothing stored per band) for the built-in rtn-int4 and rtn-int2: their meters saturate with
-      any witness (rtn-int4 0.000 stored and derived), so stored bytes buy nothing, unless a spot check reads the
-      meter's per-key radii (``spot``: ``certificate="spot"`` or an audit): there the stored byte's tighter radii
-      certify about 4x the cells (rtn-int4, 512 tokens: 0.56 against 0.14; ``benchmarks/results/
-      spot_generation.json``), so the byte is the default;
+      any witness (rtn-int4 0.000 stored and derived), so stored bytes buy nothing, unless a spot check samples by
+      the meter's per-key radii (``spot``: ``certificate="spot"`` or an audit): there the stored byte's tighter radii
+      certify about 4x the cells (rtn-int4, 512 tokens, the production spot gate: 0.543 against 0.137;
+      ``benchmarks/results/spot_generation_witness.json``), so the byte is the default;
     - ``4`` (a 4-bit fraction of the derived witness) for the built-in rtn-int8: 0.965 against 0.970 with the stored
       byte and 0.980 in fp16 (derived alone: 0.524);
     - the stored byte (:data:`~witcert.tier_a.witness_code.DEFAULT_WITNESS_BITS`) for every other codec: the rtn
