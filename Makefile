@@ -45,7 +45,8 @@ OTHER_CPU := MKL_ENABLE_INSTRUCTIONS=AVX2 ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CP
 PATH_TESTS := tests/test_deferred_metering.py tests/test_meter_sampling.py tests/test_fast_radius.py \
 	tests/test_fast_tier_b.py tests/test_fastpath.py tests/test_attention_inputs.py \
 	contracts/test_kernel_vs_reference.py contracts/test_four_implementations.py tests/test_formats.py \
-	tests/test_packed_decode.py tests/test_group_check.py tests/test_spot_groups.py tests/test_spot_store_checksum.py
+	tests/test_packed_decode.py tests/test_group_check.py tests/test_spot_groups.py tests/test_spot_store_checksum.py \
+	tests/test_pair_statistics.py
 
 test-other-cpu: $(STAMP)
 	$(OTHER_CPU) $(PY) -m pytest -q -p no:cacheprovider $(PATH_TESTS)
