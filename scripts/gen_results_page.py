@@ -175,7 +175,8 @@ def spot_section() -> str:
               "meter's coverage)."]
     lines += spot_monitor_lines(spot.get("monitor"))
     # the needle task's production spot gate (spot_gate.json) is shown once, in the spot-certified gate's section
-    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json")))
+    return "\n".join(lines + spot_cost_lines(_load("spot_cost.json")) + spot_generation_lines(_load("spot_generation.json"))
+                     + spot_generation_lines(_load("spot_generation_gate.json"), "Generation with the production spot gate"))
 
 
 def spot_monitor_lines(record: dict | None) -> list[str]:
@@ -304,12 +305,12 @@ def spot_cost_lines(record: dict | None) -> list[str]:
     return lines
 
 
-def spot_generation_lines(record: dict | None) -> list[str]:
-    """Generation with the spot check in production (``benchmarks.spot_generation``)."""
+def spot_generation_lines(record: dict | None, title: str = "Generation with the spot check") -> list[str]:
+    """Generation with the spot check in production (``benchmarks.spot_generation``), one record's table."""
     if not record:
         return []
     names = list(dict.fromkeys(n for run in record["runs"] for n in run["ratio_to_stock"]))
-    lines = ["", "### Generation with the spot check", "", _provenance(record["date"], record["machine"],
+    lines = ["", f"### {title}", "", _provenance(record["date"], record["machine"],
                                                                         record["command"]), "",
              f"SmolLM2 `generate`, {record['scheme']}, production (`keep_exact=False`), tau = {record['tau']}, at most "
              f"{record['spot_keys']} exact keys per checked cell; tokens/s against stock, prefill included, interleaved, "
