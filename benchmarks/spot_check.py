@@ -57,6 +57,8 @@ CONFIGS = {  # name -> check_cells keywords (keys, tau: rounds when set, split, 
 }
 OUT = Path(__file__).with_name("results") / "spot_check.json"
 SECTIONS = ("sampled", "monitor")
+WITNESS = ("the monitor's default under certificate=\"spot\": one byte per band (rtn-int4, kivi-2bit, fp8-e4m3), a 4-bit "
+           "fraction of the derived witness (rtn-int8)")
 
 
 def parse(argv=None) -> argparse.Namespace:
@@ -128,7 +130,9 @@ class SampledSpotChecks:
 def scheme_rows(loaded, scheme: str, args) -> tuple[list[dict], dict]:
     """Sampled cells of ``scheme`` over one case per task, and the checks' randomness record."""
     model, tokenizer = loaded.model, loaded.tokenizer
-    monitor = Monitor(model, scheme, tau=args.tau)
+    # built as a spot-check user builds it (certificate="spot": its default witness, the stored byte for rtn-int4,
+    # whose radii the checks sample by), then its spot hook replaced by the sampler
+    monitor = Monitor(model, scheme, tau=args.tau, certificate="spot")
     sampler = SampledSpotChecks(args.per_call, args.delta, args.tau, configs=tuple(args.configs.split(",")))
     monitor.spot = sampler  # the monitor's spot hook, sampled (witcert.spot.cells.SpotSettings.apply)
     with monitor:
@@ -254,6 +258,7 @@ def sampled_section(loaded, schemes, args, argv) -> dict:
     results = dict(setup=dict(model=loaded.source, context_tokens=args.context, tasks=list(TASKS),
                               cells_per_call=args.per_call, delta_per_cell=args.delta, tau=args.tau,
                               configs={name: CONFIGS[name] for name in args.configs.split(",")}, threads=args.threads,
+                              witness=WITNESS,
                               estimator="one-sided, batched (witcert.spot.check_cells, registry SCO, SCR): per round 3/8 of its keys exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean, delta 0.8 / 0.2 (unless a configuration sets other shares); adaptive: rounds of 32, 128, 512 keys (growth 4) unless a configuration sets another growth, stopping at a bound <= tau",
                               date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
                               machine=machine(args.threads) + " (shared with other engineers' jobs)",

@@ -141,8 +141,8 @@ def spot_section() -> str:
              f"{setup['model']}: one {setup['context_tokens']}-token case per task ({', '.join(setup['tasks'])}), "
              f"{setup['cells_per_call']} cells sampled per attention call, tau = {setup['tau']}, failure probability "
              f"{setup['delta_per_cell']:g} per checked cell, every cell against its true TV. Estimator: "
-             f"{setup['estimator']}. *Ceiling*: the share of sampled cells whose true TV is at most tau, which no "
-             "sound bound exceeds.", "",
+             f"{setup['estimator']}." + (f" Witness: {setup['witness']}." if "witness" in setup else "")
+             + " *Ceiling*: the share of sampled cells whose true TV is at most tau, which no sound bound exceeds.", "",
              f"| scheme | cells | ceiling | meter coverage | {SPOT_CONFIG}: coverage | mean keys read | "
              "fixed 256 keys | fixed 512 keys | median reported / true TV | ms per checked cell | violations |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
