@@ -19,6 +19,8 @@ from __future__ import annotations
 
 import torch
 
+from witcert.spot.groups import group_logits, wanted_by_group
+
 
 class TableLogits:
     """Exact logits ``(N, S)`` held in memory; reads cost nothing. ``groups`` (N,) int64, optional: the key groups
@@ -144,30 +146,16 @@ class KeyGather:
         """``(M, S)`` fp64 exact logits of the cells ``cells`` at the tokens ``wanted`` (M, S) bool (others 0): the
         union of each (row, kv head)'s wanted keys, every head's in one read (charged as :meth:`logits` charges:
         each row once), and every logit by one matmul per (row, kv head) of its cells' queries against its keys."""
-        out = torch.zeros(cells.numel(), self.length, dtype=torch.float64)
-        names, member = torch.unique(self.groups[cells], return_inverse=True)
-        union = torch.zeros(names.numel(), self.length, dtype=torch.int32).index_add_(0, member, wanted.to(torch.int32))
-        head, tokens = (union > 0).nonzero().unbind(-1)  # by head, then token
+        names, member, first, head, tokens = wanted_by_group(self.groups[cells], wanted)
         if not head.numel():
-            return out
+            return torch.zeros(cells.numel(), self.length, dtype=torch.float64)
         flat = names[head] * self.length + tokens
         if self.backed:
             keys = self._backed(flat)
         else:
             keys = self._cached(flat)
-            first = torch.full((names.numel(),), member.numel()).scatter_reduce(0, member, torch.arange(member.numel()),
-                                                                               "amin")  # each head's first cell
             self._charge_rows(flat, torch.arange(flat.numel()), cells[first[head]])
-        sizes = torch.bincount(head, minlength=names.numel()).tolist()
-        for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
-            if not at.numel():
-                continue
-            mine = (member == index).nonzero().reshape(-1)
-            logits = (self.q[cells[mine]] @ rows.T) * self.scale
-            if at.numel() == self.length:  # the whole history (in order): rows of out, no scatter
-                out[mine] = logits
-            else:
-                out[mine[:, None], at] = logits
+        out = group_logits(self.q[cells], member, head, tokens, keys, self.scale, self.length)
         if self.bias is not None:
             out = torch.where(wanted, out + self.bias[cells], 0.0)
         return out

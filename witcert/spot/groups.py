@@ -37,3 +37,36 @@ def whole_groups(fresh: torch.Tensor, groups: torch.Tensor, keys: int) -> tuple[
     whole = (reads <= size * keys)[member]
     shared = (-(-reads // size))[member]  # ceil: the group's cells report at least its reads
     return whole, torch.where(whole, shared, 0)
+
+
+def wanted_by_group(groups: torch.Tensor, wanted: torch.Tensor) -> tuple[torch.Tensor, ...]:
+    """The key groups of cells asking for exact logits, what a dense read of each group fetches.
+
+    Returns ``(names, member, first, head, tokens)``: the distinct groups (G,), each cell's group index (M,), each
+    group's first cell (G,), and the union of each group's ``wanted`` (M, S) tokens as ``(group index, token)``
+    pairs, by group then token (T,) each.
+    """
+    names, member = torch.unique(groups, return_inverse=True)
+    union = torch.zeros(names.numel(), wanted.shape[1], dtype=torch.int32).index_add_(0, member, wanted.to(torch.int32))
+    head, tokens = (union > 0).nonzero().unbind(-1)
+    first = torch.full((names.numel(),), member.numel()).scatter_reduce(0, member, torch.arange(member.numel()), "amin")
+    return names, member, first, head, tokens
+
+
+def group_logits(queries: torch.Tensor, member: torch.Tensor, head: torch.Tensor, tokens: torch.Tensor,
+                 keys: torch.Tensor, scale: float, width: int) -> torch.Tensor:
+    """``(M, width)`` fp64 ``scale (q . k)`` of each cell's query ``queries`` (M, d) at its group's tokens (others 0):
+    one matmul per group of its cells' queries against its keys ``keys`` (T, d), ordered as ``(head, tokens)`` of
+    :func:`wanted_by_group`."""
+    out = torch.zeros(queries.shape[0], width, dtype=torch.float64)
+    sizes = torch.bincount(head, minlength=int(member.max()) + 1 if member.numel() else 0).tolist()
+    for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
+        if not at.numel():
+            continue
+        mine = (member == index).nonzero().reshape(-1)
+        logits = (queries[mine] @ rows.T) * scale
+        if at.numel() == width:  # the whole history, in order: rows of out, no scatter
+            out[mine] = logits
+        else:
+            out[mine[:, None], at] = logits
+    return out

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from witcert.spot import check_cells, spot_randomness
+from witcert.spot.groups import group_logits, wanted_by_group
 
 from .decode_pass import cell_terms
 
@@ -93,31 +94,17 @@ class StoreLogits:
     def dense_logits(self, cells: torch.Tensor, wanted: torch.Tensor) -> torch.Tensor:
         """``(M, S)`` fp64 exact logits of ``cells`` at the tokens ``wanted`` (M, S) bool (others 0): the union of
         each key group's wanted slots read once (verified), then one matmul per group of its cells' queries."""
-        out = torch.zeros(wanted.shape, dtype=torch.float64)
-        names, member = torch.unique(self.groups[cells], return_inverse=True)
-        union = torch.zeros(names.numel(), wanted.shape[1], dtype=torch.int32).index_add_(0, member,
-                                                                                         wanted.to(torch.int32)) > 0
-        row_of = self.rows[cells[torch.full((names.numel(),), cells.numel()).scatter_reduce(
-            0, member, torch.arange(cells.numel()), "amin")]]  # each group's row (that of its first cell)
-        kv_of = names - row_of * self.store.k.shape[1]
-        head, tokens = union.nonzero().unbind(-1)
+        names, member, first, head, tokens = wanted_by_group(self.groups[cells], wanted)
         if not head.numel():
-            return out
+            return torch.zeros(wanted.shape, dtype=torch.float64)
+        row_of = self.rows[cells[first]]  # each group's row (that of its first cell)
+        kv_of = names - row_of * self.store.k.shape[1]
         wanted_slots = self.slots[row_of[head], tokens]
         if bool((wanted_slots < 0).any()):
             raise ValueError("spot check: a wanted token lies past its sequence's length (no slot)")
         at = self.reads.rows(wanted_slots)  # before reads.keys is indexed: the read extends it
         keys = self.reads.keys[at, kv_of[head]]  # (T, d): each group's tokens, by group
-        sizes = torch.bincount(head, minlength=names.numel()).tolist()
-        for index, (rows, at) in enumerate(zip(keys.split(sizes), tokens.split(sizes))):
-            if at.numel():
-                mine = (member == index).nonzero().reshape(-1)
-                logits = (self.q[cells[mine]] @ rows.T) * self.scale
-                if at.numel() == out.shape[1]:  # every token, in order (a whole read): rows of out, no scatter
-                    out[mine] = logits
-                else:
-                    out[mine[:, None], at] = logits
-        return out
+        return group_logits(self.q[cells], member, head, tokens, keys, self.scale, wanted.shape[1])
 
 
 @dataclass(frozen=True)
