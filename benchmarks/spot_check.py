@@ -177,10 +177,7 @@ def summarize_monitor(tables: list, tau: float) -> dict:
 
 def monitor_section(loaded, schemes, args, argv) -> dict:
     """The ``monitor`` section: per scheme, every cell of one case per task under the spot-certified monitor."""
-    out = dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-               machine=machine(args.threads) + " (shared with other engineers' jobs)",
-               command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)]),
-               context_tokens=args.context, tasks=list(TASKS), spot_keys=args.spot_keys, delta_per_cell=args.delta,
+    out = dict(**provenance(args, argv), context_tokens=args.context, tasks=list(TASKS), spot_keys=args.spot_keys, delta_per_cell=args.delta,
                tau=args.tau, schemes={})
     for scheme in schemes:
         started = time.perf_counter()
@@ -225,6 +222,13 @@ def summarize(rows: list[dict], tau: float, head_dim: int, configs=tuple(CONFIGS
     return out
 
 
+def provenance(args, argv) -> dict:
+    """A section's date, machine and command."""
+    return dict(date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+                machine=machine(args.threads) + " (shared with other engineers' jobs)",
+                command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)]))
+
+
 def machine(threads: int) -> str:
     """Where it ran: CPU model, logical CPUs, torch threads."""
     from benchmarks.machine import _cpu_model
@@ -260,9 +264,7 @@ def sampled_section(loaded, schemes, args, argv) -> dict:
                               configs={name: CONFIGS[name] for name in args.configs.split(",")}, threads=args.threads,
                               witness=WITNESS,
                               estimator="one-sided, batched (witcert.spot.check_cells, registry SCO, SCR): per round 3/8 of its keys exact, 0.85 of the rest for the upper bound on Z, the rest for the one-sided mean, delta 0.8 / 0.2 (unless a configuration sets other shares); adaptive: rounds of 32, 128, 512 keys (growth 4) unless a configuration sets another growth, stopping at a bound <= tau",
-                              date=datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
-                              machine=machine(args.threads) + " (shared with other engineers' jobs)",
-                              command=" ".join(["python -m benchmarks.spot_check", *(sys.argv[1:] if argv is None else argv)])),
+                              **provenance(args, argv)),
                    schemes={})
     for scheme in schemes:
         started = time.perf_counter()
