@@ -21,7 +21,6 @@ import math
 
 import torch
 
-from witcert.fastpath.compiled import pick
 
 BETTING_CAP = 0.9
 """Largest ``lambda (1 - m)`` by default: every capital factor ``1 + lambda (m - X)`` stays >= 0.1 for X in [0, 1]."""
@@ -120,12 +119,17 @@ def row_betting_upper(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor,
     less arithmetic, which wins once the per-step overhead is small beside it). Both find the same first rejected
     point. Wherever fp64 breaks the monotonicity by a rounding,
     the point found is rejected by ``LOG_MARGIN`` (so by the exact capital too) and every point above it is by the
-    exact monotone ``L``: the bound is still valid. Rows without a valid sample give 1. Compiled with
-    ``WITCERT_COMPILE=1`` (:func:`witcert.fastpath.compiled.pick`; the same operations, any order of the sums).
+    exact monotone ``L``: the bound is still valid. Rows without a valid sample give 1.
+
+    Always eager, whatever ``WITCERT_COMPILE`` says: torch 2.13's inductor miscompiled the search's step from a
+    reduction to its use, in two forms and on two vector ISAs (an ``argmax`` then ``gather`` read its index before
+    forming it on AVX-512 for single rows; a masked minimum gave other first points than eager under AVX2 code), and
+    a wrong first point is a wrong bound. Compiling it measured no faster at the few cells of a gate's or an
+    audit's check (8.7 against 7.9 ms per call).
     """
     cap_t = torch.tensor(float(cap), dtype=torch.float64)
-    search = (_grid_search, _grid_search_probe) if x.numel() <= GRID_SEARCH_MOST else (_bisection, _bisection_probe)
-    return pick(*search)(x.to(torch.float64), valid, delta.to(torch.float64), planned.to(torch.float64), cap_t)
+    search = _grid_search if x.numel() <= GRID_SEARCH_MOST else _bisection
+    return search(x.to(torch.float64), valid, delta.to(torch.float64), planned.to(torch.float64), cap_t)
 
 
 GRID_SEARCH_MOST = 4096
@@ -147,18 +151,14 @@ def _rejected(x: torch.Tensor, lambdas: torch.Tensor, threshold: torch.Tensor, p
 
 
 def _first(hit: torch.Tensor, points: torch.Tensor, otherwise: torch.Tensor) -> torch.Tensor:
-    """Per row, the first of ``points`` (R, P), ascending, where ``hit``, else ``otherwise`` (R,), above every point.
-
-    The least point hit, as one masked minimum: no index is computed and read back. (An ``argmax`` then ``gather``
-    compiled by torch 2.13's inductor read the index before it was formed for single-row inputs of a few draws,
-    caught then only by its bounds check.)
-    """
+    """Per row, the first of ``points`` (R, P), ascending, where ``hit``, else ``otherwise`` (R,), above every point:
+    the least point hit, one masked minimum."""
     return torch.where(hit, points, otherwise[:, None]).amin(-1)
 
 
 def _grid_search(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, planned: torch.Tensor,
                  cap: torch.Tensor) -> torch.Tensor:
-    """:func:`row_betting_upper`'s computation, tensors only (what ``WITCERT_COMPILE=1`` compiles)."""
+    """:func:`row_betting_upper`'s two-level grid search, tensors only."""
     x = torch.where(valid, x, 0.0)  # past a row's prefix: any value, its bet is 0
     lambdas = row_lambdas(x, valid, delta, planned)  # (R, T)
     threshold = torch.log(1 / delta) + LOG_MARGIN  # (R,)
@@ -173,20 +173,12 @@ def _grid_search(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, plan
     return torch.where(valid.any(-1), bound, 1.0)
 
 
-def _grid_search_probe() -> tuple:
-    """Arguments that compile :func:`_grid_search` or :func:`_bisection` (sizes >= 2)."""
-    x = torch.full((2, 4), 0.5, dtype=torch.float64)
-    return (x, torch.ones_like(x, dtype=torch.bool), torch.full((2,), 0.1, dtype=torch.float64),
-            torch.full((2,), 4.0, dtype=torch.float64), torch.tensor(0.9, dtype=torch.float64))
-
-
-_bisection_probe = _grid_search_probe
 _STEPS = GRID_CELLS.bit_length()  # bisection steps over GRID_CELLS + 1 outcomes
 
 
 def _bisection(x: torch.Tensor, valid: torch.Tensor, delta: torch.Tensor, planned: torch.Tensor,
                cap: torch.Tensor) -> torch.Tensor:
-    """:func:`row_betting_upper` by bisection over the grid points, tensors only (``WITCERT_COMPILE=1`` compiles it)."""
+    """:func:`row_betting_upper` by bisection over the grid points, tensors only."""
     x = torch.where(valid, x, 0.0)  # past a row's prefix: any value, its bet is 0
     lambdas = row_lambdas(x, valid, delta, planned)  # (R, T)
     threshold = torch.log(1 / delta) + LOG_MARGIN  # (R,)
