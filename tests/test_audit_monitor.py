@@ -58,7 +58,9 @@ def same_columns(a, b):
 
 def test_only_picked_cells_are_metered_and_unpicked_cells_are_never_certified():
     full, out_full = generate(witness_bits=AUDIT_WITNESS_BITS)
-    mon, out = generate(audit=witcert.Audit(rate=0.3, tau=TAU, delta=1e-3, keys=16, seed=1))
+    # 2 keys a check: some key groups (a layer, row and kv head of the flush) have at most 2 tokens per checked cell
+    # and are read whole, the others sample
+    mon, out = generate(audit=witcert.Audit(rate=0.3, tau=TAU, delta=1e-3, keys=2, seed=1))
     assert torch.equal(out, out_full)  # the audit never changes what the model computes
     table, meter, truth = mon.table(), keyed(full.table(), "meter"), keyed(full.table(), "true_tv")
     audited, metered = table["audited"], table["metered"]
@@ -116,8 +118,28 @@ def test_picks_replay_from_the_seed_and_are_secret_by_default():
     assert not np.array_equal(secret_a.table()["audited"], secret_b.table()["audited"])
 
 
+def test_checked_cells_over_one_key_history_are_read_whole_together():
+    """A flush's checked cells over one key history (a layer, row and kv head) read it whole where it has at most
+    ``keys`` tokens per checked cell: each gets its true TV rounded up, spends no delta and reports its share of the
+    group's reads (``witcert.spot.groups``)."""
+    full, _ = generate(witness_bits=AUDIT_WITNESS_BITS)
+    mon, _ = generate(audit=witcert.Audit(rate=0.3, tau=TAU, delta=1e-3, keys=16, seed=1))
+    table, truth = mon.table(), keyed(full.table(), "true_tv")
+    checked = table["audited"] & (table["meter"] > TAU)
+    assert checked.sum() > 8
+    assert np.all(table["audit_check_delta"][checked] == 0)
+    for key, bound, on in zip(zip(table["request"], table["layer"], table["head"], table["pos"]), table["audit_bound"],
+                              checked):
+        if on:
+            assert truth[key] <= bound <= truth[key] * (1 + 1e-6) + 1e-9, key
+    keys = table["audit_keys"][checked]
+    assert np.all((keys >= 1) & (keys <= 16))
+    assert np.array_equal(table["flagged"][checked], table["audit_bound"][checked] > TAU)
+
+
 def test_deferred_and_in_step_audits_pick_the_same_cells():
-    audit = witcert.Audit(rate=0.3, tau=TAU, delta=1e-3, keys=16, seed=3)
+    # one key a check: every check samples (no key group is read whole), in its step and deferred alike
+    audit = witcert.Audit(rate=0.3, tau=TAU, delta=1e-3, keys=1, seed=3)
     deferred, _ = generate(audit=audit)
     in_step, _ = generate(audit=audit, defer=False)
     assert deferred.defer and not in_step.defer
@@ -166,7 +188,7 @@ def test_the_audit_combines_with_sampled_metering():
 def test_state_never_leaks_between_requests():
     ids, mask = prompts(2, length=16)
     model = tiny("llama", **MODEL)
-    mon = collapse_layer(witcert.monitor(model, "rtn-int4", audit=witcert.Audit(rate=0.3, keys=8, seed=9)), 1)  # 8 keys: the checks sample (spend delta)
+    mon = collapse_layer(witcert.monitor(model, "rtn-int4", audit=witcert.Audit(rate=0.3, keys=1, seed=9)), 1)  # 1 key: the checks sample (spend delta)
     with torch.no_grad(), mon:
         model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=9, do_sample=False, pad_token_id=0)
         alone = mon.audit()

@@ -9,7 +9,10 @@ event that none of these checks fails, a picked cell whose TV exceeds ``tau`` ha
 :func:`spot_bounds` is the one place the audit calls the spot check: the batched form
 (:func:`witcert.spot.check_cells`), up to ``keys`` exact keys each in rounds that stop at a bound ``<= tau``
 (:mod:`witcert.spot.rounds`, registry SCR: the rounds split the cell's ``delta_c``; a cell that sees at most a
-round's budget is read whole: its true TV, no failure probability). The audit feeds nothing back into the model,
+round's budget is read whole: its true TV, no failure probability). The cells over one key history (a layer, row
+and kv head: the query heads over a kv head, the picked steps of a flush) are read whole together where that history
+is at most ``keys`` per checked cell of the group (:mod:`witcert.spot.groups`): one dense read of exact keys instead
+of rounds of draws, each cell's true TV rounded up, no failure probability. The audit feeds nothing back into the model,
 so a pass records its checked cells (:class:`PendingChecks`) and every layer's are checked in one call
 when the flush or the forward call ends, as :mod:`witcert.spot.deferred` does for the spot certificate:
 one batched check per flush instead of one per layer.
@@ -35,7 +38,8 @@ def spot_bounds(scores: torch.Tensor, radii: torch.Tensor, source, deltas: torch
     probability; ``keys`` the most exact keys each may read; ``tau`` where a cell stops reading (its flag's
     threshold); ``generator`` the audit's own randomness.
     """
-    result = check_cells(scores, radii, source, keys=keys, delta=deltas, tau=tau, generator=generator)
+    result = check_cells(scores, radii, source, keys=keys, delta=deltas, tau=tau, generator=generator,
+                         read_groups=True)
     return result.bound, result.keys_read.to(torch.float64), result.delta
 
 
