@@ -75,3 +75,17 @@ def test_bad_arguments_are_named():
         held_decode(codes, amax, 4, 4, torch.float32, start=4)
     with pytest.raises(ValueError, match="dtype"):
         held_decode(codes, amax, 4, 4, torch.float64)
+
+
+def test_a_read_of_a_full_buffer_does_not_fix_later_reads_to_its_length():
+    """A history exactly as long as its buffer (a prefill of 512 tokens) read once, then a grown buffer: each read
+    decodes exactly the tokens held. (torch 2.13's compiler, given a function that narrowed a buffer to a length equal
+    to its capacity at one call, returned capacity-long outputs at later calls: witcert keeps the length an argument
+    of the decode's own narrow, which this pins.)"""
+    codec = IntCodes(4)
+    for held, capacity in ((512, 512), (513, 640), (640, 640), (641, 800)):
+        codes, amax, _ = codec.encode(torch.randn(2, 1, 3, capacity, 64, generator=torch.Generator().manual_seed(held)),
+                                      "key")
+        got = held_decode(codes, amax, held, 4, torch.float32, compiled=True)
+        want = codec.decode((codes[..., :held, :], amax[..., :held, :, :], 64), torch.float32)
+        assert got.shape == want.shape and torch.equal(got, want), (held, capacity)
