@@ -8,7 +8,8 @@ logits (true TV after repair, per cell, against ``meter_after``; for production,
 where both modes paged the same share of the cell) and the budget rule (the check before repair spends
 half of a cell's ``delta``, the gate's checks ``delta / 2 * 6 / (pi^2 i^2)`` each: at most ``delta`` in all).
 Domain: the tiny Llama, kivi-2bit, 2 rows x 256 prompt tokens then one teacher-forced decode step,
-tau 0.03, blocks of 8, 128 spot keys.
+tau 0.03, blocks of 8, 64 spot keys (the checks sample: a key group, the two query heads over a kv head,
+holds up to 256 tokens, more than 64 per cell; with 128 it is read whole, :mod:`witcert.spot.groups`).
 """
 import numpy as np
 import pytest
@@ -21,16 +22,18 @@ from tests.tiny_models import prompts, tiny
 
 pytestmark = pytest.mark.usefixtures("one_thread")
 TAU = 0.03
+SPOT_KEYS = 64
 
 
-def decode_step_table(model, gate, certificate: str, keep_exact: bool = True):
+def decode_step_table(model, gate, certificate: str, keep_exact: bool = True, spot_keys: int = SPOT_KEYS,
+                      tau: float = TAU):
     ids, mask = prompts(2, length=256)
     out = model(input_ids=ids[:, :255], attention_mask=mask[:, :255])  # exact prefill, not metered
     cache = out.past_key_values
-    mon = witcert.monitor(model, "kivi-2bit", gate=gate, certificate=certificate, spot_keys=128, spot_delta=1e-6,
-                          tau=TAU, keep_exact=keep_exact)
+    mon = witcert.monitor(model, "kivi-2bit", gate=gate, certificate=certificate, spot_keys=spot_keys, spot_delta=1e-6,
+                          tau=tau, keep_exact=keep_exact)
     if certificate == "spot":  # replay opt-in: both modes draw alike
-        mon.spot = SpotSettings(keys=128, delta=1e-6, tau=TAU, seed=7, gated=True)
+        mon.spot = SpotSettings(keys=spot_keys, delta=1e-6, tau=tau, seed=7, gated=True)
     with torch.no_grad(), mon:
         model(input_ids=ids[:, 255:], attention_mask=mask, past_key_values=cache)
     return mon.table()
@@ -55,7 +58,27 @@ def test_spot_gate_is_sound_and_never_pages_more_than_the_deterministic_gate():
     ran = spot["spot_gate_checks"] > 0
     assert np.all(spot["spot_delta"][~ran & checked] <= 0.5e-6 * (1 + 1e-6))  # the check before repair: half
     assert np.all(spot["meter_after"][spot["repaired"].astype(bool)] <= TAU)
-    assert np.all(spot["spot_gate_keys"] <= spot["spot_gate_checks"] * 128) and spot["spot_gate_keys"].sum() > 0
+    assert np.all(spot["spot_gate_keys"] <= spot["spot_gate_checks"] * SPOT_KEYS) and spot["spot_gate_keys"].sum() > 0
+
+
+@torch.no_grad()
+def test_key_groups_that_fit_the_budget_are_read_whole_and_only_cells_above_tau_are_repaired():
+    """With 128 keys a key group (two query heads over a kv head, at most 256 tokens) is read whole: every checked
+    cell's bound is its true TV rounded up with no failure probability, so the gate repairs exactly the cells whose
+    true TV exceeds tau, and each repaired cell ends with a bound at most tau. (tau 0.007: the true TVs of this
+    step's 16 cells lie between 0.005 and 0.009.)"""
+    model, tau = tiny("llama"), 0.007
+    truth = decode_step_table(model, witcert.Gate(tau=tau, block_size=8), "spot", spot_keys=128, tau=tau)["true_tv"]
+    for keep_exact in (True, False):
+        spot = decode_step_table(model, witcert.Gate(tau=tau, block_size=8), "spot", keep_exact, 128, tau)
+        checked, repaired = ~np.isnan(spot["spot_bound"]), spot["repaired"].astype(bool)
+        bound = spot["spot_bound"][checked]
+        assert checked.sum() > 4 and np.all(truth[checked] <= bound)
+        assert np.allclose(bound, truth[checked], rtol=1e-6, atol=1e-9)
+        assert 0 < repaired.sum() < checked.sum() and np.array_equal(repaired[checked], bound > tau)
+        assert np.all(spot["spot_delta"][checked & ~repaired] == 0)  # read whole: nothing spent
+        assert np.all(spot["spot_delta"][repaired] <= 0.5e-6 * (1 + 1e-6))  # only the gate's re-checks' half
+        assert np.all(spot["meter_after"][repaired] <= tau)
 
 
 @torch.no_grad()

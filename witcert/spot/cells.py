@@ -3,7 +3,9 @@
 ``witcert.monitor(..., certificate="spot", spot_keys=m, spot_delta=delta)`` builds a
 :class:`SpotSettings`; the ``"witcert"`` attention calls :meth:`SpotSettings.apply` on each
 call's fp64 cells, which checks every cell above ``tau`` at once (:func:`witcert.spot.check_cells`:
-adaptive rounds of 32, 128, 512, ... up to ``spot_keys`` exact keys, stopping at a bound ``<= tau``). The
+adaptive rounds of 32, 128, 512, ... up to ``spot_keys`` exact keys, stopping at a bound ``<= tau``; the checked
+cells over one key history, the query heads over a kv head, read it whole where it holds at most ``spot_keys``
+tokens per checked cell, :mod:`witcert.spot.groups`: their true TVs rounded up, no failure probability). The
 reported meter becomes ``min(meter before the check, spot bound)``, and the output bound and the joint
 pass are recomputed from it. Extra columns:
 
@@ -120,7 +122,7 @@ class SpotSettings:
             radii = (math.c if radii is None else radii).detach()[checked].cpu()
             result = check_cells(scores, radii, source, keys=self.keys, delta=delta,
                                  tau=self.tau if self.adaptive else None, generator=self.randomness.generator,
-                                 split=self.split, keep_reads=keep_reads)
+                                 split=self.split, keep_reads=keep_reads, read_groups=True)
             reads = (at, result.known, result.exact)
             where = tuple(at.T)
             bound[where] = result.bound
