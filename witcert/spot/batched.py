@@ -190,8 +190,12 @@ def _radius_error(radius: float, cell: int, token: int) -> ValueError:
 def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
     """What no round changes, per (cell, token): ``visible``, ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the
     small radii (``e^c - 1 < SMALL``), per cell ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` (every term in log space),
-    and each token's ``log p~ (e^c - 1)`` (``+inf`` for an infinite radius). Tensors only: ``WITCERT_COMPILE=1``
-    compiles it."""
+    and each token's ``log p~ (e^c - 1)`` (``+inf`` for an infinite radius).
+
+    Always eager, whatever ``WITCERT_COMPILE`` says: torch 2.13's inductor computes ``expm1(x)`` as ``exp(x) - 1``,
+    so compiled, ``log(e^c - 1)`` came out ``-inf`` below ``c = 2^-54`` (eager: ``log c``) and ``2e-5`` off at
+    ``c = 1e-12``; the exact set's ranking of such tokens then fell to their index, not their contribution (other
+    keys read than the one-cell form reads, on AVX-512 and AVX2 code alike). It runs once per check."""
     visible = torch.isfinite(scores)
     log_p = scores - torch.logsumexp(scores, -1, keepdim=True)
     log_u = log_expm1(c)
@@ -231,10 +235,6 @@ def _h_terms(p, e_minus, visible, known, x, z_upper) -> tuple[torch.Tensor, ...]
     return total, weights.sum(-1), weights, h
 
 
-def _prepared_probe() -> tuple:
-    return torch.zeros(2, 3, dtype=torch.float64), torch.full((2, 3), 0.5, dtype=torch.float64)
-
-
 def _z_weights_probe() -> tuple:
     f = torch.zeros(2, 3, dtype=torch.float64)
     b = torch.zeros(2, 3, dtype=torch.bool)
@@ -265,7 +265,7 @@ class _Cells:
         self.scores, self.c, self.source, self.sampler = scores, c, source, sampler
         self.exact_share, self.z_keys_share, self.z_share = shares
         (self.visible, self.log_p, self.p, self.log_u, self.e_minus, self.small, self.a_minus, self.a_plus,
-         contribution) = pick(_prepared, _prepared_probe)(scores, c)
+         contribution) = _prepared(scores, c)  # eager: see _prepared
         self.n_visible = self.visible.sum(-1)
         self.order = exact_order(contribution, self.visible, exact_keys(keys, self.exact_share))  # rounds: prefixes
         self.known = torch.zeros_like(self.visible)
