@@ -139,7 +139,6 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self._written_to = (layer, kv_cache)
             self._pending = _Pending(key[:n], value[:n], slot_mapping, index, None)
             return
-        self._enter_journal()
         _, kept = self._read_back(layer, kv_cache, slots, exact, self._step_entries(kv_cache, slots))
         if self.store is not None:
             exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[index]
@@ -329,6 +328,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         block_size = self.witness.shape[2]
         kept = from_cache(stored, self.witness[slots // block_size, :, slots % block_size])
         self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms, self._tier_b_scales(slots))
+
+    def _journals_compressed(self) -> bool:
+        """Whether a scheme's compressed writes go to the journal (:mod:`.journal`) instead of being read back at once:
+        the state's entry of a token written this step stays the exact key it attended, which the deferred rows'
+        own tokens are taken from, and nothing reads the compressed one before the journal is entered (every reader
+        of the state or the witness side tensor enters it first), except the gate and the dithered cache, which
+        read back at once; as for journaled steps, this process must see the engine go idle (its flush enters what
+        is left)."""
+        return self.store is None and self.tier_b is None and runtime.idle_hook_here()
 
     def _tier_b_scales(self, slots) -> torch.Tensor | None:
         """The dithered cache's scales at ``slots`` for the state (N, Hkv, n_g), ``inf`` where not valid."""
@@ -841,9 +849,14 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         k_hat, v_hat = (x.transpose(1, 2).reshape(-1, hkv, d) for x in (out.k, out.v))  # (N, Hkv, d)
         exact = k.transpose(1, 2).reshape(-1, hkv, d)
         self._write(layer, kv_cache, slots, k_hat, v_hat)
-        stored, kept = self._read_back(layer, kv_cache, slots, exact)
         if self.repaired is not None:
             self.repaired[slots] = False  # a gate block may have covered this step's own (exact) token
+        if self._journals_compressed():  # read back when something reads them, all steps' at once
+            self.journal.add(slots, exact, self._step_tokens(p.slot_mapping)[2])
+            self.journal.place(plan.token_rows[flat], plan.token_positions[flat])
+            self._written_to = (layer, kv_cache)
+            return
+        stored, kept = self._read_back(layer, kv_cache, slots, exact)
         scales = None
         if out.codes is not None and self.tier_b is not None:
             # the deterministic branch holds for the dequantized value; only where it was read back unchanged
