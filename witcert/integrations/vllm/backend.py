@@ -35,7 +35,7 @@ from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
 from . import audit, config, gate, layout, runtime, schemes, selftest, spot_gate
-from .decode_pass import cell_terms, meter_rows, warm_up
+from .decode_pass import cell_terms, meter_pairs, meter_rows, warm_up
 from .exact_store import ExactStore
 from .journal import WriteJournal
 from .sequence_state import SequenceState
@@ -406,7 +406,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 raw_tv = torch.full_like(meter, math.nan)
                 raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
             self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
-        meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv, picks)
+        meter = meter.masked_fill_(~_kept_cells(chosen, settings, self.layer_index, positions, hq, hkv, picks),
+                                   math.nan)
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
         self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks,
                     spot_delta)
@@ -586,21 +587,23 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                         for name in ("own_keys", "own_witness", "own_norms"))
         elif any(e.own_keys is not None for e in queued):
             raise AssertionError("queued rows of one request set stored with and without a scheme")
+        settings = [s for e in queued for s in e.settings]
+        positions = [[p] for e in queued for p in e.positions]
+        picks = None if all(e.picks is None for e in queued) else [
+            p for e in queued for p in (e.picks if e.picks is not None else [None] * rows)]
+        kept = _kept_cells([[c] for e in queued for c in e.chosen], settings, self.layer_index, positions,
+                           self.num_heads, hkv, picks)  # (steps R, 1, Hq)
+        wanted = kept.view(steps, rows, hkv, groups).any(3).any(0)  # (R, Hkv): the pairs a kept cell reads
         view = self.state.view(rows, per_step.amax(-1))
         norm_max = view["norm_max"] if own is None else torch.maximum(view["norm_max"], own[2].amax(-1))
-        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], norm_max,
-                          self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
+        m, r = meter_pairs(wanted, q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
+                           norm_max, self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
         meter, risk = _spread_steps(_by_token(m, k), idx, steps), _spread_steps(_by_token(r, k), idx, steps)
         tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
         def by_step(x):  # (R, steps, Hq) -> (steps R, 1, Hq): one row per queued (step, row), in queue order
             return None if x is None else x.transpose(0, 1).reshape(steps * rows, 1, -1)
 
-        settings = [s for e in queued for s in e.settings]
-        positions = [[p] for e in queued for p in e.positions]
-        picks = None if all(e.picks is None for e in queued) else [
-            p for e in queued for p in (e.picks if e.picks is not None else [None] * rows)]
-        cells = _mask_unmetered(by_step(meter), [[c] for e in queued for c in e.chosen], settings, self.layer_index,
-                                positions, self.num_heads, hkv, picks)
+        cells = by_step(meter).masked_fill_(~kept, math.nan)
         self._queue([r for e in queued for r in e.requests], settings, positions, [1] * (steps * rows), cells,
                     by_step(risk), None, by_step(tv), None, None, picks)  # folded with the step's (end_layer)
 
@@ -900,19 +903,19 @@ def _spread(values: list, active: list, rows: int) -> list:
     return out
 
 
-def _mask_unmetered(meter, chosen, settings, layer, positions, hq, hkv, picks=None) -> torch.Tensor:
-    """NaN on the cells the operator's sampling and the request's audit left out (tokens not chosen, heads not
-    drawn, cells not picked); ``picks[i]`` (Hq, T) row ``i``'s picked heads (``None``: no audit)."""
+def _kept_cells(chosen, settings, layer, positions, hq, hkv, picks=None) -> torch.Tensor:
+    """bool (rows, T, Hq): the cells the operator's sampling and the request's audit meter (False: tokens not
+    chosen, heads not drawn, cells not picked; reported NaN); ``picks[i]`` (Hq, T) row ``i``'s picked heads
+    (``None``: no audit)."""
+    kept = torch.zeros(len(settings), len(chosen[0]) if chosen else 0, hq, dtype=torch.bool)
     for i, s in enumerate(settings):
         for j, picked in enumerate(chosen[i]):
             if not picked:
-                meter[i, j] = math.nan
                 continue
             audit_picks = None if picks is None or picks[i] is None else picks[i][:, j]
             keep = _kept_heads(s.metering, layer, positions[i][j], hq, hkv, audit_picks)
-            if keep is not None:
-                meter[i, j, ~keep] = math.nan
-    return meter
+            kept[i, j] = True if keep is None else keep
+    return kept
 
 
 def _kept_heads(metering, layer, position, hq, hkv, audit_picks) -> torch.Tensor | None:
