@@ -10,12 +10,13 @@ rtn-int4, a massive channel, large query norms, exactly stored keys, a stored ke
 fp64). Tolerance: none (meter >= true TV); the zero-witness short cut against the reference's rounding term.
 """
 import math
+import warnings
 
 import pytest
 import torch
 
 import witcert
-from witcert.integrations.vllm.decode_pass import cell_terms, exact_cells, meter_rows, pass_constants
+from witcert.integrations.vllm.decode_pass import cell_terms, exact_cells, meter_pairs, meter_rows, pass_constants
 from witcert.integrations.vllm.written import key_norms_of, written
 
 D, HKV, G = 64, 3, 3
@@ -85,6 +86,37 @@ def test_meter_bounds_true_tv_per_query_row(compiled, cast, q_scale):
     if cast is _fp8 and q_scale == 1.0:
         assert (meter < 0.5).any()  # and informative where the keys are close
     assert (risk >= 0).all() and not torch.isnan(meter).any()
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("wanted", [[[0, 1, 0], [0, 0, 0], [1, 0, 1]], [[0, 0, 0], [0, 0, 1], [0, 0, 0]],
+                                    [[1, 1, 1], [1, 1, 1], [1, 1, 1]], [[0, 0, 0], [0, 0, 0], [0, 0, 0]]],
+                         ids=["some", "one pair", "every pair", "none"])
+def test_metering_some_pairs_meters_them_as_every_pair(compiled, wanted):
+    # an audit's flush meters only the (row, kv head) pairs a picked cell reads (meter_pairs): each such pair's
+    # cells must be a bound on its own (oracle: the true TV), agree with the pass over every pair up to the
+    # GEMM's summation order, and every other pair's cells be NaN (unmetered), never a number; a single pair
+    # (one row of one kv head) and the rtn-int4 keys with the exactly stored ones of a short cut pair
+    g = torch.Generator().manual_seed(11)
+    k, keys, witness, norms, q = _rows(g, 3, 40, 1.0, _int4)
+    witness[1, 2] = 0  # row 1, kv head 2 stored exactly: its cells take the short cut
+    keys[1, 2], norms[1, 2] = k[1, 2], key_norms_of(k[1, 2])
+    lengths = _lengths(3, 40)
+    wanted = torch.tensor(wanted, dtype=torch.bool)
+    lossy = witness.flatten(2).amax(-1) > 0
+    norm_max = norms.double().amax(-1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        meter, risk = meter_pairs(wanted, q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE,
+                                  compiled=compiled)
+    every, every_risk = meter_rows(q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE,
+                                   compiled=compiled)
+    tv = _true_tv(q, k, keys, lengths)
+    assert meter.shape == every.shape
+    assert torch.isnan(meter[~wanted]).all() and torch.isnan(risk[~wanted]).all()
+    assert not torch.isnan(meter[wanted]).any() and (meter[wanted] >= tv[wanted]).all()
+    torch.testing.assert_close(meter[wanted], every[wanted], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(risk[wanted], every_risk[wanted], rtol=1e-5, atol=1e-9)
 
 
 def test_padding_and_other_rows_do_not_change_a_row():

@@ -35,7 +35,7 @@ from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
 from . import audit, config, gate, layout, runtime, schemes, selftest, spot_gate
-from .decode_pass import cell_terms, meter_rows, warm_up
+from .decode_pass import cell_terms, meter_pairs, meter_rows, warm_up
 from .exact_store import ExactStore
 from .journal import WriteJournal
 from .sequence_state import SequenceState
@@ -139,7 +139,6 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self._written_to = (layer, kv_cache)
             self._pending = _Pending(key[:n], value[:n], slot_mapping, index, None)
             return
-        self._enter_journal()
         _, kept = self._read_back(layer, kv_cache, slots, exact, self._step_entries(kv_cache, slots))
         if self.store is not None:
             exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[index]
@@ -330,6 +329,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         kept = from_cache(stored, self.witness[slots // block_size, :, slots % block_size])
         self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms, self._tier_b_scales(slots))
 
+    def _journals_compressed(self) -> bool:
+        """Whether a scheme's compressed writes go to the journal (:mod:`.journal`) instead of being read back at once:
+        the state's entry of a token written this step stays the exact key it attended, which the deferred rows'
+        own tokens are taken from, and nothing reads the compressed one before the journal is entered (every reader
+        of the state or the witness side tensor enters it first), except the gate and the dithered cache, which
+        read back at once; as for journaled steps, this process must see the engine go idle (its flush enters what
+        is left)."""
+        return self.store is None and self.tier_b is None and runtime.idle_hook_here()
+
     def _tier_b_scales(self, slots) -> torch.Tensor | None:
         """The dithered cache's scales at ``slots`` for the state (N, Hkv, n_g), ``inf`` where not valid."""
         if self.state.scales is None:
@@ -398,7 +406,8 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 raw_tv = torch.full_like(meter, math.nan)
                 raw_tv[active] = self._true_tv(q, dict(first_view, **self._before), lengths, blocks, width)
             self._output_gaps(plan, active, q, view, kv_cache, layer, md, output)
-        meter = _mask_unmetered(meter, chosen, settings, self.layer_index, positions, hq, hkv, picks)
+        meter = meter.masked_fill_(~_kept_cells(chosen, settings, self.layer_index, positions, hq, hkv, picks),
+                                   math.nan)
         requests = [rt.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
         self._queue(requests, settings, positions, plan.query_counts, meter, risk, raw, tv, raw_tv, repaired, picks,
                     spot_delta)
@@ -578,21 +587,23 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                         for name in ("own_keys", "own_witness", "own_norms"))
         elif any(e.own_keys is not None for e in queued):
             raise AssertionError("queued rows of one request set stored with and without a scheme")
+        settings = [s for e in queued for s in e.settings]
+        positions = [[p] for e in queued for p in e.positions]
+        picks = None if all(e.picks is None for e in queued) else [
+            p for e in queued for p in (e.picks if e.picks is not None else [None] * rows)]
+        kept = _kept_cells([[c] for e in queued for c in e.chosen], settings, self.layer_index, positions,
+                           self.num_heads, hkv, picks)  # (steps R, 1, Hq)
+        wanted = kept.view(steps, rows, hkv, groups).any(3).any(0)  # (R, Hkv): the pairs a kept cell reads
         view = self.state.view(rows, per_step.amax(-1))
         norm_max = view["norm_max"] if own is None else torch.maximum(view["norm_max"], own[2].amax(-1))
-        m, r = meter_rows(q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"], norm_max,
-                          self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
+        m, r = meter_pairs(wanted, q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
+                           norm_max, self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
         meter, risk = _spread_steps(_by_token(m, k), idx, steps), _spread_steps(_by_token(r, k), idx, steps)
         tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
         def by_step(x):  # (R, steps, Hq) -> (steps R, 1, Hq): one row per queued (step, row), in queue order
             return None if x is None else x.transpose(0, 1).reshape(steps * rows, 1, -1)
 
-        settings = [s for e in queued for s in e.settings]
-        positions = [[p] for e in queued for p in e.positions]
-        picks = None if all(e.picks is None for e in queued) else [
-            p for e in queued for p in (e.picks if e.picks is not None else [None] * rows)]
-        cells = _mask_unmetered(by_step(meter), [[c] for e in queued for c in e.chosen], settings, self.layer_index,
-                                positions, self.num_heads, hkv, picks)
+        cells = by_step(meter).masked_fill_(~kept, math.nan)
         self._queue([r for e in queued for r in e.requests], settings, positions, [1] * (steps * rows), cells,
                     by_step(risk), None, by_step(tv), None, None, picks)  # folded with the step's (end_layer)
 
@@ -841,9 +852,14 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         k_hat, v_hat = (x.transpose(1, 2).reshape(-1, hkv, d) for x in (out.k, out.v))  # (N, Hkv, d)
         exact = k.transpose(1, 2).reshape(-1, hkv, d)
         self._write(layer, kv_cache, slots, k_hat, v_hat)
-        stored, kept = self._read_back(layer, kv_cache, slots, exact)
         if self.repaired is not None:
             self.repaired[slots] = False  # a gate block may have covered this step's own (exact) token
+        if self._journals_compressed():  # read back when something reads them, all steps' at once
+            self.journal.add(slots, exact, self._step_tokens(p.slot_mapping)[2])
+            self.journal.place(plan.token_rows[flat], plan.token_positions[flat])
+            self._written_to = (layer, kv_cache)
+            return
+        stored, kept = self._read_back(layer, kv_cache, slots, exact)
         scales = None
         if out.codes is not None and self.tier_b is not None:
             # the deterministic branch holds for the dequantized value; only where it was read back unchanged
@@ -887,19 +903,19 @@ def _spread(values: list, active: list, rows: int) -> list:
     return out
 
 
-def _mask_unmetered(meter, chosen, settings, layer, positions, hq, hkv, picks=None) -> torch.Tensor:
-    """NaN on the cells the operator's sampling and the request's audit left out (tokens not chosen, heads not
-    drawn, cells not picked); ``picks[i]`` (Hq, T) row ``i``'s picked heads (``None``: no audit)."""
+def _kept_cells(chosen, settings, layer, positions, hq, hkv, picks=None) -> torch.Tensor:
+    """bool (rows, T, Hq): the cells the operator's sampling and the request's audit meter (False: tokens not
+    chosen, heads not drawn, cells not picked; reported NaN); ``picks[i]`` (Hq, T) row ``i``'s picked heads
+    (``None``: no audit)."""
+    kept = torch.zeros(len(settings), len(chosen[0]) if chosen else 0, hq, dtype=torch.bool)
     for i, s in enumerate(settings):
         for j, picked in enumerate(chosen[i]):
             if not picked:
-                meter[i, j] = math.nan
                 continue
             audit_picks = None if picks is None or picks[i] is None else picks[i][:, j]
             keep = _kept_heads(s.metering, layer, positions[i][j], hq, hkv, audit_picks)
-            if keep is not None:
-                meter[i, j, ~keep] = math.nan
-    return meter
+            kept[i, j] = True if keep is None else keep
+    return kept
 
 
 def _kept_heads(metering, layer, position, hq, hkv, audit_picks) -> torch.Tensor | None:

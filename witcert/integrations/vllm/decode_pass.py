@@ -219,12 +219,39 @@ def meter_rows(q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor, key_n
     return run(q, keys, witness, key_norms, lengths, lossy, norm_max, constants, layout, scales, own)
 
 
+def meter_pairs(wanted: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor,
+                key_norms: torch.Tensor, lengths: torch.Tensor, lossy: torch.Tensor, norm_max: torch.Tensor,
+                layout: BandLayout, scale: float, scales: torch.Tensor | None = None, own: tuple | None = None,
+                compiled: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`meter_rows` of the (row, kv head) pairs ``wanted`` (R, Hkv) bool only, NaN at the others (a request
+    audit picks a few cells: most pairs of a flush meter none). A pair's cells depend on that pair's inputs alone
+    (nothing in the pass reduces across rows or kv heads), so they are the values :func:`meter_rows` gives over
+    every pair; the wanted pairs are folded into rows of one kv head (a gathered copy of their keys)."""
+    if bool(wanted.all()):
+        return meter_rows(q, keys, witness, key_norms, lengths, lossy, norm_max, layout, scale, scales, own, compiled)
+    meter = torch.full(q.shape[:3], math.nan, dtype=torch.float64)
+    risk = torch.full_like(meter, math.nan)
+    if not bool(wanted.any()):
+        return meter, risk
+    rows, heads = wanted.nonzero(as_tuple=True)
+
+    def pair(x):  # (R, Hkv, ...) -> (P, 1, ...)
+        return None if x is None else x[rows, heads].unsqueeze(1)
+
+    m, r = meter_rows(pair(q), pair(keys), pair(witness), pair(key_norms), lengths[rows], pair(lossy),
+                      pair(norm_max), layout, scale, pair(scales), None if own is None else tuple(map(pair, own)),
+                      compiled)
+    meter[rows, heads], risk[rows, heads] = m[:, 0], r[:, 0]
+    return meter, risk
+
+
 _WARM: set = set()
 
 
 def warm_up(layout: BandLayout, tier_b: bool, compiled: bool | None = None) -> None:
     """Compile every graph :func:`meter_rows` uses for ``layout`` now (with and without deferred rows' own tokens,
-    the short cut), so that no request waits for a compilation; once per process and layout."""
+    the short cut; over every kv head and over :func:`meter_pairs`' one), so that no request waits for a
+    compilation; once per process and layout."""
     key = (layout.head_dim, layout.bands, layout.rope, tier_b, compiled)
     if key in _WARM:
         return
@@ -235,10 +262,14 @@ def warm_up(layout: BandLayout, tier_b: bool, compiled: bool | None = None) -> N
     r, h, m, d = q.shape
     own = (torch.ones(r, h, m, d), torch.zeros(r, h, m, layout.bands, dtype=torch.float16),
            torch.ones(r, h, m, dtype=torch.float64))
-    for mine in (None, own):
-        meter_rows(q, keys, witness.clone().fill_(1.0), key_norms, lengths, lossy, norm_max, layout, scale, scales,
-                   mine, compiled)
-    meter_rows(q, keys, witness, key_norms, lengths, ~lossy, norm_max, layout, scale, scales, None, compiled)
+    one_head = torch.zeros(r, h, dtype=torch.bool)
+    one_head[:, 0] = True  # meter_pairs' shapes: pairs folded into rows of one kv head
+    for wanted in (torch.ones(r, h, dtype=torch.bool), one_head):
+        for mine in (None, own):
+            meter_pairs(wanted, q, keys, witness.clone().fill_(1.0), key_norms, lengths, lossy, norm_max, layout,
+                        scale, scales, mine, compiled)
+        meter_pairs(wanted, q, keys, witness, key_norms, lengths, ~lossy, norm_max, layout, scale, scales, None,
+                    compiled)
 
 
 def _exact_probe() -> tuple:
