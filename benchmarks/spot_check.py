@@ -177,8 +177,8 @@ def summarize_monitor(tables: list, tau: float) -> dict:
 
 def monitor_section(loaded, schemes, args, argv) -> dict:
     """The ``monitor`` section: per scheme, every cell of one case per task under the spot-certified monitor."""
-    out = dict(**provenance(args, argv), context_tokens=args.context, tasks=list(TASKS), spot_keys=args.spot_keys, delta_per_cell=args.delta,
-               tau=args.tau, schemes={})
+    out = dict(**provenance(args, argv), context_tokens=args.context, tasks=list(TASKS), spot_keys=args.spot_keys,
+               delta_per_cell=args.delta, tau=args.tau, schemes={})
     for scheme in schemes:
         started = time.perf_counter()
         try:

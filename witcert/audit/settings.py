@@ -21,8 +21,9 @@ power of two, so ``delta_s + delta_spot == delta`` exactly in floating point."""
 DEFAULT_KEYS = 512
 """Most exact keys a picked cell's spot check may read, in rounds of 32, 128, 512 that stop at a bound ``<= tau``
 (:mod:`witcert.spot.rounds`); the checked cells over one key history read it whole where it holds at most this
-many tokens per checked cell (:mod:`witcert.spot.groups`: their true TVs, no failure probability). Why 512 (SmolLM2 rtn-int4, 512-token code requests, rate 0.05, 6 audits,
-``benchmarks/audit.py``'s usefulness section, 2026-12-06): ``fraction_upper`` exceeded the true fraction by 0.10
+many tokens per checked cell (:mod:`witcert.spot.groups`: their true TVs, no failure probability). Why 512
+(SmolLM2 rtn-int4, 512-token code requests, rate 0.05, 6 audits, ``benchmarks/audit.py``'s usefulness section,
+2026-12-06, before key groups were read whole): ``fraction_upper`` exceeded the true fraction by 0.10
 (median) reading 378 keys per check on average, against 0.28 with one round of 256 keys; a cell whose meter
 saturates needs more keys than the spot certificate's budget to be told apart from one above ``tau``."""
 
