@@ -4,16 +4,18 @@ Three sections, each recorded with its date, machine and command:
 
 * ``cost``: tokens/s of ``generate`` (prefill included, 16 new tokens, greedy, batch 1) at each context,
   interleaved round by round, the median of ``--reps``, in wall time and in the process's CPU time (one torch
-  thread: the work done, which other jobs on a shared machine stretch far less than the wall time): stock; the production monitor (``keep_exact=False``,
-  rtn-int4, ``WITCERT_COMPILE=1``) metering every cell; the same with ``audit=witcert.Audit(rate=0.02)`` (only
-  picked cells metered, each above tau spot-checked with exact keys paged from the host backing store); the same at
-  rate 1e-9 (*audit, none picked*: the production monitor with its host store of exact keys, nothing metered: the
-  floor any audit rate pays);
-* ``usefulness``: per workload case (needle, text, code; fp8-e4m3 at the audit's default key budget, rtn-int4 at
-  256 and at the default), the request metered on every cell
+  thread: the work done, which other jobs on a shared machine stretch far less than the wall time): stock; the
+  production monitor (``keep_exact=False``, rtn-int4, ``WITCERT_COMPILE=1``) metering every cell; the same with
+  ``audit=witcert.Audit(rate=0.02)`` (the exact audit: each picked cell's true TV from its exact keys in the host
+  backing store, nothing metered, no witness kept); with ``keys=512`` (bounded reads: the picked cells metered, each
+  above tau spot-checked with at most 512 exact keys); the exact audit at rate 1e-9 (*audit, none picked*: the
+  production monitor with its host store of exact keys, nothing metered: the floor any audit rate pays);
+* ``usefulness``: per workload case (needle, text, code; fp8-e4m3 and rtn-int4 under the exact audit, and with
+  bounded reads of ``--keys`` exact keys), the request metered on every cell
   with the exact cache kept gives its true fraction of cells above tau; audited runs of the same request at rate
   0.05 (``--seeds`` audit seeds) give ``fraction_upper``; recorded: the median of ``fraction_upper`` minus the true
-  fraction, and the requests where the true count exceeded ``M_upper`` (the statement's failures);
+  fraction, and the requests where the true count exceeded ``M_upper`` (the statement's failures); each
+  configuration's entry carries its own date, so a run of some ``--keys`` keeps the others' entries;
 * ``collapse``: requests (text and code windows) with one layer's keys destroyed
   (:func:`benchmarks.audit_requests.collapse_layer`, rtn-int4 elsewhere), audited at rate 0.02: the share of
   requests with at least one flagged cell, and the true TV of the collapsed layer's picked cells.
@@ -41,7 +43,7 @@ from witcert.observatory.runner import ObserveConfig, build_cases, run_case
 
 OUT = Path(__file__).with_name("results") / "audit.json"
 COST_SCHEME, COST_RATE = "rtn-int4", 0.02
-USEFUL_CONFIGS = (("fp8-e4m3", DEFAULT_KEYS), ("rtn-int4", 256), ("rtn-int4", DEFAULT_KEYS))  # (scheme, most keys)
+USEFUL_SCHEMES = {"fp8-e4m3": (None, DEFAULT_KEYS), "rtn-int4": (None, 256, DEFAULT_KEYS)}  # most keys (None: exact)
 USEFUL_TASKS, USEFUL_RATE = ("needle", "text", "code"), 0.05
 COLLAPSED_LAYER = 14
 TAU = 0.2
@@ -73,6 +75,8 @@ def cost(model, context: int, reps: int, new_tokens: int = 16) -> dict:
                "every cell": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME),
                f"audit {COST_RATE:g}": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
                                             audit=witcert.Audit(rate=COST_RATE)),
+               f"audit {COST_RATE:g}, {DEFAULT_KEYS} keys": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
+                                                                audit=witcert.Audit(rate=COST_RATE, keys=DEFAULT_KEYS)),
                FIXED_COST: dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
                                 audit=witcert.Audit(rate=FIXED_COST_RATE))}
     for config in configs.values():  # warm-up at the timed token count: the audit's checks (picked at this length)
@@ -103,10 +107,12 @@ def _request(loaded, scheme: str, case, audit=None, collapsed: int | None = None
     return mon.table(), (mon.audit() if audit is not None else ())
 
 
-def usefulness(loaded, cases_per_task: int, seeds: int, context: int) -> dict:
-    """fraction_upper against the true fraction above tau, per scheme and task (see the module docstring)."""
+def usefulness(loaded, cases_per_task: int, seeds: int, context: int, budgets: tuple, stamp: dict) -> dict:
+    """fraction_upper against the true fraction above tau, per scheme and task, for the key ``budgets`` (``None``:
+    the exact audit; see the module docstring); each entry stamped with ``stamp`` and its date."""
     out, truths = {}, {}
-    for scheme, keys in USEFUL_CONFIGS:
+    configs = [(scheme, keys) for scheme, allowed in USEFUL_SCHEMES.items() for keys in allowed if keys in budgets]
+    for scheme, keys in configs:
         for task in USEFUL_TASKS:
             config = ObserveConfig(schemes=(scheme,), task=task, context_tokens=context, cases=cases_per_task)
             rows = []
@@ -124,8 +130,10 @@ def usefulness(loaded, cases_per_task: int, seeds: int, context: int) -> dict:
                                  "flagged": result.flagged, "estimate": result.estimate,
                                  "failed": above > result.M_upper})
             gaps = [r["fraction_upper"] - r["true_fraction"] for r in rows]
-            name = f"{scheme}, {keys} keys, {task}"
-            out[name] = {"scheme": scheme, "keys": keys, "task": task, "median_gap": statistics.median(gaps),
+            name = f"{scheme}, {'exact' if keys is None else f'{keys} keys'}, {task}"
+            date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
+            out[name] = {"scheme": scheme, "keys": keys, "task": task, "date": date, **stamp,
+                         "median_gap": statistics.median(gaps),
                                         "median_true_fraction": statistics.median(r["true_fraction"] for r in rows),
                                         "median_fraction_upper": statistics.median(r["fraction_upper"] for r in rows),
                                         "failures": sum(r["failed"] for r in rows), "requests": len(rows),
@@ -164,6 +172,8 @@ def main(argv=None) -> None:
     p.add_argument("--reps", type=int, default=5)
     p.add_argument("--cases", type=int, default=6, help="usefulness: cases per task")
     p.add_argument("--seeds", type=int, default=3, help="usefulness: audits per case")
+    p.add_argument("--keys", nargs="+", default=["exact", str(DEFAULT_KEYS), "256"],
+                   help="usefulness: the key budgets measured ('exact': keys=None, the default audit)")
     p.add_argument("--requests", type=int, default=200, help="collapse: requests")
     p.add_argument("--threads", type=int, default=1)
     p.add_argument("--out", type=Path, default=OUT)
@@ -181,11 +191,15 @@ def main(argv=None) -> None:
         started = time.perf_counter()
         if section == "cost":
             body = {"runs": [cost(loaded.model, context, args.reps) for context in args.contexts],
-                    "scheme": COST_SCHEME, "rate": COST_RATE, "keys": DEFAULT_KEYS}
+                    "scheme": COST_SCHEME, "rate": COST_RATE, "keys": None, "bounded_keys": DEFAULT_KEYS}
         elif section == "usefulness":
+            budgets = tuple(None if k == "exact" else int(k) for k in args.keys)
+            before = record.get("usefulness", {})  # the other budgets' entries, each with its date
+            since = {k: before[k] for k in ("date", "machine", "command", "commit") if k in before}
+            kept = {name: since | row for name, row in before.get("by", {}).items() if row["keys"] not in budgets}
             body = {"rate": USEFUL_RATE, "tau": TAU, "context": 512, "cases_per_task": args.cases,
-                    "seeds": args.seeds, "default_keys": DEFAULT_KEYS,
-                    "by": usefulness(loaded, args.cases, args.seeds, 512)}
+                    "seeds": args.seeds, "default_keys": None,
+                    "by": kept | usefulness(loaded, args.cases, args.seeds, 512, budgets, stamp)}
         elif section == "collapse":
             body = collapse(loaded, args.requests, 256, 32)
         else:

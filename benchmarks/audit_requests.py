@@ -27,7 +27,7 @@ def collapse_layer(monitor, layer: int, scheme=scrambled):
         if index != layer:
             return original(index, record, backing)
         return CompressedLayer(codec, monitor.layout, keep_exact=monitor.keep_exact, backing=backing, backing_key=index,
-                               backing_values=monitor.backing_values)
+                               backing_values=monitor.backing_values, statistics=monitor.statistics)
 
     monitor._store = store
     return monitor

@@ -272,3 +272,6 @@ the axioms it depends on; `scripts/lean_check.sh` fails unless those are among
 
 #check @WitCert.measure_picked_fail_le
 #print axioms WitCert.measure_picked_fail_le
+
+#check @WitCert.measure_auditUpper_exact_le
+#print axioms WitCert.measure_auditUpper_exact_le

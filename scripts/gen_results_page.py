@@ -463,19 +463,18 @@ def audit_section() -> str | None:
         return None
     lines = ["## The request audit", "",
              "`witcert.monitor(..., audit=witcert.Audit(rate, tau=0.2, delta=1e-3))`: each cell picked with probability "
-             "`rate`, only picked cells metered, each bounded by its meter or a spot check; per request, with "
-             "probability at least 1 - 1e-3 (a probabilistic statement, not a proof), at most `fraction_upper` of its "
-             "cells have TV above tau ([design](design.md#the-request-audit))."]
+             "`rate` and bounded by its true TV from its exact keys (with `keys=k`, bounded reads: by its meter, else a "
+             "spot check of at most `k` exact keys); per request, with probability at least 1 - 1e-3 (a probabilistic "
+             "statement, not a proof), at most `fraction_upper` of its cells have TV above tau "
+             "([design](design.md#the-request-audit))."]
     cost = record.get("cost")
     if cost:
         configs = tuple(name for name in cost["runs"][0]["ratio_to_stock"])
         lines += ["", "### Cost", "", _provenance(cost["date"], cost["machine"], cost["command"]), "",
                   f"SmolLM2-135M-Instruct `generate` (prefill included), {cost['scheme']}, production mode "
                   "(`keep_exact=False`), the meter's passes compiled (`WITCERT_COMPILE=1`); *every cell*: every cell "
-                  f"metered; *audit {cost['rate']:g}*: the picked cells only, each above tau spot-checked with up to "
-                  f"{cost.get('keys', 256)} exact keys paged from the host backing store (which the audited monitor "
-                  "fills with exact keys); "
-                  "*audit, none picked*: the same at a rate that picks nothing (1e-9), the floor any rate pays "
+                  "metered; " + _audited_cost(cost) +
+                  "at a rate that picks nothing (1e-9), the floor any rate pays "
                   "(the compressed cache and the host store of exact keys). Tokens/s against stock in the same run, "
                   "interleaved, the median of the runs; in wall time, then in the process's CPU time (one torch "
                   "thread: the work done, which the other jobs of a shared machine stretch far less than the wall "
@@ -496,12 +495,13 @@ def audit_section() -> str | None:
                   f"{useful['seeds']} audits per case at rate {useful['rate']:g}. True fraction: cells with true TV "
                   f"above tau = {useful['tau']:g} in the same request metered on every cell; *failures*: audits whose "
                   "true count exceeded `M_upper`.", "",
-                  "| scheme | most exact keys per check (rounds that stop at tau) | task | audits | median true fraction | median fraction_upper | "
-                  "median fraction_upper - true | failures |", "|---|---|---|---|---|---|---|---|"]
-        for row in useful["by"].values():
-            lines.append(f"| {row['scheme']} | {row['keys']} | {row['task']} | {row['requests']} | "
+                  "| scheme | bound of a picked cell | task | audits | median true fraction | median fraction_upper | "
+                  "median fraction_upper - true | failures | measured |", "|---|---|---|---|---|---|---|---|---|"]
+        for row in sorted(useful["by"].values(), key=lambda r: (r["scheme"], r["keys"] is not None, r["keys"] or 0)):
+            bound = "true TV (exact)" if row["keys"] is None else f"meter, else <= {row['keys']} exact keys"
+            lines.append(f"| {row['scheme']} | {bound} | {row['task']} | {row['requests']} | "
                          f"{row['median_true_fraction']:.3f} | {row['median_fraction_upper']:.3f} | "
-                         f"{row['median_gap']:.3f} | {row['failures']} |")
+                         f"{row['median_gap']:.3f} | {row['failures']} | {row.get('date', useful['date'])[:16]} |")
     collapse = record.get("collapse")
     if collapse:
         lines += ["", "### A collapsed layer", "", _provenance(collapse["date"], collapse["machine"],
@@ -513,6 +513,18 @@ def audit_section() -> str | None:
                   f"({collapse['share_flagged']:.3f}); {collapse['their_share_above_tau']:.3f} of the collapsed layer's "
                   f"{collapse['picked_cells_of_collapsed_layer']:,} picked cells have true TV above tau."]
     return "\n".join(lines)
+
+
+def _audited_cost(cost: dict) -> str:
+    """What the cost table's audited configurations did (the exact audit since the record says ``keys: null``)."""
+    rate = f"{cost['rate']:g}"
+    if cost.get("keys", 256) is not None:  # a record from before the exact audit
+        return (f"*audit {rate}*: the picked cells only metered, each above tau spot-checked with up to "
+                f"{cost.get('keys', 256)} exact keys paged from the host backing store; *audit, none picked*: the same ")
+    return (f"*audit {rate}*: the exact audit, each picked cell's true TV from its exact keys in the host backing "
+            f"store (which the audited monitor fills with exact keys only), nothing metered, no witness kept; "
+            f"*audit {rate}, {cost['bounded_keys']} keys*: bounded reads, the picked cells metered and each above tau "
+            f"spot-checked with up to {cost['bounded_keys']} exact keys; *audit, none picked*: the exact audit ")
 
 
 def audit_glance(link: str) -> str | None:
@@ -529,7 +541,7 @@ def audit_glance(link: str) -> str | None:
                       for run in cost["runs"])
     gaps = {}
     for row in useful["by"].values():
-        if row["keys"] == useful.get("default_keys", 256):  # the audit's default budget when recorded
+        if row["keys"] == useful.get("default_keys", 256):  # the audit's default bound when recorded
             gaps.setdefault(row["scheme"], []).append(row["median_gap"])
     gap = "; ".join(f"{scheme} {max(values):.2f}" for scheme, values in gaps.items())
     return (f"The request audit (`audit=witcert.Audit(rate=0.02)`, a per-request statement at probability 1 - 1e-3) "

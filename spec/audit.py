@@ -13,6 +13,10 @@ picked cell whose spot check (failure probability ``delta_c``) does not fail and
 
 and the per-step allocation ``delta_c(k) = delta_spot 6 / (pi^2 k^2) / cells_per_step / r'`` keeps
 the union term at most ``delta_spot`` for a request of any length (registry SCD).
+
+The exact audit (registry AE, ``witcert.Audit(keys=None)``) bounds a picked cell by its true TV
+(:func:`true_tv`, from every exact key the cell sees): no check can fail, the event above is everything,
+and ``P(M > M_upper) <= delta_s`` with ``delta_s = delta`` (Lean: ``WitCert.measure_auditUpper_exact_le``).
 """
 import mpmath
 from mpmath import mpf
@@ -71,3 +75,22 @@ def statement_delta(delta_s: Real, check_deltas, pick: Real) -> mpf:
     """``delta_s + pick sum_cells delta_c``: the failure probability of one request's statement, every cell's
     allocated ``delta_c`` given (picked or not: the union is over the cells that might be picked)."""
     return mpf(delta_s) + mpf(pick) * mpmath.fsum(mpf(d) for d in check_deltas)
+
+
+def true_tv(exact_logits, read_logits) -> mpf:
+    """``TV(softmax(l), softmax(l~)) = 1/2 sum_t |p_t - p~_t|`` over the visible tokens (registry AE): ``exact_logits``
+    ``l`` of the exact keys, ``read_logits`` ``l~`` of the keys attention read, same length, finite, at least one."""
+    l, lr = [mpf(x) for x in exact_logits], [mpf(x) for x in read_logits]
+    if not l or len(l) != len(lr):
+        raise ValueError(f"exact_logits, read_logits: need the same positive length, got {len(l)} and {len(lr)}")
+    if not all(mpmath.isfinite(x) for x in l + lr):
+        raise ValueError("exact_logits, read_logits: every logit must be finite")
+    p, q = _softmax(l), _softmax(lr)
+    return mpmath.fsum(abs(a - b) for a, b in zip(p, q)) / 2
+
+
+def _softmax(logits: list) -> list:
+    top = max(logits)
+    weights = [mpmath.exp(x - top) for x in logits]
+    total = mpmath.fsum(weights)
+    return [w / total for w in weights]

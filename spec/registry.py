@@ -373,6 +373,17 @@ THEOREMS: tuple[Theorem, ...] = (
         tests=("tests/test_audit_limit.py", "tests/test_audit_validity.py", "tests/test_audit_monitor.py",
                "tests/vllm/test_audit.py", "tests/test_audit_counts.py"),
     ),
+    Theorem(
+        key="AE",
+        paper='exact request audit (beyond the paper; docs/design.md "The request audit")',
+        statement="each picked cell's bound is its true TV rounded up, so X' <= X on every outcome (F empty)  =>  P(M > M_upper) <= delta_s = delta",
+        lean="WitCert.measure_auditUpper_exact_le",
+        note="AU with the failure event F empty: `witcert.Audit(keys=None)` (the default) reads every exact key a picked cell sees (the exact cache, or the content-checked host backing store) and bounds it by TV(softmax(l), softmax(l~)) evaluated in fp64 and rounded up by a relative 1e-9 plus 1e-12 (as a spot check read whole is, registry SCO), so no check exists to fail and the binomial limit takes the whole delta. The TV is between attention over the exact keys with the exact query and over the keys attention read with the query the kernel read (QR); the spec mirror is the mpmath TV of the two softmaxes. Assumed, as in AU: the binomial law of X' and a population the audit does not change.",
+        spec="witcert.spec.audit.true_tv",
+        torch="witcert.audit.exact.true_tv_bounds",
+        kernel=None,
+        tests=("tests/test_audit_exact.py", "tests/test_audit_validity.py", "tests/test_audit_exact_spec.py"),
+    ),
 )
 
 

@@ -181,7 +181,7 @@ def test_pick_counters_are_distinct_per_cell():
     (dict(rate=True), "rate must be a number"), (dict(rate="0.1"), "rate must be a number"),
     (dict(tau=0.0), r"tau must lie in \(0, 1\)"), (dict(tau=1.0), r"tau must lie in \(0, 1\)"),
     (dict(delta=0.0), r"delta must lie in \(0, 1\)"), (dict(delta=1.0), r"delta must lie in \(0, 1\)"),
-    (dict(delta=float("nan")), r"delta must lie in \(0, 1\)"), (dict(keys=0), "keys must be a positive int"),
+    (dict(delta=float("nan")), r"delta must lie in \(0, 1\)"), (dict(keys=0), "keys must be None .* or a positive int"),
     (dict(seed=-1), "seed must be None"), (dict(seed=2.0), "seed must be None"),
 ])
 def test_bad_audit_settings_are_refused_by_name(kwargs, match):
@@ -191,6 +191,8 @@ def test_bad_audit_settings_are_refused_by_name(kwargs, match):
 
 def test_audit_defaults_and_the_split_of_delta():
     audit = witcert.Audit()
-    assert (audit.rate, audit.tau, audit.delta, audit.seed) == (0.02, 0.2, 1e-3, None)
-    assert audit.delta_sampling == 1e-3 * SAMPLING_SHARE and audit.delta_sampling + audit.delta_spot == audit.delta
+    assert (audit.rate, audit.tau, audit.delta, audit.seed, audit.keys) == (0.02, 0.2, 1e-3, None, None)
+    assert audit.exact and audit.delta_sampling == 1e-3 and audit.delta_spot == 0.0  # exact bounds: no check fails
+    bounded = witcert.Audit(keys=512)
+    assert bounded.delta_sampling == 1e-3 * SAMPLING_SHARE and bounded.delta_sampling + bounded.delta_spot == 1e-3
     assert witcert.Audit(rate=1).rate == 1.0 and isinstance(Audit(rate=1).rate, float)

@@ -220,7 +220,8 @@ def test_summary_jsonl_and_plot_carry_the_audit(tmp_path):
     columns = {name: np.array([r[name] for r in rows]) for name in ("request", "layer", "head", "pos", "audited",
                                                                      "flagged")}
     rebuilt = requests_of(columns, witcert.Audit(rate=rows[0]["audit_rate"], tau=rows[0]["audit_tau"],
-                                                 delta=rows[0]["audit_delta"]), rows[0]["audit_seed"])
+                                                 delta=rows[0]["audit_delta"], keys=rows[0]["audit_keys_budget"]),
+                           rows[0]["audit_seed"])
     assert rebuilt == mon.audit()  # the JSONL carries the whole audit
     unpicked = [r for r in rows if not r["audited"]]
     assert unpicked and all(r["meter"] is None and r["metered"] is False for r in unpicked)

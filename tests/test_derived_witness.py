@@ -240,12 +240,15 @@ def test_a_derived_witness_costs_two_bytes_per_token_and_kv_head_and_the_relativ
 
 
 def test_spot_checks_default_to_the_stored_byte_where_the_meter_saturates():
-    """rtn-int4's default is the derived witness, but a spot check (``certificate="spot"``, an audit) reads the
-    meter's per-key radii, so there the default is the stored byte; an explicit ``witness_bits`` always wins."""
+    """rtn-int4's default is the derived witness, but a spot check (``certificate="spot"``, an audit with ``keys``)
+    reads the meter's per-key radii, so there the default is the stored byte; an explicit ``witness_bits`` always
+    wins."""
     model = tiny("llama")
     assert witcert.monitor(model, "rtn-int4").witness_code.bits == 0
     assert witcert.monitor(model, "rtn-int4", certificate="spot").witness_code.bits == DEFAULT_WITNESS_BITS
-    audited = witcert.monitor(model, "rtn-int4", audit=witcert.Audit(rate=0.5, tau=0.2, delta=1e-3))
+    audited = witcert.monitor(model, "rtn-int4", audit=witcert.Audit(rate=0.5, tau=0.2, delta=1e-3, keys=64))
     assert audited.witness_code.bits == DEFAULT_WITNESS_BITS
+    exact = witcert.monitor(model, "rtn-int4", audit=witcert.Audit(rate=0.5, tau=0.2, delta=1e-3))
+    assert exact.witness_code.bits == 0  # the exact audit reads exact keys, no radii
     assert witcert.monitor(model, "rtn-int4", certificate="spot", witness_bits=0).witness_code.bits == 0
     assert witcert.monitor(model, "rtn-int8", certificate="spot").witness_code.bits == 4

@@ -22,6 +22,9 @@ variation above `τ`, so `X' ~ Binomial(M, r)` (the picks are independent of eve
    `P(F(X') < α) ≤ α` (`WitCert.measure_cdf_lt_le`, for any `ℕ`-valued variable whose cdf
    reaches `α`), so this has probability at most `δ_s`.
 
+(An audit that bounds each picked cell by its true total variation has `F = ∅`:
+`WitCert.measure_auditUpper_exact_le`.)
+
 Hence `P(M_upper(X) < M) ≤ δ_s + δ_c E|P|` (`WitCert.measure_audit_le`): the reported
 `M_upper(X) / N` bounds the share of cells above `τ` with that confidence. Assumed, not proved
 here: that `X'` has the binomial law (its cdf is `WitCert.binomCdf M r`; independent picks of
@@ -42,6 +45,7 @@ probability `r` give it), and that the cells, hence `M`, do not depend on the au
 * `WitCert.measure_picked_fail_le`: the failures of picked cells, by the union bound.
 * `WitCert.measure_auditUpper_lt_le`: `P(M_upper(X) < M) ≤ δ_s + P(F)`.
 * `WitCert.measure_audit_le`: `P(M_upper(X) < M) ≤ δ_s + δ_c ∑_i P(i picked)`.
+* `WitCert.measure_auditUpper_exact_le`: with exact bounds (`X' ≤ X` always), `P(M_upper(X) < M) ≤ δ_s`.
 -/
 
 open MeasureTheory
@@ -193,6 +197,18 @@ theorem measure_auditUpper_lt_le {Ω : Type*} [MeasurableSpace Ω] (μ : Measure
     _ ≤ μ F + μ {ω | auditUpper N r δs (X' ω) < M} := measure_union_le (μ := μ) _ _
     _ ≤ μ F + ENNReal.ofReal δs := add_le_add le_rfl hmiss
     _ = ENNReal.ofReal δs + μ F := add_comm _ _
+
+/-- **The exact audit.** When every picked cell's bound is its true total variation (rounded up),
+a picked cell above `τ` is always flagged: `X' ≤ X` on every outcome, no check can fail, and
+`P(M_upper(X) < M) ≤ δ_s`: the whole `δ` goes to the binomial limit. -/
+theorem measure_auditUpper_exact_le {Ω : Type*} [MeasurableSpace Ω] (μ : Measure Ω) {N M : ℕ}
+    (hM : M ≤ N) {r δs : ℝ} (hr0 : 0 ≤ r) (hr1 : r ≤ 1) (hδs : 0 < δs) (hδs1 : δs ≤ 1)
+    (X X' : Ω → ℕ) (hflag : ∀ ω, X' ω ≤ X ω)
+    (hlaw : ∀ x, μ {ω | X' ω ≤ x} = ENNReal.ofReal (binomCdf M r x)) :
+    μ {ω | auditUpper N r δs (X ω) < M} ≤ ENNReal.ofReal δs := by
+  -- the event `F` of a failed check is empty
+  have h := measure_auditUpper_lt_le μ hM hr0 hr1 hδs hδs1 X X' ∅ (fun ω _ => hflag ω) hlaw
+  rwa [measure_empty, add_zero] at h
 
 /-- **The request audit.** With picks `pick i`, check failures `fail i` (each at most
 `δ_c P(i picked)` while picked), `X' ≤ X` whenever no picked cell's check fails, and

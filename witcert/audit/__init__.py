@@ -2,8 +2,8 @@
 
 ``witcert.monitor(model, scheme, audit=witcert.Audit(rate=0.02, tau=0.2, delta=1e-3))`` picks each
 (request, layer, query head, step) cell independently with probability ``rate``, with the monitor's
-own secret randomness, meters only those, bounds each (the deterministic meter where it certifies,
-else a spot check), and ``mon.audit()`` states per request: with probability at least ``1 - delta``,
+own secret randomness, bounds each (by default its true TV from every exact key it sees; with ``keys``, the
+deterministic meter where it certifies, else a spot check), and ``mon.audit()`` states per request: with probability at least ``1 - delta``,
 at most ``M_upper`` of its ``N`` cells have attention TV above ``tau``.
 
 A leaf: torch, numpy, scipy and the spot check; no transformers (a serving integration calls it).
@@ -12,6 +12,7 @@ A leaf: torch, numpy, scipy and the spot check; no transformers (a serving integ
 ``settings``               :class:`Audit`, the split of ``delta``
 ``picks``                  which cells are picked (Philox, keyed by the cell's identity)
 ``cells``                  scattered cells gathered into one metering pass
+``exact``                  a picked cell's true TV from its exact keys (the default bound)
 ``budget``                 each picked cell's spot-check ``delta_c``, per step
 ``bounding``               bound and flag the picked cells; the spot-check adapter
 ``request``                one request's audit while it runs

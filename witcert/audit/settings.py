@@ -1,11 +1,20 @@
-"""What an operator asks of the request audit: ``witcert.Audit(rate, tau, delta)`` (registry AU).
+"""What an operator asks of the request audit: ``witcert.Audit(rate, tau, delta, keys)`` (registry AU).
 
 The audit picks each cell of a request independently with probability ``rate``, bounds every
 picked cell, and states for the whole request, with probability at least ``1 - delta``: at most
-``M_upper`` of its ``N`` cells have attention TV above ``tau`` (:mod:`witcert.audit.limit`). The
-user's ``delta`` is split in two fixed halves (:data:`SAMPLING_SHARE`): ``delta_s`` for the
-binomial limit, ``delta_spot`` for the union of the picked cells' spot checks, spread over the
-request's steps (:mod:`witcert.audit.budget`).
+``M_upper`` of its ``N`` cells have attention TV above ``tau`` (:mod:`witcert.audit.limit`).
+
+How a picked cell is bounded (``keys``):
+
+- ``None`` (the default), *exact*: its true TV, read from every exact key it sees (the exact cache, or in
+  production the host backing store; :mod:`witcert.audit.exact`). No check can fail, so the whole ``delta``
+  goes to the binomial limit (``WitCert.measure_auditUpper_exact_le``), and nothing is metered: the store
+  keeps no witness. A picked cell's read costs its history, about ``rate`` times the model's own attention reads;
+- an int, *bounded reads*: the deterministic meter where it certifies, else a spot check of at most ``keys``
+  exact keys (for contexts where a picked cell's whole history costs too much to read). The user's ``delta``
+  is then split in two fixed halves (:data:`SAMPLING_SHARE`): ``delta_s`` for the binomial limit,
+  ``delta_spot`` for the union of the picked cells' spot checks, spread over the request's steps
+  (:mod:`witcert.audit.budget`).
 """
 from __future__ import annotations
 
@@ -19,7 +28,8 @@ Both sides pay only ``log(1/share)``: the limit at ``X = 0`` is ``ln(1/delta_s) 
 check's width grows with ``ln(1/delta_c)``; halving either costs ``ln 2`` against ``ln(1/delta) ~ 7``. A
 power of two, so ``delta_s + delta_spot == delta`` exactly in floating point."""
 DEFAULT_KEYS = 512
-"""Most exact keys a picked cell's spot check may read, in rounds of 32, 128, 512 that stop at a bound ``<= tau``
+"""The budget the benchmarks and docs use for an audit with bounded reads (``keys=DEFAULT_KEYS``): the most exact keys a
+picked cell's spot check may read, in rounds of 32, 128, 512 that stop at a bound ``<= tau``
 (:mod:`witcert.spot.rounds`); the checked cells over one key history read it whole where it holds at most this
 many tokens per checked cell (:mod:`witcert.spot.groups`: their true TVs, no failure probability). Why 512
 (SmolLM2 rtn-int4, 512-token code requests, rate 0.05, 6 audits, ``benchmarks/audit.py``'s usefulness section,
@@ -52,9 +62,11 @@ class Audit:
         The threshold of the statement, in ``(0, 1)``: a picked cell is *flagged* when its bound exceeds it.
     delta : float
         Failure probability of each request's statement, in ``(0, 1)``: ``P(M > M_upper) <= delta``.
-    keys : int
-        Most exact keys each picked cell's spot check may read (cells whose meter exceeds ``tau``), in rounds
-        that stop once the cell's bound is at most ``tau`` (:data:`DEFAULT_KEYS`).
+    keys : int or None
+        ``None`` (default): each picked cell is bounded by its true TV, from every exact key it sees (no failure
+        probability, no witness kept). An int: the most exact keys each picked cell's spot check may read (cells
+        whose meter exceeds ``tau``), in rounds that stop once the cell's bound is at most ``tau``
+        (:data:`DEFAULT_KEYS` is a measured choice).
     seed : int, optional
         Replay opt-in: fixes the picks and the spot draws. By default the monitor draws a secret seed from the
         operating system's cryptographic source (a known seed lets whoever chooses the queries know the picks).
@@ -63,25 +75,31 @@ class Audit:
     rate: float = 0.02
     tau: float = 0.2
     delta: float = 1e-3
-    keys: int = DEFAULT_KEYS
+    keys: int | None = None
     seed: int | None = None
 
     def __post_init__(self):
         object.__setattr__(self, "rate", _probability("rate", self.rate, closed_above=True))
         object.__setattr__(self, "tau", _probability("tau", self.tau))
         object.__setattr__(self, "delta", _probability("delta", self.delta))
-        if isinstance(self.keys, bool) or not isinstance(self.keys, int) or self.keys < 1:
-            raise ValueError(f"keys must be a positive int (exact keys per spot check), got {self.keys!r}")
+        if self.keys is not None and (isinstance(self.keys, bool) or not isinstance(self.keys, int) or self.keys < 1):
+            raise ValueError(f"keys must be None (every exact key: true TVs) or a positive int (exact keys per spot "
+                             f"check), got {self.keys!r}")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not 0 <= self.seed < 2**63):
             raise ValueError(f"seed must be None (drawn from the OS) or an int in [0, 2**63), got {self.seed!r}")
 
     @property
+    def exact(self) -> bool:
+        """Whether each picked cell is bounded by its true TV (``keys=None``)."""
+        return self.keys is None
+
+    @property
     def delta_sampling(self) -> float:
-        """``delta_s``: the binomial limit's level."""
-        return self.delta * SAMPLING_SHARE
+        """``delta_s``: the binomial limit's level (the whole ``delta`` when the picked cells' bounds are exact)."""
+        return self.delta if self.exact else self.delta * SAMPLING_SHARE
 
     @property
     def delta_spot(self) -> float:
-        """The request's budget for the union of its picked cells' spot-check failures."""
+        """The request's budget for the union of its picked cells' spot-check failures (0 when exact)."""
         return self.delta - self.delta_sampling

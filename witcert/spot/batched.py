@@ -171,7 +171,7 @@ def _row_weights(log_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return total, weights
 
 
-def _inflated(value: torch.Tensor) -> torch.Tensor:
+def inflated_rows(value: torch.Tensor) -> torch.Tensor:
     """:func:`witcert.spot.cell.inflated` of every row."""
     up = (value * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK).clamp(max=1.0)
     return torch.where(torch.isnan(value) | (value >= 1), 1.0, up)
@@ -371,7 +371,7 @@ class _Cells:
             self._read_rows(rows, visible & ~self.take(self.known, rows), dense)
         log_p = self.take(self.log_p, rows)
         exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
-        return _inflated((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)
+        return inflated_rows((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)
 
     def round(self, rows: torch.Tensor, budget: int, delta: torch.Tensor) -> torch.Tensor:
         """One round of :func:`witcert.spot.one_sided._round` for every row at the cumulative ``budget``: (M,) bounds."""
@@ -380,7 +380,7 @@ class _Cells:
         bound = torch.ones(rows.numel(), dtype=torch.float64)
         resolved = (self.scores.shape[1] * Z_FLOOR <= z_upper) & (z_upper < torch.inf)
         if bool(resolved.any()):
-            bound[resolved] = _inflated(self._one_sided(rows[resolved], budget, z_upper[resolved],
+            bound[resolved] = inflated_rows(self._one_sided(rows[resolved], budget, z_upper[resolved],
                                                         (1 - self.z_share) * delta[resolved]))
         return bound
 

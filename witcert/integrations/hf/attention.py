@@ -36,6 +36,7 @@ from transformers.integrations.sdpa_attention import create_position_bias_mask, 
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from witcert.audit.cells import CellSet
+from witcert.audit.exact import group_keys, true_tv_bounds
 from witcert.gate.policy import Gate
 from witcert.integrations.hf import cells
 from witcert.integrations.hf.cache_layer import MonitoredLayer
@@ -211,6 +212,12 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple | None, a
     if chosen is not None:  # sampled metering (every kv head) or the audit's cells (witcert.audit.cells)
         query, query_read, visible, bias = (None if x is None else chosen.pick(x)
                                             for x in (query, query_read, visible, bias))
+    exact_audit = None
+    if scope.audit is not None and scope.audit.settings.exact:  # the picked cells' true TVs (witcert.audit.exact)
+        exact_audit = _exact_audit_columns(scope, layer, chosen, query, query_read, read[0], visible, bias, scale)
+        if scope.sample is None:  # nothing else is metered: no meter, no witness read
+            return output, _unmetered(scope, layer, (b, hq, tq), positions,
+                                      {name: chosen.spread(t) for name, t in exact_audit.items()})
     if bias is not None and scope.gate is not None and not scope.truth:
         raise ValueError("attention_mask: an additive mask with soft values (or a position_bias) and a production "
                          "gate (keep_exact=False): the backing store's page-ins do not carry the bias; use "
@@ -241,7 +248,9 @@ def attend(scope: CallScope, layer: MonitoredLayer, query, read: tuple | None, a
                 layers=len(scope.layers), keep_reads=scope.gate is not None)
         extra.update(spot_extra)
     audit_checks = None
-    if scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
+    if exact_audit is not None:  # with sampled metering: the sampled cells metered, the picked ones bounded exactly
+        extra.update({name: t for name, t in exact_audit.items() if name != "true_tv"})
+    elif scope.audit is not None:  # witcert.audit: bound and flag the picked cells with what holds for every query
         audited = deterministic if scope.tier == "B" and not scope.adaptive else math
         audit_columns, audit_checks = _audit_columns(scope, layer, chosen, audited, query, positions, scale)
         extra.update(audit_columns)
@@ -320,19 +329,40 @@ def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, mat
     return bounds.columns(), checked
 
 
-def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor) -> "cells.CellBatch":
+def _exact_audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, query, query_read, read_keys,
+                         visible, bias, scale: float) -> dict:
+    """The audit's columns of a pass's gathered cells (B, Hkv, n), each picked cell bounded by its true TV
+    (:mod:`witcert.audit.exact`), and ``true_tv``: exact keys from the exact cache, or in production from the
+    request's host backing store, the groups holding a picked cell read whole."""
+    audited = chosen.audited & chosen.real
+    keys = layer.store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx,
+                                                                 read_keys.shape[-2])
+    exact_keys = group_keys(keys, audited.any(-1), read_keys.shape[-1])
+    bound, tv, seen = true_tv_bounds(query, query_read, read_keys, exact_keys, visible, bias, scale)
+    audited = audited & ~torch.isnan(bound)  # a cell that sees no token is not audited
+    nan = torch.tensor(torch.nan, dtype=torch.float64)
+    return {"audited": audited, "flagged": audited & (bound > scope.audit.settings.tau),
+            "audit_bound": torch.where(audited, bound, nan), "audit_check_delta": torch.where(audited, 0.0, nan),
+            "audit_keys": torch.where(audited, seen, nan), "true_tv": torch.where(audited, tv, nan)}
+
+
+def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor,
+               audit: dict | None = None) -> "cells.CellBatch":
     """The :class:`CellBatch` of a call sampled metering or the audit left out: every measurement NaN, ``metered``
-    (and ``audited``, ``flagged``) False."""
+    (and ``audited``, ``flagged``) False; ``audit``: the exact audit's columns (B, Hq, Tq) of its picked cells, their
+    ``true_tv`` beside them."""
     nan = torch.full(shape, torch.nan, dtype=torch.float64)
     no = torch.zeros(shape, dtype=torch.bool)
     sweep = scope.delta_sweep if scope.tier == "B" else {}  # the columns a metered call of this tier has
     extra = {name: nan for name in sweep} | {"metered": no}
     if scope.audit is not None:
         extra |= {"audited": no, "flagged": no, "audit_bound": nan, "audit_check_delta": nan, "audit_keys": nan}
+    audit = dict(audit or {})
+    true_tv = audit.pop("true_tv", nan)
     return cells.CellBatch(
         layer=layer.layer_idx, positions=positions, requests=scope.rows, tier=scope.tier,
-        adaptive=scope.adaptive, extra=extra, seed=scope.seed, repaired=no, joint=no,
-        **{name: nan for name in cells.FIELDS if name not in ("joint", "repaired")},
+        adaptive=scope.adaptive, extra=extra | audit, seed=scope.seed, repaired=no, joint=no, true_tv=true_tv,
+        **{name: nan for name in cells.FIELDS if name not in ("joint", "repaired", "true_tv")},
     )
 
 

@@ -86,6 +86,10 @@ class CompressedLayer:
     backing_values : bool
         Write the exact values to ``backing`` too (default): the gate repairs with them; the request audit
         (:mod:`witcert.audit`) reads exact keys only, and halves the store's writes without them.
+    statistics : bool
+        Form the witness and the value statistics (default). ``False``: a store nothing meters (the exact request
+        audit, :mod:`witcert.audit.exact`, reads exact keys instead): no statistics are formed or held, and
+        :meth:`stored` raises.
     witness_code : WitnessCode
         How the witness and the value statistics are kept (fp16, or one byte per band norm; always
         rounded up: :mod:`witcert.tier_a.witness_code`), or derived at every read from the codec's
@@ -108,6 +112,7 @@ class CompressedLayer:
     backing: BackingStore | None = None
     backing_key: Hashable = 0
     backing_values: bool = True
+    statistics: bool = True
     witness_code: WitnessCode = field(default_factory=WitnessCode)
     append_only: bool = field(default=True, init=False)  # a token's stored form never changes once written
     lock: threading.RLock = field(default_factory=threading.RLock, init=False, repr=False)  # writes vs a flush
@@ -189,7 +194,7 @@ class CompressedLayer:
         if self.keep_exact:
             self._exact.append(exact)
             self._decoded.append(self._packed.decode(key.dtype, start) if decoded is None else decoded)
-        else:
+        elif self.statistics:
             self._unsettled.append((exact, decoded))
         if self.backing is not None:  # written by the next read of it or settle (write_backing): one write per run
             self._unbacked.append(exact)  # the store's own copy (held for the witness too until the next settle)
@@ -224,6 +229,8 @@ class CompressedLayer:
 
     def stored(self, k_hat: torch.Tensor | None = None) -> StoredKeys:
         """:class:`StoredKeys` of every token (``k_hat``: the keys just read, to skip a second decode)."""
+        if not self.statistics:
+            raise ValueError("stored: this store forms no witness (statistics=False: a store nothing meters)")
         with self.lock:
             if self.witness_code.derived:
                 return self._derived_stored(k_hat)
@@ -312,6 +319,9 @@ class CompressedLayer:
         """Form the witness and value statistics of the tokens written since the last call (one call for all)."""
         self.write_backing()  # before the exact tokens held for the witness are dropped
         if self._settled == self._length:
+            return
+        if not self.statistics:  # nothing held for a witness (the exact shadow, when kept, stays)
+            self._settled = self._length
             return
         if self.witness_code.derived:
             return self._settle_derived(pair)

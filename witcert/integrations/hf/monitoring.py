@@ -173,14 +173,16 @@ def monitor(model, scheme, *, tier: str = "auto", gate: Gate | None = None, keep
         reference and the true TV keep ``q``. Not with the Tier B certificate (refused).
     audit : witcert.Audit, optional
         The request audit (:mod:`witcert.audit`, default ``None``): each cell is picked independently with
-        probability ``audit.rate`` by the monitor's own secret randomness, and only picked cells are metered
-        (with ``sample``, the sampled cells too); a picked cell is bounded by its meter where that is at most
-        ``audit.tau``, else by a spot check (exact keys from the exact cache, or in production from a host
-        backing store), and flagged above ``audit.tau``. :meth:`Monitor.audit` states per request, with
-        probability at least ``1 - audit.delta``: at most ``M_upper`` of its ``N`` cells have TV above
-        ``audit.tau``. Unpicked cells are reported unmetered, never certified. Extra columns: ``metered``,
-        ``audited``, ``flagged``, ``audit_bound``, ``audit_check_delta``, ``audit_keys``. Not with a gate or
-        ``certificate="spot"``.
+        probability ``audit.rate`` by the monitor's own secret randomness. With ``audit.keys=None`` (the
+        default) a picked cell is bounded by its true TV, from every exact key it sees (the exact cache, or in
+        production a host backing store), nothing is metered (with ``sample``, the sampled cells only) and no
+        witness is kept; with ``audit.keys`` an int, only picked cells are metered and a picked cell is bounded
+        by its meter where that is at most ``audit.tau``, else by a spot check of at most ``audit.keys`` exact
+        keys. A picked cell is flagged when its bound exceeds ``audit.tau``. :meth:`Monitor.audit` states per
+        request, with probability at least ``1 - audit.delta``: at most ``M_upper`` of its ``N`` cells have TV
+        above ``audit.tau``. Unpicked cells are reported unmetered, never certified. Extra columns:
+        ``metered``, ``audited``, ``flagged``, ``audit_bound``, ``audit_check_delta``, ``audit_keys``. Not with
+        a gate or ``certificate="spot"``.
     """
     return Monitor(model, scheme, tier=tier, gate=gate, keep_exact=keep_exact, bands=bands, rope=rope,
                    delta_loc=delta_loc, seed=seed, backing_dir=backing_dir, tau=tau, meter=meter,
@@ -267,7 +269,8 @@ class Monitor:
             named = resolve_scheme(scheme) if isinstance(scheme, str) else scheme
             packed = codec_for(named, packed=True)  # validates the object
             if witness_bits is None:
-                spot = certificate == "spot" or audit is not None  # a spot check reads the per-key radii
+                # a spot check reads the per-key radii (the exact audit reads none)
+                spot = certificate == "spot" or (isinstance(audit, Audit) and not audit.exact)
                 self.witness_code = WitnessCode(default_witness_bits(packed, spot=spot))
             # a derived witness reads the packed codes' bounds, so validation mode holds them too (the same meter)
             self._codec = packed if not keep_exact or self.witness_code.derived else codec_for(named, packed=False)
@@ -295,6 +298,8 @@ class Monitor:
         self.spot = spot_settings(certificate, spot_keys, spot_delta, tau, gated=gate is not None)  # None: deterministic
         self.sample = _checked_sampling(sample, gate, self.spot)
         self.audit_settings = _checked_audit(audit, gate, self.spot)
+        # an exact audit reads exact keys, and with nothing else metered no store forms a witness
+        self.statistics = not (self.audit_settings is not None and self.audit_settings.exact and self.sample is None)
         # the picks' key: secret unless the caller opts into replay (a known key lets the queries know the picks)
         self.audit_seed = None if audit is None else (secrets.randbits(63) if audit.seed is None else audit.seed)
         self.delta_sweep: dict = {}  # column name -> delta_loc: extra Tier B meters (the observatory's sweep)
@@ -549,7 +554,7 @@ class Monitor:
         else:
             codec = self._codec
         return CompressedLayer(codec, self.layout, keep_exact=self.keep_exact, backing=backing, backing_key=index,
-                               witness_code=self.witness_code, backing_values=values)
+                               witness_code=self.witness_code, backing_values=values, statistics=self.statistics)
 
     # -- results ---------------------------------------------------------------------------------
     def table(self) -> telemetry.CellTable:

@@ -45,10 +45,11 @@ GATE_COLUMNS = ("fired: fraction of cells the gate repaired (meter over tau). pa
                 "cell's visible tokens paged in exactly. cert. after / max TV after: the same figures after\n"
                 "repair (meter recomputed on the repaired cache). violations count before and after repair.")
 AUDIT_SHOWN = 8  # requests listed by the audit section (the rest: mon.audit())
-AUDIT = ("request audit: each cell picked with probability {rate:g}, only picked cells metered; a picked cell is\n"
-         "bounded by its meter, else by a spot check, and flagged above tau = {tau:g}. With probability at least\n"
-         "1 - delta = 1 - {delta:g} per request (probabilistic, not a proof): at most M_upper of its N cells have\n"
-         "TV above tau. 'flagged if all audited': estimate and exact 95% interval of the fraction the audit would flag.")
+AUDIT = ("request audit: each cell picked with probability {rate:g}; a picked cell is bounded by its true TV\n"
+         "from its exact keys (keys=None), or by its meter, else a spot check (keys=k), and flagged above\n"
+         "tau = {tau:g}. With probability at least 1 - delta = 1 - {delta:g} per request (probabilistic, not a\n"
+         "proof): at most M_upper of its N cells have TV above tau. 'flagged if all audited': estimate and exact\n"
+         "95% interval of the fraction the audit would flag.")
 RANKING = (f"Riskiest layers and heads, by {ranking.RANK_BY} score. The risk score is the raw e-form\n"
            "behind the meter, not clamped at 1; of the statistics measured against the true TV it ranks\n"
            "layers and heads best (docs/results.md, 'Which layers are risky'). An order for triage, not a bound.")
