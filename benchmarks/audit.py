@@ -201,7 +201,7 @@ def main(argv=None) -> None:
                     "seeds": args.seeds, "default_keys": None,
                     "by": kept | usefulness(loaded, args.cases, args.seeds, 512, budgets, stamp)}
         elif section == "collapse":
-            body = collapse(loaded, args.requests, 256, 32)
+            body = collapse(loaded, args.requests, 256, 32) | {"bound": "exact"}
         else:
             raise ValueError(f"--sections: unknown section {section!r} (cost, usefulness, collapse)")
         date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")

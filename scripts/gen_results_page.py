@@ -509,10 +509,17 @@ def audit_section() -> str | None:
                   f"{collapse['requests']} requests (text and code, {collapse['context']}-token context, "
                   f"{collapse['probe_tokens']} teacher-forced tokens, {collapse['cells_per_request']:,} cells each), "
                   f"layer {collapse['collapsed_layer']}'s keys destroyed (scaled by -8), rtn-int4 elsewhere, audited at "
-                  f"rate 0.02: **{collapse['flagged_requests']} of {collapse['requests']} requests flagged** "
+                  f"rate 0.02 ({_collapse_bound(collapse)}): **{collapse['flagged_requests']} of {collapse['requests']} requests flagged** "
                   f"({collapse['share_flagged']:.3f}); {collapse['their_share_above_tau']:.3f} of the collapsed layer's "
                   f"{collapse['picked_cells_of_collapsed_layer']:,} picked cells have true TV above tau."]
     return "\n".join(lines)
+
+
+def _collapse_bound(collapse: dict) -> str:
+    """How the collapse record's picked cells were bounded (records before the exact audit carry no ``bound``)."""
+    if collapse.get("bound") == "exact":
+        return "the exact audit: each picked cell's true TV"
+    return "the audit's default of that date: the meter, else a spot check"
 
 
 def _audited_cost(cost: dict) -> str:

@@ -73,8 +73,9 @@ def test_production_reads_the_same_exact_keys_from_the_backing_store_and_keeps_n
     production, out_p = generate(audit=EXACT, keep_exact=False)
     assert torch.equal(out_v, out_p)
     v, p = validation.table(), production.table()
-    for name in (*COLUMNS, "true_tv"):
+    for name in COLUMNS:
         assert np.array_equal(v[name], p[name], equal_nan=True), name
+    assert np.isnan(p["true_tv"]).all()  # production keeps no exact cache: no true TV column, the bound only
     assert validation.audit() == production.audit()
     for mon in (validation, production):
         assert mon.memory().total.witness == 0  # the exact audit meters nothing: no store forms a witness
@@ -162,3 +163,14 @@ def test_a_store_that_forms_no_witness_refuses_to_be_metered():
     with pytest.raises(ValueError, match="stored: this store forms no witness"):
         store.stored()
     assert store.memory().witness == 0
+
+
+def test_the_dithered_cache_is_audited_exactly_in_its_step():
+    """Tier B's cache is metered in its step (not deferred); its exact audit reads what attention read then."""
+    tv_of = oracle_tv("dithered-int8", collapse=False, seed=5)  # the same dither seed: the same cache
+    mon, _ = generate("dithered-int8", audit=EXACT, collapse=False, seed=5)
+    table = mon.table()
+    on, cells = picked_rows(table)
+    tv = np.array([tv_of[cell] for cell in cells])
+    assert not mon.defer and on.sum() > 20 and set(table["tier"]) == {"B"}
+    assert np.all(tv <= table["audit_bound"][on]) and np.all(table["audit_bound"][on] <= tv + 1e-8)

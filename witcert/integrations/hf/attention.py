@@ -332,8 +332,8 @@ def _audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, mat
 def _exact_audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSet, query, query_read, read_keys,
                          visible, bias, scale: float) -> dict:
     """The audit's columns of a pass's gathered cells (B, Hkv, n), each picked cell bounded by its true TV
-    (:mod:`witcert.audit.exact`), and ``true_tv``: exact keys from the exact cache, or in production from the
-    request's host backing store, the groups holding a picked cell read whole."""
+    (:mod:`witcert.audit.exact`), and with the exact cache kept their ``true_tv``: exact keys from the exact cache,
+    or in production from the request's host backing store, the groups holding a picked cell read whole."""
     audited = chosen.audited & chosen.real
     keys = layer.store.exact()[0] if scope.truth else BackedKeys(scope.backing, layer.layer_idx,
                                                                  read_keys.shape[-2])
@@ -343,7 +343,8 @@ def _exact_audit_columns(scope: CallScope, layer: MonitoredLayer, chosen: CellSe
     nan = torch.tensor(torch.nan, dtype=torch.float64)
     return {"audited": audited, "flagged": audited & (bound > scope.audit.settings.tau),
             "audit_bound": torch.where(audited, bound, nan), "audit_check_delta": torch.where(audited, 0.0, nan),
-            "audit_keys": torch.where(audited, seen, nan), "true_tv": torch.where(audited, tv, nan)}
+            "audit_keys": torch.where(audited, seen, nan),
+            "true_tv": torch.where(audited, tv, nan) if scope.truth else torch.full_like(tv, torch.nan)}
 
 
 def _unmetered(scope: CallScope, layer: MonitoredLayer, shape: tuple, positions: torch.Tensor,

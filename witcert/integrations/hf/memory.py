@@ -87,7 +87,7 @@ class MemoryReport:
         for where, nbytes in (("in host memory", t.backing_host), ("in files", t.backing_files)):
             if nbytes:
                 rows.append(("backing store", nbytes, f"{where}, not on the device: the exact keys",
-                             "and values the gate and the spot check read"))
+                             "(and values) the gate, spot check and audit read"))
         lines = []
         for label, nbytes, *text in rows:
             figure = "n/a" if nbytes is None else f"{nbytes:,d} B"
