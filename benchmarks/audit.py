@@ -9,7 +9,9 @@ Three sections, each recorded with its date, machine and command:
   ``audit=witcert.Audit(rate=0.02)`` (the exact audit: each picked cell's true TV from its exact keys in the host
   backing store, nothing metered, no witness kept); with ``keys=512`` (bounded reads: the picked cells metered, each
   above tau spot-checked with at most 512 exact keys); the exact audit at rate 1e-9 (*audit, none picked*: the
-  production monitor with its host store of exact keys, nothing metered: the floor any audit rate pays);
+  production monitor with its host store of exact keys, nothing metered: the floor any audit rate pays); and, where
+  the ``quanto`` extra is installed, transformers' own int4 cache unmonitored (``QuantizedCache``, quanto, 4 bits,
+  128 recent tokens kept exact), for scale;
 * ``usefulness``: per workload case (needle, text, code; fp8-e4m3 and rtn-int4 under the exact audit, and with
   bounded reads of ``--keys`` exact keys), the request metered on every cell
   with the exact cache kept gives its true fraction of cells above tau; audited runs of the same request at rate
@@ -24,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import datetime
+import importlib.util
 import json
 import statistics
 import sys
@@ -49,14 +52,29 @@ COLLAPSED_LAYER = 14
 TAU = 0.2
 FIXED_COST_RATE = 1e-9  # picks no cell of a 16-token request (expected 4e-6 picks): the audit's cost without checks
 FIXED_COST = "audit, none picked"
+HF_QUANTIZED = "transformers int4 cache"  # transformers' QuantizedCache (quanto, 4 bits), unmonitored: for scale
 
 
 def _timed(model, ids, new_tokens: int, config: dict) -> tuple[float, float]:
-    """``(wall, CPU)`` seconds of one :func:`benchmarks.generation.timed_generate`: the process's CPU time (one torch
-    thread) is the work done, which a machine shared with other jobs stretches far less than the wall time."""
+    """``(wall, CPU)`` seconds of one :func:`benchmarks.generation.timed_generate` (or of transformers' own quantized
+    cache): the process's CPU time (one torch thread) is the work done, which a machine shared with other jobs
+    stretches far less than the wall time."""
     started = time.process_time()
-    wall = timed_generate(model, ids, new_tokens, **config)
+    if config.get("hf_quantized"):
+        wall = _quantized_generate(model, ids, new_tokens)
+    else:
+        wall = timed_generate(model, ids, new_tokens, **config)
     return wall, time.process_time() - started
+
+
+def _quantized_generate(model, ids, new_tokens: int) -> float:
+    """Seconds of one greedy ``generate`` with transformers' own int4 cache (optimum-quanto, its default of 128 recent
+    tokens kept exact), nothing monitored: what a compressed cache costs here without WitCert, for scale."""
+    started = time.perf_counter()
+    model.generate(input_ids=ids, attention_mask=torch.ones_like(ids), max_new_tokens=new_tokens,
+                   min_new_tokens=new_tokens, do_sample=False, cache_implementation="quantized",
+                   cache_config={"backend": "quanto", "nbits": 4})
+    return time.perf_counter() - started
 
 
 def _ratios(samples: dict, new_tokens: int) -> tuple[dict, dict, dict]:
@@ -79,6 +97,8 @@ def cost(model, context: int, reps: int, new_tokens: int = 16) -> dict:
                                                                 audit=witcert.Audit(rate=COST_RATE, keys=DEFAULT_KEYS)),
                FIXED_COST: dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
                                 audit=witcert.Audit(rate=FIXED_COST_RATE))}
+    if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto"):  # the extra, for scale
+        configs[HF_QUANTIZED] = dict(hf_quantized=True)
     for config in configs.values():  # warm-up at the timed token count: the audit's checks (picked at this length)
         timed_generate(model, ids, new_tokens, **config)  # and their compiles run here, never in a timed rep
     wall, cpu = {name: [] for name in configs}, {name: [] for name in configs}

@@ -475,7 +475,10 @@ def audit_section() -> str | None:
                   "(`keep_exact=False`), the meter's passes compiled (`WITCERT_COMPILE=1`); *every cell*: every cell "
                   "metered; " + _audited_cost(cost) +
                   "at a rate that picks nothing (1e-9), the floor any rate pays "
-                  "(the compressed cache and the host store of exact keys). Tokens/s against stock in the same run, "
+                  "(the compressed cache and the host store of exact keys)"
+                  + ("; *transformers int4 cache*: transformers' own `QuantizedCache` (quanto, 4 bits, 128 recent "
+                     "tokens kept exact), unmonitored, for scale" if "transformers int4 cache" in configs else "")
+                  + ". Tokens/s against stock in the same run, "
                   "interleaved, the median of the runs; in wall time, then in the process's CPU time (one torch "
                   "thread: the work done, which the other jobs of a shared machine stretch far less than the wall "
                   "time: the fairer figure here).", "",

@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 # seconds per case of a kind / seconds of an uncompressed case (SmolLM2, 512 tokens, the full meter, 1 thread)
 RELATIVE_COST = {"reference": 1.0, "metered": 1.6, "spot": 7.0, "gated": 5.0, "spot gated": 20.0,
-                 "audited": 1.6}  # audited: taken as a metered case (fewer cells metered, a few spot-checked)
+                 "audited": 1.6}  # audited: taken as a metered case (nothing metered, a few picked cells read exactly)
 REFERENCE_S = 2.0  # one uncompressed 512-token needle case, 1 torch thread, an idle 2-core x86-64 VM
 REFERENCE_CONTEXT = 512
 
