@@ -318,6 +318,14 @@ def spot_generation_lines(record: dict | None, title: str = "Generation with the
     for run in record["runs"]:
         lines.append(f"| {run['context']:,} | " + " | ".join(
             f"{run['ratio_to_stock'][n]:.2f}x" if n in run["ratio_to_stock"] else "not run" for n in names) + " |")
+    if all("cpu_ratio_to_stock" in run for run in record["runs"]):  # older records carry wall time only
+        lines += ["", "The same runs in the process's CPU time (one torch thread: the work done, which the other jobs "
+                  "of a shared machine stretch far less than the wall time):", "",
+                  "| context | " + " | ".join(f"{n}, CPU time" for n in names) + " |", "|---|" + "---|" * len(names)]
+        for run in record["runs"]:
+            lines.append(f"| {run['context']:,} | " + " | ".join(
+                f"{run['cpu_ratio_to_stock'][n]:.2f}x" if n in run["cpu_ratio_to_stock"] else "not run"
+                for n in names) + " |")
     return lines
 
 
