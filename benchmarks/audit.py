@@ -100,7 +100,7 @@ def cost(model, context: int, reps: int, new_tokens: int = 16) -> dict:
     if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto"):  # the extra, for scale
         configs[HF_QUANTIZED] = dict(hf_quantized=True)
     for config in configs.values():  # warm-up at the timed token count: the audit's checks (picked at this length)
-        timed_generate(model, ids, new_tokens, **config)  # and their compiles run here, never in a timed rep
+        _timed(model, ids, new_tokens, config)  # and their compiles run here, never in a timed rep
     wall, cpu = {name: [] for name in configs}, {name: [] for name in configs}
     for _ in range(reps):
         for name, config in configs.items():
