@@ -11,10 +11,13 @@ query head and position, never by a query; every audited request of a step in on
 verdict from the running counts (:func:`witcert.audit.counts.requests_of_counts`: the binomial limit,
 the interval and :class:`witcert.audit.RequestAudit`, as :func:`witcert.audit.requests_of` forms them).
 The plugin meters only the picked cells (a layer's pass runs for a row only where one of its heads is
-picked; the other cells are counted *unmetered*), and flags a picked cell when its meter exceeds ``tau``. The meter is a proved bound, so a picked cell with
-TV above ``tau`` is always flagged: the flagged count is at least ``Binomial(M, rate)`` with no spot-check
-failure to pay for, and the limit taken at ``delta_s = delta / 2`` (the audit package's split) holds at
-level ``1 - delta / 2 >= 1 - delta`` (conservative: no spot check spends the other half here).
+picked; the other cells are counted *unmetered*), and flags a picked cell when its meter exceeds ``tau``. The meter is a
+proved bound, so a picked cell with TV above ``tau`` is always flagged: the flagged count is at least
+``Binomial(M, rate)`` with no check that can fail (``WitCert.measure_auditUpper_exact_le``'s hypothesis, as for the
+exact audit of :mod:`witcert.audit.exact`), and the limit is taken at the settings' ``delta_sampling``: the whole
+``delta`` for the default ``keys=None``. (The transformers integration bounds a picked cell by its true TV from exact
+keys; the plugin reads no exact keys for the audit, so its flags rest on the meter: sound, looser where the meter
+saturates.)
 
 The population ``N`` of a request is its decode cells: (layer, query head, query position) of every
 query token past the prompt (decode and speculative verification steps); prefill is not metered.
