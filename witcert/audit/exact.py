@@ -7,9 +7,10 @@ A picked cell of one pass (gathered per kv head, :class:`witcert.audit.cells.Cel
 over its visible tokens: ``k`` the exact keys (the exact cache, or in production the content-checked host backing
 store, every row verified against the checksum of the bytes written), ``k~`` the keys attention read, ``q'`` the
 query the attention kernel read (``q`` unless a query format quantizes it), ``b`` the additive mask term. Both
-softmaxes are evaluated in fp64 and the TV is rounded up past that evaluation's error, as a spot check that reads a
-cell whole does (:func:`witcert.spot.batched.inflated_rows`). No draw is made, so no check can fail: on every outcome
-a picked cell with TV above ``tau`` is flagged, and the binomial limit gets the whole ``delta``
+softmaxes are evaluated in fp64 and the TV is rounded up past that evaluation's error in any summation order
+(:data:`witcert.spot.cell.TOKEN_SLACK` per visible token, then relative and absolute slack), as a spot check that
+reads a cell whole does (:func:`witcert.spot.batched.inflated_rows`). No draw is made, so no check can fail: on
+every outcome a picked cell with TV above ``tau`` is flagged, and the binomial limit gets the whole ``delta``
 (``WitCert.measure_auditUpper_exact_le``). Nothing here reads a witness or a meter.
 """
 from __future__ import annotations
@@ -55,8 +56,9 @@ def true_tv_bounds(query: torch.Tensor, served: torch.Tensor | None, read_keys: 
     tv = (torch.softmax(exact, dim=-1) - torch.softmax(attended, dim=-1)).abs().sum(-1) / 2
     blank = ~visible.any(-1)
     tv = tv.masked_fill(blank, torch.nan)
-    bound = inflated_rows(tv).masked_fill(blank, torch.nan)  # a NaN TV of a seen cell (overflow): the trivial 1
-    return bound, tv, visible.sum(-1).to(torch.float64)
+    seen = visible.sum(-1).to(torch.float64)
+    bound = inflated_rows(tv, seen).masked_fill(blank, torch.nan)  # a NaN TV of a seen cell (overflow): the trivial 1
+    return bound, tv, seen
 
 
 def _logits(query: torch.Tensor, keys: torch.Tensor, scale: float, bias: torch.Tensor | None) -> torch.Tensor:

@@ -27,8 +27,8 @@ import torch
 
 from witcert.fastpath.compiled import pick
 from witcert.gate.blocks import log_expm1
-from witcert.spot.cell import (ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, Z_FLOOR, check_keys, checked_cells,
-                               exact_order, unit_ratio)
+from witcert.spot.cell import (ABSOLUTE_SLACK, RANGE_TOLERANCE, RELATIVE_SLACK, TOKEN_SLACK, Z_FLOOR, check_keys,
+                               checked_cells, exact_order, unit_ratio)
 from witcert.spot.confidence import ONE_SIDED_CAP, row_betting_upper
 from witcert.spot.one_sided import EXACT_SHARE, ROUNDING, SMALL, Z_KEYS_SHARE, Z_SHARE_OF_DELTA, exact_keys
 from witcert.spot.groups import whole_groups
@@ -171,9 +171,10 @@ def _row_weights(log_weights: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]
     return total, weights
 
 
-def inflated_rows(value: torch.Tensor) -> torch.Tensor:
-    """:func:`witcert.spot.cell.inflated` of every row."""
-    up = (value * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK).clamp(max=1.0)
+def inflated_rows(value: torch.Tensor, tokens: torch.Tensor | None = None) -> torch.Tensor:
+    """:func:`witcert.spot.cell.inflated` of every row (``tokens``: each row's visible tokens, for a true TV)."""
+    up = value if tokens is None else value + TOKEN_SLACK * tokens
+    up = (up * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK).clamp(max=1.0)
     return torch.where(torch.isnan(value) | (value >= 1), 1.0, up)
 
 
@@ -371,7 +372,7 @@ class _Cells:
             self._read_rows(rows, visible & ~self.take(self.known, rows), dense)
         log_p = self.take(self.log_p, rows)
         exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
-        return inflated_rows((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2)
+        return inflated_rows((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2, visible.sum(-1))
 
     def round(self, rows: torch.Tensor, budget: int, delta: torch.Tensor) -> torch.Tensor:
         """One round of :func:`witcert.spot.one_sided._round` for every row at the cumulative ``budget``: (M,) bounds."""

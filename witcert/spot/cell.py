@@ -33,6 +33,12 @@ RELATIVE_SLACK = 1e-9
 ABSOLUTE_SLACK = 1e-12
 RANGE_TOLERANCE = 1e-9
 """Relative excess of ``|l - l~|`` over ``c`` accepted as fp64 rounding; beyond it the radius is wrong."""
+TOKEN_SLACK = 8 * 2.0**-53
+"""Per visible token, what a true TV read whole adds before rounding up: two fp64 softmaxes over ``S`` tokens and the
+sum of ``|p_t - p~_t|`` are off by at most about ``7 S u`` (``u = 2^-53``) in any summation order: each ``exp`` of a
+shifted logit is off by at most ``2u`` of the row maximum's term, each normalizer by ``(S - 1) u`` relative, the TV's
+sum by ``S u`` relative (docs/design.md, "The exact bound"). ``ABSOLUTE_SLACK`` covers it only up to about 1,300
+tokens."""
 
 Reader = Callable[[torch.Tensor], torch.Tensor]
 
@@ -219,11 +225,12 @@ def check_inputs(scores, radii, keys: int, delta: float) -> tuple[torch.Tensor, 
     return checked_cells(scores, radii, 1)
 
 
-def inflated(value: float) -> float:
-    """``value`` rounded up past the fp64 evaluation's error; NaN and overflow give the trivial 1."""
+def inflated(value: float, tokens: int = 0) -> float:
+    """``value`` rounded up past the fp64 evaluation's error (``tokens``: a true TV over that many visible tokens, which
+    adds :data:`TOKEN_SLACK` per token); NaN and overflow give the trivial 1."""
     if not value == value or value >= 1:
         return 1.0
-    return min(1.0, value * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK)
+    return min(1.0, (value + TOKEN_SLACK * tokens) * (1 + RELATIVE_SLACK) + ABSOLUTE_SLACK)
 
 
 def prepare_cell(scores, radii, read_exact: Reader, keys: int, delta: float, generator):
@@ -243,7 +250,7 @@ def exact_tv(log_p: torch.Tensor, x: torch.Tensor) -> float:
 def whole_bound(cell: CellWeights, reader: ExactRatios) -> tuple[float, torch.Tensor]:
     """``(true TV rounded up, every visible token)``: the cell read whole."""
     every = cell.visible.nonzero().reshape(-1)
-    return inflated(exact_tv(cell.log_p[every], reader.log_ratios(every))), every
+    return inflated(exact_tv(cell.log_p[every], reader.log_ratios(every)), every.numel()), every
 
 
 def read_whole(cell: CellWeights, reader: ExactRatios, meter) -> SpotCheck:
