@@ -116,6 +116,33 @@ def test_audit_series_appear_on_metrics(tmp_path):
     assert count == [1]
 
 
+def test_every_picked_cell_is_metered_without_the_shadow(smollm2, monkeypatch):
+    """Deferred metering without the shadow: a layer queues only the tokens its own picks choose, so each layer's
+    queued rows must carry that layer's choice. Were one layer's choice reused for the others (it once was: cached
+    per step), a picked cell in another layer's unchosen step would be counted picked and never metered, never
+    flagged (its meter NaN), and the statement would undercount. Oracle: the picks replayed from each request's
+    seed; the engine's metered cells are exactly those, plus the warm-up request's."""
+    if not HAS_VLLM:
+        pytest.skip(NO_VLLM)
+    monkeypatch.setenv("WITCERT_VLLM_DEFER", "8")
+    monkeypatch.setenv("WITCERT_VLLM_COMPILE", "0")
+    tokens, seed = 6, 20261207
+    xargs = {"witcert_audit_rate": 0.1, "witcert_audit_tau": 0.2, "witcert_audit_seed": seed}
+    out = run_engine("--plugin", "--scheme", "rtn-int4", "--max-tokens", str(tokens),
+                     "--prompts", "The capital of France is", "Once upon a time, in a small village by the sea,",
+                     "--xargs", json.dumps(xargs))
+    snap = out["witcert"]
+    verdicts = {v["request_id"].split("-")[0]: v for v in snap["audit"]["recent"].values()}
+    settings = Audit(rate=0.1, tau=0.2, seed=seed)
+    picked_total = 0
+    for rid, o in zip(out["request_ids"], out["outputs"]):
+        decode = range(o["prompt_tokens"], o["prompt_tokens"] + tokens - 1)
+        picks = audit.cell_picks(settings, LAYERS, HEADS, list(decode))
+        assert verdicts[rid]["picked"] == int(picks.sum()) > 0
+        picked_total += int(picks.sum())
+    assert snap["cells"] == picked_total + LAYERS * HEADS  # every picked cell metered (the warm-up: all of it)
+
+
 @pytest.mark.parametrize("defer", ["1", "8"], ids=["per-step", "deferred"])
 def test_statement_holds_against_the_exact_shadow_through_vllm(smollm2, defer, monkeypatch, tmp_path):
     """rtn-int4 through vLLM, audited at rate 0.3: per request, the picks replay from its seed, only they are

@@ -535,14 +535,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         """Queue this step's decode rows (state rows ``0 .. Rm-1``) with their own token as the cache holds it now
         (a scheme stores it compressed after this step; the deferred pass must see what this step attended)."""
         rows = plan.metered_rows
-        if "queued" not in plan.cache:  # the same for every layer of the step
+        if "queued" not in plan.cache:  # the same for every layer of the step (not what it chooses: below)
             lengths = plan.query_lengths[:, 0]
             own = None if all(s.scheme == config.NONE for s in settings) else (torch.arange(rows), lengths - 1)
             plan.cache["queued"] = ([self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)], lengths,
-                                    plan.query_tokens[:, 0], own, [p[0] for p in positions], [c[0] for c in chosen])
-        requests, lengths, tokens, own, first, picked = plan.cache["queued"]
+                                    plan.query_tokens[:, 0], own, [p[0] for p in positions])
+        requests, lengths, tokens, own, first = plan.cache["queued"]
         self._deferred.append(_Queued(
-            rows=rows, requests=requests, settings=settings, positions=first, chosen=picked,
+            rows=rows, requests=requests, settings=settings, positions=first,
+            chosen=[c[0] for c in chosen],  # this layer's: an audit picks each layer's cells apart
             q=query.reshape(query.shape[0], -1)[tokens],  # (R, Hq * d): a copy (vLLM reuses its query buffer)
             lengths=lengths, own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
             own_witness=None if own is None else self.state.witness[own[0], :, :, own[1]],
