@@ -87,6 +87,34 @@ def test_a_steps_picks_are_each_requests_own():
         assert torch.equal(together[:, b], picked(a.seed, [0], range(4), 6, positions[b], a.rate)[:, 0, 3:])
 
 
+@pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
+def test_kept_cells_are_the_chosen_tokens_heads_and_the_audits_picks():
+    # the cells a pass keeps (backend._kept_cells): with no sampling switch, every head of a chosen token; with an
+    # audit, its picked heads of a chosen token and nothing else; a row sampling every 2nd step beside an audited
+    # row takes the general path (oracle: the picks and the chosen tokens as given, and Metering.meters per cell)
+    from witcert.integrations.vllm.backend import _kept_cells
+
+    cfg = config.PluginConfig()
+    plain = config.request_settings(cfg, None)
+    audited = config.request_settings(cfg, {"witcert_audit_rate": 0.5, "witcert_audit_seed": 3})
+    sampled = config.request_settings(cfg, {"witcert_meter_every": 2})
+    chosen = [[True, False], [False, True], [True, True]]
+    positions = [[10, 11], [20, 21], [30, 31]]
+    kept = _kept_cells(chosen, [plain] * 3, 0, positions, 6, 2)
+    assert torch.equal(kept, torch.tensor(chosen).unsqueeze(-1).expand(3, 2, 6))
+    g = torch.Generator().manual_seed(0)
+    picks = [torch.rand(6, 2, generator=g) < 0.5 for _ in range(3)]  # (Hq, T) per row
+    kept = _kept_cells(chosen, [audited] * 3, 0, positions, 6, 2, picks)
+    for i in range(3):
+        for j in range(2):
+            assert torch.equal(kept[i, j], picks[i][:, j] & chosen[i][j])
+    kept = _kept_cells(chosen, [audited, sampled, plain], 0, positions, 6, 2, [picks[0], None, None])
+    assert torch.equal(kept[0], (picks[0] & torch.tensor(chosen[0])).T)
+    for j in range(2):
+        assert bool(kept[1, j].all()) == (chosen[1][j] and sampled.metering.meters(0, positions[1][j]))
+    assert torch.equal(kept[2], torch.tensor(chosen[2]).unsqueeze(-1).expand(2, 6))
+
+
 def test_unpicked_tokens_count_in_the_tally():
     a = Audit(rate=0.5, seed=1)
     ledger = audit.Ledger()
