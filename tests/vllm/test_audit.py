@@ -87,6 +87,34 @@ def test_a_steps_picks_are_each_requests_own():
         assert torch.equal(together[:, b], picked(a.seed, [0], range(4), 6, positions[b], a.rate)[:, 0, 3:])
 
 
+@pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
+def test_kept_cells_are_the_chosen_tokens_heads_and_the_audits_picks():
+    # the cells a pass keeps (backend._kept_cells): with no sampling switch, every head of a chosen token; with an
+    # audit, its picked heads of a chosen token and nothing else; a row sampling every 2nd step beside an audited
+    # row takes the general path (oracle: the picks and the chosen tokens as given, and Metering.meters per cell)
+    from witcert.integrations.vllm.backend import _kept_cells
+
+    cfg = config.PluginConfig()
+    plain = config.request_settings(cfg, None)
+    audited = config.request_settings(cfg, {"witcert_audit_rate": 0.5, "witcert_audit_seed": 3})
+    sampled = config.request_settings(cfg, {"witcert_meter_every": 2})
+    chosen = [[True, False], [False, True], [True, True]]
+    positions = [[10, 11], [20, 21], [30, 31]]
+    kept = _kept_cells(chosen, [plain] * 3, 0, positions, 6, 2)
+    assert torch.equal(kept, torch.tensor(chosen).unsqueeze(-1).expand(3, 2, 6))
+    g = torch.Generator().manual_seed(0)
+    picks = [torch.rand(6, 2, generator=g) < 0.5 for _ in range(3)]  # (Hq, T) per row
+    kept = _kept_cells(chosen, [audited] * 3, 0, positions, 6, 2, picks)
+    for i in range(3):
+        for j in range(2):
+            assert torch.equal(kept[i, j], picks[i][:, j] & chosen[i][j])
+    kept = _kept_cells(chosen, [audited, sampled, plain], 0, positions, 6, 2, [picks[0], None, None])
+    assert torch.equal(kept[0], (picks[0] & torch.tensor(chosen[0])).T)
+    for j in range(2):
+        assert bool(kept[1, j].all()) == (chosen[1][j] and sampled.metering.meters(0, positions[1][j]))
+    assert torch.equal(kept[2], torch.tensor(chosen[2]).unsqueeze(-1).expand(2, 6))
+
+
 def test_unpicked_tokens_count_in_the_tally():
     a = Audit(rate=0.5, seed=1)
     ledger = audit.Ledger()
@@ -114,6 +142,33 @@ def test_audit_series_appear_on_metrics(tmp_path):
     assert [s.value for s in families["witcert_audit_flagged_requests"].samples if s.labels == labels] == [1]
     count = [s.value for s in families["witcert_audit_fraction_upper"].samples if s.name.endswith("_count")]
     assert count == [1]
+
+
+def test_every_picked_cell_is_metered_without_the_shadow(smollm2, monkeypatch):
+    """Deferred metering without the shadow: a layer queues only the tokens its own picks choose, so each layer's
+    queued rows must carry that layer's choice. Were one layer's choice reused for the others (it once was: cached
+    per step), a picked cell in another layer's unchosen step would be counted picked and never metered, never
+    flagged (its meter NaN), and the statement would undercount. Oracle: the picks replayed from each request's
+    seed; the engine's metered cells are exactly those, plus the warm-up request's."""
+    if not HAS_VLLM:
+        pytest.skip(NO_VLLM)
+    monkeypatch.setenv("WITCERT_VLLM_DEFER", "8")
+    monkeypatch.setenv("WITCERT_VLLM_COMPILE", "0")
+    tokens, seed = 6, 20261207
+    xargs = {"witcert_audit_rate": 0.1, "witcert_audit_tau": 0.2, "witcert_audit_seed": seed}
+    out = run_engine("--plugin", "--scheme", "rtn-int4", "--max-tokens", str(tokens),
+                     "--prompts", "The capital of France is", "Once upon a time, in a small village by the sea,",
+                     "--xargs", json.dumps(xargs))
+    snap = out["witcert"]
+    verdicts = {v["request_id"].split("-")[0]: v for v in snap["audit"]["recent"].values()}
+    settings = Audit(rate=0.1, tau=0.2, seed=seed)
+    picked_total = 0
+    for rid, o in zip(out["request_ids"], out["outputs"]):
+        decode = range(o["prompt_tokens"], o["prompt_tokens"] + tokens - 1)
+        picks = audit.cell_picks(settings, LAYERS, HEADS, list(decode))
+        assert verdicts[rid]["picked"] == int(picks.sum()) > 0
+        picked_total += int(picks.sum())
+    assert snap["cells"] == picked_total + LAYERS * HEADS  # every picked cell metered (the warm-up: all of it)
 
 
 @pytest.mark.parametrize("defer", ["1", "8"], ids=["per-step", "deferred"])

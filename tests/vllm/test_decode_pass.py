@@ -16,7 +16,8 @@ import pytest
 import torch
 
 import witcert
-from witcert.integrations.vllm.decode_pass import cell_terms, exact_cells, meter_pairs, meter_rows, pass_constants
+from witcert.integrations.vllm.decode_pass import (cell_terms, exact_cells, meter_cells, meter_pairs, meter_rows,
+                                                   pass_constants)
 from witcert.integrations.vllm.written import key_norms_of, written
 
 D, HKV, G = 64, 3, 3
@@ -117,6 +118,52 @@ def test_metering_some_pairs_meters_them_as_every_pair(compiled, wanted):
     assert not torch.isnan(meter[wanted]).any() and (meter[wanted] >= tv[wanted]).all()
     torch.testing.assert_close(meter[wanted], every[wanted], rtol=1e-6, atol=1e-9)
     torch.testing.assert_close(risk[wanted], every_risk[wanted], rtol=1e-5, atol=1e-9)
+
+
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
+@pytest.mark.parametrize("picked", [[(0, 1, 4)], [(0, 0, 0), (2, 2, 5), (2, 2, 1), (1, 2, 3)], [(1, 0, 2), (1, 0, 3)],
+                                    "every row of a pair", "all", "none"],
+                         ids=["one cell", "some", "two of one pair", "every row of a pair", "all", "none"])
+def test_metering_some_query_rows_meters_them_as_every_row(compiled, picked):
+    # an audit's flush meters only the query rows a picked cell reads (meter_cells): each such row must be a bound
+    # on its own (oracle: the true TV), agree with the pass over every row up to the GEMM's summation order, and
+    # every other row be NaN (unmetered), never a number; one cell (one pair of one row: padded), rows of one pair,
+    # a short cut pair (row 1, kv head 2), every row of a pair beside one cell of another, everything, nothing;
+    # deferred rows' own tokens gathered with their rows
+    g = torch.Generator().manual_seed(12)
+    k, keys, witness, norms, q = _rows(g, 3, 40, 1.0, _int4)
+    witness[1, 2] = 0
+    keys[1, 2], norms[1, 2] = k[1, 2], key_norms_of(k[1, 2])
+    lengths = _lengths(3, 40)
+    m = q.shape[2]
+    wanted = torch.zeros(3, HKV, m, dtype=torch.bool)
+    if picked == "all":
+        wanted[:] = True
+    elif picked == "every row of a pair":
+        wanted[2, 1] = True
+        wanted[0, 0, 3] = True
+    elif picked != "none":
+        for r, h, i in picked:
+            wanted[r, h, i] = True
+    lossy = witness.flatten(2).amax(-1) > 0
+    norm_max = norms.double().amax(-1)
+    last = lengths[:, 0] - 1  # (R, M): each query row's own token, as a deferred row carries it
+    own = (torch.take_along_dim(keys, last[:, None, :, None], dim=2),
+           torch.take_along_dim(witness.transpose(-1, -2), last[:, None, :, None], dim=2),
+           torch.take_along_dim(norms, last[:, None, :], dim=2))
+    for mine in (None, own):
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", RuntimeWarning)
+            meter, risk = meter_cells(wanted, q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE,
+                                      own=mine, compiled=compiled)
+        every, every_risk = meter_rows(q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE, own=mine,
+                                       compiled=compiled)
+        tv = _true_tv(q, k, keys, lengths)
+        assert meter.shape == every.shape
+        assert torch.isnan(meter[~wanted]).all() and torch.isnan(risk[~wanted]).all()
+        assert not torch.isnan(meter[wanted]).any() and (meter[wanted] >= tv[wanted]).all()
+        torch.testing.assert_close(meter[wanted], every[wanted], rtol=1e-6, atol=1e-9)
+        torch.testing.assert_close(risk[wanted], every_risk[wanted], rtol=1e-5, atol=1e-9)
 
 
 def test_padding_and_other_rows_do_not_change_a_row():

@@ -35,7 +35,7 @@ from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
 from . import audit, config, gate, layout, runtime, schemes, selftest, spot_gate
-from .decode_pass import cell_terms, meter_pairs, meter_rows, warm_up
+from .decode_pass import cell_terms, meter_cells, meter_rows, warm_up
 from .exact_store import ExactStore
 from .journal import WriteJournal
 from .sequence_state import SequenceState
@@ -139,7 +139,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             self._written_to = (layer, kv_cache)
             self._pending = _Pending(key[:n], value[:n], slot_mapping, index, None)
             return
-        _, kept = self._read_back(layer, kv_cache, slots, exact, self._step_entries(kv_cache, slots))
+        _, kept = self._read_back(layer, kv_cache, slots, exact, self._entries(kv_cache, slots))
         if self.store is not None:
             exact_v = value[:n].reshape(n, self.num_kv_heads, self.head_size)[index]
             self.store.write(slots, exact, exact_v)
@@ -176,7 +176,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 return
             slots, exact, rows, positions = taken
             layer, kv_cache = self._written_to
-            _, kept = self._read_back(layer, kv_cache, slots, exact, self._journal_entries(kv_cache, slots))
+            _, kept = self._read_back(layer, kv_cache, slots, exact, self._entries(kv_cache, slots))
             placed = rows >= 0
             if bool(placed.all()):
                 self.state.write(rows, positions, kept.keys, kept.witness, kept.key_norms)
@@ -196,22 +196,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             cached = rt.slot_cache = (rt.step, slot_mapping, index, slots, *rt.number_writes(slots))
         return cached[2:]
 
-    def _step_entries(self, kv_cache, slots) -> torch.Tensor:
-        """Where the cache holds the keys of the step's ``slots`` (caches of one shape: found once per step; a
-        journaled step never needs them)."""
+    def _entries(self, kv_cache, slots) -> torch.Tensor:
+        """Where the cache holds the keys of ``slots``, found once for every layer: a step's layers write the same
+        slots (one slot mapping: the very tensor, :meth:`_step_tokens`) into caches of one shape, and their journals,
+        entered one after another (a flush, the engine going idle), hold the same slots (equal tensors)."""
         rt = self.runtime
         cached = rt.entry_cache
-        if cached is None or cached[0] != rt.step or cached[1] is not slots or cached[2] != kv_cache.shape:
-            cached = rt.entry_cache = (rt.step, slots, kv_cache.shape, self.cache_layout.key_entries(kv_cache, slots))
-        return cached[3]
-
-    def _journal_entries(self, kv_cache, slots) -> torch.Tensor:
-        """Where the cache holds the keys of the journaled ``slots``: the layers' journals, entered one after another
-        (a flush, the engine going idle), hold the same slots (one slot mapping per step), so found once for all."""
-        rt = self.runtime
-        cached = rt.journal_entries
-        if cached is None or cached[0] != kv_cache.shape or not torch.equal(cached[1], slots):
-            cached = rt.journal_entries = (kv_cache.shape, slots, self.cache_layout.key_entries(kv_cache, slots))
+        if cached is None or cached[0] != kv_cache.shape or not (cached[1] is slots or (
+                cached[1].shape == slots.shape and torch.equal(cached[1], slots))):
+            cached = rt.entry_cache = (kv_cache.shape, slots, self.cache_layout.key_entries(kv_cache, slots))
         return cached[2]
 
     def _read_back(self, layer, kv_cache, slots, exact, entries=None) -> tuple[torch.Tensor, Written]:
@@ -479,11 +472,23 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             return plan.cache["chosen"]
         layer, shadow = self.layer_index, self.shadow is not None
         any_picked = None if picks is None else self._any_picked(plan)
+        if any_picked is not None and self._picks_alone(plan, settings, positions, shadow):
+            return any_picked  # every row audited, nothing else metered: its picks decide, per layer
         return [[j < plan.query_counts[i] and (
                     s.metering.meters(layer, positions[i][j]) if s.audit is None else
                     shadow or any_picked[i][j]
                     or (not s.metering.everything and s.metering.meters(layer, positions[i][j])))
                  for j in range(len(positions[i]))] for i, s in enumerate(settings)]
+
+    @staticmethod
+    def _picks_alone(plan, settings, positions, shadow: bool) -> bool:
+        """Whether the audit's picks alone choose this step's tokens: every row audited with no other sampling
+        switch (nothing metered beyond the picks), every query token real, no shadow (the same in every layer)."""
+        if "picks alone" not in plan.cache:
+            plan.cache["picks alone"] = not shadow and all(
+                s.audit is not None and s.metering.everything and plan.query_counts[i] == len(positions[i])
+                for i, s in enumerate(settings))
+        return plan.cache["picks alone"]
 
     def _any_picked(self, plan) -> list:
         """Per metered row and query token, whether its audit picked any head of this layer (all layers' answers
@@ -528,21 +533,25 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
     def _continues(self, plan) -> bool:
         """Whether this step leaves the queued rows where they were (same rows, nothing moved or read anew)."""
         queued = self._deferred[0]
-        return (plan.moves is None and plan.fresh is None and not plan.fills and plan.metered_rows == queued.rows
-                and [self.runtime.request_id(plan.batch_of_row[i]) for i in range(queued.rows)] == queued.requests)
+        if plan.moves is not None or plan.fresh is not None or plan.fills or plan.metered_rows != queued.rows:
+            return False
+        if "requests" not in plan.cache:  # the same for every layer of the step
+            plan.cache["requests"] = [self.runtime.request_id(plan.batch_of_row[i]) for i in range(plan.metered_rows)]
+        return plan.cache["requests"] == queued.requests
 
     def _queue_rows(self, plan, query, settings, positions, chosen, md, picks) -> None:
         """Queue this step's decode rows (state rows ``0 .. Rm-1``) with their own token as the cache holds it now
         (a scheme stores it compressed after this step; the deferred pass must see what this step attended)."""
         rows = plan.metered_rows
-        if "queued" not in plan.cache:  # the same for every layer of the step
+        if "queued" not in plan.cache:  # the same for every layer of the step (not what it chooses: below)
             lengths = plan.query_lengths[:, 0]
             own = None if all(s.scheme == config.NONE for s in settings) else (torch.arange(rows), lengths - 1)
             plan.cache["queued"] = ([self.runtime.request_id(plan.batch_of_row[i]) for i in range(rows)], lengths,
-                                    plan.query_tokens[:, 0], own, [p[0] for p in positions], [c[0] for c in chosen])
-        requests, lengths, tokens, own, first, picked = plan.cache["queued"]
+                                    plan.query_tokens[:, 0], own, [p[0] for p in positions])
+        requests, lengths, tokens, own, first = plan.cache["queued"]
         self._deferred.append(_Queued(
-            rows=rows, requests=requests, settings=settings, positions=first, chosen=picked,
+            rows=rows, requests=requests, settings=settings, positions=first,
+            chosen=[c[0] for c in chosen],  # this layer's: an audit picks each layer's cells apart
             q=query.reshape(query.shape[0], -1)[tokens],  # (R, Hq * d): a copy (vLLM reuses its query buffer)
             lengths=lengths, own_keys=None if own is None else self.state.keys[own[0], :, own[1]],
             own_witness=None if own is None else self.state.witness[own[0], :, :, own[1]],
@@ -593,10 +602,12 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             p for e in queued for p in (e.picks if e.picks is not None else [None] * rows)]
         kept = _kept_cells([[c] for e in queued for c in e.chosen], settings, self.layer_index, positions,
                            self.num_heads, hkv, picks)  # (steps R, 1, Hq)
-        wanted = kept.view(steps, rows, hkv, groups).any(3).any(0)  # (R, Hkv): the pairs a kept cell reads
+        # (R, Hkv, G k): the pass's query rows some kept cell reads, laid out as fold lays them out
+        wanted = torch.take_along_dim(kept.view(steps, rows, hkv, groups).permute(1, 2, 3, 0),
+                                      idx.view(rows, 1, 1, k), dim=3).reshape(rows, hkv, groups * k)
         view = self.state.view(rows, per_step.amax(-1))
         norm_max = view["norm_max"] if own is None else torch.maximum(view["norm_max"], own[2].amax(-1))
-        m, r = meter_pairs(wanted, q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
+        m, r = meter_cells(wanted, q, view["keys"], view["witness"], view["key_norms"], lengths, view["lossy"],
                            norm_max, self.layout, self.scale, view["scales"], own, compiled=self.runtime.config.compile)
         meter, risk = _spread_steps(_by_token(m, k), idx, steps), _spread_steps(_by_token(r, k), idx, steps)
         tv = None if self.shadow is None else torch.cat([e.true_tv for e in queued], dim=1)  # (R, steps, Hq)
@@ -907,6 +918,12 @@ def _kept_cells(chosen, settings, layer, positions, hq, hkv, picks=None) -> torc
     """bool (rows, T, Hq): the cells the operator's sampling and the request's audit meter (False: tokens not
     chosen, heads not drawn, cells not picked; reported NaN); ``picks[i]`` (Hq, T) row ``i``'s picked heads
     (``None``: no audit)."""
+    if chosen and all(s.metering.everything for s in settings):  # no sampling switch: the tensors say it all
+        tokens = torch.tensor(chosen, dtype=torch.bool).view(len(settings), -1, 1)  # (rows, T, 1)
+        if picks is None:
+            return tokens.expand(-1, -1, hq).clone()  # every head of a chosen token
+        if all(p is not None for p in picks):
+            return torch.stack(picks).transpose(1, 2) & tokens  # an audit's picks alone
     kept = torch.zeros(len(settings), len(chosen[0]) if chosen else 0, hq, dtype=torch.bool)
     for i, s in enumerate(settings):
         for j, picked in enumerate(chosen[i]):

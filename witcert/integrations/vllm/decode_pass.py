@@ -245,6 +245,50 @@ def meter_pairs(wanted: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, witne
     return meter, risk
 
 
+def meter_cells(wanted: torch.Tensor, q: torch.Tensor, keys: torch.Tensor, witness: torch.Tensor,
+                key_norms: torch.Tensor, lengths: torch.Tensor, lossy: torch.Tensor, norm_max: torch.Tensor,
+                layout: BandLayout, scale: float, scales: torch.Tensor | None = None, own: tuple | None = None,
+                compiled: bool | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """:func:`meter_pairs` of the query rows ``wanted`` (R, Hkv, M) bool only, NaN at the others (a request audit
+    picks a cell here and there: of a wanted pair's ``M`` query rows, most meter nothing). A query row's cells depend
+    on its own query, length and own token and on its pair's keys, witnesses and norms alone (nothing in the pass
+    reduces across query rows), so they are the values :func:`meter_rows` gives over every row: each wanted pair's
+    wanted rows are gathered (padded to the most any pair wants, at least two, with a copy of its first: no graph
+    specialised to one row), metered as rows of one kv head, and scattered back."""
+    per_pair = wanted.sum(-1)  # (R, Hkv)
+    width = max(int(per_pair.max()), 2)
+    if width >= q.shape[2]:  # some pair wants every row: no gather
+        meter, risk = meter_pairs(per_pair > 0, q, keys, witness, key_norms, lengths, lossy, norm_max, layout, scale,
+                                  scales, own, compiled)
+        return (meter, risk) if bool(wanted.all()) else (meter.masked_fill(~wanted, math.nan),
+                                                        risk.masked_fill(~wanted, math.nan))
+    meter = torch.full(q.shape[:3], math.nan, dtype=torch.float64)
+    risk = torch.full_like(meter, math.nan)
+    rows, heads = (per_pair > 0).nonzero(as_tuple=True)
+    if not rows.numel():
+        return meter, risk
+    mask = wanted[rows, heads]  # (P, M)
+    order = torch.argsort((~mask).to(torch.int8), dim=1, stable=True)[:, :width]  # wanted rows first, in order
+    counts = per_pair[rows, heads].unsqueeze(1)
+    m = torch.where(torch.arange(width) < counts, order, order[:, :1])  # (P, width): a short pair repeats its first
+
+    def pair(x):  # (R, Hkv, ...) -> (P, 1, ...)
+        return None if x is None else x[rows, heads].unsqueeze(1)
+
+    def cells(x):  # (R, Hkv, M, ...) -> (P, 1, width, ...)
+        x = x[rows, heads]
+        return torch.take_along_dim(x, m.view(*m.shape, *[1] * (x.dim() - 2)), dim=1).unsqueeze(1)
+
+    cell_lengths = torch.take_along_dim(lengths[rows, 0], m, dim=1).unsqueeze(1)  # (P, 1, width)
+    got_m, got_r = meter_rows(cells(q), pair(keys), pair(witness), pair(key_norms), cell_lengths, pair(lossy),
+                              pair(norm_max), layout, scale, pair(scales),
+                              None if own is None else tuple(map(cells, own)), compiled)
+    real = torch.arange(width) < counts  # (P, width): the padding's copies are not written back
+    at = (rows.unsqueeze(1).expand_as(m)[real], heads.unsqueeze(1).expand_as(m)[real], m[real])
+    meter[at], risk[at] = got_m[:, 0][real], got_r[:, 0][real]
+    return meter, risk
+
+
 _WARM: set = set()
 
 

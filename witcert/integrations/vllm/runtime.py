@@ -47,8 +47,7 @@ class Runtime:
         self.slot_cache = None  # (step, slot mapping, tokens, slots, write number, last earlier write) of the step
         self.writes = 0  # writes numbered so far (number_writes)
         self.written_by = torch.full((0,), -1, dtype=torch.long)  # per slot, the number of its last write (-1: none)
-        self.entry_cache = None  # (step, slots, cache shape, key entries) of the step
-        self.journal_entries = None  # (cache shape, slots, key entries) of the last journal entered
+        self.entry_cache = None  # (cache shape, slots, key entries) of the slots last read back (backend._entries)
         self.journal_step = None  # (step, whether its writes are journaled): the same for every layer
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
