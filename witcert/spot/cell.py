@@ -37,7 +37,7 @@ TOKEN_SLACK = 8 * 2.0**-53
 """Per visible token, what a true TV read whole adds before rounding up: two fp64 softmaxes over ``S`` tokens and the
 sum of ``|p_t - p~_t|`` are off by at most about ``7 S u`` (``u = 2^-53``) in any summation order: each ``exp`` of a
 shifted logit is off by at most ``2u`` of the row maximum's term, each normalizer by ``(S - 1) u`` relative, the TV's
-sum by ``S u`` relative (docs/design.md, "The exact bound"). ``ABSOLUTE_SLACK`` covers it only up to about 1,300
+sum by ``S u`` relative (docs/design.md, "The request audit"). ``ABSOLUTE_SLACK`` covers it only up to about 1,300
 tokens."""
 
 Reader = Callable[[torch.Tensor], torch.Tensor]
