@@ -49,7 +49,8 @@ def true_tv_bounds(query: torch.Tensor, served: torch.Tensor | None, read_keys: 
 
     ``query`` (B, Hkv, n, d) the cells' queries (head ``g`` reads kv head ``g``); ``served`` the queries the kernel
     read (``None``: ``query``); ``read_keys`` (B, Hkv, S, d) the keys attention read; ``exact_keys`` (B, Hkv, S, d)
-    (:func:`group_keys`; both key tensors enter the logits in fp64); ``visible`` bool (B, Hkv, n, S); ``bias`` fp64 (B, Hkv, n, S) or ``None``.
+    (:func:`group_keys`; both key tensors enter the logits in fp64); ``visible`` bool (B, Hkv, n, S); ``bias`` fp64
+    (B, Hkv, n, S) or ``None``.
     """
     exact = _masked(_logits(query, exact_keys, scale, bias), visible)
     attended = _masked(_logits(query if served is None else served, read_keys, scale, bias), visible)
