@@ -4,8 +4,7 @@
 (request, layer, query head, step) cell independently with probability ``rate``, with the monitor's
 own secret randomness, bounds each (by default its true TV from every exact key it sees; with ``keys``, the
 deterministic meter where it certifies, else a spot check), and ``mon.audit()`` states per request: with
-probability at least ``1 - delta``,
-at most ``M_upper`` of its ``N`` cells have attention TV above ``tau``.
+probability at least ``1 - delta``, at most ``M_upper`` of its ``N`` cells have attention TV above ``tau``.
 
 A leaf: torch, numpy, scipy and the spot check; no transformers (a serving integration calls it).
 
