@@ -93,8 +93,9 @@ def cost(model, context: int, reps: int, new_tokens: int = 16) -> dict:
                "every cell": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME),
                f"audit {COST_RATE:g}": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
                                             audit=witcert.Audit(rate=COST_RATE)),
-               f"audit {COST_RATE:g}, {DEFAULT_KEYS} keys": dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
-                                                                audit=witcert.Audit(rate=COST_RATE, keys=DEFAULT_KEYS)),
+               f"audit {COST_RATE:g}, {DEFAULT_KEYS} keys": dict(
+                   keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
+                   audit=witcert.Audit(rate=COST_RATE, keys=DEFAULT_KEYS)),
                FIXED_COST: dict(keep_exact=False, compiled=compiled, scheme=COST_SCHEME,
                                 audit=witcert.Audit(rate=FIXED_COST_RATE))}
     if importlib.util.find_spec("optimum") and importlib.util.find_spec("optimum.quanto"):  # the extra, for scale

@@ -471,8 +471,9 @@ def audit_section() -> str | None:
         return None
     lines = ["## The request audit", "",
              "`witcert.monitor(..., audit=witcert.Audit(rate, tau=0.2, delta=1e-3))`: each cell picked with probability "
-             "`rate` and bounded by its true TV from its exact keys (with `keys=k`, bounded reads: by its meter, else a "
-             "spot check of at most `k` exact keys); per request, with probability at least 1 - 1e-3 (a probabilistic "
+             "`rate` and bounded by its true TV from its exact keys (with `keys=k`, bounded reads: by its meter, "
+             "else a spot check of at most `k` exact keys); per request, with probability at least 1 - 1e-3 (a "
+             "probabilistic "
              "statement, not a proof), at most `fraction_upper` of its cells have TV above tau "
              "([design](design.md#the-request-audit))."]
     cost = record.get("cost")
@@ -520,7 +521,8 @@ def audit_section() -> str | None:
                   f"{collapse['requests']} requests (text and code, {collapse['context']}-token context, "
                   f"{collapse['probe_tokens']} teacher-forced tokens, {collapse['cells_per_request']:,} cells each), "
                   f"layer {collapse['collapsed_layer']}'s keys destroyed (scaled by -8), rtn-int4 elsewhere, audited at "
-                  f"rate 0.02 ({_collapse_bound(collapse)}): **{collapse['flagged_requests']} of {collapse['requests']} requests flagged** "
+                  f"rate 0.02 ({_collapse_bound(collapse)}): **{collapse['flagged_requests']} of "
+                  f"{collapse['requests']} requests flagged** "
                   f"({collapse['share_flagged']:.3f}); {collapse['their_share_above_tau']:.3f} of the collapsed layer's "
                   f"{collapse['picked_cells_of_collapsed_layer']:,} picked cells have true TV above tau."]
     return "\n".join(lines)
@@ -538,7 +540,8 @@ def _audited_cost(cost: dict) -> str:
     rate = f"{cost['rate']:g}"
     if cost.get("keys", 256) is not None:  # a record from before the exact audit
         return (f"*audit {rate}*: the picked cells only metered, each above tau spot-checked with up to "
-                f"{cost.get('keys', 256)} exact keys paged from the host backing store; *audit, none picked*: the same ")
+                f"{cost.get('keys', 256)} exact keys paged from the host backing store; "
+                "*audit, none picked*: the same ")
     return (f"*audit {rate}*: the exact audit, each picked cell's true TV from its exact keys in the host backing "
             f"store (which the audited monitor fills with exact keys only), nothing metered, no witness kept; "
             f"*audit {rate}, {cost['bounded_keys']} keys*: bounded reads, the picked cells metered and each above tau "
