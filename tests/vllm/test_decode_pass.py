@@ -112,12 +112,7 @@ def test_metering_some_pairs_meters_them_as_every_pair(compiled, wanted):
                                   compiled=compiled)
     every, every_risk = meter_rows(q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE,
                                    compiled=compiled)
-    tv = _true_tv(q, k, keys, lengths)
-    assert meter.shape == every.shape
-    assert torch.isnan(meter[~wanted]).all() and torch.isnan(risk[~wanted]).all()
-    assert not torch.isnan(meter[wanted]).any() and (meter[wanted] >= tv[wanted]).all()
-    torch.testing.assert_close(meter[wanted], every[wanted], rtol=1e-6, atol=1e-9)
-    torch.testing.assert_close(risk[wanted], every_risk[wanted], rtol=1e-5, atol=1e-9)
+    _wanted_rows_as_every_row(wanted, (meter, risk), (every, every_risk), _true_tv(q, k, keys, lengths))
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
@@ -158,12 +153,7 @@ def test_metering_some_query_rows_meters_them_as_every_row(compiled, picked):
                                       own=mine, compiled=compiled)
         every, every_risk = meter_rows(q, keys, witness, norms, lengths, lossy, norm_max, LAYOUT, SCALE, own=mine,
                                        compiled=compiled)
-        tv = _true_tv(q, k, keys, lengths)
-        assert meter.shape == every.shape
-        assert torch.isnan(meter[~wanted]).all() and torch.isnan(risk[~wanted]).all()
-        assert not torch.isnan(meter[wanted]).any() and (meter[wanted] >= tv[wanted]).all()
-        torch.testing.assert_close(meter[wanted], every[wanted], rtol=1e-6, atol=1e-9)
-        torch.testing.assert_close(risk[wanted], every_risk[wanted], rtol=1e-5, atol=1e-9)
+        _wanted_rows_as_every_row(wanted, (meter, risk), (every, every_risk), _true_tv(q, k, keys, lengths))
 
 
 def test_padding_and_other_rows_do_not_change_a_row():
@@ -275,3 +265,14 @@ def test_a_deferred_row_is_metered_over_its_own_token_as_attended(compiled):
             norms[rows, heads, own_index[:, None, :]])
     again, _ = _meter(q, keys, witness, norms, lengths, compiled, own=same)  # own = the state's entry
     torch.testing.assert_close(again, plain, rtol=1e-6, atol=1e-9)
+
+
+def _wanted_rows_as_every_row(wanted, some: tuple, every: tuple, tv) -> None:
+    """The wanted rows of a pass over some rows: bounds on their true TV ``tv``, equal to the pass over every row up to
+    the GEMM's summation order; every other row NaN (unmetered), never a number."""
+    (meter, risk), (all_meter, all_risk) = some, every
+    assert meter.shape == all_meter.shape
+    assert torch.isnan(meter[~wanted]).all() and torch.isnan(risk[~wanted]).all()
+    assert not torch.isnan(meter[wanted]).any() and (meter[wanted] >= tv[wanted]).all()
+    torch.testing.assert_close(meter[wanted], all_meter[wanted], rtol=1e-6, atol=1e-9)
+    torch.testing.assert_close(risk[wanted], all_risk[wanted], rtol=1e-5, atol=1e-9)
