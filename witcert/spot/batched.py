@@ -372,7 +372,8 @@ class _Cells:
             self._read_rows(rows, visible & ~self.take(self.known, rows), dense)
         log_p = self.take(self.log_p, rows)
         exact = torch.softmax(torch.where(visible, log_p + self.take(self.x, rows), -torch.inf), dim=-1)
-        return inflated_rows((exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2, visible.sum(-1))
+        tv = (exact - torch.where(visible, torch.exp(log_p), 0.0)).abs().sum(-1) / 2
+        return inflated_rows(tv, visible.sum(-1))
 
     def round(self, rows: torch.Tensor, budget: int, delta: torch.Tensor) -> torch.Tensor:
         """One round of :func:`witcert.spot.one_sided._round` for every row at the cumulative ``budget``: (M,) bounds."""
