@@ -21,6 +21,7 @@ With ``tau`` a cell reads keys in rounds (:mod:`witcert.spot.rounds`) and stops 
 """
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
 
 import torch
@@ -198,13 +199,18 @@ def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]
     ``c = 1e-12``; the exact set's ranking of such tokens then fell to their index, not their contribution (other
     keys read than the one-cell form reads, on AVX-512 and AVX2 code alike). It runs once per check."""
     visible = torch.isfinite(scores)
-    log_p = scores - torch.logsumexp(scores, -1, keepdim=True)
+    log_p = _log_p(scores)
     log_u = log_expm1(c)
     a_minus = torch.exp(log_p - c).sum(-1)  # masked: exp(-inf) = 0
     a_plus = torch.exp(torch.where(visible, log_p + c, -torch.inf)).sum(-1)  # Z in [A-, A]
     contribution = torch.where(visible & torch.isinf(c), torch.inf, log_p + log_u)
     return (visible, log_p, torch.exp(log_p), log_u, torch.exp(-c), torch.expm1(c) < SMALL, a_minus, a_plus,
             contribution)
+
+
+def _log_p(scores: torch.Tensor) -> torch.Tensor:
+    """``log p~`` of every row (``-inf`` where masked): one expression, whether a round or a whole read forms it."""
+    return scores - torch.logsumexp(scores, -1, keepdim=True)
 
 
 def _z_weights(log_p, log_u, visible, known, small) -> tuple[torch.Tensor, torch.Tensor]:
@@ -257,21 +263,35 @@ def _h_terms_probe() -> tuple:
 class _Cells:
     """``N`` cells in log space (:class:`witcert.spot.cell.CellWeights` as rows) and the exact logits read so far.
 
-    What no round changes is formed once: ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the small-radius tokens,
-    ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` per row, and the ranking of the heaviest contributions (every round's
-    exact set is a prefix of it).
+    What no round changes is formed once: ``log p~`` with the cells, then at the first round ``p~``, ``log(e^c - 1)``,
+    ``e^{-c}``, the small-radius tokens, ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` per row, and the ranking of the
+    heaviest contributions (every round's exact set is a prefix of it).
     """
 
     def __init__(self, scores: torch.Tensor, c: torch.Tensor, source, sampler, shares: tuple, keys: int):
-        self.scores, self.c, self.source, self.sampler = scores, c, source, sampler
+        self.scores, self.c, self.source, self.sampler, self.keys = scores, c, source, sampler, keys
         self.exact_share, self.z_keys_share, self.z_share = shares
-        (self.visible, self.log_p, self.p, self.log_u, self.e_minus, self.small, self.a_minus, self.a_plus,
-         contribution) = _prepared(scores, c)  # eager: see _prepared
+        self.visible, self.log_p = torch.isfinite(scores), _log_p(scores)  # what a whole read needs too
         self.n_visible = self.visible.sum(-1)
-        self.order = exact_order(contribution, self.visible, exact_keys(keys, self.exact_share))  # rounds: prefixes
         self.known = torch.zeros_like(self.visible)
         self.count = torch.zeros(scores.shape[0], dtype=torch.int64)  # known tokens per row (no pass over known)
         self.x = torch.zeros_like(scores)  # l - l~ where known
+
+    @functools.cached_property
+    def _round_terms(self) -> tuple:
+        """What only a round reads (:func:`_prepared`, eager; the exact set's ranking, every round's a prefix of it),
+        formed at the first round: a check whose cells are all read whole (key groups, short histories) needs none."""
+        _, _, p, log_u, e_minus, small, a_minus, a_plus, contribution = _prepared(self.scores, self.c)
+        order = exact_order(contribution, self.visible, exact_keys(self.keys, self.exact_share))
+        return p, log_u, e_minus, small, a_minus, a_plus, order
+
+    p = property(lambda self: self._round_terms[0])
+    log_u = property(lambda self: self._round_terms[1])
+    e_minus = property(lambda self: self._round_terms[2])
+    small = property(lambda self: self._round_terms[3])
+    a_minus = property(lambda self: self._round_terms[4])
+    a_plus = property(lambda self: self._round_terms[5])
+    order = property(lambda self: self._round_terms[6])
 
     # -- reads -------------------------------------------------------------------------------------------------
     def carry(self, known: torch.Tensor, exact: torch.Tensor) -> None:
