@@ -55,15 +55,28 @@ def test_an_adversarially_chosen_carried_set_keeps_the_failure_rate(family):
     assert int((result.bound < tv).sum()) <= binomial_ceiling(TRIALS, 0.2), family
 
 
+class _NoReads:
+    """A source that fails any read: a check of cells carried whole must not call it."""
+
+    def logits(self, cells, tokens):
+        raise AssertionError("read a carried cell's exact logits")
+
+    dense_logits = logits
+
+
 def test_a_cell_carried_whole_is_bounded_by_its_true_tv_without_reads():
+    """Every visible exact logit carried: the cell's true TV rounded up, read whole (delta 0, one round), with no read
+    and whatever the budget or tau."""
     scores, c, eps = stacked_cells(["vertex", "split"], 400, seed=5)
     visible = torch.isfinite(scores)
-    result = check_cells(scores, c, TableLogits(scores - eps), keys=32, delta=1e-6,
-                         carried=(visible, torch.where(visible, scores - eps, 0.0)))
-    for i in range(2):
-        tv = true_tv(scores[i], eps[i])
-        assert tv <= float(result.bound[i]) <= tv + 1e-8  # Z_U and the bound rounded up by 1e-9 relative each
-    assert int(result.keys_read.sum()) == 0 and result.known is None  # returned only with keep_reads
+    carried = (visible, torch.where(visible, scores - eps, 0.0))
+    for tau in (None, 0.01):
+        result = check_cells(scores, c, _NoReads(), keys=32, delta=1e-6, tau=tau, carried=carried)
+        for i in range(2):
+            tv = true_tv(scores[i], eps[i])
+            assert tv <= float(result.bound[i]) <= tv + 1e-8  # rounded up by 8u per token, 1e-9 relative, 1e-12
+        assert bool(result.whole.all()) and bool((result.delta == 0).all()) and bool((result.rounds == 1).all())
+        assert int(result.keys_read.sum()) == 0 and result.known is None  # returned only with keep_reads
 
 
 def test_carried_logits_are_checked_and_shapes_named():

@@ -94,7 +94,9 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
         Exact logits known before this check (an earlier check's ``known`` and ``exact`` of the same cells, e.g.
         the gate's re-checks of a repaired cell): known tokens from the first round on, as a round knows what
         earlier rounds read (registry SCR: fixed before this check's draws, so each round's statement holds
-        conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads.
+        conditionally on them). Each is checked against its radius; ``keys`` and ``keys_read`` count new reads. A
+        cell whose every visible token is carried gets its true TV rounded up (``whole``, ``delta`` 0, one round,
+        nothing read).
     keep_reads : bool
         Return what the check knew (``known``, ``exact``: a later check's ``carried``); ``None`` otherwise.
     read_groups : bool
@@ -122,6 +124,10 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
     active = torch.ones(n, dtype=torch.bool)
+    known_all = (active & ~(cells.visible & ~cells.known).any(-1)).nonzero().reshape(-1)
+    if known_all.numel():  # every visible exact logit carried in (a re-check): the true TV, nothing read, no delta
+        best[known_all] = cells.whole(known_all)
+        rounds[known_all], whole[known_all], active[known_all] = 1, True, False
     if read_groups and getattr(source, "groups", None) is not None:  # key groups read whole (witcert.spot.groups)
         grouped, shared = whole_groups(cells.visible & ~cells.known, source.groups, keys)
         done = grouped.nonzero().reshape(-1)
@@ -345,6 +351,8 @@ class _Cells:
     def _read_rows(self, rows: torch.Tensor, fresh: torch.Tensor, dense) -> None:
         """The exact logits of the ``fresh`` (M, S) tokens of ``rows`` from ``dense(rows, fresh) -> (M, S)``, checked
         as :meth:`_checked_logits` checks them, in dense passes over the rows (no per-pair indexing)."""
+        if not bool(fresh.any()):  # every token known (carried, or read by an earlier round): nothing to read
+            return
         logits = torch.as_tensor(dense(rows, fresh)).to(torch.float64).cpu()
         if logits.shape != fresh.shape:
             raise ValueError(f"source: returned dense logits of shape {tuple(logits.shape)} for {tuple(fresh.shape)}")
