@@ -46,7 +46,8 @@ PATH_TESTS := tests/test_deferred_metering.py tests/test_meter_sampling.py tests
 	tests/test_fast_tier_b.py tests/test_fastpath.py tests/test_attention_inputs.py \
 	contracts/test_kernel_vs_reference.py contracts/test_four_implementations.py tests/test_formats.py \
 	tests/test_packed_decode.py tests/test_group_check.py tests/test_spot_groups.py tests/test_spot_store_checksum.py \
-	tests/test_pair_statistics.py tests/test_compiled_sweep.py tests/test_audit_exact.py tests/test_audit_exact_spec.py
+	tests/test_pair_statistics.py tests/test_compiled_sweep.py tests/test_audit_exact.py tests/test_audit_exact_spec.py \
+	tests/test_guarded_call.py
 
 test-other-cpu: $(STAMP)
 	$(OTHER_CPU) $(PY) -m pytest -q -p no:cacheprovider $(PATH_TESTS)
