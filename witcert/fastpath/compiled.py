@@ -36,8 +36,6 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
     import torch._dynamo.config as dynamo_config
     import torch.fx.experimental._config as shape_config
 
-    from witcert.fastpath.guarded_call import guarded_call
-
     def run(*args):  # each shape class (rank, dtype, a size of 1, the Tier B group count) is its own graph:
         saved = dynamo_config.recompile_limit  # more than torch's 8, for these functions only; set directly, not
         dynamo_config.recompile_limit = max(saved, RECOMPILE_LIMIT)  # with config.patch (measured 50-80 us a call)
@@ -57,6 +55,8 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
         _fall_back(fn, err)
         return None
     try:  # a cached graph after its guards alone: dynamo's hook only on a miss
+        from witcert.fastpath.guarded_call import guarded_call
+
         cached = guarded_call(fn, run) or run
     except Exception:  # torch's cache-entry API not as pinned: dynamo's path, the same computation
         cached = run

@@ -2,12 +2,11 @@
 
 Every call of a ``torch.compile`` d function enters dynamo's frame-evaluation hook: Python callbacks, context
 managers and config patches around the one thing that decides what runs, the guard check of each graph dynamo
-cached for the function's code. In a generating model that hook costs far more than in a loop: with a
-production ``rtn-int4`` store of SmolLM2 at 512 tokens (one compiled decode of the packed history per
-layer-step, a 53 us kernel), calling the cached graph after its guards instead of through the hook took the
-monitored generation from 0.86x to 0.90x of stock CPU time (2026-12-07, Intel Xeon, 1 thread,
-``benchmarks.audit --sections cost``-like runs of 16 new tokens): each step's layers evict the hook's code and
-data from the caches, so a hook of about 70 us in a loop costs about 0.4 ms per call there.
+cached for the function's code. In a generating model that hook costs far more than in a loop (each step's layers
+evict its code and data from the caches): a few tens of microseconds in a loop, about 0.4 ms per call behind the
+production ``rtn-int4`` store's one compiled decode per layer-step (a 53 us kernel; SmolLM2, 512 tokens). The
+audited production monitor there generated at 0.864x of stock CPU time through this path against 0.846x through
+the hook (2026-12-07, Intel Xeon, 1 thread, audit at rate 0.02, 16 new tokens, both in one process, median of 5).
 
 :func:`guarded_call` does what dynamo does after its hook, and nothing else: for each cached entry of the
 function's code that the same ``torch.compile`` made (newest first), run the entry's guard manager on the call's

@@ -118,16 +118,16 @@ def check_cells(scores, radii, source, *, keys: int, delta, tau: float | None = 
     if sampler is None:
         sampler = MultinomialSampler(spot_randomness().generator if generator is None else generator)
     cells = _Cells(s, c, source, sampler, (exact_share, z_keys_share, z_share), keys)
-    if carried is not None:
-        cells.carry(*carried)
     n = s.shape[0]
     best, spent = torch.ones(n, dtype=torch.float64), torch.zeros(n, dtype=torch.float64)
     rounds, whole = torch.zeros(n, dtype=torch.int64), torch.zeros(n, dtype=torch.bool)
     active = torch.ones(n, dtype=torch.bool)
-    known_all = (active & ~(cells.visible & ~cells.known).any(-1)).nonzero().reshape(-1)
-    if known_all.numel():  # every visible exact logit carried in (a re-check): the true TV, nothing read, no delta
-        best[known_all] = cells.whole(known_all)
-        rounds[known_all], whole[known_all], active[known_all] = 1, True, False
+    if carried is not None:
+        cells.carry(*carried)
+        known_all = (~(cells.visible & ~cells.known).any(-1)).nonzero().reshape(-1)
+        if known_all.numel():  # every visible exact logit carried in (a re-check): the true TV, nothing read, no delta
+            best[known_all] = cells.whole(known_all)
+            rounds[known_all], whole[known_all], active[known_all] = 1, True, False
     if read_groups and getattr(source, "groups", None) is not None:  # key groups read whole (witcert.spot.groups)
         grouped, shared = whole_groups(cells.visible & ~cells.known, source.groups, keys)
         done = grouped.nonzero().reshape(-1)
