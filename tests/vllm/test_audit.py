@@ -87,6 +87,30 @@ def test_a_steps_picks_are_each_requests_own():
         assert torch.equal(together[:, b], picked(a.seed, [0], range(4), 6, positions[b], a.rate)[:, 0, 3:])
 
 
+
+def test_picks_drawn_ahead_are_the_steps_own():
+    """PickBlocks returns step_picks' picks at every decode step: across block edges, requests joining and
+    leaving, a position met again (a preempted request recomputed), a prefill row and two rows of one seed."""
+    blocks, rng = audit.PickBlocks(), np.random.default_rng(0)
+    audits = [Audit(rate=0.3, seed=5), Audit(rate=0.05, seed=2**62 + 1), Audit(rate=1.0, seed=0),
+              Audit(rate=0.3, seed=5)]
+    position = {0: 10, 1: 500, 2: 0, 3: 40}
+    for step in range(3 * audit.PickBlocks.BLOCK):
+        rows = [b for b in range(3) if rng.random() < 0.8] or [1]
+        if step == 50:
+            position[0] = 12  # met again: drawn anew
+        if step == 70:
+            rows = [0, 3]  # one seed at two positions
+        asked = [audits[b] for b in rows]
+        positions = [[position[b]] for b in rows]
+        if step == 80:
+            positions[-1] = [position[rows[-1]], position[rows[-1]] + 1]  # two query tokens
+        got = blocks.step(asked, 4, 3, positions, head_offset=3)
+        assert torch.equal(got, audit.step_picks(asked, 4, 3, positions, head_offset=3)), step
+        for b in rows:
+            position[b] += 1
+    assert 0 < len(blocks.blocks) <= audit.PickBlocks.KEPT
+
 @pytest.mark.skipif(not HAS_VLLM, reason=NO_VLLM)
 def test_kept_cells_are_the_chosen_tokens_heads_and_the_audits_picks():
     # the cells a pass keeps (backend._kept_cells): with no sampling switch, every head of a chosen token; with an

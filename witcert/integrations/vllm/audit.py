@@ -95,6 +95,42 @@ def step_picks(audits: list, layers: int, heads: int, positions: list, head_offs
     return out[:, :, head_offset:]
 
 
+
+class PickBlocks:
+    """:func:`step_picks` for decode steps, each request's picks drawn :data:`BLOCK` positions at a time.
+
+    A cell's pick is a function of the request's seed and rate and of the cell's layer, head and position alone
+    (:func:`witcert.audit.row_picks.picked_rows`), so drawing the next positions early changes no pick; one Philox
+    call over a block costs about what one over a single step does (its fixed cost is a few hundred small tensor
+    operations). Blocks are kept for the most recent :data:`KEPT` requests."""
+
+    BLOCK = 32
+    KEPT = 1024
+
+    def __init__(self):
+        self.blocks = OrderedDict()  # (seed, rate, layers, heads, head offset) -> (first position, (L, Hq, BLOCK))
+
+    def step(self, audits: list, layers: int, heads: int, positions: list, head_offset: int = 0) -> torch.Tensor:
+        """bool (L, B, Hq, T), equal to ``step_picks(audits, layers, heads, positions, head_offset)``."""
+        keys = [(a.seed, a.rate, layers, heads, head_offset) for a in audits]
+        if any(len(p) != 1 for p in positions) or len(set(keys)) < len(keys):  # several query tokens, or two rows
+            return step_picks(audits, layers, heads, positions, head_offset)  # of one seed: drawn as asked
+        missing = {k: p[0] for k, p in zip(keys, positions) if not self._covers(k, p[0])}
+        if missing:
+            drawn = step_picks([a for k, a in dict(zip(keys, audits)).items() if k in missing], layers, heads,
+                               [range(p, p + self.BLOCK) for p in missing.values()], head_offset)
+            for b, (key, first) in enumerate(missing.items()):
+                self.blocks[key] = (first, drawn[:, b])
+                self.blocks.move_to_end(key)
+            while len(self.blocks) > self.KEPT:
+                self.blocks.popitem(last=False)
+        return torch.stack([self.blocks[k][1][:, :, p[0] - self.blocks[k][0]] for k, p in zip(keys, positions)],
+                           dim=1).unsqueeze(-1)
+
+    def _covers(self, key: tuple, position: int) -> bool:
+        block = self.blocks.get(key)
+        return block is not None and 0 <= position - block[0] < self.BLOCK
+
 @dataclass
 class Tally:
     """One running request's audit counts: ``cells`` (N), ``picked``, the flagged cells ``(layer, head, pos)``;

@@ -503,15 +503,15 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
 
     def _layer_picks(self, plan, settings, positions) -> list | None:
         """Per metered row, its audit's picked heads of this layer at its query positions, bool (Hq, T) (``None``: no
-        audit); every layer's picks of a row are drawn once per step (one Philox call)."""
+        audit); every layer's picks of a row found once per step (:class:`.audit.PickBlocks`: drawn ahead)."""
         if "picks" not in plan.cache:
             layers = max(len(self.runtime.impls), self.layer_index + 1)
             audited = [i for i, s in enumerate(settings) if s.audit is not None]
             if not audited:
                 plan.cache["picks"] = None
-            else:  # every audited row's picks of every layer in one Philox call, (L, Ra, Hq, T)
-                drawn = audit.step_picks([settings[i].audit for i in audited], layers, self.num_heads,
-                                         [positions[i] for i in audited], self.head_offset)
+            else:  # every audited row's picks of every layer, (L, Ra, Hq, T)
+                drawn = self.runtime.picks.step([settings[i].audit for i in audited], layers, self.num_heads,
+                                                [positions[i] for i in audited], self.head_offset)
                 row = dict(zip(audited, range(len(audited))))
                 plan.cache["picks"] = (drawn, [row.get(i) for i in range(len(settings))])
         if plan.cache["picks"] is None:

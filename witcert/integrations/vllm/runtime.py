@@ -15,6 +15,7 @@ import torch
 from witcert.schemes.catalog import DITHERED
 
 from . import config
+from .audit import PickBlocks
 from .step_plan import Planner, StepPlan
 from .telemetry import CellLog, Telemetry
 
@@ -49,6 +50,7 @@ class Runtime:
         self.written_by = torch.full((0,), -1, dtype=torch.long)  # per slot, the number of its last write (-1: none)
         self.entry_cache = None  # (cache shape, slots, key entries) of the slots last read back (backend._entries)
         self.journal_step = None  # (step, whether its writes are journaled): the same for every layer
+        self.picks = PickBlocks()  # the audited requests' picks, drawn ahead (the same picks, fewer calls)
         self.impls = weakref.WeakSet()  # this process's metered attention layers (their deferred rows)
         self.last_layer = -1
         self._published = -math.inf  # when the snapshot was last written
