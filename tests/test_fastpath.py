@@ -419,3 +419,22 @@ def test_compiled_per_layer_pass_radius_covers_every_logit_exactly(compiled_pass
         eager = sp.stored_pass(q, k_hat, layout, stored.witness, keep, stored.value_residual[..., None, :],
                                stored.value_norm[..., None, :], sp.pass_constants(16, scale, 0.2, 0.05), compiled=False)
         assert torch.allclose(out[2], eager[2], rtol=1e-5) and out[7].dtype == out[8].dtype == torch.bool
+
+
+def test_compiled_round_up_to_fp32_never_rounds_down_on_this_cpu():
+    """A compiled fp64 -> fp32 round-up selects fp32 lanes by an fp64 comparison; torch 2.13's AVX2 vectorised code
+    selected the wrong lanes (half of the values rounded down, run by ``make test-other-cpu``), so the fast path
+    compiles to scalar code wherever its probe finds that (``compile_options``). Every value through ``compiled_of``,
+    on either CPU: at least its input, and the eager result to the bit."""
+    def up(x64):
+        return rounding.round_up_to(x64, torch.float32)
+
+    compiled = compiled_mod.compiled_of(up, lambda: (torch.rand(10, dtype=torch.float64),))
+    if compiled is None:
+        pytest.skip("torch.compile unavailable on this machine")
+    g = torch.Generator().manual_seed(3)
+    x = torch.rand(10007, generator=g, dtype=torch.float64) * torch.logspace(-40, 38, 10007, dtype=torch.float64)
+    got = compiled(torch.cat([x, -x]))
+    assert torch.equal(got, up(torch.cat([x, -x])))
+    assert bool((got.double() >= torch.cat([x, -x])).all())
+    assert compiled_mod.compile_options() in (None, {"cpp.simdlen": 1})

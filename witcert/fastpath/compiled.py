@@ -4,7 +4,8 @@
 inductor caches the code on disk, so a second process starts warm), ``0`` (the default) eager.
 Soundness does not depend on the choice: each function's budget (:mod:`witcert.fastpath.budgeted_pass`,
 :mod:`witcert.fastpath.radius`) covers any evaluation order, FMA contraction and an ``exp`` within
-its assumed error, which ``tests/test_fastpath.py`` measures for the compiled code on a dense grid.
+its assumed error, which ``tests/test_fastpath.py`` measures for the compiled code on a dense grid; where this
+machine's vectorised code selects lanes wrongly, every function is compiled to scalar code (:func:`compile_options`).
 """
 import os
 import warnings
@@ -13,6 +14,7 @@ from typing import Callable
 _CHOICES = ("0", "1")
 RECOMPILE_LIMIT = 64  # graphs per function; a model uses a handful, the fuzz sprays ranks, dtypes and group counts
 _state: dict = {}
+_probed: dict = {}  # what this machine's compiled code was found to need (compile_options)
 
 
 def compile_requested() -> bool:
@@ -49,7 +51,7 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
             shape_config.use_duck_shape = saved_duck
 
     try:
-        compiled = torch.compile(fn, dynamic=True, fullgraph=True)
+        compiled = torch.compile(fn, dynamic=True, fullgraph=True, options=compile_options())
         run(*probe())
     except Exception as err:  # any failure of the toolchain: the eager function is the same computation
         _fall_back(fn, err)
@@ -72,6 +74,35 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
             return fn(*args)
 
     return call
+
+
+def compile_options() -> dict | None:
+    """Inductor options of every compiled function: none, or scalar CPU code (``cpp.simdlen`` 1) where this machine's
+    vectorised code selects fp32 lanes by an fp64 comparison wrongly. torch 2.13's AVX2 code does (measured: the
+    compiled ``round_up_to(x64, float32)``, ``where(x64.float().double() < x64, next_up(y), y)``, rounded half of
+    100,003 values down), so a rounded-up bound would come out below its value. Probed once per process
+    (:func:`_lanes_sound`); a probe the compiler cannot build leaves the options alone (the compile of the function
+    itself then falls back to eager)."""
+    if "options" not in _probed:
+        _probed["options"] = None if _lanes_sound() else {"cpp.simdlen": 1}
+    return _probed["options"]
+
+
+def _lanes_sound() -> bool:
+    """Whether compiled code picks fp32 lanes by an fp64 comparison as eager code does (``round_up_to``'s select:
+    67 values, some rounding down to fp32 and some up, so the vectorised loop and its tail are both exercised)."""
+    import torch
+
+    def probe(x64):
+        y = x64.float()
+        return torch.where(y.double() < x64, y + 1.0, y)
+
+    x = 1.0 + torch.arange(67, dtype=torch.float64) * 2.0**-26
+    try:
+        got = torch.compile(probe, dynamic=True, fullgraph=True)(x)
+    except Exception:
+        return True
+    return bool(torch.equal(got, probe(x)))
 
 
 def _fall_back(fn: Callable, err: Exception) -> None:
