@@ -95,7 +95,6 @@ def step_picks(audits: list, layers: int, heads: int, positions: list, head_offs
     return out[:, :, head_offset:]
 
 
-
 class PickBlocks:
     """:func:`step_picks` for decode steps, each request's picks drawn :data:`BLOCK` positions at a time.
 
@@ -117,7 +116,8 @@ class PickBlocks:
             return step_picks(audits, layers, heads, positions, head_offset)  # of one seed: drawn as asked
         missing = {k: p[0] for k, p in zip(keys, positions) if not self._covers(k, p[0])}
         if missing:
-            drawn = step_picks([a for k, a in dict(zip(keys, audits)).items() if k in missing], layers, heads,
+            audit_of = dict(zip(keys, audits))
+            drawn = step_picks([audit_of[k] for k in missing], layers, heads,
                                [range(p, p + self.BLOCK) for p in missing.values()], head_offset)
             for b, (key, first) in enumerate(missing.items()):
                 self.blocks[key] = (first, drawn[:, b])
@@ -130,6 +130,7 @@ class PickBlocks:
     def _covers(self, key: tuple, position: int) -> bool:
         block = self.blocks.get(key)
         return block is not None and 0 <= position - block[0] < self.BLOCK
+
 
 @dataclass
 class Tally:

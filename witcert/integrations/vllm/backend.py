@@ -34,7 +34,7 @@ from vllm.v1.attention.backends.cpu_attn import CPUAttentionBackend, CPUAttentio
 from witcert.schemes.catalog import DITHERED
 from witcert.tier_a.bands import BandLayout
 
-from . import audit, config, gate, layout, runtime, schemes, selftest, spot_gate
+from . import config, gate, layout, runtime, schemes, selftest, spot_gate
 from .decode_pass import cell_terms, meter_cells, meter_rows, warm_up
 from .exact_store import ExactStore
 from .journal import WriteJournal
