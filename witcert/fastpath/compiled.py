@@ -7,6 +7,7 @@ Soundness does not depend on the choice: each function's budget (:mod:`witcert.f
 its assumed error, which ``tests/test_fastpath.py`` measures for the compiled code on a dense grid; where this
 machine's vectorised code selects lanes wrongly, every function is compiled to scalar code (:func:`compile_options`).
 """
+import functools
 import os
 import warnings
 from typing import Callable
@@ -14,7 +15,6 @@ from typing import Callable
 _CHOICES = ("0", "1")
 RECOMPILE_LIMIT = 64  # graphs per function; a model uses a handful, the fuzz sprays ranks, dtypes and group counts
 _state: dict = {}
-_probed: dict = {}  # what this machine's compiled code was found to need (compile_options)
 
 
 def compile_requested() -> bool:
@@ -76,16 +76,15 @@ def _compile(fn: Callable, probe: Callable[[], tuple]):
     return call
 
 
+@functools.cache  # probed once per process
 def compile_options() -> dict | None:
     """Inductor options of every compiled function: none, or scalar CPU code (``cpp.simdlen`` 1) where this machine's
     vectorised code selects fp32 lanes by an fp64 comparison wrongly. torch 2.13's AVX2 code does (measured: the
     compiled ``round_up_to(x64, float32)``, ``where(x64.float().double() < x64, next_up(y), y)``, rounded half of
-    100,003 values down), so a rounded-up bound would come out below its value. Probed once per process
-    (:func:`_lanes_sound`); a probe the compiler cannot build leaves the options alone (the compile of the function
-    itself then falls back to eager)."""
-    if "options" not in _probed:
-        _probed["options"] = None if _lanes_sound() else {"cpp.simdlen": 1}
-    return _probed["options"]
+    100,003 values down), so a rounded-up bound would come out below its value. Probed by :func:`_lanes_sound`; a
+    probe the compiler cannot build leaves the options alone (the compile of the function itself then falls back to
+    eager)."""
+    return None if _lanes_sound() else {"cpp.simdlen": 1}
 
 
 def _lanes_sound() -> bool:
