@@ -113,9 +113,10 @@ def test_key_groups_within_the_budget_are_read_whole_to_their_true_tv():
     assert out.keys <= out.cells * 48
 
 
-def test_rechecks_reuse_verified_key_rows_until_the_store_is_written():
-    """The gate's re-checks of a layer-step (same store, no write between) read no key row again and give the same
-    whole-read bounds; any store write starts the reads afresh (a slot may have been reused)."""
+def test_checks_reuse_verified_key_rows_until_the_store_writes_their_slot():
+    """The gate's re-checks of a layer-step and the layer's later checks read no key row again and give the same
+    whole-read bounds; a slot the store writes again (a freed block reused) is read anew, verified, and its new key
+    is the one checked; rows read earlier are private verified copies (the store's bytes changing later is not read)."""
     q, k, store, view, lens, table, checker, over = _checker(11)
     rows = q.shape[0]
     delta = torch.full((rows,), 1e-6, dtype=torch.float64)
@@ -123,9 +124,21 @@ def test_rechecks_reuse_verified_key_rows_until_the_store_is_written():
     again = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
     assert first.bytes > 0 and again.bytes == 0 and torch.equal(first.bound, again.bound)
     assert bool((again.bound >= _true_tv(q, k, view, lens)).all())
-    store.write(table[0, :1], k[0, :1], k[0, :1])  # a new token's write: earlier reads no longer vouch for the store
+    slot = table[0, :1]
+    moved = k[0, :1] + 1e-3  # the slot written again with another exact key (within its radius): checked as written
+    store.write(slot, moved, moved)
+    k2 = k.clone()
+    k2[0, 0] = moved[0]
     after = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
-    assert after.bytes == first.bytes
+    assert after.bytes == store.key_row_bytes  # that slot alone, read anew
+    assert bool((after.bound >= _true_tv(q, k2, view, lens)).all())
+    assert not torch.equal(after.bound, first.bound)  # the new key's logits, not the kept copy's
+    store.k[table[0, 1], 0, 0] += 1.0  # a kept row's bytes change in the store: the verified copy is what is read
+    assert torch.equal(checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT).bound, after.bound)
+    store.write(slot, moved, moved)
+    store.k[slot, 0, 0] += 1.0  # a slot written again, then corrupted: its fresh read fails its content check
+    with pytest.raises(ChecksumMismatchError):
+        checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
 
 
 def test_store_reads_keys_checked_against_their_own_crc():

@@ -12,7 +12,9 @@ rows into a CRC-32 (from the incoming tensors, before the copy), and every page-
 the CRC over the store's rows and raises :class:`~witcert.gate.backing_store.NeverWrittenError`
 for a slot never written and :class:`~witcert.gate.backing_store.ChecksumMismatchError` for one
 whose bytes differ. A spot check reads keys alone (:meth:`ExactStore.read_keys`): each slot's key bytes
-have a CRC-32 of their own, so what it reads is checked and nothing it does not read is charged.
+have a CRC-32 of their own, so what it reads is checked and nothing it does not read is charged. Each slot also
+records the number of the write that last wrote it (``last_write``): a verified copy of a row read before that
+write no longer holds the slot (:class:`~.spot_check.KeyReads`).
 """
 import zlib
 
@@ -33,7 +35,8 @@ class ExactStore:
         self.written = np.zeros(num_slots, dtype=bool)
         self.bytes_paged = 0
         self.bytes_checked = 0  # key bytes read by spot checks (read_keys)
-        self.writes = 0  # writes so far: a key row read (and checked) since the last write is still the row written
+        self.writes = 0  # writes so far
+        self.last_write = np.zeros(num_slots, dtype=np.int64)  # per slot, the number of the write that last wrote it
 
     @property
     def key_row_bytes(self) -> int:
@@ -61,6 +64,7 @@ class ExactStore:
         self.k[index] = k_src
         self.v[index] = v_src
         self.writes += 1
+        self.last_write[ids] = self.writes  # a verified copy read before this write no longer holds the slot
 
     def page_in(self, slots: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """Verified copies of the rows at ``slots`` (N,): ``(k, v)`` each (N, Hkv, d)."""

@@ -4,8 +4,8 @@ Every checked cell of one layer and step goes through one :func:`witcert.spot.ch
 (the requests' ``witcert_spot_keys``; usually one): its compressed logits and radii are the fp64 reference's
 (:func:`.decode_pass.cell_terms` with ``reference=True``: the attention the meter certifies, over the keys the
 cache holds now), and :class:`StoreLogits` serves the exact logits of the drawn tokens only, reading each drawn
-token's key row from the :class:`~.exact_store.ExactStore` once per layer-step, checked against the CRC of the key
-bytes written. A key group (one row's kv head: its checked query heads attend the same exact keys) whose history
+token's key row from the :class:`~.exact_store.ExactStore` once until the store writes its slot again (:class:`KeyReads`),
+checked against the CRC of the key bytes written. A key group (one row's kv head: its checked query heads attend the same exact keys) whose history
 is at most the key budget per checked cell of the group is read whole instead (``read_groups``,
 :mod:`witcert.spot.groups`: one verified read and one matmul per group; its cells get their true TV rounded up, no
 draws): with a few hundred tokens of context and the default budget, the usual case. The draws come from the engine's spot generator (seeded from the operating system) and are made
@@ -23,34 +23,36 @@ from .decode_pass import cell_terms
 
 
 class KeyReads:
-    """Verified exact key rows read from the store, by slot, while the store is unchanged (``store.writes``).
+    """Verified exact key rows read from the store, kept by slot until the store writes that slot again.
 
-    The gate's re-checks of a layer-step check the same sequences again after a repair rewrote their *cache*; the
-    store (the exact keys) is written only with new tokens, so a row read and checked against its CRC earlier in the
-    layer-step is still the row written, and is not read again. :meth:`current` hands out a fresh one after any
-    store write (a slot may have been reused)."""
+    A row read from the store and checked against the CRC of the key bytes written is kept as a private copy (the
+    store's dtype, indexed by slot like the store): the gate's re-checks of a layer-step and the layer's next steps'
+    checks read the same history, and only tokens not read yet go to the store. A kept copy holds its slot until the
+    store writes that slot again (a new token in a freed block reused, :attr:`.exact_store.ExactStore.last_write`),
+    then it is dropped before any use and the slot is read (and verified) anew: what a check reads is always a
+    verified copy of the row the store holds now. At most one copy per slot: the store's keys once more, where read."""
 
     def __init__(self, store):
-        self.store, self.writes = store, store.writes
-        # slot -> its row in self.keys (-1: not read yet): one gather per call, no Python loop over the drawn slots
-        self.at = torch.full((store.k.shape[0],), -1, dtype=torch.int64)
-        self.keys = torch.zeros(0, *store.k.shape[1:], dtype=torch.float64)  # their verified key rows, in read order
+        self.store = store
+        self.keys = torch.empty_like(store.k)  # (slots, Hkv, d): pages of a slot never read are never touched
+        self.held = torch.zeros(store.k.shape[0], dtype=torch.bool)
+        self.writes = store.writes  # the store's writes when ``held`` was last brought up to date
 
-    def current(self) -> "KeyReads":
-        """This object while the store is unchanged, else a new, empty one."""
-        return self if self.store.writes == self.writes else KeyReads(self.store)
+    def fetch(self, wanted: torch.Tensor) -> None:
+        """Hold the slots ``wanted`` (any order, repeats): those not held read from the store (verified, each once)."""
+        if self.store.writes != self.writes:  # forget what the store wrote since
+            self.held &= ~torch.from_numpy(self.store.last_write > self.writes)
+            self.writes = self.store.writes
+        new = wanted[~self.held[wanted]]
+        if new.numel():
+            new = torch.unique(new)
+            self.keys[new] = self.store.read_keys(new)
+            self.held[new] = True
 
-    def rows(self, wanted: torch.Tensor) -> torch.Tensor:
-        """The rows of ``self.keys`` holding the slots ``wanted`` (any order, repeats), the slots not read yet read
-        (verified, each once) first."""
-        rows = self.at[wanted]
-        if bool((rows < 0).any()):
-            new = torch.unique(wanted[rows < 0])
-            first = self.keys.shape[0]
-            self.keys = torch.cat([self.keys, self.store.read_keys(new).double()])
-            self.at[new] = torch.arange(first, first + new.numel())
-            rows = self.at[wanted]
-        return rows
+    def at(self, slots: torch.Tensor, kv: torch.Tensor) -> torch.Tensor:
+        """fp64 key rows (N, d) of kv heads ``kv`` at ``slots`` (N,), each fetched (:meth:`fetch`) first."""
+        self.fetch(slots)
+        return self.keys[slots, kv].double()
 
 
 class StoreLogits:
@@ -68,21 +70,20 @@ class StoreLogits:
     scale : float
         Softmax scale.
     reads : KeyReads, optional
-        Key rows already read from ``store`` (and still current); default: none.
+        Key rows already read from ``store`` (the layer's checker keeps them across checks); default: none.
     """
 
     def __init__(self, store, queries: torch.Tensor, rows: torch.Tensor, kv: torch.Tensor, slots: torch.Tensor,
                  scale: float, reads: KeyReads | None = None):
         self.store, self.q, self.rows, self.kv, self.slots, self.scale = store, queries.double(), rows, kv, slots, scale
-        self.reads = KeyReads(store) if reads is None else reads.current()
+        self.reads = KeyReads(store) if reads is None else reads
 
     def logits(self, cells: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
         """``scale (q_cell . k_token)`` fp64 from the exact key rows (M,)."""
         wanted = self.slots[self.rows[cells], tokens]
         if bool((wanted < 0).any()):
             raise ValueError("spot check: a drawn token lies past its sequence's length (no slot)")
-        rows = self.reads.rows(wanted)
-        keys = self.reads.keys[rows, self.kv[cells]]  # (M, d)
+        keys = self.reads.at(wanted, self.kv[cells])  # (M, d)
         return (keys * self.q[cells]).sum(-1) * self.scale
 
     @property
@@ -102,8 +103,7 @@ class StoreLogits:
         wanted_slots = self.slots[row_of[head], tokens]
         if bool((wanted_slots < 0).any()):
             raise ValueError("spot check: a wanted token lies past its sequence's length (no slot)")
-        at = self.reads.rows(wanted_slots)  # before reads.keys is indexed: the read extends it
-        keys = self.reads.keys[at, kv_of[head]]  # (T, d): each group's tokens, by group
+        keys = self.reads.at(wanted_slots, kv_of[head])  # (T, d): each group's tokens, by group
         return group_logits(self.q[cells], member, head, tokens, keys, self.scale, wanted.shape[1])
 
 
@@ -126,7 +126,7 @@ class SpotChecker:
 
     def __init__(self, store, scale: float, tau: float, generator: torch.Generator | None = None):
         self.store, self.scale, self.tau = store, scale, tau
-        self.reads = KeyReads(store)  # shared by the checks of a layer-step (the gate's re-checks)
+        self.reads = KeyReads(store)  # kept across the layer's checks: each row read once until written again
         self.generator = spot_randomness().generator if generator is None else generator
 
     def check(self, q, view: dict, lengths: torch.Tensor, over: torch.Tensor, slots: torch.Tensor,
@@ -148,7 +148,6 @@ class SpotChecker:
             pick = budgets == budget
             rp, kvp, mp = r[pick], kv[pick], m[pick]
             source = StoreLogits(self.store, q[rp, kvp, mp], rp, kvp, slots, self.scale, self.reads)
-            self.reads = source.reads
             result = check_cells(scores[rp, kvp, mp], c[rp, kvp, mp], source, keys=budget, delta=delta[rp],
                                  tau=self.tau, generator=self.generator, read_groups=True)
             bound[rp, kvp, mp] = result.bound
