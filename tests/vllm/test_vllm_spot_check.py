@@ -141,6 +141,21 @@ def test_checks_reuse_verified_key_rows_until_the_store_writes_their_slot():
         checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT)
 
 
+def test_a_check_of_some_rows_forms_the_terms_of_those_rows_alone():
+    """A re-check after a repair checks the rewritten rows only: their terms are formed for them alone, and each cell's
+    bound is the one a check of every row gives it (read whole here: its true TV rounded up), NaN elsewhere."""
+    q, k, store, view, lens, table, checker, over = _checker(13)
+    rows = q.shape[0]
+    delta = torch.full((rows,), 1e-6, dtype=torch.float64)
+    every = checker.check(q, view, lens, over, table, [48] * rows, delta, LAYOUT).bound
+    some = torch.zeros_like(over)
+    some[2] = True
+    some[0, 1] = True  # a whole key group (four cells x 48 keys cover its history: read whole)
+    part = checker.check(q, view, lens, some, table, [48] * rows, delta, LAYOUT).bound
+    assert torch.isnan(part[~some]).all() and torch.allclose(part[some], every[some], rtol=1e-12, atol=0)
+    assert bool((part[some] >= _true_tv(q, k, view, lens)[some]).all())
+
+
 def test_store_reads_keys_checked_against_their_own_crc():
     store = ExactStore(8, 2, 4, torch.float32)
     k, v = torch.randn(3, 2, 4), torch.randn(3, 2, 4)

@@ -138,18 +138,30 @@ class SpotChecker:
         at = over.nonzero()  # (N, 3): row, kv head, query slot
         if not at.numel():
             return Checked(bound, 0, 0, 0)
-        scores, c = cell_terms(q, view["keys"], view["witness"], view["key_norms"], lengths, view["norm_max"], layout,
-                               self.scale, view["scales"], reference=True)
         r, kv, m = at.T
+        scores, c, local = self._terms(q, view, lengths, r, layout)
         before = self.store.bytes_checked
         budgets = torch.tensor(keys, dtype=torch.int64)[r]
         read = 0
         for budget in torch.unique(budgets).tolist():
             pick = budgets == budget
-            rp, kvp, mp = r[pick], kv[pick], m[pick]
+            rp, kvp, mp, lp = r[pick], kv[pick], m[pick], local[pick]
             source = StoreLogits(self.store, q[rp, kvp, mp], rp, kvp, slots, self.scale, self.reads)
-            result = check_cells(scores[rp, kvp, mp], c[rp, kvp, mp], source, keys=budget, delta=delta[rp],
+            result = check_cells(scores[lp, kvp, mp], c[lp, kvp, mp], source, keys=budget, delta=delta[rp],
                                  tau=self.tau, generator=self.generator, read_groups=True)
             bound[rp, kvp, mp] = result.bound
             read += int(result.keys_read.sum())
         return Checked(bound, int(at.shape[0]), read, self.store.bytes_checked - before)
+
+    def _terms(self, q, view: dict, lengths: torch.Tensor, r: torch.Tensor, layout) -> tuple:
+        """``(scores, c, local)``: the fp64 reference's terms (:func:`.decode_pass.cell_terms`) of the rows holding a
+        checked cell (``r`` (N,) each cell's row) alone, and each cell's row among them (a re-check after a repair
+        checks the rewritten rows; a row's terms depend on its own query, keys, witnesses and length only)."""
+        held = torch.unique(r)  # sorted
+        subset = held.numel() < q.shape[0]
+        if subset:
+            q, lengths = q[held], lengths[held]
+            view = {name: None if x is None else x[held] for name, x in view.items()}
+        scores, c = cell_terms(q, view["keys"], view["witness"], view["key_norms"], lengths, view["norm_max"], layout,
+                               self.scale, view["scales"], reference=True)
+        return scores, c, torch.searchsorted(held, r) if subset else r
