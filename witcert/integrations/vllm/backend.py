@@ -647,7 +647,6 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
         qg = q[gated].reshape(len(gated), hq, -1)  # (Rg, Hq, d): one query token per gated row (no speculation)
         view = self.state.view(rows, spans)
         pick = torch.tensor(gated)
-        scores, c = self._gate_terms(q, view, lengths, pick)
         if self.shadow is not None:  # the cells' truth before the repair: their exact keys are still the shadow's
             self._before = {"keys": view["keys"].clone()}  # the cells' truth before the repair (shadow)
         meter_now, risk_now = meter.clone(), risk.clone()
@@ -658,6 +657,7 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
             over = meter_now[gated, 0] > tau  # (Rg, Hq)
             if not bool(over.any()):
                 break
+            scores, c = self._gate_terms(q, view, lengths, pick)  # of the cache as it is now (formed when planned)
             pager = gate.Pager(self.store, qg, blocks_of, lens, block_size, rt.config.gate_block, self.scale)
             blocks = 2 ** round_ if round_ < MAX_REPAIR_ROUNDS - 1 else None  # spot cells: 1, 2, 4 blocks, then all
             gate_plan = spot_gate.plan(scores, c, over if spot is not None else torch.ones_like(over), spot_gated,
@@ -694,7 +694,6 @@ class WitCertCPUAttentionImpl(CPUAttentionBackendImpl):
                 lowered |= again
                 spot_m = m
             meter_now, risk_now = _by_token(m, meter.shape[1]), _by_token(r, meter.shape[1])
-            scores, c = self._gate_terms(q, view, lengths, pick)
         return meter_now, risk_now, view, lowered
 
     def _gate_terms(self, q, view, lengths, pick) -> tuple[torch.Tensor, torch.Tensor]:
