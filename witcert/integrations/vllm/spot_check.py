@@ -4,13 +4,14 @@ Every checked cell of one layer and step goes through one :func:`witcert.spot.ch
 (the requests' ``witcert_spot_keys``; usually one): its compressed logits and radii are the fp64 reference's
 (:func:`.decode_pass.cell_terms` with ``reference=True``: the attention the meter certifies, over the keys the
 cache holds now), and :class:`StoreLogits` serves the exact logits of the drawn tokens only, reading each drawn
-token's key row from the :class:`~.exact_store.ExactStore` once until the store writes its slot again (:class:`KeyReads`),
-checked against the CRC of the key bytes written. A key group (one row's kv head: its checked query heads attend the same exact keys) whose history
-is at most the key budget per checked cell of the group is read whole instead (``read_groups``,
-:mod:`witcert.spot.groups`: one verified read and one matmul per group; its cells get their true TV rounded up, no
-draws): with a few hundred tokens of context and the default budget, the usual case. The draws come from the engine's spot generator (seeded from the operating system) and are made
-here, after the step's queries are fixed. A cell's bound is ``min(meter, spot bound)``, valid with probability at
-least ``1 - delta_cell`` (the share of the request's ``delta`` this check spends).
+token's key row from the :class:`~.exact_store.ExactStore` once until the store writes its slot again
+(:class:`KeyReads`), checked against the CRC of the key bytes written. A key group (one row's kv head: its checked
+query heads attend the same exact keys) whose history is at most the key budget per checked cell of the group is
+read whole instead (``read_groups``, :mod:`witcert.spot.groups`: one verified read and one matmul per group; its
+cells get their true TV rounded up, no draws): with a few hundred tokens of context and the default budget, the
+usual case. The draws come from the engine's spot generator (seeded from the operating system) and are made here,
+after the step's queries are fixed. A cell's bound is ``min(meter, spot bound)``, valid with probability at least
+``1 - delta_cell`` (the share of the request's ``delta`` this check spends).
 """
 from dataclasses import dataclass
 
