@@ -9,8 +9,9 @@ head size 64) and a 7B-class one (32 over 8, head size 128), and the key-group p
 cell: every cell's true TV, no draws). Beside it the one-cell form
 (:func:`witcert.spot.spot_check`) on one cell. The cells' radii are ``c_t = 100 |eps_t|`` (the witness exceeds
 the error about that much where it saturates), so every check samples and, with ``tau`` 0.2 out of reach,
-runs every round up to ``keys``: the worst case of the adaptive check. Median of interleaved runs
-(:func:`benchmarks.timing.time_interleaved`), one torch thread.
+runs every round up to ``keys``: the worst case of the adaptive check. The batched check both eager and, where
+``torch.compile`` works here, with ``WITCERT_COMPILE=1`` (its dense row terms compiled: what a monitor run with it
+pays). Median of interleaved runs (:func:`benchmarks.timing.time_interleaved`), one torch thread.
 """
 from __future__ import annotations
 
@@ -22,13 +23,14 @@ from pathlib import Path
 import torch
 
 from benchmarks import spot_records
-from benchmarks.timing import time_interleaved
+from benchmarks.timing import compile_choice, compiled_available, time_interleaved
 from witcert.spot import KeyGather, check_cells, spot_check, spot_randomness
 
 CONTEXTS = (2048, 32768)
 GROUP_STEPS = 16
 """Decode steps whose cells share a key group in the key-group line (a deferred flush holds up to 64 calls)."""
 SHAPES = {"SmolLM2": (9, 3, 64), "7B-class": (32, 8, 128)}  # query heads, kv heads, head size
+COMPILED = "batched, adaptive (tau 0.2), compiled"
 
 
 def layer_step(context: int, heads: int, kv_heads: int, dim: int, seed: int = 0):
@@ -53,10 +55,11 @@ def measure(context: int, shape: str, keys: int, reps: int) -> dict:
     rows = torch.zeros(heads, dtype=torch.int64)
     q64, k0 = q.double(), k[0].double()
 
-    def batched(tau):
+    def batched(tau, compiled=False):
         def run():
             source = KeyGather(q, rows, kv, k[None], scale)
-            return check_cells(scores, radii, source, keys=keys, delta=1e-6, tau=tau, generator=generator)
+            with compile_choice(compiled):
+                return check_cells(scores, radii, source, keys=keys, delta=1e-6, tau=tau, generator=generator)
         return run
 
     def grouped():  # a deferred flush's case: GROUP_STEPS steps' cells per key group, each group read whole
@@ -76,13 +79,15 @@ def measure(context: int, shape: str, keys: int, reps: int) -> dict:
     def attention_layer():
         return torch.nn.functional.scaled_dot_product_attention(qs, ks, vs, enable_gqa=True)
 
-    timed = time_interleaved({"batched, adaptive (tau 0.2)": batched(0.2), "batched, fixed": batched(None),
-                              f"batched, key groups ({GROUP_STEPS} steps)": grouped,
-                              "one cell, fixed": one_cell, "attention, one cell": attention_cell,
-                              "attention, one layer step": attention_layer}, reps=reps)
+    lines = {"batched, adaptive (tau 0.2)": batched(0.2), "batched, fixed": batched(None)}
+    if compiled_available():
+        lines |= {COMPILED: batched(0.2, compiled=True), "batched, fixed, compiled": batched(None, compiled=True)}
+    timed = time_interleaved(lines | {f"batched, key groups ({GROUP_STEPS} steps)": grouped,
+                                      "one cell, fixed": one_cell, "attention, one cell": attention_cell,
+                                      "attention, one layer step": attention_layer}, reps=reps)
     cell = timed["attention, one cell"].median
-    cells = {"batched, adaptive (tau 0.2)": heads, "batched, fixed": heads,
-             f"batched, key groups ({GROUP_STEPS} steps)": heads * GROUP_STEPS, "one cell, fixed": 1}
+    cells = {name: heads for name in lines} | {f"batched, key groups ({GROUP_STEPS} steps)": heads * GROUP_STEPS,
+                                                "one cell, fixed": 1}
     per_cell = {name: timed[name].median / count for name, count in cells.items()}
     result = batched(0.2)()
     return {"context": context, "shape": shape, "heads": heads, "kv_heads": kv_heads, "head_dim": dim, "keys": keys,

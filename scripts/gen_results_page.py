@@ -26,6 +26,7 @@ PAGE = ROOT / "docs" / "results.md"
 README = ROOT / "README.md"
 README_MARKERS = ("<!-- results-table:begin (scripts/gen_results_page.py) -->", "<!-- results-table:end -->")
 SPOT_CONFIG = "adaptive 512"  # the spot-check record's headline configuration (benchmarks.spot_check.CONFIGS)
+COMPILED_SPOT = "batched, adaptive (tau 0.2), compiled"  # benchmarks.spot_cost.COMPILED (the script imports no package)
 
 
 def _load(name: str) -> dict | None:
@@ -291,17 +292,23 @@ def spot_cost_lines(record: dict | None) -> list[str]:
              "the logit error so that every round runs: the worst case), per checked cell, against one cell's "
              "attention (fp32) and the layer step's (sdpa); the one-cell form beside it; steps' cells by key group: a deferred "
              "flush's cells of several steps per (row, kv head) in one check, each group's history read whole where it "
-             "is at most the key budget per cell of the group (true TV, no draws; at 2k here), sampled otherwise.", "",
-             "| shape | context | batched, adaptive | batched, fixed | steps' cells by key group | one cell | "
-             "attention, one cell | batched adaptive / cell attention |", "|---|---|---|---|---|---|---|---|"]
+             "is at most the key budget per cell of the group (true TV, no draws; at 2k here), sampled otherwise; "
+             "*compiled*: the batched adaptive check with `WITCERT_COMPILE=1`.", "",
+             "| shape | context | batched, adaptive | batched, adaptive, compiled | batched, fixed | steps' cells by key "
+             "group | one cell | attention, one cell | batched adaptive / cell attention | compiled / cell attention |",
+             "|---|---|---|---|---|---|---|---|---|---|"]
     for row in rows:
         ms = row["ms_per_checked_cell"]
         grouped = next((f"{v:.3f} ms ({k.split('(')[1].rstrip(')')})" for k, v in ms.items()
                         if k.startswith("batched, key groups")), "not run")
+        ratio = row["per_checked_cell_over_cell_attention"]
+        compiled = COMPILED_SPOT in ms
         lines.append(f"| {row['shape']} ({row['heads']} heads over {row['kv_heads']}, d {row['head_dim']}) | "
-                     f"{row['context']:,} | {ms['batched, adaptive (tau 0.2)']:.2f} ms | {ms['batched, fixed']:.2f} ms | "
+                     f"{row['context']:,} | {ms['batched, adaptive (tau 0.2)']:.2f} ms | "
+                     f"{f'{ms[COMPILED_SPOT]:.2f} ms' if compiled else 'not run'} | {ms['batched, fixed']:.2f} ms | "
                      f"{grouped} | {ms['one cell, fixed']:.2f} ms | {row['ms']['attention, one cell']:.3f} ms | "
-                     f"{row['per_checked_cell_over_cell_attention']['batched, adaptive (tau 0.2)']:.1f}x |")
+                     f"{ratio['batched, adaptive (tau 0.2)']:.1f}x | "
+                     f"{f'{ratio[COMPILED_SPOT]:.1f}x' if compiled else 'not run'} |")
     return lines
 
 

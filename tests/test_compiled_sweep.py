@@ -1,16 +1,16 @@
 """The compiled functions that had no compiled-against-eager test on edge shapes, swept (``WITCERT_COMPILE=1``,
 :mod:`witcert.fastpath.compiled`), and the one found wrong compiled kept eager.
 
-Functions: the spot check's dense row terms (:mod:`witcert.spot.batched`: ``_z_weights``, ``_z_known``,
-``_h_terms``), the cache-write statistics (:func:`witcert.tier_a.observation.stored_statistics`), the vLLM plugin's
+Functions: the spot check's dense row terms (:mod:`witcert.spot.batched`: ``_row_sums``, ``_z_weights``,
+``_z_known``, ``_h_terms``), the cache-write statistics (:func:`witcert.tier_a.observation.stored_statistics`), the vLLM plugin's
 written-token statistics (:func:`witcert.integrations.vllm.written.lossy_written`) and zero-witness short cut
 (:func:`witcert.integrations.vllm.decode_pass.exact_cells`; both modules import without vLLM), and the fused meter
 pass ``lean_pass`` on single rows. The others have their own: ``band_dot``/``tier_a_pass`` (test_fast_radius),
 ``lean_pass``/``pass_from_logits`` (test_fastpath), ``_norms`` (test_pair_statistics), the packed decoders
 (test_packed_decode), ``_holds`` (test_group_check), ``tier_b_kernel`` (test_fast_tier_b), ``decode_pass``
-(tests/vllm/test_decode_pass), the grid searches (eager, test_spot_grid_search). ``spot.batched._prepared`` is eager:
-compiled, ``expm1`` is ``exp - 1``, so ``log(e^c - 1)`` came out ``-inf`` for tiny radii and the exact set was
-ranked otherwise (``test_prepared_runs_eager_...``).
+(tests/vllm/test_decode_pass), the grid searches (eager, test_spot_grid_search). ``spot.batched._prepared`` forms
+``log(e^c - 1)`` and the small radii eager: compiled, ``expm1`` is ``exp - 1``, so ``log(e^c - 1)`` came out
+``-inf`` for tiny radii and the exact set was ranked otherwise (``test_prepared_runs_eager_...``).
 
 Domain: 1, 2 and 3 rows and tokens besides 17 (the probes' sizes are 2 and 3; a size of 1 is its own graph),
 one visible token in a row of ``-inf``, logits of 300 (weights underflow), radii from 0 and 1e-20 to 250 and
@@ -132,6 +132,22 @@ def _spot_inputs(g):
 def _sum_rel(s: int) -> float:
     """Two summation orders of ``s`` non-negative terms, each term within the exp's ulps of the other's."""
     return 2 * s * U + 2 * EXP_REL
+
+
+def test_row_sums_compiled_match_eager_on_edge_rows(compiler):
+    """The contribution ``log p~ + log(e^c - 1)`` (one addition, selections) bit-equal: the exact set is ranked as
+    eager ranks it; ``p~`` and ``e^{-c}`` one exp each; ``A-`` and ``A`` sums of exps."""
+    fast = _compiled(batched._row_sums, batched._row_sums_probe)
+    for where, t in _spot_inputs(torch.Generator().manual_seed(4)):
+        args = (t["log_p"], t["c"], t["visible"], t["log_u"])
+        (p, e_minus, a_minus, a_plus, contribution) = fast(*args)
+        (p_e, e_minus_e, a_minus_e, a_plus_e, contribution_e) = batched._row_sums(*args)
+        _assert_near(contribution, contribution_e, 0.0, 0.0, ("contribution", where))  # NaN alike where masked
+        _assert_near(p, p_e, EXP_REL, 2.0**-1074, ("p", where))
+        _assert_near(e_minus, e_minus_e, EXP_REL, 2.0**-1074, ("e_minus", where))
+        for name, got, want in (("A-", a_minus, a_minus_e), ("A", a_plus, a_plus_e)):
+            _assert_near(got, want, _sum_rel(where[2]) + EXP_REL, where[2] * 2.0**-1070, (name, where))
+        assert torch.equal(torch.isinf(a_plus), torch.isinf(a_plus_e)), where  # an infinite radius: A = inf alike
 
 
 def test_z_weights_compiled_match_eager_on_edge_rows(compiler):

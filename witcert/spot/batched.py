@@ -195,23 +195,34 @@ def _radius_error(radius: float, cell: int, token: int) -> ValueError:
                       "(|l~ - l| > c): the spot check's ranges need a valid radius")
 
 
-def _prepared(scores: torch.Tensor, c: torch.Tensor) -> tuple[torch.Tensor, ...]:
+def _prepared(scores: torch.Tensor, c: torch.Tensor, visible: torch.Tensor | None = None,
+              log_p: torch.Tensor | None = None) -> tuple[torch.Tensor, ...]:
     """What no round changes, per (cell, token): ``visible``, ``log p~``, ``p~``, ``log(e^c - 1)``, ``e^{-c}``, the
     small radii (``e^c - 1 < SMALL``), per cell ``A- = E_p~ e^{-c}`` and ``A = E_p~ e^c`` (every term in log space),
-    and each token's ``log p~ (e^c - 1)`` (``+inf`` for an infinite radius).
+    and each token's ``log p~ (e^c - 1)`` (``+inf`` for an infinite radius). ``visible`` and ``log_p``: those of
+    ``scores`` where the caller formed them already (:class:`_Cells`: no second pass over the rows).
 
-    Always eager, whatever ``WITCERT_COMPILE`` says: torch 2.13's inductor computes ``expm1(x)`` as ``exp(x) - 1``,
-    so compiled, ``log(e^c - 1)`` came out ``-inf`` below ``c = 2^-54`` (eager: ``log c``) and ``2e-5`` off at
-    ``c = 1e-12``; the exact set's ranking of such tokens then fell to their index, not their contribution (other
-    keys read than the one-cell form reads, on AVX-512 and AVX2 code alike). It runs once per check."""
-    visible = torch.isfinite(scores)
-    log_p = _log_p(scores)
+    ``log(e^c - 1)`` and the small radii are always eager, whatever ``WITCERT_COMPILE`` says: torch 2.13's inductor
+    computes ``expm1(x)`` as ``exp(x) - 1``, so compiled, ``log(e^c - 1)`` came out ``-inf`` below ``c = 2^-54``
+    (eager: ``log c``) and ``2e-5`` off at ``c = 1e-12``; the exact set's ranking of such tokens then fell to their
+    index, not their contribution (other keys read than the one-cell form reads, on AVX-512 and AVX2 code alike).
+    The rest is :func:`_row_sums`. It runs once per check."""
+    visible = torch.isfinite(scores) if visible is None else visible
+    log_p = _log_p(scores) if log_p is None else log_p
     log_u = log_expm1(c)
+    p, e_minus, a_minus, a_plus, contribution = pick(_row_sums, _row_sums_probe)(log_p, c, visible, log_u)
+    return visible, log_p, p, log_u, e_minus, torch.expm1(c) < SMALL, a_minus, a_plus, contribution
+
+
+def _row_sums(log_p, c, visible, log_u) -> tuple[torch.Tensor, ...]:
+    """``(p~, e^{-c}, A-, A, contribution)`` of every row from ``log p~``, ``c`` and ``log(e^c - 1)`` (see
+    :func:`_prepared`): exps, sums and one addition, no ``expm1``. Tensors only: compiled with ``WITCERT_COMPILE=1``
+    (the exps within their ulps, the sums in any order: inside ``ROUNDING``; the contribution, one addition, is
+    the eager one bit for bit, so the exact set is ranked alike)."""
     a_minus = torch.exp(log_p - c).sum(-1)  # masked: exp(-inf) = 0
     a_plus = torch.exp(torch.where(visible, log_p + c, -torch.inf)).sum(-1)  # Z in [A-, A]
     contribution = torch.where(visible & torch.isinf(c), torch.inf, log_p + log_u)
-    return (visible, log_p, torch.exp(log_p), log_u, torch.exp(-c), torch.expm1(c) < SMALL, a_minus, a_plus,
-            contribution)
+    return torch.exp(log_p), torch.exp(-c), a_minus, a_plus, contribution
 
 
 def _log_p(scores: torch.Tensor) -> torch.Tensor:
@@ -246,6 +257,11 @@ def _h_terms(p, e_minus, visible, known, x, z_upper) -> tuple[torch.Tensor, ...]
     total = (p * torch.where(small, h, known_terms)).sum(-1)
     weights = torch.where(rest & ~small, p * h, 0.0)  # a term p~ h <= p~: the rounded p~ serves
     return total, weights.sum(-1), weights, h
+
+
+def _row_sums_probe() -> tuple:
+    f = torch.zeros(2, 3, dtype=torch.float64)
+    return f, f, torch.ones(2, 3, dtype=torch.bool), f
 
 
 def _z_weights_probe() -> tuple:
@@ -285,9 +301,10 @@ class _Cells:
 
     @functools.cached_property
     def _round_terms(self) -> tuple:
-        """What only a round reads (:func:`_prepared`, eager; the exact set's ranking, every round's a prefix of it),
-        formed at the first round: a check whose cells are all read whole (key groups, short histories) needs none."""
-        _, _, p, log_u, e_minus, small, a_minus, a_plus, contribution = _prepared(self.scores, self.c)
+        """What only a round reads (:func:`_prepared`; the exact set's ranking, every round's a prefix of it), formed
+        at the first round: a check whose cells are all read whole (key groups, short histories) needs none."""
+        _, _, p, log_u, e_minus, small, a_minus, a_plus, contribution = _prepared(self.scores, self.c, self.visible,
+                                                                                  self.log_p)
         order = exact_order(contribution, self.visible, exact_keys(self.keys, self.exact_share))
         return p, log_u, e_minus, small, a_minus, a_plus, order
 
