@@ -24,6 +24,20 @@ def test_checksums_equal_the_direct_integer_sum(dtype):
     assert row_checksums(rows).reshape(-1).tolist() == direct(rows)
 
 
+def test_checksums_of_many_rows_are_summed_a_chunk_at_a_time_alike(monkeypatch):
+    """Rows past one chunk of widened words (several chunks, a partial last one, a row wider than a chunk) give the
+    checksums of the direct sum, in the rows' shape."""
+    from witcert.gate import backing_store
+
+    rows = torch.randn(2, 37, 24, generator=torch.Generator().manual_seed(2))  # 48 words a row
+    for chunk in (48, 100, 5 * 48, 1 << 16):  # one row, two rows, five rows a chunk, all at once
+        monkeypatch.setattr(backing_store, "_CHUNK_WORDS", chunk)
+        got = row_checksums(rows)
+        assert got.shape == (2, 37) and got.reshape(-1).tolist() == direct(rows), chunk
+    monkeypatch.setattr(backing_store, "_CHUNK_WORDS", 8)  # narrower than a row: one row a chunk
+    assert row_checksums(rows).reshape(-1).tolist() == direct(rows)
+
+
 def test_the_largest_sums_are_exact():
     words = 1 << 15  # the most a row may hold
     ones = torch.full((2, words), -1, dtype=torch.int16).view(torch.float16)  # every word 0xFFFF
