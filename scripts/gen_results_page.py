@@ -577,7 +577,8 @@ def audit_glance(link: str) -> str | None:
             f"compiled; metering every cell: {every}); at "
             f"rate {useful['rate']:g} its bound exceeds the true fraction of cells above tau by at most (median per "
             f"task) {gap}; a collapsed layer is flagged in {collapse['flagged_requests']} of {collapse['requests']} "
-            f"requests, measured {cost['date'][:10]} ([the audit's tables]({link})).")
+            f"requests, measured {cost['date'][:10]} (cost on {cost['machine'].split(' (')[0]}: the share of a request "
+            f"it adds depends on the CPU) ([the audit's tables]({link})).")
 
 
 def capacity_section() -> str | None:
