@@ -911,7 +911,9 @@ def _vllm_speed_glance() -> str:
     if record is None:
         return ""
     ratios, cpu = record["ratios"], record.get("cpu_ratios") or {}
-    return (f"; decode tokens/s against the plugin off ({record['date'][:10]}, its `speed` mode"
+    cpu_name = record["machine"].get("cpu") if isinstance(record.get("machine"), dict) else None
+    return (f"; decode tokens/s against the plugin off ({record['date'][:10]}"
+            + (f" on {cpu_name}" if cpu_name else "") + ", its `speed` mode"
             + (", by the wall clock and per CPU second" if cpu else "") + "): "
             + ", ".join(f"{m.removeprefix('metering').strip(' ,()')} {r:.2f}x"
                         + (f" ({cpu[m]:.2f}x)" if m in cpu else "") for m, r in ratios.items()))
