@@ -38,6 +38,12 @@ def test_checksums_of_many_rows_are_summed_a_chunk_at_a_time_alike(monkeypatch):
     assert row_checksums(rows).reshape(-1).tolist() == direct(rows)
 
 
+def test_rows_of_no_bytes_and_no_rows_give_checksums_of_their_shape():
+    assert row_checksums(torch.zeros(3, 0)).tolist() == [0, 0, 0]  # empty rows: the empty sum
+    assert row_checksums(torch.zeros(0, 4)).shape == (0,)
+    assert row_checksums(torch.zeros(2, 0, 4)).shape == (2, 0)
+
+
 def test_the_largest_sums_are_exact():
     words = 1 << 15  # the most a row may hold
     ones = torch.full((2, words), -1, dtype=torch.int16).view(torch.float16)  # every word 0xFFFF

@@ -483,7 +483,8 @@ def row_checksums(rows: torch.Tensor) -> np.ndarray:
     words = raw.view(np.uint16) if raw.shape[-1] % 2 == 0 else raw  # half the terms: the checksum runs at every write
     if words.shape[-1] > _ROW_WEIGHTS.size:
         raise ValueError(f"rows of {raw.shape[-1]} bytes: the row checksum covers at most {_ROW_WEIGHTS.size} words")
-    flat, weights = words.reshape(-1, words.shape[-1]), _ROW_WEIGHTS[:words.shape[-1]]
+    rows_count = int(np.prod(words.shape[:-1]))  # not -1: rows of no bytes reshape too
+    flat, weights = words.reshape(rows_count, words.shape[-1]), _ROW_WEIGHTS[:words.shape[-1]]
     sums = np.empty(flat.shape[0], dtype=np.int64)
     step = max(1, _CHUNK_WORDS // max(1, flat.shape[1]))
     for start in range(0, flat.shape[0], step):  # the int64 words a chunk at a time (see _CHUNK_WORDS)
