@@ -65,6 +65,7 @@ from witcert.core import rounding
 from witcert.gate.blocks import block_tokens, expand_block_radius, log_block_excess
 from witcert.core.metering import meter, risk_score
 from witcert.core.checks import check_scores_and_bounds
+from witcert.gate.meter_floor import surely_over
 
 MODES = ("certified", "risk")
 _PREFIX_ELEMENTS = 1 << 22  # candidate logits per gated-value call in Gate._repair_prefixes (memory cap)
@@ -209,6 +210,22 @@ class Gate:
         """The gated quantity: ``witcert.meter`` (certified) or ``witcert.risk_score`` (risk)."""
         return meter(scores, c) if self.mode == "certified" else risk_score(scores, c)
 
+    def value_unless_over(self, scores: torch.Tensor, c: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+        """:meth:`value` of rows (n, S), ``+inf`` (not ``<= tau``, the same decision) where the meter is certainly
+        above ``tau`` (:func:`~witcert.gate.meter_floor.surely_over`; certified gating only): a repair loop asks
+        only whether the value is ``<= tau`` yet. ``keep`` (n,) bool: rows whose value is needed whatever it is."""
+        if self.mode != "certified" or not scores.shape[0]:
+            return self.value(scores, c)
+        open_ = ~surely_over(scores, c, self.tau)
+        if keep is not None:
+            open_ |= keep
+        if bool(open_.all()):
+            return self.value(scores, c)
+        out = torch.full(scores.shape[:1], math.inf, dtype=scores.dtype)
+        if bool(open_.any()):
+            out[open_] = self.value(scores[open_], c[open_])
+        return out
+
     def __call__(self, scores, c=None, *, radius=None, pager: Pager | None = None, exact=None) -> GateResult:
         """Gate and repair, vectorized over cells.
 
@@ -276,8 +293,8 @@ class Gate:
             pages.add(rows[useful], best[useful], moved)
             paged[useful.nonzero().flatten(), best[useful]] = True
             still = useful.clone()
-            if useful.any():  # the real gated value, recomputed on the repaired rows
-                still[useful] = ~self._within(self.value(work_scores[useful], work_c[useful]))
+            if useful.any():  # the real gated value, recomputed on the repaired rows (where it may be <= tau)
+                still[useful] = ~self._within(self.value_unless_over(work_scores[useful], work_c[useful]))
             done = ~still
             scores[rows[done]], c[rows[done]] = work_scores[done], work_c[done]
             rows, work_scores, work_c, paged = rows[still], work_scores[still], work_c[still], paged[still]
@@ -317,7 +334,7 @@ class Gate:
             page = token_rank[active, None, :] < lengths[None, :, None]  # (a, m, S)
             cand_scores = torch.where(page & ~masked[active, None], exact[active, None], work_scores[active, None])
             cand_c = torch.where(page, repaired_c[active, None], work_c[active, None])
-            value = self.value(cand_scores.reshape(-1, n_tokens), cand_c.reshape(-1, n_tokens)).reshape(-1, width)
+            value = self.value_unless_over(cand_scores.reshape(-1, n_tokens), cand_c.reshape(-1, n_tokens)).reshape(-1, width)
             stop = (self._within(value) | (lengths[None, :] >= useful[active, None])) & (lengths[None, :] <= useful[active, None])
             stopped = stop.any(-1)
             final[active[stopped]] = lengths[stop.int().argmax(-1)[stopped]]

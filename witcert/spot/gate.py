@@ -87,7 +87,10 @@ def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bo
         length += 1
         pages += work.page_next(page_source, length)
         open_ = work.open.nonzero().reshape(-1)
-        value = gate.value(work.scores[open_], work.c[open_])
+        exhausted = work.useful[open_] <= length
+        # +inf where the meter is certainly over tau: not within, and a check that stops the cell gives min(., bound)
+        # = its bound either way; a cell with no block left reports its value, so that one is always computed
+        value = gate.value_unless_over(work.scores[open_], work.c[open_], keep=exhausted)
         within = gate._within(value)
         stopped = within.clone()
         after = value.to(torch.float64)
@@ -109,7 +112,6 @@ def spot_gated(math, gate, spot, query, exact_keys, scale: float, radii, spot_bo
                 local = (~within).nonzero().reshape(-1)[accepted]
                 stopped[local] = True
                 after[local] = torch.minimum(after[local], result.bound[accepted])
-        exhausted = work.useful[open_] <= length
         done = stopped | exhausted
         meter_after[rows[open_[done]]] = after[done].to(meter_after.dtype)
         work.open[open_[done]] = False
