@@ -20,6 +20,11 @@ prefix or suffix sum within ``2S + 770``, so ``q(A)`` and ``p(A)``, both in ``[0
 ``2^-1074``) moves either by less than ``S e^30 2^-1074 < S 2^-1000``. Where the floor is above ``tau``, the meter,
 at least the exact TV at that perturbation, is too (rounded up, it stays so).
 For a constant radius the best ``k`` gives ``tanh(c/2)``, the sharpest any bound of ``c`` alone can be.
+
+What a floor above the meter would cost: never a reported bound below the truth. A loop that takes "not yet"
+pages one more block (the meter of the cell it finally reports is computed, or the spot bound that stopped it is
+reported, which is above the TV with its probability), so the floor decides how much work a gate does, not
+what it states.
 """
 from __future__ import annotations
 
