@@ -8,6 +8,8 @@ stock against ``witcert.monitor(model, "rtn-int4", keep_exact=False, ...)``:
   rounds from the verified host backing store; without a gate checked together at the request's flush);
 * ``spot gate``: the same with ``gate=witcert.Gate(tau=0.2)``: the production spot-certified gate (in-step
   checks, repairs from the backing store);
+* ``meter gate``: ``gate=witcert.Gate(tau=0.2)`` without the spot check, for reference: the deterministic gate,
+  which on these 4-bit keys pages most of each cell's tokens from the backing store;
 * with ``--witness-bits N``, both spot lines again with ``witness_bits=N`` (the monitor's default for rtn-int4
   derives its witness from the codec, whose radii the spot check samples by);
 
@@ -38,12 +40,14 @@ OUT = Path(__file__).with_name("results") / "spot_generation.json"
 
 
 def configs(compiled: bool, spot_keys: int, gate: bool = True, witness_bits: int | None = None) -> dict:
-    """name -> (monitor keywords or None for stock, compiled); ``gate``: with the production spot gate;
+    """name -> (monitor keywords or None for stock, compiled); ``gate``: with the production gates (spot-certified,
+    and the deterministic one for reference);
     ``witness_bits``: the spot lines again with that witness code beside the monitor's default."""
     base = {"stock": (None, False), "meter": (dict(), False),
             "spot": (dict(certificate="spot", spot_keys=spot_keys), False)}
     if gate:
         base["spot gate"] = (dict(certificate="spot", spot_keys=spot_keys, gate=witcert.Gate(tau=TAU)), False)
+        base["meter gate"] = (dict(gate=witcert.Gate(tau=TAU)), False)
     if witness_bits is not None:
         base |= {f"{name}, witness_bits={witness_bits}": (kwargs | dict(witness_bits=witness_bits), False)
                  for name, (kwargs, _) in list(base.items()) if name.startswith("spot")}
@@ -73,8 +77,9 @@ def timed_generate(model, ids, new_tokens: int, kwargs: dict | None, compiled: b
                  "spot_bytes": float(np.nansum(table["spot_bytes"]))}
     if "paged_fraction" in table.columns:
         info |= {"paged_fraction": float(np.mean(table["paged_fraction"][live])),
-                 "bytes_paged": float(np.nansum(table["bytes_paged"])),
-                 "spot_gate_bytes": float(np.nansum(table["spot_gate_bytes"]))}
+                 "bytes_paged": float(np.nansum(table["bytes_paged"]))}
+    if "spot_gate_bytes" in table.columns:
+        info["spot_gate_bytes"] = float(np.nansum(table["spot_gate_bytes"]))
     return seconds, info
 
 
@@ -115,7 +120,7 @@ def main(argv=None) -> int:
     p.add_argument("--spot-keys", type=int, default=256)
     p.add_argument("--no-compile", dest="compiled", action="store_false")
     p.add_argument("--gate-up-to", type=int, default=1 << 30,
-                   help="time the spot gate only at contexts up to this (it is the slowest configuration)")
+                   help="time the gates only at contexts up to this (they are the slowest configurations)")
     p.add_argument("--witness-bits", type=int, default=None,
                    help="also time the spot lines with this witness code (beside the monitor's default)")
     p.add_argument("--out", type=Path, default=OUT)
