@@ -72,11 +72,14 @@ def test_rows_the_meter_refuses_give_nan_and_are_never_surely_over():
     scores = torch.tensor([[0.0, float("nan")], [0.0, float("inf")], [-math.inf, -math.inf], [0.0, 1.0]],
                           dtype=torch.float64)
     c = torch.tensor([[1.0, 1.0], [1.0, 1.0], [1.0, 1.0], [float("nan"), 1.0]], dtype=torch.float64)
+    scores, c = torch.cat([scores, torch.tensor([[0.0, 9.0]])]), torch.cat([c, torch.tensor([[-1.0, 40.0]])])
     floor = meter_floor(scores, c)
     assert bool(torch.isnan(floor).all())
     assert not bool(surely_over(scores, c, 0.0).any())
     with pytest.raises(ValueError, match="NaN"):  # the loop then asks the meter, which names the problem
         Gate(tau=0.2).value_unless_over(scores[:1], c[:1])
+    with pytest.raises(ValueError, match=">= 0"):
+        Gate(tau=0.2).value_unless_over(scores[-1:], c[-1:])
 
 
 def test_large_radii_and_logits_stay_finite():

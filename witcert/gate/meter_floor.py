@@ -36,13 +36,15 @@ _UNIT = 2.0**-53
 
 def meter_floor(scores: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
     """fp64 (...): at most ``witcert.meter(scores, c)`` for scores (..., S) and bounds ``c`` broadcastable to them,
-    as the meter takes them (``-inf`` masks a token). A row the meter refuses (NaN, ``+inf``, every token masked)
-    gets NaN: no comparison with ``tau`` holds, so a caller computes the meter, which raises."""
+    as the meter takes them (``-inf`` masks a token). A row the meter refuses (NaN or ``+inf`` scores, every token
+    masked, a NaN or negative ``c``) gets NaN: no comparison with ``tau`` holds, so a caller computes the meter, which
+    raises."""
     s = scores.double()
     c = torch.broadcast_to(c, s.shape).double()
     n_tokens = s.shape[-1]
     visible = s > -torch.inf
-    radius = torch.where(visible, torch.clamp(c, max=CAP), 0.0)  # NaN c stays NaN: the row is NaN
+    # a NaN or negative c (the meter refuses both) makes its row NaN: never "surely over", so the meter is asked
+    radius = torch.where(c >= 0, torch.where(visible, torch.clamp(c, max=CAP), 0.0), torch.nan)
     top = s.amax(-1, keepdim=True)
     weight = torch.where(visible, torch.exp(s - top), 0.0)
     p = weight / weight.sum(-1, keepdim=True)  # (..., S); NaN where the meter raises

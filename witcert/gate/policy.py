@@ -221,7 +221,7 @@ class Gate:
             open_ |= keep
         if bool(open_.all()):
             return self.value(scores, c)
-        out = torch.full(scores.shape[:1], math.inf, dtype=scores.dtype)
+        out = torch.full(scores.shape[:1], math.inf, dtype=scores.dtype, device=scores.device)
         if bool(open_.any()):
             out[open_] = self.value(scores[open_], c[open_])
         return out
