@@ -210,7 +210,8 @@ class Gate:
         """The gated quantity: ``witcert.meter`` (certified) or ``witcert.risk_score`` (risk)."""
         return meter(scores, c) if self.mode == "certified" else risk_score(scores, c)
 
-    def value_unless_over(self, scores: torch.Tensor, c: torch.Tensor, keep: torch.Tensor | None = None) -> torch.Tensor:
+    def value_unless_over(self, scores: torch.Tensor, c: torch.Tensor,
+                          keep: torch.Tensor | None = None) -> torch.Tensor:
         """:meth:`value` of rows (n, S), ``+inf`` (not ``<= tau``, the same decision) where the meter is certainly
         above ``tau`` (:func:`~witcert.gate.meter_floor.surely_over`; certified gating only): a repair loop asks
         only whether the value is ``<= tau`` yet. ``keep`` (n,) bool: rows whose value is needed whatever it is."""
@@ -334,7 +335,8 @@ class Gate:
             page = token_rank[active, None, :] < lengths[None, :, None]  # (a, m, S)
             cand_scores = torch.where(page & ~masked[active, None], exact[active, None], work_scores[active, None])
             cand_c = torch.where(page, repaired_c[active, None], work_c[active, None])
-            value = self.value_unless_over(cand_scores.reshape(-1, n_tokens), cand_c.reshape(-1, n_tokens)).reshape(-1, width)
+            value = self.value_unless_over(cand_scores.reshape(-1, n_tokens),
+                                           cand_c.reshape(-1, n_tokens)).reshape(-1, width)
             stop = (self._within(value) | (lengths[None, :] >= useful[active, None])) & (lengths[None, :] <= useful[active, None])
             stopped = stop.any(-1)
             final[active[stopped]] = lengths[stop.int().argmax(-1)[stopped]]
