@@ -19,12 +19,13 @@ from hypothesis import strategies as st
 
 import witcert
 from tests.oracles import radius_lists, score_lists
+from tests.test_gate import TablePager
 from tests.test_spot_gate import decode_step_table
 from tests.tiny_models import tiny
 from witcert.core.metering import meter
 from witcert.gate import policy
 from witcert.gate.meter_floor import CAP, meter_floor, surely_over
-from witcert.gate.policy import Gate, PageIn
+from witcert.gate.policy import Gate
 from witcert.spec import bounds as spec
 
 
@@ -89,15 +90,6 @@ def test_large_radii_and_logits_stay_finite():
     assert bool(torch.isfinite(floor).all()) and bool((floor <= meter(scores, c)).all())
 
 
-class _Pager:
-    def __init__(self, exact: torch.Tensor, block_size: int):
-        self.exact, self.block_size = exact, block_size
-
-    def __call__(self, cell, block):
-        row = self.exact[cell][block * self.block_size:(block + 1) * self.block_size]
-        return PageIn(logits=row.clone(), nbytes=row.shape[0] * 128)
-
-
 def _saturated(n_cells: int, n_tokens: int, seed: int) -> tuple:
     """Exact logits, compressed logits within radii of 0.5-4 of them (a 4-bit cache's meter is near 1), masks."""
     g = torch.Generator().manual_seed(seed)
@@ -125,7 +117,7 @@ def test_gate_repairs_are_the_same_with_and_without_the_skip(monkeypatch, source
 
     def run():
         gate = Gate(tau=tau, block_size=16)
-        kwargs = dict(pager=_Pager(exact, 16)) if source == "pager" else dict(exact=exact)
+        kwargs = dict(pager=TablePager(exact, 16)) if source == "pager" else dict(exact=exact)
         rows_metered.clear()
         result = gate(scores, c, **kwargs)
         return result, sum(rows_metered)
